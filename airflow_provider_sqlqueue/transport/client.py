@@ -1,0 +1,378 @@
+"""The queue API: one client per connection, blocking (:class:`QueueClient`) or asyncio (:class:`AsyncQueueClient`).
+
+Queues are named by a string in the database's address syntax (``orders``, ``"sales"."orders"``,
+``orders@[dbo]@[shop]``) or a :class:`~airflow_provider_sqlqueue.transport.addressing.QueueAddress`.
+Each call runs in its own short transaction, except :meth:`QueueClient.receive_native`, which keeps
+the receive transaction open while the caller handles the message.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from datetime import timedelta
+from typing import Any
+
+from . import operations as ops
+from .addressing import QueueAddress
+from .drivers import AsyncPsycopgSession, AsyncSession, PsycopgSession, Session, dialect_for
+from .message import Message, ReceivedMessage
+
+DEFAULT_ERROR_QUEUE = "error"
+DEFAULT_LEASE = timedelta(minutes=5)
+DEFAULT_MAX_DELIVERIES = 5
+DEFAULT_PURGE_BATCH = 10_000
+
+
+
+def milliseconds(span: timedelta | float | int) -> int:
+    """Whole milliseconds of a duration given as a timedelta or seconds."""
+    seconds = span.total_seconds() if isinstance(span, timedelta) else float(span)
+    if seconds < 0:
+        raise ValueError(f"duration must not be negative, got {span}")
+    return round(seconds * 1000)
+
+
+def as_messages(messages: Message | Iterable[Message]) -> list[Message]:
+    if isinstance(messages, Message):
+        return [messages]
+    batch = list(messages)
+    for item in batch:
+        if not isinstance(item, Message):
+            raise TypeError(f"expected Message objects, got {type(item).__name__}")
+    return batch
+
+
+def check_positive(name: str, value: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+class _Addressing:
+    """Resolves queue names to validated addresses for the session's dialect."""
+
+    session: Session | AsyncSession
+    error_queue: str | QueueAddress
+
+    def address(self, queue: str | QueueAddress) -> QueueAddress:
+        dialect = self.session.dialect
+        if isinstance(queue, QueueAddress):
+            dialect.validate_address(queue)
+            return queue
+        if not isinstance(queue, str):
+            raise TypeError(f"queue must be a name or QueueAddress, got {type(queue).__name__}")
+        return dialect.parse_address(queue)
+
+    def error_address(self, error_queue: str | QueueAddress | None) -> QueueAddress:
+        return self.address(self.error_queue if error_queue is None else error_queue)
+
+
+class QueueClient(_Addressing):
+    """Blocking queue operations over one connection (psycopg 3 for PostgreSQL).
+
+    ``QueueClient.connect(uri)`` opens and owns an autocommit connection; ``QueueClient(session)``
+    borrows one. Use it as a context manager to close what it owns.
+    """
+
+    def __init__(self, session: Session, error_queue: str | QueueAddress = DEFAULT_ERROR_QUEUE) -> None:
+        self.session = session
+        self.error_queue = error_queue
+
+    @classmethod
+    def connect(cls, target: Any, error_queue: str | QueueAddress = DEFAULT_ERROR_QUEUE) -> QueueClient:
+        """Open a client from a URI/DSN (owned connection) or wrap an existing DB-API connection (borrowed)."""
+        dialect = dialect_for(target)
+        if dialect.name == "postgres":
+            session = PsycopgSession.connect(target) if isinstance(target, str) else PsycopgSession(target)
+        else:
+            from .sqlserver_driver import open_sqlserver_session
+
+            session = open_sqlserver_session(target)
+        return cls(session, error_queue)
+
+    @property
+    def connection(self) -> Any:
+        """The DB-API connection (in :meth:`receive_native`, the one holding the receive transaction)."""
+        return self.session.connection
+
+    def close(self) -> None:
+        self.session.close()
+
+    def __enter__(self) -> QueueClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- installation ------------------------------------------------------------------------
+
+    def create_queue(
+        self,
+        queue: str | QueueAddress,
+        *,
+        error_queue: str | QueueAddress | None = None,
+        secondary: str | None = None,
+        body_string: bool = False,
+    ) -> list[QueueAddress]:
+        """Create the queue, its error queue, optionally its ``Endpoint.Machine`` secondary, and the claim store.
+
+        Idempotent and safe to run from several processes at once. Needs the installer's rights
+        (CREATE on the schema). Returns the addresses of the queue tables.
+        """
+        address = self.address(queue)
+        addresses = [address, self.error_address(error_queue)]
+        if secondary is not None:
+            addresses.append(address.secondary(secondary))
+        for each in addresses:
+            self.session.run(ops.create_queue(self.session.dialect, each, body_string))
+        self.session.run(ops.create_inflight(self.session.dialect, address))
+        return addresses
+
+    def drop_queue(self, queue: str | QueueAddress) -> None:
+        self.session.run(ops.drop_queue(self.session.dialect, self.address(queue)))
+
+    def check_queue(self, queue: str | QueueAddress) -> None:
+        """Raise QueueNotFoundError if the table is missing; log a warning if Index_Expires is."""
+        self.session.run(ops.check_queue(self.session.dialect, self.address(queue)))
+
+    # -- sending -----------------------------------------------------------------------------
+
+    def send(self, queue: str | QueueAddress, messages: Message | Iterable[Message]) -> int:
+        """Send one message or many (in one transaction, batched into as few statements as possible)."""
+        batch = as_messages(messages)
+        if not batch:
+            return 0
+        return self.session.run(ops.send(self.session.dialect, self.address(queue), batch))
+
+    # -- receiving ---------------------------------------------------------------------------
+
+    def receive(
+        self, queue: str | QueueAddress, max_messages: int = 1, *, error_queue: str | QueueAddress | None = None
+    ) -> list[ReceivedMessage]:
+        """Receive in ``none`` mode: the messages are gone from the queue when this returns (at-most-once)."""
+        check_positive("max_messages", max_messages)
+        op = ops.receive(self.session.dialect, self.address(queue), self.error_address(error_queue), max_messages)
+        return self.session.run(op)
+
+    @contextmanager
+    def receive_native(
+        self, queue: str | QueueAddress, *, error_queue: str | QueueAddress | None = None
+    ) -> Iterator[ReceivedMessage | None]:
+        """Receive in ``native`` mode: the block runs inside the receive transaction.
+
+        Leaving the block normally commits the receive together with anything the block did on
+        :attr:`connection`; an exception rolls both back and the message stays in the queue.
+        Yields None when the queue is empty.
+        """
+        dialect = self.session.dialect
+        with self.session.transaction():
+            received = ops.drive(
+                ops.receive(dialect, self.address(queue), self.error_address(error_queue), 1), self.session.execute
+            )
+            yield received[0] if received else None
+
+    def claim(
+        self,
+        queue: str | QueueAddress,
+        max_messages: int = 1,
+        *,
+        lease: timedelta | float = DEFAULT_LEASE,
+        max_deliveries: int = DEFAULT_MAX_DELIVERIES,
+        error_queue: str | QueueAddress | None = None,
+    ) -> list[ReceivedMessage]:
+        """Receive in ``claim`` mode: each message is leased to the caller until acked, nacked or the lease runs out."""
+        check_positive("max_messages", max_messages)
+        check_positive("max_deliveries", max_deliveries)
+        op = ops.claim(
+            self.session.dialect,
+            self.address(queue),
+            self.error_address(error_queue),
+            max_messages,
+            max(1, milliseconds(lease)),
+            max_deliveries,
+        )
+        return self.session.run(op)
+
+    def ack(self, queue: str | QueueAddress, token: uuid.UUID | str) -> bool:
+        """Acknowledge a claim. False means the lease ran out first: the message may be handled again."""
+        return self.session.run(ops.ack(self.session.dialect, self.address(queue), uuid.UUID(str(token))))
+
+    def nack(
+        self, queue: str | QueueAddress, token: uuid.UUID | str, *, error: str | None = None, delay: timedelta | float = 0
+    ) -> bool:
+        """Give a claim back: the message is delivered again after ``delay`` (its delivery count goes on)."""
+        op = ops.nack(self.session.dialect, self.address(queue), uuid.UUID(str(token)), error, milliseconds(delay))
+        return self.session.run(op)
+
+    def extend(self, queue: str | QueueAddress, token: uuid.UUID | str, lease: timedelta | float = DEFAULT_LEASE) -> bool:
+        """Renew a claim's lease for a long handler. False means it had already run out."""
+        op = ops.extend(self.session.dialect, self.address(queue), uuid.UUID(str(token)), max(1, milliseconds(lease)))
+        return self.session.run(op)
+
+    def fail(
+        self,
+        queue: str | QueueAddress,
+        message: ReceivedMessage,
+        error: BaseException | str,
+        *,
+        error_queue: str | QueueAddress | None = None,
+    ) -> bool:
+        """Move a claimed message to the error queue now, with failure headers (no further deliveries)."""
+        if message.claim_token is None:
+            raise ValueError("fail() takes a claimed message; use move_to_error() for one received in none mode")
+        op = ops.fail_claim(self.session.dialect, self.address(queue), self.error_address(error_queue), message, error)
+        return self.session.run(op)
+
+    def move_to_error(
+        self,
+        queue: str | QueueAddress,
+        message: ReceivedMessage,
+        error: BaseException | str | None,
+        *,
+        error_queue: str | QueueAddress | None = None,
+    ) -> None:
+        """Put a message received in ``none`` mode into the error queue with NServiceBus failure headers."""
+        op = ops.move_to_error(self.session.dialect, self.address(queue), self.error_address(error_queue), message, error)
+        self.session.run(op)
+
+    def retry_errors(
+        self, error_queue: str | QueueAddress | None = None, *, queue: str | QueueAddress | None = None, limit: int = 1000
+    ) -> int:
+        """Send failed messages back to the queue they failed in (only ``queue``'s when given)."""
+        check_positive("limit", limit)
+        only = self.address(queue) if queue is not None else None
+        return self.session.run(ops.retry_from_error(self.session.dialect, self.error_address(error_queue), limit, only))
+
+    # -- inspection and maintenance ------------------------------------------------------------
+
+    def peek(self, queue: str | QueueAddress, *, include_claims: bool = False) -> int:
+        """Cheap estimate of waiting messages (plus claims whose lease ran out, when asked)."""
+        return self.session.run(ops.peek(self.session.dialect, self.address(queue), include_claims))
+
+    def depth(self, queue: str | QueueAddress) -> int:
+        """Exact count of waiting messages (scans the table)."""
+        return self.session.run(ops.depth(self.session.dialect, self.address(queue)))
+
+    def inflight(self, queue: str | QueueAddress) -> int:
+        """Claimed, unacknowledged messages of the queue."""
+        return self.session.run(ops.inflight(self.session.dialect, self.address(queue)))
+
+    def purge_expired(self, queue: str | QueueAddress, batch_size: int = DEFAULT_PURGE_BATCH) -> int:
+        """Delete expired messages in batches of ``batch_size``, each in its own short transaction."""
+        check_positive("batch_size", batch_size)
+        address = self.address(queue)
+        total = 0
+        while True:
+            count = self.session.run(ops.purge_expired_batch(self.session.dialect, address, batch_size))
+            total += count
+            if count < batch_size:
+                return total
+
+    def purge(self, queue: str | QueueAddress) -> int:
+        """Delete every message in the queue; returns how many."""
+        return self.session.run(ops.purge_all(self.session.dialect, self.address(queue)))
+
+
+class AsyncQueueClient(_Addressing):
+    """The asyncio twin of :class:`QueueClient`, used by the message pump and Airflow triggers."""
+
+    def __init__(self, session: AsyncSession, error_queue: str | QueueAddress = DEFAULT_ERROR_QUEUE) -> None:
+        self.session = session
+        self.error_queue = error_queue
+
+    @classmethod
+    async def connect(cls, target: Any, error_queue: str | QueueAddress = DEFAULT_ERROR_QUEUE) -> AsyncQueueClient:
+        dialect = dialect_for(target)
+        if dialect.name == "postgres":
+            session = await AsyncPsycopgSession.connect(target) if isinstance(target, str) else AsyncPsycopgSession(target)
+        else:
+            from .sqlserver_driver import open_sqlserver_async_session
+
+            session = await open_sqlserver_async_session(target)
+        return cls(session, error_queue)
+
+    @property
+    def connection(self) -> Any:
+        return self.session.connection
+
+    async def close(self) -> None:
+        await self.session.close()
+
+    async def __aenter__(self) -> AsyncQueueClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def send(self, queue: str | QueueAddress, messages: Message | Iterable[Message]) -> int:
+        batch = as_messages(messages)
+        if not batch:
+            return 0
+        return await self.session.run(ops.send(self.session.dialect, self.address(queue), batch))
+
+    async def receive(
+        self, queue: str | QueueAddress, max_messages: int = 1, *, error_queue: str | QueueAddress | None = None
+    ) -> list[ReceivedMessage]:
+        check_positive("max_messages", max_messages)
+        op = ops.receive(self.session.dialect, self.address(queue), self.error_address(error_queue), max_messages)
+        return await self.session.run(op)
+
+    @asynccontextmanager
+    async def receive_native(
+        self, queue: str | QueueAddress, *, error_queue: str | QueueAddress | None = None
+    ) -> AsyncIterator[ReceivedMessage | None]:
+        dialect = self.session.dialect
+        async with self.session.transaction():
+            received = await ops.drive_async(
+                ops.receive(dialect, self.address(queue), self.error_address(error_queue), 1), self.session.execute
+            )
+            yield received[0] if received else None
+
+    async def claim(
+        self,
+        queue: str | QueueAddress,
+        max_messages: int = 1,
+        *,
+        lease: timedelta | float = DEFAULT_LEASE,
+        max_deliveries: int = DEFAULT_MAX_DELIVERIES,
+        error_queue: str | QueueAddress | None = None,
+    ) -> list[ReceivedMessage]:
+        check_positive("max_messages", max_messages)
+        check_positive("max_deliveries", max_deliveries)
+        op = ops.claim(
+            self.session.dialect,
+            self.address(queue),
+            self.error_address(error_queue),
+            max_messages,
+            max(1, milliseconds(lease)),
+            max_deliveries,
+        )
+        return await self.session.run(op)
+
+    async def ack(self, queue: str | QueueAddress, token: uuid.UUID | str) -> bool:
+        return await self.session.run(ops.ack(self.session.dialect, self.address(queue), uuid.UUID(str(token))))
+
+    async def nack(
+        self, queue: str | QueueAddress, token: uuid.UUID | str, *, error: str | None = None, delay: timedelta | float = 0
+    ) -> bool:
+        op = ops.nack(self.session.dialect, self.address(queue), uuid.UUID(str(token)), error, milliseconds(delay))
+        return await self.session.run(op)
+
+    async def move_to_error(
+        self,
+        queue: str | QueueAddress,
+        message: ReceivedMessage,
+        error: BaseException | str | None,
+        *,
+        error_queue: str | QueueAddress | None = None,
+    ) -> None:
+        op = ops.move_to_error(self.session.dialect, self.address(queue), self.error_address(error_queue), message, error)
+        await self.session.run(op)
+
+    async def peek(self, queue: str | QueueAddress, *, include_claims: bool = False) -> int:
+        return await self.session.run(ops.peek(self.session.dialect, self.address(queue), include_claims))
+
+    async def depth(self, queue: str | QueueAddress) -> int:
+        return await self.session.run(ops.depth(self.session.dialect, self.address(queue)))

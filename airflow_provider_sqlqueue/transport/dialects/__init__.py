@@ -1,0 +1,208 @@
+"""The dialect interface: every SQL statement the transport can run, per database.
+
+A dialect turns a :class:`~airflow_provider_sqlqueue.transport.addressing.QueueAddress` into quoted
+SQL text and classifies driver errors. It never talks to a database itself: the operations in
+:mod:`~airflow_provider_sqlqueue.transport.operations` decide what to run and the drivers in
+:mod:`~airflow_provider_sqlqueue.transport.drivers` run it, so one set of queue semantics serves
+both databases and both sync and async callers.
+
+Statement parameters are positional. Every statement documents its parameters and result columns
+in the implementing module; reviewing a database's SQL means reading one file.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+from ..addressing import QueueAddress
+from ..errors import SqlQueueError
+
+
+class Dialect(ABC):
+    """What differs between databases: SQL text, identifier quoting, address syntax, error codes."""
+
+    #: Short name used in configuration and logs (``postgres``, ``sqlserver``).
+    name: str
+    #: Schema used when an address has none.
+    default_schema: str
+    #: Table holding claimed (in-flight) messages, one per schema, shared by that schema's queues.
+    inflight_table: str = "sqlqueue_inflight"
+
+    # -- addressing ---------------------------------------------------------------------------
+
+    @abstractmethod
+    def validate_address(self, address: QueueAddress) -> None:
+        """Raise InvalidQueueNameError when the database cannot hold this name (e.g. too long)."""
+
+    @abstractmethod
+    def parse_address(self, text: str) -> QueueAddress:
+        """Parse the database's textual address form (as NServiceBus writes it in headers)."""
+
+    @abstractmethod
+    def format_address(self, address: QueueAddress) -> str:
+        """The canonical textual address, as NServiceBus writes it in ``NServiceBus.FailedQ``."""
+
+    @abstractmethod
+    def qualified_name(self, address: QueueAddress) -> str:
+        """The quoted, schema-qualified table name as it appears in SQL."""
+
+    def inflight_address(self, address: QueueAddress) -> QueueAddress:
+        """Where claims on ``address`` are kept: the in-flight table of the queue's schema."""
+        return QueueAddress(self.inflight_table, address.schema or self.default_schema, address.catalog)
+
+    # -- installation (needs CREATE rights) ----------------------------------------------------
+
+    @abstractmethod
+    def create_queue(self, address: QueueAddress) -> Sequence[str]:
+        """Statements, run in one transaction, that create the queue table if absent.
+
+        Safe when several processes run them at once (the first statement serialises creators).
+        Indexes follow once the table is known to be a queue table (:meth:`expires_index_ddl`).
+        """
+
+    @abstractmethod
+    def add_body_string(self, address: QueueAddress) -> str:
+        """Add the optional human-readable BodyString column if absent."""
+
+    @abstractmethod
+    def create_inflight(self, address: QueueAddress) -> Sequence[str]:
+        """Statements, run in one transaction, that create the in-flight table of ``address``'s schema."""
+
+    @abstractmethod
+    def drop_queue(self, address: QueueAddress) -> str:
+        """Drop the queue table if it exists."""
+
+    # -- inspection ----------------------------------------------------------------------------
+
+    @abstractmethod
+    def queue_columns(self) -> str:
+        """Params (schema, table) -> rows (column name lower-cased, type name) of the table."""
+
+    @abstractmethod
+    def has_expires_index(self) -> str:
+        """Params (schema, table) -> one row: whether an index leads with the Expires column."""
+
+    @abstractmethod
+    def expires_index_ddl(self, address: QueueAddress) -> str:
+        """The statement that creates the missing Expires index (quoted in the warning logged)."""
+
+    # -- runtime (read/write/delete rights only) ------------------------------------------------
+
+    @abstractmethod
+    def send(self, address: QueueAddress) -> str:
+        """Params (id, ttbr_ms or None, headers, body): insert one message."""
+
+    @abstractmethod
+    def send_batch(self, address: QueueAddress, count: int) -> tuple[str, int]:
+        """Insert ``count`` messages in one statement.
+
+        Returns (sql, rows per statement); params are :meth:`send_batch_params` of the messages.
+        """
+
+    @abstractmethod
+    def send_batch_params(self, rows: Sequence[tuple[object, ...]]) -> tuple[object, ...]:
+        """Bind parameters for :meth:`send_batch` from rows of (id, ttbr_ms, headers, body)."""
+
+    @abstractmethod
+    def receive(self, address: QueueAddress) -> str:
+        """Params (limit,): delete up to ``limit`` oldest unlocked rows.
+
+        Rows: (id, expired, headers, body, seq). Never returns a row twice, never more than limit.
+        """
+
+    @abstractmethod
+    def peek(self, address: QueueAddress) -> str:
+        """No params -> one row: estimate of pending messages from the sequence range of unlocked rows."""
+
+    @abstractmethod
+    def depth(self, address: QueueAddress) -> str:
+        """No params -> one row: exact number of rows in the queue table."""
+
+    @abstractmethod
+    def purge_expired(self, address: QueueAddress) -> str:
+        """Params (batch_size,): delete up to batch_size expired rows; rowcount is the number deleted."""
+
+    @abstractmethod
+    def purge_all(self, address: QueueAddress) -> str:
+        """Delete every message; rowcount is the number deleted."""
+
+    @abstractmethod
+    def insert_error(self, error_address: QueueAddress) -> str:
+        """Params (id, headers, body): put a failed message in the error queue (never expires)."""
+
+    @abstractmethod
+    def peek_error_rows(self, error_address: QueueAddress) -> str:
+        """Params (limit,): lock and return up to limit rows (seq, id, headers, body) of an error queue."""
+
+    @abstractmethod
+    def delete_by_seq(self, address: QueueAddress) -> str:
+        """Params (seq,): delete one row by its sequence value."""
+
+    @abstractmethod
+    def send_raw(self, address: QueueAddress) -> str:
+        """Params (id, headers, body): insert a row without expiry (used to send back from the error queue)."""
+
+    # -- claim mode ----------------------------------------------------------------------------
+
+    @abstractmethod
+    def claim(self, address: QueueAddress) -> str:
+        """Params (limit, queue key, lease_ms): move up to limit oldest unexpired rows into the in-flight table.
+
+        Expired rows met on the way are deleted. Rows: (token, id, headers, body, deliveries, seq).
+        """
+
+    @abstractmethod
+    def reclaim(self, address: QueueAddress) -> str:
+        """Params (lease_ms, queue key, limit): renew up to limit claims whose lease ran out.
+
+        Rows: (token, id, expired, headers, body, deliveries, last_error, seq); deliveries is incremented.
+        """
+
+    @abstractmethod
+    def count_reclaimable(self, address: QueueAddress) -> str:
+        """Params (queue key,) -> one row: claims on the queue whose lease ran out."""
+
+    @abstractmethod
+    def count_inflight(self, address: QueueAddress) -> str:
+        """Params (queue key,) -> one row: claims currently held on the queue."""
+
+    @abstractmethod
+    def ack(self, address: QueueAddress) -> str:
+        """Params (token,): delete a claim; rowcount 0 means the lease was lost."""
+
+    @abstractmethod
+    def nack(self, address: QueueAddress) -> str:
+        """Params (delay_ms, last_error, token): end a lease early so the message is redelivered after delay."""
+
+    @abstractmethod
+    def extend(self, address: QueueAddress) -> str:
+        """Params (lease_ms, token): renew a lease that has not yet run out; rowcount 0 means it was lost."""
+
+    @abstractmethod
+    def delete_claim(self, address: QueueAddress) -> str:
+        """Params (token,): drop a claim (an expired message found on reclaim)."""
+
+    @abstractmethod
+    def claim_to_error(self, address: QueueAddress, error_address: QueueAddress) -> str:
+        """Params (token, headers): move a claimed message, with new headers, to the error queue."""
+
+    # -- errors --------------------------------------------------------------------------------
+
+    @abstractmethod
+    def translate_error(self, exc: BaseException, address: str) -> SqlQueueError | None:
+        """Map a driver exception to the transport's error classes; None to let it propagate as is."""
+
+
+def get_dialect(name: str) -> Dialect:
+    """The dialect for a name (``postgres``/``postgresql`` or ``sqlserver``/``mssql``)."""
+    key = name.lower()
+    if key in ("postgres", "postgresql", "pg"):
+        from .postgres import PostgresDialect
+
+        return PostgresDialect()
+    if key in ("sqlserver", "mssql", "tsql"):
+        from .sqlserver import SqlServerDialect
+
+        return SqlServerDialect()
+    raise ValueError(f"unknown SQL dialect {name!r}; expected 'postgres' or 'sqlserver'")

@@ -1,0 +1,325 @@
+"""PostgreSQL: every SQL statement the transport runs on PostgreSQL (13 or newer), in one place.
+
+The queue table is NServiceBus's PostgreSQL transport table: ``Id uuid`` primary key,
+``Expires timestamp`` (UTC, no time zone), ``Headers text``, ``Body bytea``, ``Seq serial``. Column
+names are unquoted -- PostgreSQL folds them to lower case, which is what NServiceBus reads -- and
+the table name is always a quoted identifier, so its case and any odd characters are kept and
+never read as SQL.
+
+Statements use psycopg's ``%s`` placeholders; a literal ``%`` in a quoted identifier is doubled so
+that a table named ``50%`` cannot be mistaken for a placeholder.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from ..addressing import QueueAddress, split_outside, unquote
+from ..errors import (
+    InvalidQueueNameError,
+    PermissionDeniedError,
+    QueueNotFoundError,
+    SqlQueueError,
+    TransportUnavailableError,
+)
+from . import Dialect
+
+#: NServiceBus refuses longer table names so that derived names (``<table>_seq_seq``) fit in 63 bytes.
+MAX_TABLE_BYTES = 55
+MAX_IDENTIFIER_BYTES = 63
+
+_UTC_NOW = "(now() AT TIME ZONE 'UTC')"
+_CANONICAL = re.compile(r'^(?P<table>.+)@(?P<schema>"(?:[^"]|"")+")$', re.DOTALL)
+
+
+def quote_ident(name: str) -> str:
+    """A PostgreSQL quoted identifier (``"`` doubled), with ``%`` doubled for psycopg's placeholder parser."""
+    return '"' + name.replace('"', '""').replace("%", "%%") + '"'
+
+
+def quote_literal(text: str) -> str:
+    """A PostgreSQL string literal, for the one place a name must appear as text (the advisory lock key)."""
+    return "'" + text.replace("'", "''").replace("%", "%%") + "'"
+
+
+class PostgresDialect(Dialect):
+    """NServiceBus-compatible queue tables on PostgreSQL, driven through psycopg 3."""
+
+    name = "postgres"
+    default_schema = "public"
+
+    # -- addressing ---------------------------------------------------------------------------
+
+    def validate_address(self, address: QueueAddress) -> None:
+        size = len(address.table.encode("utf-8"))
+        if size > MAX_TABLE_BYTES:
+            raise InvalidQueueNameError(
+                f"queue table name {address.table!r} is {size} bytes; PostgreSQL queue names are limited to "
+                f"{MAX_TABLE_BYTES} bytes so that the names derived from it fit in {MAX_IDENTIFIER_BYTES}"
+            )
+        if address.schema is not None and len(address.schema.encode("utf-8")) > MAX_IDENTIFIER_BYTES:
+            raise InvalidQueueNameError(f"schema name {address.schema!r} is over {MAX_IDENTIFIER_BYTES} bytes")
+        if address.catalog is not None:
+            raise InvalidQueueNameError(
+                f"PostgreSQL queues cannot name a catalog (got {address.catalog!r}); connect to that database instead"
+            )
+
+    def parse_address(self, text: str) -> QueueAddress:
+        """Accept ``table@"schema"`` (NServiceBus's canonical form), ``"schema"."table"``, ``schema.table``, ``table``.
+
+        A table name containing a dot (a secondary queue ``Endpoint.Machine``) must be quoted in the
+        dotted forms: ``"Endpoint.Machine"``.
+        """
+        match = _CANONICAL.match(text)
+        if match:
+            address = QueueAddress(match["table"], unquote(match["schema"], '"', '"'))
+        else:
+            parts = split_outside(text, ".", '"', '"')
+            if len(parts) == 1:
+                address = QueueAddress(unquote(parts[0], '"', '"'))
+            elif len(parts) == 2:
+                address = QueueAddress(unquote(parts[1], '"', '"'), unquote(parts[0], '"', '"'))
+            else:
+                raise InvalidQueueNameError(
+                    f"address {text!r} has more than schema.table; quote a table name that contains dots"
+                )
+        self.validate_address(address)
+        return address
+
+    def format_address(self, address: QueueAddress) -> str:
+        schema = address.schema or self.default_schema
+        return address.table + "@" + '"' + schema.replace('"', '""') + '"'
+
+    def qualified_name(self, address: QueueAddress) -> str:
+        self.validate_address(address)
+        return quote_ident(address.schema or self.default_schema) + "." + quote_ident(address.table)
+
+    # -- installation --------------------------------------------------------------------------
+
+    def create_queue(self, address: QueueAddress) -> Sequence[str]:
+        q = self.qualified_name(address)
+        return [
+            # Serialise concurrent installers of the same table: CREATE ... IF NOT EXISTS alone can
+            # still fail with a unique violation in pg_type when two sessions race.
+            f"SELECT pg_advisory_xact_lock(hashtext('sqlqueue'), hashtext({quote_literal(q)}))",
+            f"""CREATE TABLE IF NOT EXISTS {q} (
+    Id uuid NOT NULL PRIMARY KEY,
+    Expires timestamp,
+    Headers text NOT NULL,
+    Body bytea,
+    Seq serial NOT NULL UNIQUE
+)""",
+        ]
+
+    def add_body_string(self, address: QueueAddress) -> str:
+        return (
+            f"ALTER TABLE {self.qualified_name(address)} ADD COLUMN IF NOT EXISTS BodyString text "
+            "GENERATED ALWAYS AS (encode(Body, 'escape')) STORED"
+        )
+
+    def create_inflight(self, address: QueueAddress) -> Sequence[str]:
+        inflight = self.inflight_address(address)
+        f = self.qualified_name(inflight)
+        lease_index = quote_ident(inflight.table + "_lease")
+        return [
+            f"SELECT pg_advisory_xact_lock(hashtext('sqlqueue'), hashtext({quote_literal(f)}))",
+            f"""CREATE TABLE IF NOT EXISTS {f} (
+    Token uuid NOT NULL PRIMARY KEY,
+    Queue text NOT NULL,
+    Id uuid NOT NULL,
+    Expires timestamp,
+    Headers text NOT NULL,
+    Body bytea,
+    Seq bigint NOT NULL,
+    Deliveries integer NOT NULL,
+    LeaseUntil timestamp NOT NULL,
+    LastError text
+)""",
+            f"CREATE INDEX IF NOT EXISTS {lease_index} ON {f} (Queue, LeaseUntil)",
+        ]
+
+    def drop_queue(self, address: QueueAddress) -> str:
+        return f"DROP TABLE IF EXISTS {self.qualified_name(address)}"
+
+    # -- inspection ----------------------------------------------------------------------------
+
+    def queue_columns(self) -> str:
+        return (
+            "SELECT lower(a.attname), format_type(a.atttypid, a.atttypmod) "
+            "FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped "
+            "ORDER BY a.attnum"
+        )
+
+    def has_expires_index(self) -> str:
+        return (
+            "SELECT EXISTS (SELECT 1 FROM pg_index i "
+            "JOIN pg_class c ON c.oid = i.indrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] "
+            "WHERE n.nspname = %s AND c.relname = %s AND a.attname = 'expires')"
+        )
+
+    def expires_index_ddl(self, address: QueueAddress) -> str:
+        index = quote_ident(address.table + "_Expires")
+        return (
+            f"CREATE INDEX IF NOT EXISTS {index} ON {self.qualified_name(address)} (Expires) "
+            "WHERE Expires IS NOT NULL"
+        )
+
+    # -- runtime -------------------------------------------------------------------------------
+
+    def send(self, address: QueueAddress) -> str:
+        return (
+            f"INSERT INTO {self.qualified_name(address)} (Id, Expires, Headers, Body) "
+            f"VALUES (%s, {_UTC_NOW} + %s::bigint * interval '1 millisecond', %s, %s)"
+        )
+
+    def send_batch(self, address: QueueAddress, count: int) -> tuple[str, int]:
+        # One statement for any number of rows: arrays are unnested server side, in order, so Seq
+        # follows the order of the batch.
+        sql = (
+            f"INSERT INTO {self.qualified_name(address)} (Id, Expires, Headers, Body) "
+            f"SELECT m.id, {_UTC_NOW} + m.ttbr * interval '1 millisecond', m.headers, m.body "
+            "FROM unnest(%s::uuid[], %s::bigint[], %s::text[], %s::bytea[]) "
+            "WITH ORDINALITY AS m(id, ttbr, headers, body, ord) ORDER BY m.ord"
+        )
+        return sql, count
+
+    def send_batch_params(self, rows: Sequence[tuple[object, ...]]) -> tuple[object, ...]:
+        ids, ttbrs, headers, bodies = (list(column) for column in zip(*rows))
+        return ids, ttbrs, headers, bodies
+
+    def receive(self, address: QueueAddress) -> str:
+        # The candidate set is computed once (ARRAY(...) is an init plan), so a concurrent
+        # receiver can never make this return more rows than asked -- unlike DELETE ... USING.
+        q = self.qualified_name(address)
+        return (
+            f"DELETE FROM {q} AS rs "
+            f"WHERE rs.Seq = ANY(ARRAY(SELECT Seq FROM {q} ORDER BY Seq LIMIT %s FOR UPDATE SKIP LOCKED)) "
+            f"RETURNING rs.Id, rs.Expires IS NOT NULL AND rs.Expires <= {_UTC_NOW}, rs.Headers, rs.Body, rs.Seq"
+        )
+
+    def peek(self, address: QueueAddress) -> str:
+        # max(Seq) and the lowest unlocked Seq both come off the Seq index: constant time on any
+        # queue size, where count(*) would scan the table.
+        q = self.qualified_name(address)
+        return (
+            f"SELECT COALESCE(max(Seq) - (SELECT Seq FROM {q} ORDER BY Seq LIMIT 1 FOR KEY SHARE SKIP LOCKED) + 1, 0)"
+            f"::bigint FROM {q}"
+        )
+
+    def depth(self, address: QueueAddress) -> str:
+        return f"SELECT count(*) FROM {self.qualified_name(address)}"
+
+    def purge_expired(self, address: QueueAddress) -> str:
+        q = self.qualified_name(address)
+        return (
+            f"DELETE FROM {q} WHERE Seq = ANY(ARRAY("
+            f"SELECT Seq FROM {q} WHERE Expires < {_UTC_NOW} LIMIT %s FOR UPDATE SKIP LOCKED))"
+        )
+
+    def purge_all(self, address: QueueAddress) -> str:
+        return f"DELETE FROM {self.qualified_name(address)}"
+
+    def insert_error(self, error_address: QueueAddress) -> str:
+        return f"INSERT INTO {self.qualified_name(error_address)} (Id, Expires, Headers, Body) VALUES (%s, NULL, %s, %s)"
+
+    def peek_error_rows(self, error_address: QueueAddress) -> str:
+        q = self.qualified_name(error_address)
+        return f"SELECT Seq, Id, Headers, Body FROM {q} ORDER BY Seq LIMIT %s FOR UPDATE SKIP LOCKED"
+
+    def delete_by_seq(self, address: QueueAddress) -> str:
+        return f"DELETE FROM {self.qualified_name(address)} WHERE Seq = %s"
+
+    def send_raw(self, address: QueueAddress) -> str:
+        return f"INSERT INTO {self.qualified_name(address)} (Id, Expires, Headers, Body) VALUES (%s, NULL, %s, %s)"
+
+    # -- claim mode ----------------------------------------------------------------------------
+
+    def claim(self, address: QueueAddress) -> str:
+        q = self.qualified_name(address)
+        f = self.qualified_name(self.inflight_address(address))
+        return (
+            f"WITH taken AS (DELETE FROM {q} AS rs "
+            f"WHERE rs.Seq = ANY(ARRAY(SELECT Seq FROM {q} ORDER BY Seq LIMIT %s FOR UPDATE SKIP LOCKED)) "
+            "RETURNING rs.Id, rs.Expires, rs.Headers, rs.Body, rs.Seq), "
+            f"claimed AS (INSERT INTO {f} (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil) "
+            f"SELECT gen_random_uuid(), %s, Id, Expires, Headers, Body, Seq, 1, "
+            f"{_UTC_NOW} + %s::bigint * interval '1 millisecond' FROM taken "
+            f"WHERE Expires IS NULL OR Expires > {_UTC_NOW} "
+            "RETURNING Token, Id, Headers, Body, Deliveries, Seq) "
+            "SELECT Token, Id, Headers, Body, Deliveries, Seq FROM claimed ORDER BY Seq"
+        )
+
+    def reclaim(self, address: QueueAddress) -> str:
+        f = self.qualified_name(self.inflight_address(address))
+        return (
+            f"UPDATE {f} AS c SET Token = gen_random_uuid(), Deliveries = c.Deliveries + 1, "
+            f"LeaseUntil = {_UTC_NOW} + %s::bigint * interval '1 millisecond' "
+            f"WHERE c.Token = ANY(ARRAY(SELECT Token FROM {f} WHERE Queue = %s AND LeaseUntil <= {_UTC_NOW} "
+            "ORDER BY Seq LIMIT %s FOR UPDATE SKIP LOCKED)) "
+            f"RETURNING c.Token, c.Id, c.Expires IS NOT NULL AND c.Expires <= {_UTC_NOW}, c.Headers, c.Body, "
+            "c.Deliveries, c.LastError, c.Seq"
+        )
+
+    def count_reclaimable(self, address: QueueAddress) -> str:
+        f = self.qualified_name(self.inflight_address(address))
+        return f"SELECT count(*) FROM {f} WHERE Queue = %s AND LeaseUntil <= {_UTC_NOW}"
+
+    def count_inflight(self, address: QueueAddress) -> str:
+        f = self.qualified_name(self.inflight_address(address))
+        return f"SELECT count(*) FROM {f} WHERE Queue = %s"
+
+    def ack(self, address: QueueAddress) -> str:
+        return f"DELETE FROM {self.qualified_name(self.inflight_address(address))} WHERE Token = %s"
+
+    def nack(self, address: QueueAddress) -> str:
+        f = self.qualified_name(self.inflight_address(address))
+        return (
+            f"UPDATE {f} SET LeaseUntil = {_UTC_NOW} + %s::bigint * interval '1 millisecond', LastError = %s "
+            "WHERE Token = %s"
+        )
+
+    def extend(self, address: QueueAddress) -> str:
+        f = self.qualified_name(self.inflight_address(address))
+        return (
+            f"UPDATE {f} SET LeaseUntil = {_UTC_NOW} + %s::bigint * interval '1 millisecond' "
+            f"WHERE Token = %s AND LeaseUntil > {_UTC_NOW}"
+        )
+
+    def delete_claim(self, address: QueueAddress) -> str:
+        return self.ack(address)
+
+    def claim_to_error(self, address: QueueAddress, error_address: QueueAddress) -> str:
+        f = self.qualified_name(self.inflight_address(address))
+        e = self.qualified_name(error_address)
+        return (
+            f"WITH moved AS (DELETE FROM {f} WHERE Token = %s RETURNING Id, Body) "
+            f"INSERT INTO {e} (Id, Expires, Headers, Body) SELECT Id, NULL, %s, Body FROM moved"
+        )
+
+    # -- errors --------------------------------------------------------------------------------
+
+    def translate_error(self, exc: BaseException, address: str) -> SqlQueueError | None:
+        sqlstate = getattr(exc, "sqlstate", None)
+        if sqlstate == "42P01":  # undefined_table
+            return QueueNotFoundError(address, str(exc).strip())
+        if sqlstate == "3F000":  # invalid_schema_name
+            return QueueNotFoundError(address, str(exc).strip())
+        if sqlstate == "42501":  # insufficient_privilege
+            return PermissionDeniedError(
+                f"permission denied on {address}: {str(exc).strip()}. Creating queues needs CREATE on the schema "
+                "(the installer's rights); sending and receiving need SELECT, INSERT, UPDATE and DELETE on the queue "
+                "tables and on the schema's sqlqueue_inflight table"
+            )
+        if sqlstate is not None and (sqlstate.startswith("08") or sqlstate in ("57P01", "57P02", "57P03")):
+            return TransportUnavailableError(f"database connection lost while working on {address}: {exc}")
+        try:
+            import psycopg
+        except ImportError:  # pragma: no cover - psycopg is a dependency
+            return None
+        if isinstance(exc, psycopg.OperationalError):
+            return TransportUnavailableError(f"database unavailable while working on {address}: {exc}")
+        return None

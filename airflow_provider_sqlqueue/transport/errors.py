@@ -1,0 +1,39 @@
+"""Exceptions raised by the transport core.
+
+Every error a caller can act on has its own class so that operators, sensors and user code can
+tell "fix your configuration" (bad name, missing table, wrong permissions) apart from "the
+database hiccupped, try again" (:class:`TransportUnavailableError`).
+"""
+
+from __future__ import annotations
+
+
+class SqlQueueError(Exception):
+    """Base class of every error raised by airflow-provider-sqlqueue."""
+
+
+class InvalidQueueNameError(SqlQueueError, ValueError):
+    """A queue, schema or catalog name that cannot name a table safely."""
+
+
+class InvalidHeadersError(SqlQueueError, ValueError):
+    """Headers that are not a flat JSON object of string keys to string-or-null values."""
+
+
+class QueueNotFoundError(SqlQueueError):
+    """The queue's table does not exist (create it with the installer first)."""
+
+    def __init__(self, address: str, detail: str = "") -> None:
+        self.address = address
+        message = f"queue table {address} does not exist; create it first (create_queue / CreateQueueOperator)"
+        if detail:
+            message = f"{message}: {detail}"
+        super().__init__(message)
+
+
+class PermissionDeniedError(SqlQueueError):
+    """The database refused the statement for lack of privileges."""
+
+
+class TransportUnavailableError(SqlQueueError):
+    """The database could not be reached or dropped the connection; the operation may be retried."""

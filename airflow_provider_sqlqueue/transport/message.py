@@ -1,0 +1,231 @@
+"""Messages as they travel through a queue table, in NServiceBus's wire format.
+
+A row holds an id (uuid), an optional expiry, the headers as a flat JSON object of strings (values
+may be null) and the body as bytes. NServiceBus endpoints read the same rows, so the header JSON
+must stay a flat string map: anything else is refused on send and treated as a poison message on
+receive.
+"""
+
+from __future__ import annotations
+
+import json
+import traceback
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from enum import Enum
+
+from .errors import InvalidHeadersError
+
+Headers = dict[str, "str | None"]
+
+MESSAGE_ID = "NServiceBus.MessageId"
+CONTENT_TYPE = "NServiceBus.ContentType"
+TIME_SENT = "NServiceBus.TimeSent"
+TIME_TO_BE_RECEIVED = "NServiceBus.TimeToBeReceived"
+FAILED_QUEUE = "NServiceBus.FailedQ"
+TIME_OF_FAILURE = "NServiceBus.TimeOfFailure"
+EXCEPTION_TYPE = "NServiceBus.ExceptionInfo.ExceptionType"
+EXCEPTION_MESSAGE = "NServiceBus.ExceptionInfo.Message"
+EXCEPTION_SOURCE = "NServiceBus.ExceptionInfo.Source"
+EXCEPTION_STACK_TRACE = "NServiceBus.ExceptionInfo.StackTrace"
+DELIVERY_COUNT = "SqlQueue.DeliveryCount"
+
+#: Headers written when a message is moved to the error queue; removed again on retry.
+FAILURE_HEADERS = (
+    FAILED_QUEUE,
+    TIME_OF_FAILURE,
+    EXCEPTION_TYPE,
+    EXCEPTION_MESSAGE,
+    EXCEPTION_SOURCE,
+    EXCEPTION_STACK_TRACE,
+    DELIVERY_COUNT,
+)
+
+
+class TransactionMode(str, Enum):
+    """How a receive relates to the code that handles the message.
+
+    ``none``: the receive commits before the handler runs. At-most-once: a handler that fails or a
+    process that dies while handling loses the message (a failing handler's message is copied to
+    the error queue on a best-effort basis).
+
+    ``native``: the handler runs on the receiving connection inside the receive transaction; the
+    handler's own SQL on that connection commits or rolls back together with the receive.
+    Exactly-once for work done in the same database; the transaction stays open while the handler
+    runs, so handlers must be short.
+
+    ``claim``: the receive moves the message to an in-flight store with a lease and commits at once,
+    returning a claim token; ``ack`` removes it, ``nack`` or an expired lease makes it receivable
+    again, and after ``max_deliveries`` deliveries it goes to the error queue. At-least-once across
+    processes with no transaction held between receive and ack.
+    """
+
+    NONE = "none"
+    NATIVE = "native"
+    CLAIM = "claim"
+
+
+def wire_timestamp(moment: datetime) -> str:
+    """Format a time the way NServiceBus writes header timestamps: ``yyyy-MM-dd HH:mm:ss:ffffff Z``."""
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S:%f Z")
+
+
+def wire_timespan(span: timedelta) -> str:
+    """Format a duration as a .NET ``TimeSpan`` (``[d.]hh:mm:ss[.fffffff]``), as NServiceBus headers hold TTBR."""
+    total_us = span.days * 86_400_000_000 + span.seconds * 1_000_000 + span.microseconds
+    days, rest = divmod(total_us, 86_400_000_000)
+    hours, rest = divmod(rest, 3_600_000_000)
+    minutes, rest = divmod(rest, 60_000_000)
+    seconds, micros = divmod(rest, 1_000_000)
+    text = f"{hours:02d}:{minutes:02d}:{seconds:02d}"
+    if days:
+        text = f"{days}.{text}"
+    if micros:
+        text = f"{text}.{micros * 10:07d}"
+    return text
+
+
+def validate_headers(headers: object) -> Headers:
+    """Check that ``headers`` is a flat mapping of ``str`` to ``str | None`` and return it as a dict."""
+    if not isinstance(headers, dict):
+        raise InvalidHeadersError(f"headers must be a JSON object, got {type(headers).__name__}")
+    for key, value in headers.items():
+        if not isinstance(key, str):
+            raise InvalidHeadersError(f"header names must be strings, got {key!r}")
+        if value is not None and not isinstance(value, str):
+            raise InvalidHeadersError(
+                f"header {key!r} must be a string or null, got {type(value).__name__}; "
+                "NServiceBus headers are a flat string map, serialise structured values yourself"
+            )
+    return dict(headers)
+
+
+def encode_headers(headers: Headers) -> str:
+    """Serialise headers to the JSON text stored in the Headers column."""
+    return json.dumps(validate_headers(headers), ensure_ascii=False, separators=(",", ":"))
+
+
+def decode_headers(text: str | None) -> Headers:
+    """Parse the Headers column; raise :class:`InvalidHeadersError` for anything NServiceBus could not read.
+
+    Accepts every JSON spelling of the same strings (``\\/`` and ``/``, raw non-ASCII and ``\\u``
+    escapes), as the wire format allows.
+    """
+    if text is None:
+        raise InvalidHeadersError("headers column is NULL")
+    try:
+        parsed = json.loads(text)
+    except (ValueError, TypeError) as exc:
+        raise InvalidHeadersError(f"headers are not valid JSON: {exc}") from None
+    return validate_headers(parsed)
+
+
+def coerce_body(body: bytes | bytearray | memoryview | str | None) -> bytes:
+    """Bodies are bytes on the wire; text is encoded as UTF-8, ``None`` is an empty body."""
+    if body is None:
+        return b""
+    if isinstance(body, str):
+        return body.encode("utf-8")
+    if isinstance(body, (bytes, bytearray, memoryview)):
+        return bytes(body)
+    raise TypeError(f"message body must be bytes or str, got {type(body).__name__}; serialise it first")
+
+
+def coerce_ttbr(ttbr: timedelta | float | int | None) -> timedelta | None:
+    """Normalise a time-to-be-received; zero or negative would make a message born expired, so refuse it."""
+    if ttbr is None:
+        return None
+    if isinstance(ttbr, bool) or not isinstance(ttbr, (timedelta, int, float)):
+        raise TypeError(f"time_to_be_received must be a timedelta or seconds, got {type(ttbr).__name__}")
+    span = ttbr if isinstance(ttbr, timedelta) else timedelta(seconds=ttbr)
+    if span <= timedelta(0):
+        raise ValueError(f"time_to_be_received must be positive, got {span}")
+    if span < timedelta(milliseconds=1):
+        raise ValueError(f"time_to_be_received must be at least 1 ms, got {span}")
+    return span
+
+
+@dataclass
+class Message:
+    """A message to send.
+
+    ``headers`` get ``NServiceBus.MessageId`` and ``NServiceBus.TimeSent`` filled in when absent so
+    that an NServiceBus endpoint receiving the row sees what it expects; the body is stored as is.
+    ``time_to_be_received`` makes the database compute ``Expires`` from its own clock; an expired
+    message is never delivered.
+    """
+
+    body: bytes = b""
+    headers: Headers = field(default_factory=dict)
+    id: uuid.UUID = field(default_factory=uuid.uuid4)
+    time_to_be_received: timedelta | None = None
+
+    def __post_init__(self) -> None:
+        self.body = coerce_body(self.body)
+        self.headers = validate_headers(self.headers)
+        if not isinstance(self.id, uuid.UUID):
+            self.id = uuid.UUID(str(self.id))
+        self.time_to_be_received = coerce_ttbr(self.time_to_be_received)
+
+    def wire_headers(self) -> str:
+        """The Headers column for this message, with the NServiceBus defaults filled in."""
+        headers = dict(self.headers)
+        headers.setdefault(MESSAGE_ID, str(self.id))
+        headers.setdefault(TIME_SENT, wire_timestamp(datetime.now(timezone.utc)))
+        if self.time_to_be_received is not None:
+            headers.setdefault(TIME_TO_BE_RECEIVED, wire_timespan(self.time_to_be_received))
+        return encode_headers(headers)
+
+    def ttbr_ms(self) -> int | None:
+        """TTBR in whole milliseconds for the database to add to its clock (None: never expires)."""
+        if self.time_to_be_received is None:
+            return None
+        return max(1, round(self.time_to_be_received / timedelta(milliseconds=1)))
+
+
+@dataclass(frozen=True)
+class ReceivedMessage:
+    """A message taken from a queue.
+
+    ``claim_token`` is set in ``claim`` mode: pass it to ``ack`` or ``nack``. ``deliveries`` counts
+    how many times the message has been handed out in ``claim`` mode (1 on first delivery).
+    """
+
+    id: uuid.UUID
+    headers: Headers
+    body: bytes
+    claim_token: uuid.UUID | None = None
+    deliveries: int = 1
+
+    @property
+    def text(self) -> str:
+        """The body decoded as UTF-8 (invalid bytes replaced, so logging it never fails)."""
+        return self.body.decode("utf-8", errors="replace")
+
+    def json(self) -> object:
+        """The body parsed as JSON."""
+        return json.loads(self.body)
+
+
+def failure_headers(headers: Headers, source_address: str, error: BaseException | str | None) -> Headers:
+    """Headers for a message moved to the error queue, as NServiceBus's recoverability writes them."""
+    result = dict(headers)
+    result[FAILED_QUEUE] = source_address
+    result[TIME_OF_FAILURE] = wire_timestamp(datetime.now(timezone.utc))
+    if isinstance(error, BaseException):
+        result[EXCEPTION_TYPE] = f"{type(error).__module__}.{type(error).__qualname__}"
+        result[EXCEPTION_MESSAGE] = str(error)
+        result[EXCEPTION_SOURCE] = "airflow-provider-sqlqueue"
+        result[EXCEPTION_STACK_TRACE] = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    else:
+        result[EXCEPTION_TYPE] = "airflow_provider_sqlqueue.HandlerFailure"
+        result[EXCEPTION_MESSAGE] = error or "message failed"
+        result[EXCEPTION_SOURCE] = "airflow-provider-sqlqueue"
+        result[EXCEPTION_STACK_TRACE] = error or ""
+    return result
+
+
+def without_failure_headers(headers: Headers) -> Headers:
+    """Headers of a message sent back from the error queue to the queue it failed in."""
+    return {k: v for k, v in headers.items() if k not in FAILURE_HEADERS}

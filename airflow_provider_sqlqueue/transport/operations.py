@@ -1,0 +1,412 @@
+"""Queue operations, written once for every database and for sync and async callers.
+
+Each operation is a generator that yields :class:`Step` objects (a statement, its parameters and
+what to fetch) and receives each step's result; a driver runs the steps on a connection inside one
+transaction (:func:`drive` / :func:`drive_async`). The operation decides *what* happens -- dropping
+expired rows, routing poison rows to the error queue, counting deliveries -- and the dialect says
+*how* in SQL, so those rules cannot drift between PostgreSQL and SQL Server or between the sync
+client and the asyncio pump.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Generator, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, TypeVar
+
+from .addressing import QueueAddress
+from .dialects import Dialect
+from .errors import InvalidHeadersError, QueueNotFoundError, SqlQueueError
+from .message import (
+    FAILED_QUEUE,
+    DELIVERY_COUNT,
+    Message,
+    ReceivedMessage,
+    decode_headers,
+    encode_headers,
+    failure_headers,
+    without_failure_headers,
+)
+
+log = logging.getLogger("airflow_provider_sqlqueue.transport")
+
+T = TypeVar("T")
+
+#: Columns NServiceBus's PostgreSQL and SQL Server transports read; a table without them is not a queue.
+REQUIRED_COLUMNS = {"postgres": {"id", "expires", "headers", "body", "seq"}}
+
+
+class Fetch(Enum):
+    """What a step's result is: nothing, one row, all rows, or the affected row count."""
+
+    NONE = "none"
+    ONE = "one"
+    ALL = "all"
+    ROWCOUNT = "rowcount"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One statement to run; ``target`` names the queue in error messages."""
+
+    sql: str
+    params: tuple[Any, ...]
+    fetch: Fetch
+    target: str
+
+
+Operation = Generator[Step, Any, T]
+
+
+def drive(op: Operation[T], execute: Callable[[Step], Any]) -> T:
+    """Run an operation with a blocking ``execute``; the caller owns the transaction."""
+    try:
+        step = next(op)
+        while True:
+            step = op.send(execute(step))
+    except StopIteration as done:
+        return done.value
+
+
+async def drive_async(op: Operation[T], execute: Callable[[Step], Awaitable[Any]]) -> T:
+    """Run an operation with an awaitable ``execute``; the caller owns the transaction."""
+    try:
+        step = next(op)
+        while True:
+            step = op.send(await execute(step))
+    except StopIteration as done:
+        return done.value
+
+
+# -- installation ------------------------------------------------------------------------------
+
+
+def create_queue(d: Dialect, address: QueueAddress, body_string: bool = False) -> Operation[None]:
+    """Create the queue table (idempotent, safe concurrently) and check an existing one is a queue table."""
+    target = d.qualified_name(address)
+    for sql in d.create_queue(address):
+        yield Step(sql, (), Fetch.NONE, target)
+    yield from check_columns(d, address)
+    yield Step(d.expires_index_ddl(address), (), Fetch.NONE, target)
+    if body_string:
+        yield Step(d.add_body_string(address), (), Fetch.NONE, target)
+
+
+def create_inflight(d: Dialect, address: QueueAddress) -> Operation[None]:
+    """Create the in-flight table that claim mode needs in ``address``'s schema."""
+    target = d.qualified_name(d.inflight_address(address))
+    for sql in d.create_inflight(address):
+        yield Step(sql, (), Fetch.NONE, target)
+
+
+def check_columns(d: Dialect, address: QueueAddress) -> Operation[None]:
+    """Fail clearly when the table is missing or lacks the columns every queue table has."""
+    target = d.qualified_name(address)
+    key = (address.schema or d.default_schema, address.table)
+    rows = yield Step(d.queue_columns(), key, Fetch.ALL, target)
+    if not rows:
+        raise QueueNotFoundError(target)
+    missing = REQUIRED_COLUMNS.get(d.name, set()) - {name for name, _ in rows}
+    if missing:
+        raise SqlQueueError(
+            f"table {target} exists but is not a queue table: it lacks column(s) {', '.join(sorted(missing))}"
+        )
+
+
+def check_queue(d: Dialect, address: QueueAddress) -> Operation[None]:
+    """Fail clearly when the table is missing or not a queue table; warn when Index_Expires is missing."""
+    yield from check_columns(d, address)
+    target = d.qualified_name(address)
+    key = (address.schema or d.default_schema, address.table)
+    indexed = yield Step(d.has_expires_index(), key, Fetch.ONE, target)
+    if not indexed[0]:
+        log.warning(
+            "Queue %s has no index on Expires, so purging expired messages scans the whole table. Create it with: %s",
+            target,
+            d.expires_index_ddl(address),
+        )
+
+
+def drop_queue(d: Dialect, address: QueueAddress) -> Operation[None]:
+    yield Step(d.drop_queue(address), (), Fetch.NONE, d.qualified_name(address))
+
+
+# -- sending -----------------------------------------------------------------------------------
+
+
+def send(d: Dialect, address: QueueAddress, messages: Sequence[Message]) -> Operation[int]:
+    """Insert messages in as few statements as the dialect allows; returns how many were sent."""
+    target = d.qualified_name(address)
+    rows = [(m.id, m.ttbr_ms(), m.wire_headers(), m.body) for m in messages]
+    if len(rows) == 1:
+        yield Step(d.send(address), rows[0], Fetch.NONE, target)
+        return 1
+    sent = 0
+    while sent < len(rows):
+        sql, per_statement = d.send_batch(address, len(rows) - sent)
+        chunk = rows[sent : sent + per_statement]
+        if len(chunk) != per_statement:
+            sql, per_statement = d.send_batch(address, len(chunk))
+        yield Step(sql, d.send_batch_params(chunk), Fetch.NONE, target)
+        sent += len(chunk)
+    return sent
+
+
+# -- receiving ---------------------------------------------------------------------------------
+
+
+def receive(d: Dialect, address: QueueAddress, error_address: QueueAddress, limit: int) -> Operation[list[ReceivedMessage]]:
+    """Delete and return up to ``limit`` of the oldest messages.
+
+    Expired rows are deleted and never returned. Rows whose headers NServiceBus could not read are
+    moved, unchanged, to the error queue in the same transaction. When rows are dropped this way
+    the receive asks again for the shortfall, so a run of expired messages cannot make a non-empty
+    queue look empty.
+    """
+    target = d.qualified_name(address)
+    received: list[ReceivedMessage] = []
+    while len(received) < limit:
+        wanted = limit - len(received)
+        rows = yield Step(d.receive(address), (wanted,), Fetch.ALL, target)
+        rows.sort(key=lambda row: row[4])
+        for message_id, expired, headers_text, body, _seq in rows:
+            if expired:
+                log.debug("Dropped expired message %s from %s", message_id, target)
+                continue
+            try:
+                headers = decode_headers(headers_text)
+            except InvalidHeadersError as exc:
+                yield from _poison_to_error(d, address, error_address, message_id, headers_text, body, exc)
+                continue
+            received.append(ReceivedMessage(message_id, headers, bytes(body or b"")))
+        if len(rows) < wanted:
+            break
+    return received
+
+
+def _poison_to_error(
+    d: Dialect,
+    address: QueueAddress,
+    error_address: QueueAddress,
+    message_id: uuid.UUID,
+    headers_text: str | None,
+    body: bytes | None,
+    exc: InvalidHeadersError,
+) -> Operation[None]:
+    log.error(
+        "Message %s in %s has unreadable headers (%s); moving it unchanged to %s",
+        message_id,
+        d.qualified_name(address),
+        exc,
+        d.qualified_name(error_address),
+    )
+    yield Step(
+        d.insert_error(error_address),
+        (message_id, headers_text if headers_text is not None else "", body),
+        Fetch.NONE,
+        d.qualified_name(error_address),
+    )
+
+
+def move_to_error(
+    d: Dialect,
+    address: QueueAddress,
+    error_address: QueueAddress,
+    message: ReceivedMessage,
+    error: BaseException | str | None,
+) -> Operation[None]:
+    """Put a message that was already removed from its queue into the error queue with failure headers."""
+    headers = failure_headers(message.headers, d.format_address(address), error)
+    yield Step(
+        d.insert_error(error_address),
+        (message.id, encode_headers(headers), message.body),
+        Fetch.NONE,
+        d.qualified_name(error_address),
+    )
+
+
+# -- claim mode --------------------------------------------------------------------------------
+
+
+def claim(
+    d: Dialect,
+    address: QueueAddress,
+    error_address: QueueAddress,
+    limit: int,
+    lease_ms: int,
+    max_deliveries: int,
+) -> Operation[list[ReceivedMessage]]:
+    """Claim up to ``limit`` messages: first those whose lease ran out, then fresh ones from the queue.
+
+    A message whose delivery count would pass ``max_deliveries`` is moved to the error queue
+    instead of being handed out again, with the last error its holder reported.
+    """
+    target = d.qualified_name(address)
+    queue_key = d.format_address(address)
+    claimed: list[ReceivedMessage] = []
+    rows = yield Step(d.reclaim(address), (lease_ms, queue_key, limit), Fetch.ALL, target)
+    rows.sort(key=lambda row: row[7])
+    for token, message_id, expired, headers_text, body, deliveries, last_error, _seq in rows:
+        if expired:
+            log.debug("Dropped expired claimed message %s from %s", message_id, target)
+            yield Step(d.delete_claim(address), (token,), Fetch.NONE, target)
+            continue
+        try:
+            headers = decode_headers(headers_text)
+        except InvalidHeadersError as exc:
+            yield from _claim_poison_to_error(d, address, error_address, token, message_id, headers_text, exc)
+            continue
+        if deliveries > max_deliveries:
+            log.error(
+                "Message %s in %s was delivered %d times without being acknowledged; moving it to %s",
+                message_id,
+                target,
+                deliveries - 1,
+                d.qualified_name(error_address),
+            )
+            error = last_error or f"lease expired {deliveries - 1} times without acknowledgement"
+            failed = failure_headers(headers, queue_key, error)
+            failed[DELIVERY_COUNT] = str(deliveries - 1)
+            yield Step(d.claim_to_error(address, error_address), (token, encode_headers(failed)), Fetch.NONE, target)
+            continue
+        claimed.append(ReceivedMessage(message_id, headers, bytes(body or b""), token, deliveries))
+    while len(claimed) < limit:
+        wanted = limit - len(claimed)
+        rows = yield Step(d.claim(address), (wanted, queue_key, lease_ms), Fetch.ALL, target)
+        for token, message_id, headers_text, body, deliveries, _seq in rows:
+            try:
+                headers = decode_headers(headers_text)
+            except InvalidHeadersError as exc:
+                yield from _claim_poison_to_error(d, address, error_address, token, message_id, headers_text, exc)
+                continue
+            claimed.append(ReceivedMessage(message_id, headers, bytes(body or b""), token, deliveries))
+        # The statement deletes expired rows without returning them, so a short answer only proves
+        # the queue is drained when it came back empty.
+        if not rows:
+            break
+    return claimed
+
+
+def _claim_poison_to_error(
+    d: Dialect,
+    address: QueueAddress,
+    error_address: QueueAddress,
+    token: uuid.UUID,
+    message_id: uuid.UUID,
+    headers_text: str | None,
+    exc: InvalidHeadersError,
+) -> Operation[None]:
+    log.error(
+        "Message %s in %s has unreadable headers (%s); moving it unchanged to %s",
+        message_id,
+        d.qualified_name(address),
+        exc,
+        d.qualified_name(error_address),
+    )
+    yield Step(d.claim_to_error(address, error_address), (token, headers_text or ""), Fetch.NONE, d.qualified_name(address))
+
+
+def ack(d: Dialect, address: QueueAddress, token: uuid.UUID) -> Operation[bool]:
+    """Finish a claim; False when the lease had run out and the message may be with someone else."""
+    count = yield Step(d.ack(address), (token,), Fetch.ROWCOUNT, d.qualified_name(address))
+    return count == 1
+
+
+def nack(d: Dialect, address: QueueAddress, token: uuid.UUID, error: str | None, delay_ms: int) -> Operation[bool]:
+    """Give a claim back for redelivery after ``delay_ms``; False when the lease was already lost."""
+    count = yield Step(d.nack(address), (delay_ms, error, token), Fetch.ROWCOUNT, d.qualified_name(address))
+    return count == 1
+
+
+def extend(d: Dialect, address: QueueAddress, token: uuid.UUID, lease_ms: int) -> Operation[bool]:
+    """Renew a lease that is still held; False when it already ran out."""
+    count = yield Step(d.extend(address), (lease_ms, token), Fetch.ROWCOUNT, d.qualified_name(address))
+    return count == 1
+
+
+def fail_claim(
+    d: Dialect, address: QueueAddress, error_address: QueueAddress, message: ReceivedMessage, error: BaseException | str
+) -> Operation[bool]:
+    """Move a claimed message straight to the error queue (the handler knows it can never succeed)."""
+    headers = failure_headers(message.headers, d.format_address(address), error)
+    headers[DELIVERY_COUNT] = str(message.deliveries)
+    count = yield Step(
+        d.claim_to_error(address, error_address),
+        (message.claim_token, encode_headers(headers)),
+        Fetch.ROWCOUNT,
+        d.qualified_name(address),
+    )
+    return count == 1
+
+
+# -- inspection and maintenance ------------------------------------------------------------------
+
+
+def peek(d: Dialect, address: QueueAddress, include_reclaimable: bool = False) -> Operation[int]:
+    """Estimate pending messages cheaply (sequence range of unlocked rows); plus claims ready again."""
+    target = d.qualified_name(address)
+    row = yield Step(d.peek(address), (), Fetch.ONE, target)
+    pending = int(row[0] or 0)
+    if include_reclaimable:
+        row = yield Step(d.count_reclaimable(address), (d.format_address(address),), Fetch.ONE, target)
+        pending += int(row[0])
+    return pending
+
+
+def depth(d: Dialect, address: QueueAddress) -> Operation[int]:
+    """Exact number of messages waiting (a full count: use for reports, not in a polling loop)."""
+    row = yield Step(d.depth(address), (), Fetch.ONE, d.qualified_name(address))
+    return int(row[0])
+
+
+def inflight(d: Dialect, address: QueueAddress) -> Operation[int]:
+    """Number of claimed, unacknowledged messages of the queue."""
+    row = yield Step(d.count_inflight(address), (d.format_address(address),), Fetch.ONE, d.qualified_name(address))
+    return int(row[0])
+
+
+def purge_expired_batch(d: Dialect, address: QueueAddress, batch_size: int) -> Operation[int]:
+    """Delete one bounded batch of expired messages; the caller loops while batches come back full."""
+    count = yield Step(d.purge_expired(address), (batch_size,), Fetch.ROWCOUNT, d.qualified_name(address))
+    return int(count)
+
+
+def purge_all(d: Dialect, address: QueueAddress) -> Operation[int]:
+    count = yield Step(d.purge_all(address), (), Fetch.ROWCOUNT, d.qualified_name(address))
+    return int(count)
+
+
+def retry_from_error(
+    d: Dialect, error_address: QueueAddress, limit: int, only_queue: QueueAddress | None = None
+) -> Operation[int]:
+    """Send messages among the ``limit`` oldest of the error queue back to the queue in ``NServiceBus.FailedQ``.
+
+    Failure headers are removed. Rows with unreadable headers or no FailedQ stay where they are:
+    there is no way to know where they belong.
+    """
+    target = d.qualified_name(error_address)
+    rows = yield Step(d.peek_error_rows(error_address), (limit,), Fetch.ALL, target)
+    moved = 0
+    for seq, message_id, headers_text, body in rows:
+        try:
+            headers = decode_headers(headers_text)
+        except InvalidHeadersError:
+            continue
+        failed_q = headers.get(FAILED_QUEUE)
+        if not failed_q:
+            continue
+        destination = d.parse_address(failed_q)
+        if only_queue is not None and d.format_address(destination) != d.format_address(only_queue):
+            continue
+        yield Step(
+            d.send_raw(destination),
+            (message_id, encode_headers(without_failure_headers(headers)), body),
+            Fetch.NONE,
+            d.qualified_name(destination),
+        )
+        yield Step(d.delete_by_seq(error_address), (seq,), Fetch.NONE, target)
+        moved += 1
+    return moved

@@ -1,0 +1,370 @@
+"""The message pump: the peek/receive loop of NServiceBus's SQL transports, on asyncio.
+
+The pump starts in *peek* mode: one cheap query estimates how many messages wait. When some do,
+it switches to *receive* mode and runs up to ``max_concurrency`` receives at once, each handing
+one message to the handler, for at most ``peek_batch_size`` messages. As soon as a receive finds
+nothing (another consumer got there first) it stops starting receives and, once those in flight
+are done, peeks again -- at once if the last peek found messages, after ``peek_interval`` if not.
+
+Database errors never crash the loop: a circuit breaker logs, backs off exponentially (up to
+``max_backoff``) and keeps retrying; after ``breaker_alarm`` of continuous failure it logs an error
+every time it retries so monitoring can pick it up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from . import operations as ops
+from .addressing import QueueAddress
+from .drivers import AsyncSessionPool
+from .errors import QueueNotFoundError
+from .message import TIME_TO_BE_RECEIVED, ReceivedMessage, TransactionMode
+
+log = logging.getLogger("airflow_provider_sqlqueue.pump")
+
+#: Handler of one message. The second argument is the receiving connection in ``native`` mode
+#: (do your own SQL on it to commit atomically with the receive) and None otherwise. Raising marks
+#: the message failed.
+Handler = Callable[[ReceivedMessage, Any], Awaitable[None]]
+
+MIN_RECOMMENDED_PEEK = 0.1
+MAX_RECOMMENDED_PEEK = 10.0
+_TIMESPAN = re.compile(r"^(?:(\d+)\.)?(\d+):(\d+):(\d+)(?:\.(\d+))?$")
+
+
+def parse_timespan(text: str) -> timedelta | None:
+    """Parse a .NET TimeSpan header (``[d.]hh:mm:ss[.fffffff]``); None if it is not one."""
+    match = _TIMESPAN.match(text.strip())
+    if not match:
+        return None
+    days, hours, minutes, seconds, fraction = match.groups()
+    micros = int((fraction or "0")[:6].ljust(6, "0"))
+    return timedelta(days=int(days or 0), hours=int(hours), minutes=int(minutes), seconds=int(seconds), microseconds=micros)
+
+
+def check_peek_interval(peek_interval: float, smallest_ttbr: timedelta | None = None) -> list[str]:
+    """Warnings the recommended range and the queue's TTBR call for (also logged by the pump)."""
+    warnings = []
+    if peek_interval < MIN_RECOMMENDED_PEEK:
+        warnings.append(
+            f"peek_interval {peek_interval}s is below {MIN_RECOMMENDED_PEEK}s: idle consumers will put "
+            "unnecessary load on the database"
+        )
+    if peek_interval > MAX_RECOMMENDED_PEEK:
+        warnings.append(
+            f"peek_interval {peek_interval}s is above {MAX_RECOMMENDED_PEEK}s: messages may back up in the queue"
+        )
+    if smallest_ttbr is not None and peek_interval > smallest_ttbr.total_seconds():
+        warnings.append(
+            f"peek_interval {peek_interval}s is longer than the queue's time-to-be-received {smallest_ttbr}: "
+            "messages may expire before they are peeked"
+        )
+    return warnings
+
+
+@dataclass
+class CircuitBreaker:
+    """Backs off after database errors instead of spinning, and raises the alarm if they persist."""
+
+    base_delay: float
+    max_backoff: float
+    alarm_after: float
+    failures: int = 0
+    failing_since: float | None = None
+
+    def success(self) -> None:
+        if self.failures:
+            log.info("Database reachable again after %d failed attempt(s); resuming", self.failures)
+        self.failures = 0
+        self.failing_since = None
+
+    def failure(self, exc: BaseException, queue: str) -> float:
+        """Record a failure and return how long to wait before the next attempt."""
+        now = time.monotonic()
+        if self.failing_since is None:
+            self.failing_since = now
+        self.failures += 1
+        delay = min(self.max_backoff, self.base_delay * 2 ** min(self.failures - 1, 16))
+        failing_for = now - self.failing_since
+        level = logging.ERROR if failing_for >= self.alarm_after else logging.WARNING
+        log.log(
+            level,
+            "Queue %s: database error (%s: %s); attempt %d failed, %.0fs since the first; retrying in %.1fs",
+            queue,
+            type(exc).__name__,
+            exc,
+            self.failures,
+            failing_for,
+            delay,
+        )
+        return delay
+
+
+class FailureCounter:
+    """Counts handler failures per message id in ``native`` mode, where a rollback leaves no trace in the table.
+
+    Bounded (oldest entries forgotten first) so a stream of failures cannot grow memory without
+    limit; as in NServiceBus, counts are per process.
+    """
+
+    def __init__(self, capacity: int = 10_000) -> None:
+        self._counts: OrderedDict[Any, tuple[int, BaseException]] = OrderedDict()
+        self._capacity = capacity
+
+    def record(self, message_id: Any, exc: BaseException) -> int:
+        count = self._counts.pop(message_id, (0, exc))[0] + 1
+        self._counts[message_id] = (count, exc)
+        while len(self._counts) > self._capacity:
+            self._counts.popitem(last=False)
+        return count
+
+    def get(self, message_id: Any) -> tuple[int, BaseException | None]:
+        return self._counts.get(message_id, (0, None))
+
+    def forget(self, message_id: Any) -> None:
+        self._counts.pop(message_id, None)
+
+
+class MessagePump:
+    """Consume one queue with a handler until :meth:`stop` is called.
+
+    ``max_deliveries`` bounds how often one message is handed to a failing handler before it is
+    moved to the error queue (``native`` and ``claim`` modes; in ``none`` mode a failed message is
+    copied to the error queue at once since it is already gone from the queue).
+    """
+
+    def __init__(
+        self,
+        pool: AsyncSessionPool,
+        queue: QueueAddress,
+        handler: Handler,
+        *,
+        mode: TransactionMode | str = TransactionMode.CLAIM,
+        error_queue: QueueAddress | None = None,
+        max_concurrency: int = 1,
+        peek_interval: float = 1.0,
+        peek_batch_size: int = 50,
+        lease: timedelta = timedelta(minutes=5),
+        max_deliveries: int = 5,
+        smallest_ttbr: timedelta | None = None,
+        max_backoff: float = 30.0,
+        breaker_alarm: float = 120.0,
+    ) -> None:
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be at least 1, got {max_concurrency}")
+        if peek_batch_size < 1:
+            raise ValueError(f"peek_batch_size must be at least 1, got {peek_batch_size}")
+        if peek_interval <= 0:
+            raise ValueError(f"peek_interval must be positive, got {peek_interval}")
+        self.pool = pool
+        self.dialect = pool.dialect
+        self.dialect.validate_address(queue)
+        self.queue = queue
+        self.error_queue = error_queue or queue.sibling("error")
+        self.handler = handler
+        self.mode = TransactionMode(mode)
+        self.max_concurrency = max_concurrency
+        self.peek_interval = peek_interval
+        self.peek_batch_size = peek_batch_size
+        self.lease_ms = max(1, round(lease.total_seconds() * 1000))
+        self.max_deliveries = max_deliveries
+        self.breaker = CircuitBreaker(min(peek_interval, 1.0), max_backoff, breaker_alarm)
+        self.failures = FailureCounter()
+        self.name = self.dialect.qualified_name(queue)
+        self.handled = 0
+        self.failed = 0
+        self._stop = asyncio.Event()
+        self._ttbr_warned = False
+        for warning in check_peek_interval(peek_interval, smallest_ttbr):
+            self._ttbr_warned = self._ttbr_warned or "time-to-be-received" in warning
+            log.warning("Queue %s: %s", self.name, warning)
+
+    def stop(self) -> None:
+        """Ask the loop to finish: no new receives start; handlers in flight complete."""
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Peek and receive until stopped. Returns once in-flight handlers are done."""
+        log.info(
+            "Queue %s: pump started (mode=%s, max_concurrency=%d, peek_interval=%.3gs, peek_batch_size=%d)",
+            self.name,
+            self.mode.value,
+            self.max_concurrency,
+            self.peek_interval,
+            self.peek_batch_size,
+        )
+        while not self._stop.is_set():
+            try:
+                async with self.pool.session() as session:
+                    pending = await session.run(
+                        ops.peek(self.dialect, self.queue, include_reclaimable=self.mode is TransactionMode.CLAIM)
+                    )
+            except Exception as exc:  # any database failure: back off, never crash the loop
+                if isinstance(exc, QueueNotFoundError):
+                    log.error("Queue %s: %s", self.name, exc)
+                await self._sleep(self.breaker.failure(exc, self.name))
+                continue
+            self.breaker.success()
+            if pending <= 0:
+                log.debug("Queue %s: peek found nothing; next peek in %.3gs", self.name, self.peek_interval)
+                await self._sleep(self.peek_interval)
+                continue
+            budget = min(pending, self.peek_batch_size)
+            log.debug("Queue %s: peek estimates %d waiting; receiving up to %d", self.name, pending, budget)
+            received = await self._receive_mode(budget)
+            if received:
+                log.info("Queue %s: received %d message(s) (handled %d, failed %d so far)", self.name, received, self.handled, self.failed)
+        log.info("Queue %s: pump stopped (handled %d, failed %d)", self.name, self.handled, self.failed)
+
+    async def _sleep(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._stop.wait(), timeout=seconds)
+        except asyncio.TimeoutError:
+            pass
+
+    async def _receive_mode(self, budget: int) -> int:
+        """Run up to ``budget`` receives, at most ``max_concurrency`` at once; stop at the first empty one."""
+        slots = asyncio.Semaphore(self.max_concurrency)
+        exhausted = asyncio.Event()
+        tasks: set[asyncio.Task[bool]] = set()
+        received = 0
+
+        async def one() -> bool:
+            try:
+                got = await self._receive_one()
+            except Exception as exc:  # database failure mid-receive: the transaction rolled back
+                exhausted.set()
+                await self._sleep(self.breaker.failure(exc, self.name))
+                return False
+            finally:
+                slots.release()
+            if not got:
+                exhausted.set()
+            return got
+
+        for _ in range(budget):
+            await slots.acquire()
+            if exhausted.is_set() or self._stop.is_set():
+                slots.release()
+                break
+            tasks.add(asyncio.create_task(one()))
+        for result in await asyncio.gather(*tasks):
+            received += int(result)
+        return received
+
+    async def _receive_one(self) -> bool:
+        if self.mode is TransactionMode.NONE:
+            return await self._receive_none()
+        if self.mode is TransactionMode.NATIVE:
+            return await self._receive_native()
+        return await self._receive_claim()
+
+    def _note_ttbr(self, message: ReceivedMessage) -> None:
+        if self._ttbr_warned:
+            return
+        ttbr = parse_timespan(message.headers.get(TIME_TO_BE_RECEIVED) or "")
+        if ttbr is not None and ttbr.total_seconds() < self.peek_interval:
+            self._ttbr_warned = True
+            log.warning("Queue %s: %s", self.name, check_peek_interval(self.peek_interval, ttbr)[-1])
+
+    async def _handle(self, message: ReceivedMessage, connection: Any) -> BaseException | None:
+        self._note_ttbr(message)
+        try:
+            await self.handler(message, connection)
+        except Exception as exc:  # the handler's failure is data for recoverability, not a pump crash
+            self.failed += 1
+            log.warning("Queue %s: handler failed for message %s: %s: %s", self.name, message.id, type(exc).__name__, exc)
+            return exc
+        self.handled += 1
+        return None
+
+    async def _receive_none(self) -> bool:
+        async with self.pool.session() as session:
+            received = await session.run(ops.receive(self.dialect, self.queue, self.error_queue, 1))
+        if not received:
+            return False
+        message = received[0]
+        error = await self._handle(message, None)
+        if error is not None:
+            # Already removed from the queue: keep a copy in the error queue rather than lose it silently.
+            try:
+                async with self.pool.session() as session:
+                    await session.run(ops.move_to_error(self.dialect, self.queue, self.error_queue, message, error))
+            except Exception as exc:  # best effort: the failure is logged, the pump goes on
+                log.error("Queue %s: could not copy failed message %s to the error queue: %s", self.name, message.id, exc)
+        return True
+
+    async def _receive_native(self) -> bool:
+        async with self.pool.session() as session:
+            outcome: BaseException | None = None
+            message: ReceivedMessage | None = None
+            try:
+                async with session.transaction():
+                    received = await ops.drive_async(
+                        ops.receive(self.dialect, self.queue, self.error_queue, 1), session.execute
+                    )
+                    if not received:
+                        return False
+                    message = received[0]
+                    count, last_error = self.failures.get(message.id)
+                    if count >= self.max_deliveries:
+                        log.error(
+                            "Queue %s: message %s failed %d times; moving it to %s",
+                            self.name,
+                            message.id,
+                            count,
+                            self.dialect.qualified_name(self.error_queue),
+                        )
+                        await ops.drive_async(
+                            ops.move_to_error(self.dialect, self.queue, self.error_queue, message, last_error),
+                            session.execute,
+                        )
+                        self.failures.forget(message.id)
+                        return True
+                    outcome = await self._handle(message, session.connection)
+                    if outcome is not None:
+                        raise _Rollback
+            except _Rollback:
+                pass
+        if message is not None:
+            if outcome is None:
+                self.failures.forget(message.id)
+            else:
+                self.failures.record(message.id, outcome)
+        return True
+
+    async def _receive_claim(self) -> bool:
+        async with self.pool.session() as session:
+            claimed = await session.run(
+                ops.claim(self.dialect, self.queue, self.error_queue, 1, self.lease_ms, self.max_deliveries)
+            )
+        if not claimed:
+            return False
+        message = claimed[0]
+        error = await self._handle(message, None)
+        async with self.pool.session() as session:
+            if error is None:
+                settled = await session.run(ops.ack(self.dialect, self.queue, message.claim_token))
+            else:
+                text = f"{type(error).__name__}: {error}"
+                settled = await session.run(ops.nack(self.dialect, self.queue, message.claim_token, text, 0))
+        if not settled:
+            log.warning(
+                "Queue %s: lease on message %s ran out before it was settled; it may be handled again",
+                self.name,
+                message.id,
+            )
+        return True
+
+
+class _Rollback(Exception):
+    """Raised inside the receive transaction to roll it back after a handler failure."""
