@@ -41,6 +41,16 @@ def dialect_for(target: object) -> Dialect:
     raise TypeError(f"unsupported connection type {type(target).__module__}.{type(target).__qualname__}")
 
 
+async def _fetch_async(cursor: Any, step: Step) -> Any:
+    if step.fetch is Fetch.ALL:
+        return await cursor.fetchall()
+    if step.fetch is Fetch.ONE:
+        return await cursor.fetchone()
+    if step.fetch is Fetch.ROWCOUNT:
+        return cursor.rowcount
+    return None
+
+
 def _fetch(cursor: Any, step: Step) -> Any:
     if step.fetch is Fetch.ALL:
         return cursor.fetchall()
@@ -173,7 +183,7 @@ class AsyncPsycopgSession(AsyncSession):
         try:
             async with self.connection.cursor() as cursor:
                 await cursor.execute(step.sql, step.params)
-                return _fetch(cursor, step)
+                return await _fetch_async(cursor, step)
         except psycopg.Error as exc:
             error = _translated(self.dialect, exc, step)
             if error is exc:

@@ -1,0 +1,247 @@
+"""The asyncio message pump on a real PostgreSQL: peek/receive modes, concurrency limit, failures, back-off."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+
+from airflow_provider_sqlqueue.transport import AsyncPsycopgPool, Message, MessagePump, QueueAddress
+from airflow_provider_sqlqueue.transport.drivers import AsyncSessionPool
+from airflow_provider_sqlqueue.transport.pump import check_peek_interval, parse_timespan
+
+
+class CountingPool(AsyncSessionPool):
+    """A real pool that also counts which statements the pump ran, to observe its modes."""
+
+    def __init__(self, inner: AsyncPsycopgPool) -> None:
+        self.inner = inner
+        self.dialect = inner.dialect
+        self.statements: Counter[str] = Counter()
+
+    async def open(self) -> None:
+        await self.inner.open()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def session(self):
+        pool = self
+
+        class _Counted:
+            async def __aenter__(self):
+                self._cm = pool.inner.session()
+                session = await self._cm.__aenter__()
+                original = session.execute
+
+                async def execute(step):
+                    pool.statements[step.sql.split()[0].upper()] += 1
+                    return await original(step)
+
+                session.execute = execute
+                return session
+
+            async def __aexit__(self, *exc):
+                return await self._cm.__aexit__(*exc)
+
+        return _Counted()
+
+
+async def run_until(pump: MessagePump, done, timeout: float = 60.0) -> None:
+    task = asyncio.create_task(pump.run())
+    try:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not done():
+            assert asyncio.get_running_loop().time() < deadline, "pump did not finish in time"
+            assert not task.done(), f"pump stopped by itself: {task.exception() if task.done() else ''}"
+            await asyncio.sleep(0.02)
+    finally:
+        pump.stop()
+        await asyncio.wait_for(task, 30)
+
+
+@pytest.fixture
+async def pool(pg_uri):
+    p = AsyncPsycopgPool(pg_uri, max_size=6)
+    await p.open()
+    yield p
+    await p.close()
+
+
+@pytest.mark.parametrize("mode", ["none", "native", "claim"])
+async def test_pump_drains_with_at_most_max_concurrency_in_flight(pool, client, queue, schema, mode):
+    client.send(queue, [Message(str(i)) for i in range(150)])
+    seen: Counter[str] = Counter()
+    in_flight = 0
+    peak = 0
+
+    async def handler(message, connection):
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await asyncio.sleep(0.002)
+        seen[message.text] += 1
+        in_flight -= 1
+
+    pump = MessagePump(pool, queue, handler, mode=mode, error_queue=QueueAddress("error", schema), max_concurrency=3, peek_interval=0.1)
+    await run_until(pump, lambda: len(seen) == 150)
+    assert sorted(seen, key=int) == [str(i) for i in range(150)]
+    assert max(seen.values()) == 1
+    assert 1 < peak <= 3
+    assert client.depth(queue) == 0 and client.inflight(queue) == 0
+    assert pump.handled == 150 and pump.failed == 0
+
+
+async def test_pump_only_peeks_while_idle_and_picks_up_messages_sent_later(pg_uri, client, queue, schema):
+    pool = CountingPool(AsyncPsycopgPool(pg_uri, max_size=3))
+    await pool.open()
+    got: list[str] = []
+
+    async def handler(message, connection):
+        got.append(message.text)
+
+    pump = MessagePump(pool, queue, handler, mode="claim", error_queue=QueueAddress("error", schema), peek_interval=0.1)
+    task = asyncio.create_task(pump.run())
+    await asyncio.sleep(0.6)
+    idle = dict(pool.statements)
+    assert idle.get("SELECT", 0) >= 3  # peeks (plus the reclaimable count in claim mode)
+    assert "DELETE" not in idle and "WITH" not in idle and "UPDATE" not in idle  # no receive while peeks find nothing
+    client.send(queue, [Message("late-1"), Message("late-2")])
+    for _ in range(100):
+        if len(got) == 2:
+            break
+        await asyncio.sleep(0.05)
+    pump.stop()
+    await asyncio.wait_for(task, 10)
+    await pool.close()
+    assert got == ["late-1", "late-2"]
+
+
+async def test_native_pump_moves_repeatedly_failing_message_to_error_queue(pool, client, queue, raw, schema):
+    client.send(queue, [Message("ok-1"), Message("bad"), Message("ok-2")])
+    calls: Counter[str] = Counter()
+
+    async def handler(message, connection):
+        calls[message.text] += 1
+        await connection.execute(f'CREATE TABLE IF NOT EXISTS "{schema}".side_effects (body text)')
+        await connection.execute(f'INSERT INTO "{schema}".side_effects VALUES (%s)', (message.text,))
+        if message.text == "bad":
+            raise ValueError("cannot process")
+
+    pump = MessagePump(pool, queue, handler, mode="native", error_queue=QueueAddress("error", schema), max_deliveries=3, peek_interval=0.05)
+    error_count = lambda: raw.execute(f'SELECT count(*) FROM "{schema}"."error"').fetchone()[0]  # noqa: E731
+    await run_until(pump, lambda: error_count() == 1 and calls["ok-1"] and calls["ok-2"])
+    assert calls == {"ok-1": 1, "ok-2": 1, "bad": 3}
+    side_effects = sorted(r[0] for r in raw.execute(f'SELECT body FROM "{schema}".side_effects'))
+    assert side_effects == ["ok-1", "ok-2"]  # the failed attempts rolled back with their receive
+    headers = raw.execute(f'SELECT headers FROM "{schema}"."error"').fetchone()[0]
+    assert '"NServiceBus.ExceptionInfo.Message":"cannot process"' in headers
+    assert client.depth(queue) == 0
+
+
+async def test_claim_pump_redelivers_failures_then_dead_letters(pool, client, queue, raw, schema):
+    client.send(queue, [Message("flaky"), Message("broken")])
+    calls: Counter[str] = Counter()
+
+    async def handler(message, connection):
+        calls[message.text] += 1
+        if message.text == "broken" or (message.text == "flaky" and calls["flaky"] == 1):
+            raise RuntimeError(f"{message.text} failed")
+
+    pump = MessagePump(pool, queue, handler, mode="claim", error_queue=QueueAddress("error", schema), max_deliveries=2, peek_interval=0.05)
+    error_count = lambda: raw.execute(f'SELECT count(*) FROM "{schema}"."error"').fetchone()[0]  # noqa: E731
+    await run_until(pump, lambda: error_count() == 1 and calls["flaky"] == 2)
+    assert calls == {"flaky": 2, "broken": 2}
+    assert client.inflight(queue) == 0 and client.depth(queue) == 0
+    assert "broken failed" in raw.execute(f'SELECT headers FROM "{schema}"."error"').fetchone()[0]
+
+
+async def test_none_pump_copies_failed_message_to_error_queue(pool, client, queue, raw, schema):
+    client.send(queue, Message("lost?"))
+
+    async def handler(message, connection):
+        raise KeyError("missing")
+
+    pump = MessagePump(pool, queue, handler, mode="none", error_queue=QueueAddress("error", schema), peek_interval=0.05)
+    error_count = lambda: raw.execute(f'SELECT count(*) FROM "{schema}"."error"').fetchone()[0]  # noqa: E731
+    await run_until(pump, lambda: error_count() == 1)
+    assert pump.failed == 1 and client.depth(queue) == 0
+
+
+async def test_competing_pumps_deliver_exactly_once(pg_uri, client, queue, schema):
+    client.send(queue, [Message(str(i)) for i in range(400)])
+    seen: Counter[str] = Counter()
+
+    async def handler(message, connection):
+        seen[message.text] += 1
+
+    pools = [AsyncPsycopgPool(pg_uri, max_size=3) for _ in range(4)]
+    for p in pools:
+        await p.open()
+    pumps = [
+        MessagePump(p, queue, handler, mode="claim", error_queue=QueueAddress("error", schema), max_concurrency=2, peek_interval=0.05)
+        for p in pools
+    ]
+    tasks = [asyncio.create_task(p.run()) for p in pumps]
+    for _ in range(600):
+        if len(seen) == 400:
+            break
+        await asyncio.sleep(0.05)
+    for p in pumps:
+        p.stop()
+    await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    for p in pools:
+        await p.close()
+    assert len(seen) == 400 and max(seen.values()) == 1
+    assert sum(p.handled for p in pumps) == 400
+    assert sum(1 for p in pumps if p.handled) >= 2
+
+
+async def test_unreachable_database_backs_off_and_never_crashes(caplog):
+    pool = AsyncPsycopgPool("postgresql://postgres@127.0.0.1:1/test?connect_timeout=1", max_size=1, min_size=0, )
+    pool._pool.timeout = 0.2  # fail fast on checkout: this test is about the loop, not the pool
+    await pool.open()
+
+    async def handler(message, connection):
+        raise AssertionError("no message can arrive")
+
+    pump = MessagePump(pool, QueueAddress("orders"), handler, peek_interval=0.1, max_backoff=0.8)
+    with caplog.at_level(logging.WARNING, logger="airflow_provider_sqlqueue.pump"):
+        task = asyncio.create_task(pump.run())
+        await asyncio.sleep(2.5)
+        assert not task.done(), "the pump must keep running through database errors"
+        pump.stop()
+        await asyncio.wait_for(task, 10)
+    await pool.close()
+    attempts = [r for r in caplog.records if "database error" in r.getMessage()]
+    assert 2 <= len(attempts) <= 8, "backed off exponentially instead of spinning"
+    assert "retrying in 0.8s" in caplog.text  # reached the cap
+
+
+def test_peek_interval_warnings():
+    assert check_peek_interval(1.0) == []
+    assert "below 0.1s" in check_peek_interval(0.05)[0]
+    assert "above 10.0s" in check_peek_interval(11)[0]
+    assert "time-to-be-received" in check_peek_interval(5, timedelta(seconds=2))[0]
+
+
+async def test_pump_warns_when_a_message_ttbr_is_shorter_than_peek_interval(pool, client, queue, schema, caplog):
+    client.send(queue, Message("hurry", time_to_be_received=timedelta(seconds=2)))
+    done = asyncio.Event()
+
+    async def handler(message, connection):
+        done.set()
+
+    pump = MessagePump(pool, queue, handler, error_queue=QueueAddress("error", schema), peek_interval=3)
+    with caplog.at_level(logging.WARNING, logger="airflow_provider_sqlqueue.pump"):
+        await run_until(pump, done.is_set)
+    assert "longer than the queue's time-to-be-received 0:00:02" in caplog.text
+
+
+def test_parse_timespan():
+    assert parse_timespan("00:05:00") == timedelta(minutes=5)
+    assert parse_timespan("1.02:03:04.5000000") == timedelta(days=1, hours=2, minutes=3, seconds=4, milliseconds=500)
+    assert parse_timespan("garbage") is None
