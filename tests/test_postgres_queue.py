@@ -302,7 +302,7 @@ def test_unreachable_database_is_a_clear_transport_error():
 
 
 def test_wrong_connection_kind_is_refused():
-    with pytest.raises(ValueError, match="postgresql:// or mssql://"):
+    with pytest.raises(ValueError, match="use a postgresql:// URI"):
         QueueClient.connect("mysql://root@localhost/test")
     with pytest.raises(TypeError, match="unsupported connection type"):
         QueueClient.connect(object())

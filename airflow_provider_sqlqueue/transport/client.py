@@ -83,13 +83,8 @@ class QueueClient(_Addressing):
     @classmethod
     def connect(cls, target: Any, error_queue: str | QueueAddress = DEFAULT_ERROR_QUEUE) -> QueueClient:
         """Open a client from a URI/DSN (owned connection) or wrap an existing DB-API connection (borrowed)."""
-        dialect = dialect_for(target)
-        if dialect.name == "postgres":
-            session = PsycopgSession.connect(target) if isinstance(target, str) else PsycopgSession(target)
-        else:
-            from .sqlserver_driver import open_sqlserver_session
-
-            session = open_sqlserver_session(target)
+        dialect_for(target)  # refuses what no dialect can serve, with a message naming it
+        session = PsycopgSession.connect(target) if isinstance(target, str) else PsycopgSession(target)
         return cls(session, error_queue)
 
     @property
@@ -284,13 +279,8 @@ class AsyncQueueClient(_Addressing):
 
     @classmethod
     async def connect(cls, target: Any, error_queue: str | QueueAddress = DEFAULT_ERROR_QUEUE) -> AsyncQueueClient:
-        dialect = dialect_for(target)
-        if dialect.name == "postgres":
-            session = await AsyncPsycopgSession.connect(target) if isinstance(target, str) else AsyncPsycopgSession(target)
-        else:
-            from .sqlserver_driver import open_sqlserver_async_session
-
-            session = await open_sqlserver_async_session(target)
+        dialect_for(target)
+        session = await AsyncPsycopgSession.connect(target) if isinstance(target, str) else AsyncPsycopgSession(target)
         return cls(session, error_queue)
 
     @property

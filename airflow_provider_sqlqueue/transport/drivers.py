@@ -26,18 +26,14 @@ def dialect_for(target: object) -> Dialect:
         scheme = target.split(":", 1)[0].lower() if "://" in target else ""
         if scheme in ("postgresql", "postgres"):
             return get_dialect("postgres")
-        if scheme in ("mssql", "sqlserver"):
-            return get_dialect("sqlserver")
         if "=" in target and "://" not in target:  # a libpq key=value DSN
             return get_dialect("postgres")
         raise ValueError(
-            f"cannot tell the database from {scheme or 'this connection string'!r}; use a postgresql:// or mssql:// URI"
+            f"cannot tell the database from {scheme or 'this connection string'!r}; use a postgresql:// URI"
         )
     module = type(target).__module__.split(".", 1)[0]
     if module == "psycopg":
         return get_dialect("postgres")
-    if module in ("pymssql", "pyodbc", "_mssql"):
-        return get_dialect("sqlserver")
     raise TypeError(f"unsupported connection type {type(target).__module__}.{type(target).__qualname__}")
 
 

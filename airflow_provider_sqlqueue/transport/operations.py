@@ -35,8 +35,6 @@ log = logging.getLogger("airflow_provider_sqlqueue.transport")
 
 T = TypeVar("T")
 
-#: Columns NServiceBus's PostgreSQL and SQL Server transports read; a table without them is not a queue.
-REQUIRED_COLUMNS = {"postgres": {"id", "expires", "headers", "body", "seq"}}
 
 
 class Fetch(Enum):
@@ -109,7 +107,7 @@ def check_columns(d: Dialect, address: QueueAddress) -> Operation[None]:
     rows = yield Step(d.queue_columns(), key, Fetch.ALL, target)
     if not rows:
         raise QueueNotFoundError(target)
-    missing = REQUIRED_COLUMNS.get(d.name, set()) - {name for name, _ in rows}
+    missing = set(d.required_columns) - {name for name, _ in rows}
     if missing:
         raise SqlQueueError(
             f"table {target} exists but is not a queue table: it lacks column(s) {', '.join(sorted(missing))}"

@@ -26,6 +26,8 @@ class Dialect(ABC):
     name: str
     #: Schema used when an address has none.
     default_schema: str
+    #: Lower-cased columns every queue table has (what NServiceBus reads); a table without them is not a queue.
+    required_columns: tuple[str, ...]
     #: Table holding claimed (in-flight) messages, one per schema, shared by that schema's queues.
     inflight_table: str = "sqlqueue_inflight"
 
@@ -195,14 +197,9 @@ class Dialect(ABC):
 
 
 def get_dialect(name: str) -> Dialect:
-    """The dialect for a name (``postgres``/``postgresql`` or ``sqlserver``/``mssql``)."""
-    key = name.lower()
-    if key in ("postgres", "postgresql", "pg"):
+    """The dialect for a name (``postgres``/``postgresql``)."""
+    if name.lower() in ("postgres", "postgresql", "pg"):
         from .postgres import PostgresDialect
 
         return PostgresDialect()
-    if key in ("sqlserver", "mssql", "tsql"):
-        from .sqlserver import SqlServerDialect
-
-        return SqlServerDialect()
-    raise ValueError(f"unknown SQL dialect {name!r}; expected 'postgres' or 'sqlserver'")
+    raise ValueError(f"unknown SQL dialect {name!r}; expected 'postgres'")

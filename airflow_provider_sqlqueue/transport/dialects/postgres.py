@@ -48,6 +48,7 @@ class PostgresDialect(Dialect):
 
     name = "postgres"
     default_schema = "public"
+    required_columns = ("id", "expires", "headers", "body", "seq")
 
     # -- addressing ---------------------------------------------------------------------------
 

@@ -1,0 +1,97 @@
+"""A consumer process killed with SIGKILL between receive and settle: what each mode promises, counted."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+
+import pytest
+
+from airflow_provider_sqlqueue.transport import Message, QueueAddress, QueueClient
+
+
+def hold(uri: str, schema: str, mode: str, holding: multiprocessing.synchronize.Event) -> None:
+    """Take one message and stop dead inside the 'handler' until killed."""
+    queue = QueueAddress("orders", schema)
+    with QueueClient.connect(uri, error_queue=QueueAddress("error", schema)) as client:
+        if mode == "native":
+            with client.receive_native(queue) as message:
+                assert message is not None
+                holding.set()
+                time.sleep(600)
+        elif mode == "claim":
+            assert client.claim(queue, lease=1.0)
+            holding.set()
+            time.sleep(600)
+        else:
+            assert client.receive(queue)
+            holding.set()
+            time.sleep(600)
+
+
+def kill_holder(pg_uri: str, schema: str, mode: str) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    holding = ctx.Event()
+    process = ctx.Process(target=hold, args=(pg_uri, schema, mode, holding))
+    process.start()
+    assert holding.wait(60), "the consumer never took the message"
+    os.kill(process.pid, signal.SIGKILL)
+    process.join(30)
+    assert process.exitcode == -signal.SIGKILL
+
+
+def wait_for(receive, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = receive()
+        if got:
+            return got
+        time.sleep(0.1)
+    return []
+
+
+def test_native_mode_kill_rolls_back_and_the_message_is_delivered_once(pg_uri, client, queue):
+    sent = Message("important")
+    client.send(queue, [sent, Message("next")])
+    kill_holder(pg_uri, queue.schema, "native")
+    # The dead backend's transaction is rolled back by the server: the row is back, in order.
+    got = wait_for(lambda: client.receive(queue, 5))
+    assert [m.id for m in got][:1] == [sent.id]
+    assert [m.text for m in got] == ["important", "next"]
+    assert client.depth(queue) == 0
+
+
+def test_claim_mode_kill_redelivers_after_the_lease(pg_uri, client, queue):
+    sent = Message("leased")
+    client.send(queue, sent)
+    kill_holder(pg_uri, queue.schema, "claim")
+    assert client.claim(queue) == []  # still leased to the dead consumer
+    assert client.inflight(queue) == 1
+    [again] = wait_for(lambda: client.claim(queue))
+    assert (again.id, again.deliveries) == (sent.id, 2)
+    assert client.ack(queue, again.claim_token)
+    assert client.depth(queue) == 0 and client.inflight(queue) == 0
+
+
+def test_none_mode_kill_loses_exactly_the_message_in_the_handler(pg_uri, client, queue):
+    client.send(queue, [Message("in the handler"), Message("untouched")])
+    kill_holder(pg_uri, queue.schema, "none")
+    survivors = [m.text for m in client.receive(queue, 10)]
+    assert survivors == ["untouched"]  # at-most-once: the one being handled is gone, nothing else
+
+
+@pytest.mark.parametrize("mode", ["native", "claim"])
+def test_killed_consumer_leaves_no_session_idle_in_transaction(pg_uri, client, queue, raw, mode):
+    client.send(queue, Message("m"))
+    kill_holder(pg_uri, queue.schema, mode)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        stuck = raw.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE state LIKE 'idle in transaction%' AND datname = current_database()"
+        ).fetchone()[0]
+        if stuck == 0:
+            break
+        time.sleep(0.1)
+    assert stuck == 0
