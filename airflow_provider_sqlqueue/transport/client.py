@@ -68,6 +68,49 @@ class _Addressing:
     def error_address(self, error_queue: str | QueueAddress | None) -> QueueAddress:
         return self.address(self.error_queue if error_queue is None else error_queue)
 
+    # Operation builders shared by the sync and async clients: argument checks live here once.
+
+    def _receive_op(
+        self, queue: str | QueueAddress, max_messages: int, error_queue: str | QueueAddress | None
+    ) -> ops.Operation[list[ReceivedMessage]]:
+        check_positive("max_messages", max_messages)
+        return ops.receive(self.session.dialect, self.address(queue), self.error_address(error_queue), max_messages)
+
+    def _claim_op(
+        self,
+        queue: str | QueueAddress,
+        max_messages: int,
+        lease: timedelta | float,
+        max_deliveries: int,
+        error_queue: str | QueueAddress | None,
+    ) -> ops.Operation[list[ReceivedMessage]]:
+        check_positive("max_messages", max_messages)
+        check_positive("max_deliveries", max_deliveries)
+        return ops.claim(
+            self.session.dialect,
+            self.address(queue),
+            self.error_address(error_queue),
+            max_messages,
+            max(1, milliseconds(lease)),
+            max_deliveries,
+        )
+
+    def _nack_op(
+        self, queue: str | QueueAddress, token: uuid.UUID | str, error: str | None, delay: timedelta | float
+    ) -> ops.Operation[bool]:
+        return ops.nack(self.session.dialect, self.address(queue), uuid.UUID(str(token)), error, milliseconds(delay))
+
+    def _move_to_error_op(
+        self,
+        queue: str | QueueAddress,
+        message: ReceivedMessage,
+        error: BaseException | str | None,
+        error_queue: str | QueueAddress | None,
+    ) -> ops.Operation[None]:
+        return ops.move_to_error(
+            self.session.dialect, self.address(queue), self.error_address(error_queue), message, error
+        )
+
 
 class QueueClient(_Addressing):
     """Blocking queue operations over one connection (psycopg 3 for PostgreSQL).
@@ -147,9 +190,7 @@ class QueueClient(_Addressing):
         self, queue: str | QueueAddress, max_messages: int = 1, *, error_queue: str | QueueAddress | None = None
     ) -> list[ReceivedMessage]:
         """Receive in ``none`` mode: the messages are gone from the queue when this returns (at-most-once)."""
-        check_positive("max_messages", max_messages)
-        op = ops.receive(self.session.dialect, self.address(queue), self.error_address(error_queue), max_messages)
-        return self.session.run(op)
+        return self.session.run(self._receive_op(queue, max_messages, error_queue))
 
     @contextmanager
     def receive_native(
@@ -178,17 +219,7 @@ class QueueClient(_Addressing):
         error_queue: str | QueueAddress | None = None,
     ) -> list[ReceivedMessage]:
         """Receive in ``claim`` mode: each message is leased to the caller until acked, nacked or the lease runs out."""
-        check_positive("max_messages", max_messages)
-        check_positive("max_deliveries", max_deliveries)
-        op = ops.claim(
-            self.session.dialect,
-            self.address(queue),
-            self.error_address(error_queue),
-            max_messages,
-            max(1, milliseconds(lease)),
-            max_deliveries,
-        )
-        return self.session.run(op)
+        return self.session.run(self._claim_op(queue, max_messages, lease, max_deliveries, error_queue))
 
     def ack(self, queue: str | QueueAddress, token: uuid.UUID | str) -> bool:
         """Acknowledge a claim. False means the lease ran out first: the message may be handled again."""
@@ -198,8 +229,7 @@ class QueueClient(_Addressing):
         self, queue: str | QueueAddress, token: uuid.UUID | str, *, error: str | None = None, delay: timedelta | float = 0
     ) -> bool:
         """Give a claim back: the message is delivered again after ``delay`` (its delivery count goes on)."""
-        op = ops.nack(self.session.dialect, self.address(queue), uuid.UUID(str(token)), error, milliseconds(delay))
-        return self.session.run(op)
+        return self.session.run(self._nack_op(queue, token, error, delay))
 
     def extend(self, queue: str | QueueAddress, token: uuid.UUID | str, lease: timedelta | float = DEFAULT_LEASE) -> bool:
         """Renew a claim's lease for a long handler. False means it had already run out."""
@@ -229,8 +259,7 @@ class QueueClient(_Addressing):
         error_queue: str | QueueAddress | None = None,
     ) -> None:
         """Put a message received in ``none`` mode into the error queue with NServiceBus failure headers."""
-        op = ops.move_to_error(self.session.dialect, self.address(queue), self.error_address(error_queue), message, error)
-        self.session.run(op)
+        self.session.run(self._move_to_error_op(queue, message, error, error_queue))
 
     def retry_errors(
         self, error_queue: str | QueueAddress | None = None, *, queue: str | QueueAddress | None = None, limit: int = 1000
@@ -305,9 +334,7 @@ class AsyncQueueClient(_Addressing):
     async def receive(
         self, queue: str | QueueAddress, max_messages: int = 1, *, error_queue: str | QueueAddress | None = None
     ) -> list[ReceivedMessage]:
-        check_positive("max_messages", max_messages)
-        op = ops.receive(self.session.dialect, self.address(queue), self.error_address(error_queue), max_messages)
-        return await self.session.run(op)
+        return await self.session.run(self._receive_op(queue, max_messages, error_queue))
 
     @asynccontextmanager
     async def receive_native(
@@ -329,17 +356,7 @@ class AsyncQueueClient(_Addressing):
         max_deliveries: int = DEFAULT_MAX_DELIVERIES,
         error_queue: str | QueueAddress | None = None,
     ) -> list[ReceivedMessage]:
-        check_positive("max_messages", max_messages)
-        check_positive("max_deliveries", max_deliveries)
-        op = ops.claim(
-            self.session.dialect,
-            self.address(queue),
-            self.error_address(error_queue),
-            max_messages,
-            max(1, milliseconds(lease)),
-            max_deliveries,
-        )
-        return await self.session.run(op)
+        return await self.session.run(self._claim_op(queue, max_messages, lease, max_deliveries, error_queue))
 
     async def ack(self, queue: str | QueueAddress, token: uuid.UUID | str) -> bool:
         return await self.session.run(ops.ack(self.session.dialect, self.address(queue), uuid.UUID(str(token))))
@@ -347,8 +364,7 @@ class AsyncQueueClient(_Addressing):
     async def nack(
         self, queue: str | QueueAddress, token: uuid.UUID | str, *, error: str | None = None, delay: timedelta | float = 0
     ) -> bool:
-        op = ops.nack(self.session.dialect, self.address(queue), uuid.UUID(str(token)), error, milliseconds(delay))
-        return await self.session.run(op)
+        return await self.session.run(self._nack_op(queue, token, error, delay))
 
     async def move_to_error(
         self,
@@ -358,8 +374,7 @@ class AsyncQueueClient(_Addressing):
         *,
         error_queue: str | QueueAddress | None = None,
     ) -> None:
-        op = ops.move_to_error(self.session.dialect, self.address(queue), self.error_address(error_queue), message, error)
-        await self.session.run(op)
+        await self.session.run(self._move_to_error_op(queue, message, error, error_queue))
 
     async def peek(self, queue: str | QueueAddress, *, include_claims: bool = False) -> int:
         return await self.session.run(ops.peek(self.session.dialect, self.address(queue), include_claims))

@@ -177,7 +177,13 @@ def receive(d: Dialect, address: QueueAddress, error_address: QueueAddress, limi
             try:
                 headers = decode_headers(headers_text)
             except InvalidHeadersError as exc:
-                yield from _poison_to_error(d, address, error_address, message_id, headers_text, body, exc)
+                move = Step(
+                    d.insert_error(error_address),
+                    (message_id, headers_text or "", body),
+                    Fetch.NONE,
+                    d.qualified_name(error_address),
+                )
+                yield from _poison_to_error(d, address, error_address, message_id, exc, move)
                 continue
             received.append(ReceivedMessage(message_id, headers, bytes(body or b"")))
         if len(rows) < wanted:
@@ -186,14 +192,9 @@ def receive(d: Dialect, address: QueueAddress, error_address: QueueAddress, limi
 
 
 def _poison_to_error(
-    d: Dialect,
-    address: QueueAddress,
-    error_address: QueueAddress,
-    message_id: uuid.UUID,
-    headers_text: str | None,
-    body: bytes | None,
-    exc: InvalidHeadersError,
+    d: Dialect, address: QueueAddress, error_address: QueueAddress, message_id: uuid.UUID, exc: Exception, move: Step
 ) -> Operation[None]:
+    """Log why a row is poison, then run ``move``, the step that puts it, unchanged, in the error queue."""
     log.error(
         "Message %s in %s has unreadable headers (%s); moving it unchanged to %s",
         message_id,
@@ -201,12 +202,7 @@ def _poison_to_error(
         exc,
         d.qualified_name(error_address),
     )
-    yield Step(
-        d.insert_error(error_address),
-        (message_id, headers_text if headers_text is not None else "", body),
-        Fetch.NONE,
-        d.qualified_name(error_address),
-    )
+    yield move
 
 
 def move_to_error(
@@ -297,14 +293,8 @@ def _claim_poison_to_error(
     headers_text: str | None,
     exc: InvalidHeadersError,
 ) -> Operation[None]:
-    log.error(
-        "Message %s in %s has unreadable headers (%s); moving it unchanged to %s",
-        message_id,
-        d.qualified_name(address),
-        exc,
-        d.qualified_name(error_address),
-    )
-    yield Step(d.claim_to_error(address, error_address), (token, headers_text or ""), Fetch.NONE, d.qualified_name(address))
+    move = Step(d.claim_to_error(address, error_address), (token, headers_text or ""), Fetch.NONE, d.qualified_name(address))
+    yield from _poison_to_error(d, address, error_address, message_id, exc, move)
 
 
 def ack(d: Dialect, address: QueueAddress, token: uuid.UUID) -> Operation[bool]:
