@@ -36,7 +36,6 @@ log = logging.getLogger("airflow_provider_sqlqueue.transport")
 T = TypeVar("T")
 
 
-
 class Fetch(Enum):
     """What a step's result is: nothing, one row, all rows, or the affected row count."""
 
@@ -177,13 +176,13 @@ def receive(d: Dialect, address: QueueAddress, error_address: QueueAddress, limi
             try:
                 headers = decode_headers(headers_text)
             except InvalidHeadersError as exc:
-                move = Step(
+                _log_poison(d, address, error_address, message_id, exc)
+                yield Step(
                     d.insert_error(error_address),
                     (message_id, headers_text or "", body),
                     Fetch.NONE,
                     d.qualified_name(error_address),
                 )
-                yield from _poison_to_error(d, address, error_address, message_id, exc, move)
                 continue
             received.append(ReceivedMessage(message_id, headers, bytes(body or b"")))
         if len(rows) < wanted:
@@ -191,10 +190,10 @@ def receive(d: Dialect, address: QueueAddress, error_address: QueueAddress, limi
     return received
 
 
-def _poison_to_error(
-    d: Dialect, address: QueueAddress, error_address: QueueAddress, message_id: uuid.UUID, exc: Exception, move: Step
-) -> Operation[None]:
-    """Log why a row is poison, then run ``move``, the step that puts it, unchanged, in the error queue."""
+def _log_poison(
+    d: Dialect, address: QueueAddress, error_address: QueueAddress, message_id: uuid.UUID, exc: Exception
+) -> None:
+    """Say why a row is moved, unchanged, to the error queue: its headers cannot be read."""
     log.error(
         "Message %s in %s has unreadable headers (%s); moving it unchanged to %s",
         message_id,
@@ -202,7 +201,6 @@ def _poison_to_error(
         exc,
         d.qualified_name(error_address),
     )
-    yield move
 
 
 def move_to_error(
@@ -293,8 +291,8 @@ def _claim_poison_to_error(
     headers_text: str | None,
     exc: InvalidHeadersError,
 ) -> Operation[None]:
-    move = Step(d.claim_to_error(address, error_address), (token, headers_text or ""), Fetch.NONE, d.qualified_name(address))
-    yield from _poison_to_error(d, address, error_address, message_id, exc, move)
+    _log_poison(d, address, error_address, message_id, exc)
+    yield Step(d.claim_to_error(address, error_address), (token, headers_text or ""), Fetch.NONE, d.qualified_name(address))
 
 
 def ack(d: Dialect, address: QueueAddress, token: uuid.UUID) -> Operation[bool]:

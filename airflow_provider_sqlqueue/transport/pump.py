@@ -183,9 +183,9 @@ class MessagePump:
         self.handled = 0
         self.failed = 0
         self._stop = asyncio.Event()
-        self._ttbr_warned = False
+        # Warn about a short TTBR once: up front when the caller knows it, else on the first message showing it.
+        self._ttbr_warned = smallest_ttbr is not None and peek_interval > smallest_ttbr.total_seconds()
         for warning in check_peek_interval(peek_interval, smallest_ttbr):
-            self._ttbr_warned = self._ttbr_warned or "time-to-be-received" in warning
             log.warning("Queue %s: %s", self.name, warning)
 
     def stop(self) -> None:
