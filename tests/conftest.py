@@ -7,10 +7,19 @@ The server is, in order of preference: ``SQLQUEUE_TEST_PG_URI``; the local serve
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
+
+# Airflow reads its configuration when first imported: point it at a private home (SQLite metadata
+# database, no example DAGs) before any test module imports it.
+os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="sqlqueue-airflow-"))
+os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", os.path.join(os.path.dirname(__file__), "dags"))
 
 import psycopg
 import pytest
@@ -79,3 +88,52 @@ def raw(pg_uri: str) -> Iterator[psycopg.Connection]:
     """A plain autocommit connection for inspecting tables the way another program would."""
     with psycopg.connect(pg_uri, autocommit=True) as conn:
         yield conn
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> str:
+    """An initialised Airflow metadata database (SQLite in the session's AIRFLOW_HOME)."""
+    subprocess.run(
+        [sys.executable, "-m", "airflow", "db", "migrate"],
+        check=True,
+        capture_output=True,
+        timeout=240,
+    )
+    return os.environ["AIRFLOW_HOME"]
+
+
+def airflow_connection(pg_uri: str, **extra: str) -> str:
+    """An Airflow ``postgres`` connection (JSON, as AIRFLOW_CONN_* takes it) for the test server."""
+    params = psycopg.conninfo.conninfo_to_dict(pg_uri)
+    return json.dumps(
+        {
+            "conn_type": "postgres",
+            "host": params.get("host"),
+            "port": int(params["port"]) if params.get("port") else None,
+            "login": params.get("user"),
+            "password": params.get("password"),
+            "schema": params.get("dbname"),
+            "extra": extra,
+        }
+    )
+
+
+@pytest.fixture
+def conn_id(airflow_db: str, pg_uri: str, schema: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Airflow connection ``sqlqueue_test`` to the test server; the test DAGs put their queues in the test's schema."""
+    monkeypatch.setenv("AIRFLOW_CONN_SQLQUEUE_TEST", airflow_connection(pg_uri))
+    monkeypatch.setenv("SQLQUEUE_TEST_SCHEMA", schema)
+    return "sqlqueue_test"
+
+
+def load_dag(dag_id: str, folder: str | None = None):
+    """Parse the DAG files of ``folder`` (default: the test DAGs) as Airflow would and return one DAG.
+
+    ``dag.test()`` runs DAGs from the configured bundle, so tests run DAG files, not DAGs built
+    inside a test function; the files read the test's schema from ``SQLQUEUE_TEST_SCHEMA``.
+    """
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=folder or os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
+    assert not bag.import_errors, bag.import_errors
+    return bag.dags[dag_id]

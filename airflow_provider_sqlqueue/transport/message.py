@@ -8,6 +8,7 @@ receive.
 
 from __future__ import annotations
 
+import base64
 import json
 import traceback
 import uuid
@@ -21,6 +22,7 @@ Headers = dict[str, "str | None"]
 
 MESSAGE_ID = "NServiceBus.MessageId"
 CONTENT_TYPE = "NServiceBus.ContentType"
+ENCLOSED_MESSAGE_TYPES = "NServiceBus.EnclosedMessageTypes"
 TIME_SENT = "NServiceBus.TimeSent"
 TIME_TO_BE_RECEIVED = "NServiceBus.TimeToBeReceived"
 FAILED_QUEUE = "NServiceBus.FailedQ"
@@ -132,6 +134,28 @@ def coerce_body(body: bytes | bytearray | memoryview | str | None) -> bytes:
     raise TypeError(f"message body must be bytes or str, got {type(body).__name__}; serialise it first")
 
 
+JSON_CONTENT_TYPE = "application/json"
+TEXT_CONTENT_TYPE = "text/plain"
+
+
+def encode_value(value: object) -> tuple[bytes, str | None]:
+    """A message body and its content type from a Python value.
+
+    Bytes are sent as they are (no content type: the sender knows what they hold), text as UTF-8
+    ``text/plain``, anything else as JSON (``application/json``); a value JSON cannot represent is
+    refused here rather than half-sent.
+    """
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value), None
+    if isinstance(value, str):
+        return value.encode("utf-8"), TEXT_CONTENT_TYPE
+    try:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"message body of type {type(value).__name__} is not JSON-serialisable: {exc}") from None
+    return text.encode("utf-8"), JSON_CONTENT_TYPE
+
+
 def coerce_ttbr(ttbr: timedelta | float | int | None) -> timedelta | None:
     """Normalise a time-to-be-received; zero or negative would make a message born expired, so refuse it."""
     if ttbr is None:
@@ -206,6 +230,35 @@ class ReceivedMessage:
     def json(self) -> object:
         """The body parsed as JSON."""
         return json.loads(self.body)
+
+    def to_dict(self, queue: str) -> dict[str, object]:
+        """A JSON-safe description of the message, for XCom, trigger events and asset events.
+
+        ``body`` is the parsed JSON when the content type says JSON (and it parses), else the text
+        when the bytes are UTF-8, else base64; ``body_encoding`` says which (``json``, ``text``,
+        ``base64``). ``queue`` and ``claim_token`` are what ``ack``/``nack`` need later.
+        """
+        body: object
+        try:
+            text = self.body.decode("utf-8")
+        except UnicodeDecodeError:
+            body, encoding = base64.b64encode(self.body).decode("ascii"), "base64"
+        else:
+            body, encoding = text, "text"
+            if "json" in (self.headers.get(CONTENT_TYPE) or "").lower():
+                try:
+                    body, encoding = json.loads(text), "json"
+                except ValueError:
+                    pass
+        return {
+            "queue": queue,
+            "id": str(self.id),
+            "headers": dict(self.headers),
+            "body": body,
+            "body_encoding": encoding,
+            "claim_token": None if self.claim_token is None else str(self.claim_token),
+            "deliveries": self.deliveries,
+        }
 
 
 def failure_headers(headers: Headers, source_address: str, error: BaseException | str | None) -> Headers:

@@ -1,0 +1,63 @@
+"""What Airflow's ProvidersManager reads about this provider (entry point ``apache_airflow_provider``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import __version__
+
+INTEGRATION = "SQL Queue"
+
+
+def get_provider_info() -> dict[str, Any]:
+    return {
+        "package-name": "airflow-provider-sqlqueue",
+        "name": "SQL Queue",
+        "description": "Durable message queues in PostgreSQL and SQL Server tables, wire-compatible with "
+        "NServiceBus's SQL transports; sensors, triggers and event-driven scheduling on them.",
+        "versions": [__version__],
+        "integrations": [
+            {
+                "integration-name": INTEGRATION,
+                "external-doc-url": "https://docs.particular.net/transports/sql/",
+                "tags": ["software"],
+            }
+        ],
+        "hooks": [{"integration-name": INTEGRATION, "python-modules": ["airflow_provider_sqlqueue.hooks.sqlqueue"]}],
+        "operators": [
+            {"integration-name": INTEGRATION, "python-modules": ["airflow_provider_sqlqueue.operators.sqlqueue"]}
+        ],
+        "sensors": [{"integration-name": INTEGRATION, "python-modules": ["airflow_provider_sqlqueue.sensors.sqlqueue"]}],
+        "triggers": [
+            {"integration-name": INTEGRATION, "python-modules": ["airflow_provider_sqlqueue.triggers.sqlqueue"]}
+        ],
+        "connection-types": [
+            {
+                "connection-type": "sqlqueue",
+                "hook-class-name": "airflow_provider_sqlqueue.hooks.sqlqueue.SqlQueueHook",
+                "hook-name": "SQL Queue",
+                "ui-field-behaviour": {
+                    "hidden-fields": [],
+                    "relabeling": {"schema": "Database"},
+                    "placeholders": {
+                        "host": "database server, e.g. db.example.com",
+                        "schema": "database name",
+                        "port": "5432 (PostgreSQL) or 1433 (SQL Server)",
+                    },
+                },
+                "conn-fields": {
+                    "dialect": {
+                        "label": "Database",
+                        "description": "Which database holds the queue tables.",
+                        "schema": {"type": ["string", "null"], "enum": ["postgres", "sqlserver", None], "default": "postgres"},
+                    },
+                    "error_queue": {
+                        "label": "Error queue",
+                        "description": "Queue that poison and failed messages are moved to (NServiceBus default: error).",
+                        "schema": {"type": ["string", "null"], "default": "error"},
+                    },
+                },
+            }
+        ],
+        "queues": ["airflow_provider_sqlqueue.queues.sqlqueue.SqlQueueMessageQueueProvider"],
+    }

@@ -1,0 +1,310 @@
+"""The queue hook: the transport core behind an Airflow connection id.
+
+One hook serves ``postgres``, ``mssql`` and ``odbc`` connections (as the postgres, microsoft-mssql
+and odbc providers define them) and this provider's own ``sqlqueue`` type, whose ``dialect`` extra
+says which database it is. Connection handling is the owning provider's: for PostgreSQL the
+connection arguments come from :class:`~airflow.providers.postgres.hooks.postgres.PostgresHook`
+(IAM tokens, ``options``, libpq extras), so a connection that works with ``PostgresHook`` works
+here. The hook never builds SQL: every call goes through the transport core.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow.providers.postgres.hooks.postgres import PostgresHook
+from airflow.sdk import BaseHook
+
+from ..transport import AsyncQueueClient, Message, QueueClient, ReceivedMessage, TransactionMode
+from ..transport.client import DEFAULT_ERROR_QUEUE, DEFAULT_LEASE, DEFAULT_MAX_DELIVERIES, DEFAULT_PURGE_BATCH
+from ..transport.drivers import AsyncPsycopgSession, PsycopgSession
+from ..transport.errors import SqlQueueError
+
+if TYPE_CHECKING:
+    from airflow.sdk import Connection
+
+#: Extras of a connection that configure the queue rather than the database driver.
+QUEUE_EXTRAS = frozenset({"dialect", "error_queue"})
+
+#: Which dialect serves each connection type.
+DIALECT_OF_CONN_TYPE = {"postgres": "postgres", "postgresql": "postgres", "mssql": "sqlserver", "odbc": "sqlserver"}
+
+
+class UnsupportedConnectionError(SqlQueueError, ValueError):
+    """The connection's type is not one a queue can live behind."""
+
+
+def dialect_of(conn: Connection) -> str:
+    """``postgres`` or ``sqlserver``, from the connection type (or the ``dialect`` extra of a sqlqueue connection)."""
+    conn_type = (conn.conn_type or "").lower()
+    if conn_type == SqlQueueHook.conn_type:
+        name = str(conn.extra_dejson.get("dialect") or "postgres").lower()
+        if name in ("postgres", "postgresql"):
+            return "postgres"
+        if name in ("sqlserver", "mssql"):
+            return "sqlserver"
+        raise UnsupportedConnectionError(
+            f"connection {conn.conn_id!r}: extra 'dialect' is {name!r}; expected 'postgres' or 'sqlserver'"
+        )
+    try:
+        return DIALECT_OF_CONN_TYPE[conn_type]
+    except KeyError:
+        raise UnsupportedConnectionError(
+            f"connection {conn.conn_id!r} has type {conn.conn_type!r}; a queue needs a postgres, mssql, odbc "
+            "or sqlqueue connection"
+        ) from None
+
+
+class _PostgresConnector(PostgresHook):
+    """PostgresHook's connection handling, stopping short of connecting.
+
+    ``get_conn`` assembles the psycopg arguments (IAM token, options, extras) and hands them to
+    ``_create_connection``; returning them instead lets the queue open the connection itself:
+    autocommit (nothing left ``idle in transaction``) and, in the triggerer, asynchronously.
+    """
+
+    ignored_extra_options = PostgresHook.ignored_extra_options | QUEUE_EXTRAS
+
+    def _create_connection(self, conn_args: dict[str, Any]) -> Any:
+        return conn_args
+
+    def connect_kwargs(self) -> dict[str, Any]:
+        kwargs = dict(self.get_conn())  # type: ignore[call-overload]
+        if "row_factory" in kwargs or "cursor_factory" in kwargs:
+            raise UnsupportedConnectionError(
+                f"connection {self.postgres_conn_id!r}: the 'cursor' extra changes row types; remove it for queues"
+            )
+        return {key: value for key, value in kwargs.items() if value is not None}
+
+
+class SqlQueueHook(BaseHook):
+    """Create, send to, receive from and maintain queue tables through an Airflow connection.
+
+    :param sqlqueue_conn_id: a ``postgres``, ``mssql``, ``odbc`` or ``sqlqueue`` connection.
+    :param error_queue: where poison and failed messages go; defaults to the connection's
+        ``error_queue`` extra, else ``error``.
+    """
+
+    conn_name_attr = "sqlqueue_conn_id"
+    default_conn_name = "sqlqueue_default"
+    conn_type = "sqlqueue"
+    hook_name = "SQL Queue"
+
+    def __init__(
+        self,
+        sqlqueue_conn_id: str = default_conn_name,
+        *,
+        error_queue: str | None = None,
+        connection: Connection | None = None,
+    ) -> None:
+        super().__init__()
+        self.sqlqueue_conn_id = sqlqueue_conn_id
+        self._error_queue = error_queue
+        self._connection = connection
+
+    # -- connection --------------------------------------------------------------------------
+
+    @property
+    def connection(self) -> Connection:
+        if self._connection is None:
+            self._connection = self.get_connection(self.sqlqueue_conn_id)
+        return self._connection
+
+    async def aconnection(self) -> Connection:
+        """The connection, looked up without blocking the event loop (for triggers)."""
+        if self._connection is None:
+            self._connection = await self.aget_connection(self.sqlqueue_conn_id)
+        return self._connection
+
+    @property
+    def dialect_name(self) -> str:
+        return dialect_of(self.connection)
+
+    @property
+    def error_queue(self) -> str:
+        return self._error_queue or self.connection.extra_dejson.get("error_queue") or DEFAULT_ERROR_QUEUE
+
+    def _postgres_kwargs(self, conn: Connection) -> dict[str, Any]:
+        return _PostgresConnector(postgres_conn_id=conn.conn_id, connection=conn).connect_kwargs()
+
+    def _refuse_unwired(self, dialect: str) -> None:
+        if dialect != "postgres":
+            raise UnsupportedConnectionError(
+                f"connection {self.sqlqueue_conn_id!r} is a SQL Server connection; SQL Server queues are not "
+                "available in this version"
+            )
+
+    def get_conn(self) -> QueueClient:
+        """A new blocking client on its own autocommit connection; close it (or use :meth:`client`)."""
+        conn = self.connection
+        self._refuse_unwired(dialect_of(conn))
+        session = PsycopgSession.connect("", **self._postgres_kwargs(conn))
+        return QueueClient(session, self.error_queue)
+
+    @contextmanager
+    def client(self) -> Iterator[QueueClient]:
+        """A blocking client for the duration of a ``with`` block."""
+        client = self.get_conn()
+        try:
+            yield client
+        finally:
+            client.close()
+
+    async def get_async_client(self) -> AsyncQueueClient:
+        """A new asyncio client (for triggers); close it with ``await client.close()``."""
+        conn = await self.aconnection()
+        self._refuse_unwired(dialect_of(conn))
+        session = await AsyncPsycopgSession.connect("", **self._postgres_kwargs(conn))
+        return AsyncQueueClient(session, self.error_queue)
+
+    def test_connection(self) -> tuple[bool, str]:
+        """Used by the UI's Test button: can the database be reached with these settings?"""
+        try:
+            with self.client() as client:
+                return True, f"Connected ({client.session.dialect.name})"
+        except (SqlQueueError, ValueError) as exc:
+            return False, str(exc)
+
+    # -- queue operations --------------------------------------------------------------------
+
+    def canonical(self, queue_name: str) -> str:
+        """The queue's canonical address, as NServiceBus writes it (and as message dicts carry it)."""
+        with self.client() as client:
+            return client.session.dialect.format_address(client.address(queue_name))
+
+    def create_queue(
+        self,
+        queue_name: str,
+        *,
+        error_queue: str | None = None,
+        secondary: str | None = None,
+        body_string: bool = False,
+    ) -> list[str]:
+        """Create the queue, its error queue and optional secondary queue (idempotent); returns their addresses."""
+        with self.client() as client:
+            created = client.create_queue(queue_name, error_queue=error_queue, secondary=secondary, body_string=body_string)
+            return [client.session.dialect.format_address(address) for address in created]
+
+    def drop_queue(self, queue_name: str) -> None:
+        with self.client() as client:
+            client.drop_queue(queue_name)
+
+    def check_queue(self, queue_name: str) -> None:
+        """Raise QueueNotFoundError when the table is missing (with the name the database was asked for)."""
+        with self.client() as client:
+            client.check_queue(queue_name)
+
+    def send(self, queue_name: str, messages: Message | Iterable[Message]) -> list[str]:
+        """Send one message or many in one transaction; returns their ids."""
+        batch = [messages] if isinstance(messages, Message) else list(messages)
+        with self.client() as client:
+            client.send(queue_name, batch)
+        return [str(message.id) for message in batch]
+
+    def receive(
+        self,
+        queue_name: str,
+        max_messages: int = 1,
+        *,
+        mode: TransactionMode | str = TransactionMode.CLAIM,
+        lease: timedelta | float = DEFAULT_LEASE,
+        max_deliveries: int = DEFAULT_MAX_DELIVERIES,
+        error_queue: str | None = None,
+    ) -> list[ReceivedMessage]:
+        """Receive in ``claim`` mode (ack later) or ``none`` mode (gone at once). ``native`` needs :meth:`receive_native`."""
+        with self.client() as client:
+            return _receive(client, queue_name, max_messages, TransactionMode(mode), lease, max_deliveries, error_queue)
+
+    def receive_dicts(
+        self,
+        queue_name: str,
+        max_messages: int = 1,
+        *,
+        mode: TransactionMode | str = TransactionMode.CLAIM,
+        lease: timedelta | float = DEFAULT_LEASE,
+        max_deliveries: int = DEFAULT_MAX_DELIVERIES,
+        error_queue: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """:meth:`receive`, returning the JSON-safe dicts that XCom and trigger events carry."""
+        with self.client() as client:
+            received = _receive(client, queue_name, max_messages, TransactionMode(mode), lease, max_deliveries, error_queue)
+            address = client.session.dialect.format_address(client.address(queue_name))
+        return [message.to_dict(address) for message in received]
+
+    @contextmanager
+    def receive_native(self, queue_name: str, *, error_queue: str | None = None) -> Iterator[tuple[ReceivedMessage | None, Any]]:
+        """Receive one message in ``native`` mode: yields ``(message or None, DB-API connection)``.
+
+        SQL run on the connection inside the block commits together with the receive; an
+        exception rolls both back and the message stays queued.
+        """
+        with self.client() as client, client.receive_native(queue_name, error_queue=error_queue) as message:
+            yield message, client.connection
+
+    def ack(self, queue_name: str, tokens: Sequence[uuid.UUID | str]) -> int:
+        """Acknowledge claims; returns how many were still held (the rest had run out and may come again)."""
+        with self.client() as client:
+            return sum(client.ack(queue_name, token) for token in tokens)
+
+    def nack(
+        self,
+        queue_name: str,
+        tokens: Sequence[uuid.UUID | str],
+        *,
+        error: str | None = None,
+        delay: timedelta | float = 0,
+    ) -> int:
+        """Give claims back for redelivery after ``delay``; returns how many were still held."""
+        with self.client() as client:
+            return sum(client.nack(queue_name, token, error=error, delay=delay) for token in tokens)
+
+    def peek(self, queue_name: str, *, include_claims: bool = False) -> int:
+        with self.client() as client:
+            return client.peek(queue_name, include_claims=include_claims)
+
+    def depth(self, queue_name: str) -> int:
+        with self.client() as client:
+            return client.depth(queue_name)
+
+    def inflight(self, queue_name: str) -> int:
+        with self.client() as client:
+            return client.inflight(queue_name)
+
+    def purge_expired(self, queue_name: str, batch_size: int = DEFAULT_PURGE_BATCH) -> int:
+        with self.client() as client:
+            return client.purge_expired(queue_name, batch_size)
+
+    def purge(self, queue_name: str) -> int:
+        with self.client() as client:
+            return client.purge(queue_name)
+
+    def move_to_error(
+        self, queue_name: str, message: ReceivedMessage, error: BaseException | str | None, *, error_queue: str | None = None
+    ) -> None:
+        with self.client() as client:
+            client.move_to_error(queue_name, message, error, error_queue=error_queue)
+
+    def retry_errors(self, error_queue: str | None = None, *, queue_name: str | None = None, limit: int = 1000) -> int:
+        """Send messages in the error queue back to the queue they failed in (only ``queue_name``'s when given)."""
+        with self.client() as client:
+            return client.retry_errors(error_queue, queue=queue_name, limit=limit)
+
+
+def _receive(
+    client: QueueClient,
+    queue_name: str,
+    max_messages: int,
+    mode: TransactionMode,
+    lease: timedelta | float,
+    max_deliveries: int,
+    error_queue: str | None,
+) -> list[ReceivedMessage]:
+    if mode is TransactionMode.CLAIM:
+        return client.claim(queue_name, max_messages, lease=lease, max_deliveries=max_deliveries, error_queue=error_queue)
+    if mode is TransactionMode.NONE:
+        return client.receive(queue_name, max_messages, error_queue=error_queue)
+    raise ValueError("native mode keeps a transaction open around the handler: use receive_native()")

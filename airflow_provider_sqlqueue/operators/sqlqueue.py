@@ -1,0 +1,268 @@
+"""Operators around queue tables: install, send, acknowledge, give back, purge, retry.
+
+All of them work through :class:`~airflow_provider_sqlqueue.hooks.sqlqueue.SqlQueueHook`, so they
+accept the same connection types and never build SQL. The queue parameter is ``queue_name``
+(``queue`` is BaseOperator's executor queue).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+from airflow.sdk import BaseOperator
+
+from ..hooks.sqlqueue import SqlQueueHook
+from ..transport import Message
+from ..transport.message import CONTENT_TYPE, ENCLOSED_MESSAGE_TYPES, encode_value
+
+
+class _QueueOperator(BaseOperator):
+    """Holds the connection settings every queue operator shares."""
+
+    ui_color = "#d8ecf3"
+
+    def __init__(self, *, sqlqueue_conn_id: str = SqlQueueHook.default_conn_name, error_queue: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.sqlqueue_conn_id = sqlqueue_conn_id
+        self.error_queue = error_queue
+
+    @property
+    def hook(self) -> SqlQueueHook:
+        return SqlQueueHook(self.sqlqueue_conn_id, error_queue=self.error_queue)
+
+
+class CreateQueueOperator(_QueueOperator):
+    """Create a queue table, its error queue and optionally its ``Endpoint.Machine`` secondary queue.
+
+    Idempotent and safe to run concurrently, so it can sit at the start of every DAG that uses the
+    queue. Needs the installer's rights (CREATE on the schema). Returns the created addresses.
+
+    :param queue_name: the queue, in the database's address syntax.
+    :param error_queue: its error queue (default: the connection's, else ``error``).
+    :param secondary: machine name for a secondary queue ``<queue>.<machine>``.
+    :param body_string: also add NServiceBus's computed ``BodyString`` column (for reading bodies in SQL tools).
+    """
+
+    template_fields: Sequence[str] = ("queue_name", "error_queue", "secondary", "sqlqueue_conn_id")
+
+    def __init__(self, *, queue_name: str, secondary: str | None = None, body_string: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.queue_name = queue_name
+        self.secondary = secondary
+        self.body_string = body_string
+
+    def execute(self, context: Any) -> list[str]:
+        hook = self.hook
+        created = hook.create_queue(
+            self.queue_name, error_queue=hook.error_queue, secondary=self.secondary, body_string=self.body_string
+        )
+        self.log.info("Queue tables ready: %s", ", ".join(created))
+        return created
+
+
+class SendMessageOperator(_QueueOperator):
+    """Send one message (``body``) or many (``messages``, e.g. another task's XCom) in one transaction.
+
+    Bodies are serialised by type: bytes as they are, text as UTF-8 ``text/plain``, anything else
+    as JSON ``application/json`` (the ``NServiceBus.ContentType`` header says which unless
+    ``headers`` sets it). Returns the message ids.
+
+    :param queue_name: destination queue.
+    :param body: the body of a single message.
+    :param messages: a list of bodies, one message each (give ``body`` or ``messages``).
+    :param headers: headers for every message (flat string map, as NServiceBus requires).
+    :param message_type: ``NServiceBus.EnclosedMessageTypes``, what an NServiceBus endpoint dispatches on.
+    :param time_to_be_received: expiry (timedelta or seconds); expired messages are never delivered.
+    """
+
+    template_fields: Sequence[str] = ("queue_name", "body", "messages", "headers", "message_type", "sqlqueue_conn_id")
+    template_fields_renderers = {"body": "json", "messages": "json", "headers": "json"}
+
+    def __init__(
+        self,
+        *,
+        queue_name: str,
+        body: Any = None,
+        messages: Iterable[Any] | None = None,
+        headers: Mapping[str, str | None] | None = None,
+        message_type: str | None = None,
+        time_to_be_received: timedelta | float | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if (body is None) == (messages is None):
+            raise ValueError("give exactly one of body (one message) or messages (a list of bodies)")
+        self.queue_name = queue_name
+        self.body = body
+        self.messages = messages
+        self.headers = headers
+        self.message_type = message_type
+        self.time_to_be_received = time_to_be_received
+
+    def _message(self, value: Any) -> Message:
+        if isinstance(value, Message):
+            return value
+        body, content_type = encode_value(value)
+        headers = dict(self.headers or {})
+        if content_type is not None:
+            headers.setdefault(CONTENT_TYPE, content_type)
+        if self.message_type:
+            headers.setdefault(ENCLOSED_MESSAGE_TYPES, self.message_type)
+        return Message(body, headers, time_to_be_received=self.time_to_be_received)
+
+    def execute(self, context: Any) -> list[str]:
+        if self.messages is None:
+            values = [self.body]
+        elif isinstance(self.messages, (str, bytes, Mapping)):
+            raise TypeError(
+                f"messages must be a list of bodies, got {type(self.messages).__name__}; pass a task's output "
+                "(XComArg) rather than a rendered template string, or use body= for a single message"
+            )
+        else:
+            values = list(self.messages)
+        batch = [self._message(value) for value in values]
+        ids = self.hook.send(self.queue_name, batch)
+        self.log.info("Queue %s: sent %d message(s)", self.queue_name, len(ids))
+        return ids
+
+
+def claimed_messages(messages: Any, context: Any) -> list[Mapping[str, Any]]:
+    """Message dicts to acknowledge or give back.
+
+    ``messages`` is a sensor's output (a list of message dicts, or a single one); None means the
+    messages that triggered this DAG run through an ``AssetWatcher`` (the asset events' payloads).
+    """
+    if messages is None:
+        found: list[Mapping[str, Any]] = []
+        for events in (context.get("triggering_asset_events") or {}).values():
+            for event in events:
+                payload = (event.extra or {}).get("payload")
+                if isinstance(payload, Mapping) and "claim_token" in payload and "queue" in payload:
+                    found.append(payload)
+        return found
+    if isinstance(messages, Mapping):
+        return [messages]
+    if isinstance(messages, (str, bytes)):
+        raise TypeError(
+            "messages must be message dicts (a sensor's output, passed as XComArg), not a rendered string"
+        )
+    return list(messages)
+
+
+def tokens_by_queue(messages: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]:
+    """Claim tokens grouped by the queue they were claimed from; messages received in none mode have none."""
+    grouped: dict[str, list[str]] = defaultdict(list)
+    for message in messages:
+        try:
+            queue, token = message["queue"], message["claim_token"]
+        except (KeyError, TypeError):
+            raise TypeError(f"not a received message dict: {message!r:.200}") from None
+        if token is not None:
+            grouped[queue].append(token)
+    return dict(grouped)
+
+
+class AckMessagesOperator(_QueueOperator):
+    """Acknowledge claimed messages once the work they started has succeeded.
+
+    Put it last, after the tasks that handle the messages (default trigger rule: all succeeded).
+    Returns ``{"acknowledged": n, "expired": m}``: an expired claim's lease ran out before the ack,
+    so that message may already have been delivered again (at-least-once); it is logged as a
+    warning, and ``fail_on_expired`` turns it into a task failure.
+
+    :param messages: the sensor's output (``sensor.output``); leave None in a DAG started by an
+        ``AssetWatcher`` to acknowledge the messages that triggered the run.
+    """
+
+    template_fields: Sequence[str] = ("messages", "sqlqueue_conn_id")
+
+    def __init__(self, *, messages: Any = None, fail_on_expired: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.messages = messages
+        self.fail_on_expired = fail_on_expired
+
+    def execute(self, context: Any) -> dict[str, int]:
+        grouped = tokens_by_queue(claimed_messages(self.messages, context))
+        hook = self.hook
+        acknowledged = expired = 0
+        for queue, tokens in grouped.items():
+            held = hook.ack(queue, tokens)
+            acknowledged += held
+            expired += len(tokens) - held
+            self.log.info("Queue %s: acknowledged %d of %d claim(s)", queue, held, len(tokens))
+        if expired:
+            text = f"{expired} claim(s) had expired before the ack; those messages may be delivered again"
+            if self.fail_on_expired:
+                raise RuntimeError(text)
+            self.log.warning(text)
+        return {"acknowledged": acknowledged, "expired": expired}
+
+
+class NackMessagesOperator(_QueueOperator):
+    """Give claimed messages back at once (after ``delay``) instead of waiting for their leases to run out.
+
+    Typically ``trigger_rule="one_failed"`` after the tasks that handle the messages. Deliveries
+    keep counting: after ``max_deliveries`` the next receive moves the message to the error queue.
+    Returns how many claims were still held.
+    """
+
+    template_fields: Sequence[str] = ("messages", "reason", "sqlqueue_conn_id")
+
+    def __init__(
+        self, *, messages: Any = None, delay: timedelta | float = 0, reason: str | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.messages = messages
+        self.delay = delay
+        self.reason = reason
+
+    def execute(self, context: Any) -> int:
+        grouped = tokens_by_queue(claimed_messages(self.messages, context))
+        reason = self.reason or f"downstream of {self.task_id} failed in run {context.get('run_id')}"
+        hook = self.hook
+        given_back = 0
+        for queue, tokens in grouped.items():
+            held = hook.nack(queue, tokens, error=reason, delay=self.delay)
+            given_back += held
+            self.log.info("Queue %s: gave back %d of %d claim(s)", queue, held, len(tokens))
+        return given_back
+
+
+class PurgeExpiredMessagesOperator(_QueueOperator):
+    """Delete expired messages in bounded batches (each its own short transaction); returns how many."""
+
+    template_fields: Sequence[str] = ("queue_name", "sqlqueue_conn_id")
+
+    def __init__(self, *, queue_name: str, batch_size: int = 10_000, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.queue_name = queue_name
+        self.batch_size = batch_size
+
+    def execute(self, context: Any) -> int:
+        purged = self.hook.purge_expired(self.queue_name, self.batch_size)
+        self.log.info("Queue %s: purged %d expired message(s)", self.queue_name, purged)
+        return purged
+
+
+class RetryErrorMessagesOperator(_QueueOperator):
+    """Send messages from the error queue back to the queue they failed in, without their failure headers.
+
+    :param queue_name: only retry messages that failed in this queue (default: all).
+    :param limit: most messages moved per run. Returns how many were moved.
+    """
+
+    template_fields: Sequence[str] = ("queue_name", "error_queue", "sqlqueue_conn_id")
+
+    def __init__(self, *, queue_name: str | None = None, limit: int = 1000, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.queue_name = queue_name
+        self.limit = limit
+
+    def execute(self, context: Any) -> int:
+        hook = self.hook
+        moved = hook.retry_errors(hook.error_queue, queue_name=self.queue_name, limit=self.limit)
+        self.log.info("Error queue %s: sent %d message(s) back for retry", hook.error_queue, moved)
+        return moved

@@ -1,0 +1,120 @@
+"""Wait for messages on a queue table and hand them to downstream tasks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
+from airflow.sdk.exceptions import AirflowException
+
+from ..hooks.sqlqueue import SqlQueueHook
+from ..transport import TransactionMode
+from ..triggers.sqlqueue import DEFAULT_LEASE_SECONDS, SqlQueueTrigger, lease_seconds, receiving_mode
+
+
+class SqlQueueSensor(BaseSensorOperator):
+    """Succeed when messages arrive on ``queue_name``; their dicts become this task's XCom return value.
+
+    Deferrable by default when Airflow's ``[operators] default_deferrable`` says so: the wait then
+    runs in the triggerer (:class:`~airflow_provider_sqlqueue.triggers.sqlqueue.SqlQueueTrigger`)
+    and holds no worker slot. Either way the sensor first tries to receive at once, so a waiting
+    message never costs a deferral.
+
+    In ``claim`` mode (default) the messages stay leased for ``lease`` until a downstream
+    :class:`~airflow_provider_sqlqueue.operators.sqlqueue.AckMessagesOperator` acknowledges them;
+    if the run fails they are delivered again when the lease runs out, and after
+    ``max_deliveries`` deliveries they move to the error queue. Make ``lease`` longer than the
+    downstream work takes.
+
+    Each message dict has ``queue``, ``id``, ``headers``, ``body`` (parsed JSON for JSON content,
+    else text, else base64), ``body_encoding``, ``claim_token`` and ``deliveries``.
+
+    :param queue_name: the queue, in the database's address syntax (``orders``, ``orders@"sales"``).
+    :param sqlqueue_conn_id: a postgres, mssql, odbc or sqlqueue connection.
+    :param max_messages: most messages taken in one go.
+    :param transaction_mode: ``claim`` or ``none`` (deleted on receipt: a failed run loses them).
+    :param lease: how long claimed messages are reserved (timedelta or seconds).
+    :param max_deliveries: deliveries before a message moves to the error queue.
+    :param peek_interval: seconds between the trigger's peeks while the queue is empty.
+    :param error_queue: error queue; defaults to the connection's, else ``error``.
+    :param deferrable: wait in the triggerer instead of a worker slot.
+    """
+
+    template_fields: Sequence[str] = ("queue_name", "sqlqueue_conn_id", "error_queue")
+    ui_color = "#d8ecf3"
+
+    def __init__(
+        self,
+        *,
+        queue_name: str,
+        sqlqueue_conn_id: str = SqlQueueHook.default_conn_name,
+        max_messages: int = 10,
+        transaction_mode: TransactionMode | str = TransactionMode.CLAIM,
+        lease: timedelta | float = DEFAULT_LEASE_SECONDS,
+        max_deliveries: int = 5,
+        peek_interval: float = 1.0,
+        error_queue: str | None = None,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if max_messages < 1:
+            raise ValueError(f"max_messages must be at least 1, got {max_messages}")
+        self.queue_name = queue_name
+        self.sqlqueue_conn_id = sqlqueue_conn_id
+        self.max_messages = max_messages
+        self.transaction_mode = receiving_mode(transaction_mode).value
+        self.lease_seconds = lease_seconds(lease)
+        self.max_deliveries = max_deliveries
+        self.peek_interval = peek_interval
+        self.error_queue = error_queue
+        self.deferrable = deferrable
+
+    def _receive(self) -> list[dict[str, Any]]:
+        hook = SqlQueueHook(self.sqlqueue_conn_id, error_queue=self.error_queue)
+        messages = hook.receive_dicts(
+            self.queue_name,
+            self.max_messages,
+            mode=self.transaction_mode,
+            lease=self.lease_seconds,
+            max_deliveries=self.max_deliveries,
+        )
+        if messages:
+            self.log.info("Queue %s: received %d message(s)", messages[0]["queue"], len(messages))
+        return messages
+
+    def poke(self, context: Any) -> PokeReturnValue:
+        messages = self._receive()
+        return PokeReturnValue(is_done=bool(messages), xcom_value=messages or None)
+
+    def execute(self, context: Any) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        messages = self._receive()
+        if messages:
+            return messages
+        self.log.info("Queue %s: empty; deferring to the triggerer", self.queue_name)
+        self.defer(
+            trigger=SqlQueueTrigger(
+                sqlqueue_conn_id=self.sqlqueue_conn_id,
+                queue_name=self.queue_name,
+                max_messages=self.max_messages,
+                transaction_mode=self.transaction_mode,
+                peek_interval=self.peek_interval,
+                lease_seconds=self.lease_seconds,
+                max_deliveries=self.max_deliveries,
+                error_queue=self.error_queue,
+            ),
+            method_name="execute_complete",
+            timeout=timedelta(seconds=self.timeout) if self.timeout else None,
+        )
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> list[dict[str, Any]]:
+        """Resume after the trigger fired: return its messages (they become the XCom return value)."""
+        if event.get("status") != "success":
+            raise AirflowException(f"Queue {self.queue_name}: {event.get('message', event)}")
+        messages = event["messages"]
+        self.log.info("Queue %s: resumed with %d message(s)", self.queue_name, len(messages))
+        return messages

@@ -1,0 +1,204 @@
+"""Triggers that run the queue's peek/receive loop inside the triggerer.
+
+Both peek cheaply every ``peek_interval`` seconds while the queue is empty and receive as soon as
+something waits. In ``claim`` mode (the default) a received message is leased, not deleted: if the
+triggerer dies between the receive and Airflow storing the event, or a downstream task fails
+before acknowledging, the lease runs out and the message is delivered again, up to
+``max_deliveries`` times, then it goes to the error queue. Nothing is lost and nothing is handed
+out twice while a lease holds.
+
+* :class:`SqlQueueTrigger` fires once with a batch of up to ``max_messages`` messages; the
+  deferrable :class:`~airflow_provider_sqlqueue.sensors.sqlqueue.SqlQueueSensor` waits on it.
+* :class:`SqlQueueEventTrigger` never finishes and fires one event per message, for
+  ``AssetWatcher`` (one DAG run per message), directly or through common-messaging's
+  ``MessageQueueTrigger(scheme="sqlqueue", ...)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
+
+from ..hooks.sqlqueue import SqlQueueHook
+from ..transport import AsyncQueueClient, TransactionMode
+from ..transport.errors import SqlQueueError, TransportUnavailableError
+from ..transport.pump import CircuitBreaker, check_peek_interval
+
+DEFAULT_LEASE_SECONDS = 1800.0
+
+
+def lease_seconds(lease: timedelta | float) -> float:
+    """A lease as seconds (what serialises into trigger kwargs)."""
+    seconds = lease.total_seconds() if isinstance(lease, timedelta) else float(lease)
+    if seconds <= 0:
+        raise ValueError(f"lease must be positive, got {lease}")
+    return seconds
+
+
+def receiving_mode(mode: TransactionMode | str) -> TransactionMode:
+    """The transaction mode a trigger or sensor can receive in: ``claim`` or ``none``."""
+    mode = TransactionMode(mode)
+    if mode is TransactionMode.NATIVE:
+        raise ValueError(
+            "transaction_mode 'native' holds the receive transaction open while the message is handled, which "
+            "cannot span a trigger and a task; use 'claim' (at-least-once, ack after success) or 'none'"
+        )
+    return mode
+
+
+class SqlQueueTrigger(BaseTrigger):
+    """Wait for messages on a queue table and fire once with up to ``max_messages`` of them.
+
+    The event payload is ``{"status": "success", "messages": [...]}`` where each message is
+    :meth:`~airflow_provider_sqlqueue.transport.message.ReceivedMessage.to_dict`, or
+    ``{"status": "error", "message": ...}`` when the queue cannot be used at all (missing table,
+    wrong connection type). An unreachable database is not an error: the loop backs off and retries.
+
+    :param sqlqueue_conn_id: connection of the queue's database.
+    :param queue_name: the queue, in the database's address syntax.
+    :param max_messages: most messages received per event.
+    :param transaction_mode: ``claim`` (leased until acknowledged) or ``none`` (deleted on receipt).
+    :param peek_interval: seconds between peeks while the queue is empty.
+    :param lease_seconds: how long a claimed message stays reserved for the downstream tasks.
+    :param max_deliveries: deliveries of one message before it moves to the error queue (claim mode).
+    :param error_queue: error queue; defaults to the connection's, else ``error``.
+    """
+
+    def __init__(
+        self,
+        *,
+        sqlqueue_conn_id: str,
+        queue_name: str,
+        max_messages: int = 10,
+        transaction_mode: str = TransactionMode.CLAIM.value,
+        peek_interval: float = 1.0,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        max_deliveries: int = 5,
+        error_queue: str | None = None,
+    ) -> None:
+        super().__init__()
+        if max_messages < 1:
+            raise ValueError(f"max_messages must be at least 1, got {max_messages}")
+        if peek_interval <= 0:
+            raise ValueError(f"peek_interval must be positive, got {peek_interval}")
+        self.sqlqueue_conn_id = sqlqueue_conn_id
+        self.queue_name = queue_name
+        self.max_messages = max_messages
+        self.transaction_mode = receiving_mode(transaction_mode).value
+        self.peek_interval = float(peek_interval)
+        self.lease_seconds = float(lease_seconds)
+        self.max_deliveries = max_deliveries
+        self.error_queue = error_queue
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "sqlqueue_conn_id": self.sqlqueue_conn_id,
+                "queue_name": self.queue_name,
+                "max_messages": self.max_messages,
+                "transaction_mode": self.transaction_mode,
+                "peek_interval": self.peek_interval,
+                "lease_seconds": self.lease_seconds,
+                "max_deliveries": self.max_deliveries,
+                "error_queue": self.error_queue,
+            },
+        )
+
+    async def _receive(self, client: AsyncQueueClient) -> list[Any]:
+        if self.transaction_mode == TransactionMode.CLAIM.value:
+            return await client.claim(
+                self.queue_name,
+                self.max_messages,
+                lease=self.lease_seconds,
+                max_deliveries=self.max_deliveries,
+                error_queue=self.error_queue,
+            )
+        return await client.receive(self.queue_name, self.max_messages, error_queue=self.error_queue)
+
+    async def batches(self) -> AsyncIterator[list[dict[str, Any]]]:
+        """Peek until messages wait, receive them, yield them as dicts; forever.
+
+        Errors that retrying can fix (database down, connection killed) are logged and backed off
+        from; anything else (missing table, bad connection) propagates.
+        """
+        for warning in check_peek_interval(self.peek_interval):
+            self.log.warning("Queue %s: %s", self.queue_name, warning)
+        hook = SqlQueueHook(self.sqlqueue_conn_id, error_queue=self.error_queue)
+        breaker = CircuitBreaker(base_delay=min(self.peek_interval, 1.0), max_backoff=30.0, alarm_after=120.0)
+        include_claims = self.transaction_mode == TransactionMode.CLAIM.value
+        client: AsyncQueueClient | None = None
+        try:
+            while True:
+                try:
+                    if client is None:
+                        client = await hook.get_async_client()
+                        address = client.session.dialect.format_address(client.address(self.queue_name))
+                        self.log.info(
+                            "Queue %s: peeking every %.3gs (mode=%s, up to %d message(s) per event)",
+                            address,
+                            self.peek_interval,
+                            self.transaction_mode,
+                            self.max_messages,
+                        )
+                    waiting = await client.peek(self.queue_name, include_claims=include_claims)
+                    received = await self._receive(client) if waiting else []
+                    breaker.success()
+                except TransportUnavailableError as exc:
+                    delay = breaker.failure(exc, self.queue_name)
+                    if client is not None:
+                        await _close_quietly(client)
+                        client = None
+                    await asyncio.sleep(delay)
+                    continue
+                if not received:
+                    if waiting:
+                        self.log.debug("Queue %s: peek saw %d, another consumer took them", address, waiting)
+                    await asyncio.sleep(self.peek_interval)
+                    continue
+                self.log.info(
+                    "Queue %s: received %d message(s) (ids %s)",
+                    address,
+                    len(received),
+                    ", ".join(str(message.id) for message in received),
+                )
+                yield [message.to_dict(address) for message in received]
+        finally:
+            if client is not None:
+                await _close_quietly(client)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        try:
+            async for batch in self.batches():
+                yield TriggerEvent({"status": "success", "messages": batch})
+                return
+        except (SqlQueueError, ValueError) as exc:
+            self.log.error("Queue %s: cannot wait for messages: %s", self.queue_name, exc)
+            yield TriggerEvent({"status": "error", "message": f"{type(exc).__name__}: {exc}"})
+
+
+class SqlQueueEventTrigger(SqlQueueTrigger, BaseEventTrigger):
+    """Fire one event per message, forever: the trigger of an ``AssetWatcher``.
+
+    Each event's payload is the message dict (it becomes the asset event's ``extra["payload"]``).
+    In ``claim`` mode acknowledge it at the end of the DAG run it started
+    (:class:`~airflow_provider_sqlqueue.operators.sqlqueue.AckMessagesOperator` with no
+    ``messages`` acknowledges the run's triggering messages); a run that fails leaves it to come
+    back when its lease runs out, starting a new run.
+    """
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        async for batch in self.batches():
+            for message in batch:
+                yield TriggerEvent(message)
+
+
+async def _close_quietly(client: AsyncQueueClient) -> None:
+    try:
+        await client.close()
+    except Exception:  # the connection is already broken; closing is best effort
+        pass
