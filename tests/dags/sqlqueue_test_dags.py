@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from datetime import datetime
 
-from airflow.sdk import DAG, task
+from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
+from airflow.sdk import DAG, Asset, AssetWatcher, task
 
 from airflow_provider_sqlqueue.operators.sqlqueue import (
     AckMessagesOperator,
@@ -14,6 +15,7 @@ from airflow_provider_sqlqueue.operators.sqlqueue import (
     PurgeExpiredMessagesOperator,
     RetryErrorMessagesOperator,
     SendMessageOperator,
+    claimed_messages,
 )
 from airflow_provider_sqlqueue.sensors.sqlqueue import SqlQueueSensor
 
@@ -93,3 +95,30 @@ for give_back in (True, False):
 
 with DAG("sqlqueue_retry_errors", schedule=None, start_date=START, catchup=False):
     RetryErrorMessagesOperator(task_id="retry", queue_name=ORDERS, **common)
+
+# Event-driven: one asset event per message; the run acknowledges the messages that triggered it.
+orders_asset = Asset(
+    name=f"orders_{SCHEMA}",
+    uri=f"sqlqueue://{CONN}/{SCHEMA}/orders",
+    watchers=[
+        AssetWatcher(
+            name="orders_watcher",
+            trigger=MessageQueueTrigger(
+                scheme="sqlqueue",
+                sqlqueue_conn_id=CONN,
+                queue_name=ORDERS,
+                error_queue=ERROR,
+                peek_interval=0.2,
+                lease_seconds=60,
+            ),
+        )
+    ],
+)
+
+with DAG("sqlqueue_on_message", schedule=[orders_asset], start_date=START, catchup=False):
+
+    @task
+    def handle(**context) -> list:
+        return [message["body"] for message in claimed_messages(None, context)]
+
+    handle() >> AckMessagesOperator(task_id="ack", **common)

@@ -1,0 +1,204 @@
+"""The triggers under asyncio as the triggerer runs them, and the AssetWatcher path through Airflow's own models."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import pytest
+from airflow.sdk.module_loading import import_string
+
+from airflow_provider_sqlqueue.transport import Message
+from airflow_provider_sqlqueue.triggers.sqlqueue import SqlQueueEventTrigger, SqlQueueTrigger
+
+from .conftest import airflow_connection, load_dag
+
+
+def make_trigger(schema: str, cls=SqlQueueTrigger, **kwargs) -> SqlQueueTrigger:
+    options = {
+        "sqlqueue_conn_id": "sqlqueue_test",
+        "queue_name": f'orders@"{schema}"',
+        "error_queue": f'error@"{schema}"',
+        "peek_interval": 0.1,
+    }
+    return cls(**{**options, **kwargs})
+
+
+async def first_event(trigger, timeout: float = 20.0):
+    events = trigger.run()
+    try:
+        return await asyncio.wait_for(anext(events), timeout)
+    finally:
+        await events.aclose()
+
+
+def test_serialize_round_trip(schema):
+    for cls in (SqlQueueTrigger, SqlQueueEventTrigger):
+        trigger = make_trigger(schema, cls, max_messages=7, transaction_mode="none", lease_seconds=12.5)
+        classpath, kwargs = trigger.serialize()
+        json.dumps(kwargs)  # what the triggerer stores must be plain JSON
+        rebuilt = import_string(classpath)(**kwargs)
+        assert type(rebuilt) is cls and rebuilt.serialize() == (classpath, kwargs)
+
+
+def test_native_mode_is_refused_with_a_reason(schema):
+    with pytest.raises(ValueError, match="cannot span a trigger and a task"):
+        make_trigger(schema, transaction_mode="native")
+
+
+async def test_run_fires_once_messages_arrive_after_it_started(conn_id, client, queue, schema):
+    trigger = make_trigger(schema, max_messages=3)
+    waiter = asyncio.create_task(first_event(trigger))
+    await asyncio.sleep(0.5)
+    assert not waiter.done()  # empty queue: still peeking
+    await asyncio.to_thread(client.send, queue, [Message(f"m{n}") for n in range(5)])
+    event = await waiter
+    assert event.payload["status"] == "success"
+    messages = event.payload["messages"]
+    assert [m["body"] for m in messages] == ["m0", "m1", "m2"]
+    assert all(m["claim_token"] and m["queue"] == f'orders@"{schema}"' for m in messages)
+    assert client.depth(queue) == 2 and client.inflight(queue) == 3
+
+
+async def test_none_mode_deletes_on_receipt(conn_id, client, queue, schema):
+    client.send(queue, Message("x"))
+    event = await first_event(make_trigger(schema, transaction_mode="none"))
+    [message] = event.payload["messages"]
+    assert message["body"] == "x" and message["claim_token"] is None
+    assert client.depth(queue) == 0 and client.inflight(queue) == 0
+
+
+async def test_restart_neither_loses_nor_duplicates(conn_id, client, queue, schema):
+    """A triggerer that dies after receiving (its event never stored) loses nothing: the lease brings the messages back.
+
+    While the lease holds, the restarted trigger does not see them again, so no message is handed
+    out twice; each id is delivered once more only because its first event was lost.
+    """
+    client.send(queue, [Message(f"m{n}") for n in range(4)])
+    first = make_trigger(schema, max_messages=2, lease_seconds=1.5)
+    lost = await first_event(first)  # the triggerer "dies" here: nobody stores this event
+    lost_ids = {m["id"] for m in lost.payload["messages"]}
+
+    classpath, kwargs = first.serialize()
+    restarted = import_string(classpath)(**{**kwargs, "max_messages": 10, "lease_seconds": 60})
+    second = await first_event(restarted)
+    second_ids = {m["id"] for m in second.payload["messages"]}
+    assert len(lost_ids) == 2 and len(second_ids) == 2 and not lost_ids & second_ids
+
+    third = await first_event(import_string(classpath)(**{**kwargs, "max_messages": 10}))  # after the lease
+    redelivered = third.payload["messages"]
+    assert {m["id"] for m in redelivered} == lost_ids and all(m["deliveries"] == 2 for m in redelivered)
+    assert client.depth(queue) == 0 and client.inflight(queue) == 4
+
+
+async def test_missing_queue_fires_an_error_event(conn_id, schema):
+    event = await first_event(make_trigger(schema, queue_name=f'nowhere@"{schema}"'))
+    assert event.payload["status"] == "error"
+    assert "QueueNotFoundError" in event.payload["message"] and "nowhere" in event.payload["message"]
+
+
+async def test_wrong_connection_type_fires_an_error_event(airflow_db, schema, monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_NOT_A_DB", json.dumps({"conn_type": "http", "host": "example.com"}))
+    event = await first_event(make_trigger(schema, sqlqueue_conn_id="not_a_db"))
+    assert event.payload["status"] == "error"
+    assert "has type 'http'" in event.payload["message"] and "postgres, mssql, odbc" in event.payload["message"]
+
+
+async def test_unreachable_database_is_retried_not_fatal(airflow_db, pg_uri, schema, monkeypatch, caplog):
+    monkeypatch.setenv("AIRFLOW_CONN_DOWN", airflow_connection("postgresql://postgres@127.0.0.1:1/test"))
+    trigger = make_trigger(schema, sqlqueue_conn_id="down")
+    caplog.set_level(logging.WARNING)
+    waiter = asyncio.create_task(first_event(trigger))
+    await asyncio.sleep(2.5)
+    assert not waiter.done()  # backing off and retrying, not failing the sensor
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    retries = [r for r in caplog.records if "database error" in r.getMessage()]
+    assert len(retries) >= 2 and "retrying in" in retries[-1].getMessage()
+
+
+async def test_event_trigger_fires_one_event_per_message_and_keeps_running(conn_id, client, queue, schema):
+    client.send(queue, [Message(f"m{n}") for n in range(3)])
+    events = make_trigger(schema, SqlQueueEventTrigger, max_messages=2).run()
+    try:
+        payloads = [(await asyncio.wait_for(anext(events), 20)).payload for _ in range(3)]
+        assert [p["body"] for p in payloads] == ["m0", "m1", "m2"]
+        await asyncio.to_thread(client.send, queue, Message("later"))
+        assert (await asyncio.wait_for(anext(events), 20)).payload["body"] == "later"
+    finally:
+        await events.aclose()
+    assert client.inflight(queue) == 4 and client.depth(queue) == 0
+
+
+def test_message_queue_trigger_resolves_the_sqlqueue_scheme(schema):
+    from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
+
+    trigger = MessageQueueTrigger(scheme="sqlqueue", sqlqueue_conn_id="sqlqueue_test", queue_name=f'orders@"{schema}"')
+    classpath, kwargs = trigger.serialize()
+    assert classpath == "airflow_provider_sqlqueue.triggers.sqlqueue.SqlQueueEventTrigger"
+    assert kwargs["queue_name"] == f'orders@"{schema}"'
+
+
+def sync_test_dags() -> None:
+    """Write the test DAGs to the metadata database as the DAG processor would (creates watcher triggers)."""
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.dagbag import BundleDagBag, sync_bag_to_db
+
+    manager = DagBundlesManager()
+    manager.sync_bundles_to_db()
+    bundle = manager.get_bundle("dags-folder")
+    bundle.initialize()
+    bag = BundleDagBag(dag_folder=bundle.path, bundle_path=bundle.path, bundle_name=bundle.name)
+    assert not bag.import_errors, bag.import_errors
+    sync_bag_to_db(bag, bundle.name, bundle.version)
+
+
+async def test_asset_watcher_starts_one_dag_run_per_message(conn_id, client, queue, schema):
+    """Through Airflow's own models: watcher trigger row -> events -> asset events -> scheduler-created runs -> ack."""
+    from airflow.jobs.job import Job
+    from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
+    from airflow.models import DagModel, DagRun, Trigger
+    from airflow.models.asset import AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    from airflow_provider_sqlqueue.operators.sqlqueue import AckMessagesOperator
+
+    sync_test_dags()  # in the main thread: DAG parsing installs signal handlers
+    with create_session() as session:
+        asset = session.scalars(select(AssetModel).where(AssetModel.name == f"orders_{schema}")).one()
+        [trigger_row] = asset.triggers
+        trigger = import_string(trigger_row.classpath)(**trigger_row.kwargs)
+        trigger_id = trigger_row.id
+    assert isinstance(trigger, SqlQueueEventTrigger)
+
+    await asyncio.to_thread(client.send, queue, [Message(json.dumps({"n": n}), {"NServiceBus.ContentType": "application/json"}) for n in range(3)])
+    scheduler = SchedulerJobRunner(Job())
+    events = trigger.run()
+    try:
+        for _ in range(3):
+            event = await asyncio.wait_for(anext(events), 20)
+            with create_session() as session:  # what the triggerer does with an event, then a scheduler loop
+                Trigger.submit_event(trigger_id, event, session=session)
+            with create_session() as session:
+                query, triggered = DagModel.dags_needing_dagruns(session)
+                scheduler._create_dag_runs_asset_triggered(
+                    dag_models=[d for d in query.all() if d.dag_id in triggered], session=session
+                )
+    finally:
+        await events.aclose()
+
+    with create_session() as session:
+        runs = session.scalars(select(DagRun).where(DagRun.dag_id == "sqlqueue_on_message").order_by(DagRun.id)).all()
+        triggering = [[event.extra["payload"] for event in run.consumed_asset_events] for run in runs]
+    assert [[payload["body"] for payload in payloads] for payloads in triggering] == [[{"n": 0}], [{"n": 1}], [{"n": 2}]]
+    assert client.inflight(queue) == 3 and client.depth(queue) == 0  # leased to the runs until they ack
+
+    # Each run's last task acknowledges the messages that triggered it (messages=None).
+    ack = AckMessagesOperator(task_id="ack", sqlqueue_conn_id="sqlqueue_test", error_queue=f'error@"{schema}"')
+    for payloads in triggering:
+        context = {"triggering_asset_events": {asset.name: [type("Event", (), {"extra": {"payload": p}}) for p in payloads]}}
+        assert await asyncio.to_thread(ack.execute, context) == {"acknowledged": 1, "expired": 0}
+    assert client.inflight(queue) == 0
