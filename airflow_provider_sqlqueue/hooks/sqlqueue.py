@@ -161,6 +161,14 @@ class SqlQueueHook(BaseHook):
         session = await AsyncPsycopgSession.connect("", **self._postgres_kwargs(conn))
         return AsyncQueueClient(session, self.error_queue)
 
+    def conninfo(self) -> str:
+        """A libpq connection string for processes outside Airflow, such as Spark executors (it holds the password)."""
+        from psycopg.conninfo import make_conninfo
+
+        conn = self.connection
+        self._refuse_unwired(dialect_of(conn))
+        return make_conninfo("", **{key: str(value) for key, value in self._postgres_kwargs(conn).items()})
+
     def test_connection(self) -> tuple[bool, str]:
         """Used by the UI's Test button: can the database be reached with these settings?"""
         try:
@@ -269,6 +277,11 @@ class SqlQueueHook(BaseHook):
     def depth(self, queue_name: str) -> int:
         with self.client() as client:
             return client.depth(queue_name)
+
+    def browse(self, queue_name: str, limit: int = 1000) -> list[ReceivedMessage]:
+        """Waiting, unexpired messages in send order, left in the queue (for reports and inspection)."""
+        with self.client() as client:
+            return client.browse(queue_name, limit)
 
     def inflight(self, queue_name: str) -> int:
         with self.client() as client:

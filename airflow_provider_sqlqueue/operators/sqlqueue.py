@@ -16,7 +16,7 @@ from airflow.sdk import BaseOperator
 
 from ..hooks.sqlqueue import SqlQueueHook
 from ..transport import Message
-from ..transport.message import CONTENT_TYPE, ENCLOSED_MESSAGE_TYPES, encode_value
+from ..transport.message import ENCLOSED_MESSAGE_TYPES
 
 
 class _QueueOperator(BaseOperator):
@@ -105,13 +105,10 @@ class SendMessageOperator(_QueueOperator):
     def _message(self, value: Any) -> Message:
         if isinstance(value, Message):
             return value
-        body, content_type = encode_value(value)
         headers = dict(self.headers or {})
-        if content_type is not None:
-            headers.setdefault(CONTENT_TYPE, content_type)
         if self.message_type:
             headers.setdefault(ENCLOSED_MESSAGE_TYPES, self.message_type)
-        return Message(body, headers, time_to_be_received=self.time_to_be_received)
+        return Message.of(value, headers, self.time_to_be_received)
 
     def execute(self, context: Any) -> list[str]:
         if self.messages is None:

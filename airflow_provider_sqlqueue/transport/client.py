@@ -279,6 +279,11 @@ class QueueClient(_Addressing):
         """Exact count of waiting messages (scans the table)."""
         return self.session.run(ops.depth(self.session.dialect, self.address(queue)))
 
+    def browse(self, queue: str | QueueAddress, limit: int = 1000) -> list[ReceivedMessage]:
+        """Waiting, unexpired messages in send order, without removing or locking them."""
+        check_positive("limit", limit)
+        return self.session.run(ops.browse(self.session.dialect, self.address(queue), limit))
+
     def inflight(self, queue: str | QueueAddress) -> int:
         """Claimed, unacknowledged messages of the queue."""
         return self.session.run(ops.inflight(self.session.dialect, self.address(queue)))

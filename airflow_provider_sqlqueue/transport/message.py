@@ -192,6 +192,20 @@ class Message:
             self.id = uuid.UUID(str(self.id))
         self.time_to_be_received = coerce_ttbr(self.time_to_be_received)
 
+    @classmethod
+    def of(
+        cls,
+        value: object,
+        headers: Headers | None = None,
+        time_to_be_received: timedelta | float | None = None,
+    ) -> Message:
+        """A message whose body is ``value`` serialised by :func:`encode_value`, with its content type set."""
+        body, content_type = encode_value(value)
+        merged = dict(headers or {})
+        if content_type is not None:
+            merged.setdefault(CONTENT_TYPE, content_type)
+        return cls(body, merged, time_to_be_received=time_to_be_received)
+
     def wire_headers(self) -> str:
         """The Headers column for this message, with the NServiceBus defaults filled in."""
         headers = dict(self.headers)

@@ -348,6 +348,21 @@ def depth(d: Dialect, address: QueueAddress) -> Operation[int]:
     return int(row[0])
 
 
+def browse(d: Dialect, address: QueueAddress, limit: int) -> Operation[list[ReceivedMessage]]:
+    """Waiting, unexpired messages in send order, left in the queue (no locks: receivers are not blocked).
+
+    Rows whose headers NServiceBus could not read are skipped here; a receive dead-letters them.
+    """
+    rows = yield Step(d.browse(address), (limit,), Fetch.ALL, d.qualified_name(address))
+    messages = []
+    for message_id, headers, body in rows:
+        try:
+            messages.append(ReceivedMessage(message_id, decode_headers(headers), bytes(body or b"")))
+        except InvalidHeadersError:
+            log.warning("Queue %s: skipping message %s with unreadable headers", d.qualified_name(address), message_id)
+    return messages
+
+
 def inflight(d: Dialect, address: QueueAddress) -> Operation[int]:
     """Number of claimed, unacknowledged messages of the queue."""
     row = yield Step(d.count_inflight(address), (d.format_address(address),), Fetch.ONE, d.qualified_name(address))

@@ -134,6 +134,10 @@ class Dialect(ABC):
         """Params (id, headers, body): put a failed message in the error queue (never expires)."""
 
     @abstractmethod
+    def browse(self, address: QueueAddress) -> str:
+        """Read without removing or locking: unexpired rows in send order. Params: (limit). Rows: (id, headers, body)."""
+
+    @abstractmethod
     def peek_error_rows(self, error_address: QueueAddress) -> str:
         """Params (limit,): lock and return up to limit rows (seq, id, headers, body) of an error queue."""
 

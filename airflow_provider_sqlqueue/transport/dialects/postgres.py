@@ -227,6 +227,12 @@ class PostgresDialect(Dialect):
     def insert_error(self, error_address: QueueAddress) -> str:
         return f"INSERT INTO {self.qualified_name(error_address)} (Id, Expires, Headers, Body) VALUES (%s, NULL, %s, %s)"
 
+    def browse(self, address: QueueAddress) -> str:
+        q = self.qualified_name(address)
+        return (
+            f"SELECT Id, Headers, Body FROM {q} WHERE Expires IS NULL OR Expires > {_UTC_NOW} ORDER BY Seq LIMIT %s"
+        )
+
     def peek_error_rows(self, error_address: QueueAddress) -> str:
         q = self.qualified_name(error_address)
         return f"SELECT Seq, Id, Headers, Body FROM {q} ORDER BY Seq LIMIT %s FOR UPDATE SKIP LOCKED"

@@ -1,0 +1,62 @@
+"""Queue installation and housekeeping for the example pipelines.
+
+``sqlqueue_setup`` creates every queue of the examples (run it once, with the installer's rights,
+before the pipelines); ``sqlqueue_maintenance`` purges expired messages and reports depths,
+claims in flight and what sits in the error queue.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from datetime import datetime
+
+from airflow.sdk import DAG, task
+
+from airflow_provider_sqlqueue.hooks.sqlqueue import SqlQueueHook
+from airflow_provider_sqlqueue.transport import QueueNotFoundError
+from airflow_provider_sqlqueue.operators.sqlqueue import CreateQueueOperator, PurgeExpiredMessagesOperator
+
+SCHEMA = os.environ.get("SQLQUEUE_SCHEMA", "public")
+QUEUES = [f'{name}@"{SCHEMA}"' for name in ("ingest", "cleaned", "reports", "ingest_events", "cleaned_events")]
+ERROR_QUEUE = f'error@"{SCHEMA}"'
+
+with DAG("sqlqueue_setup", schedule="@once", start_date=datetime(2026, 1, 1), catchup=False, tags=["sqlqueue"]):
+    for name in QUEUES:
+        CreateQueueOperator(task_id=f"create_{name.split('@')[0]}", queue_name=name, error_queue=ERROR_QUEUE)
+
+with DAG(
+    "sqlqueue_maintenance",
+    schedule="@hourly",
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    tags=["sqlqueue"],
+    doc_md=__doc__,
+):
+    purges = [
+        PurgeExpiredMessagesOperator(task_id=f"purge_{name.split('@')[0]}", queue_name=name) for name in QUEUES
+    ]
+
+    @task
+    def report() -> dict:
+        """Depth and in-flight claims per queue, and what sits in the error queue (by source queue and exception)."""
+        hook = SqlQueueHook(error_queue=ERROR_QUEUE)
+        queues = {}
+        for name in QUEUES:
+            try:
+                queues[name] = {"waiting": hook.depth(name), "in_flight": hook.inflight(name)}
+            except QueueNotFoundError:
+                queues[name] = {"missing": True}
+        errors = hook.browse(ERROR_QUEUE, 10_000)
+        by_source = Counter(message.headers.get("NServiceBus.FailedQ") or "unknown" for message in errors)
+        by_exception = Counter(message.headers.get("NServiceBus.ExceptionInfo.ExceptionType") or "unknown" for message in errors)
+        summary = {
+            "queues": queues,
+            "error_queue": {"messages": len(errors), "by_source": dict(by_source), "by_exception": dict(by_exception)},
+        }
+        for name, figures in queues.items():
+            print(f"{name}: {figures}")
+        print(f"{ERROR_QUEUE}: {summary['error_queue']}")
+        return summary
+
+    purges >> report()
