@@ -20,11 +20,23 @@ from collections.abc import Iterator
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="sqlqueue-airflow-"))
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION", "False")
-os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", os.path.join(os.path.dirname(__file__), "dags"))
+TEST_DAGS = os.path.join(os.path.dirname(__file__), "dags")
+EXAMPLE_DAGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "example_dags")
+os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", TEST_DAGS)
+os.environ.setdefault(
+    "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST",
+    json.dumps(
+        [
+            {"name": name, "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle", "kwargs": {"path": path}}
+            for name, path in (("dags-folder", TEST_DAGS), ("examples", EXAMPLE_DAGS))
+        ]
+    ),
+)
 
 import psycopg
 import pytest
 
+from airflow_provider_sqlqueue.demo import airflow_connection
 from airflow_provider_sqlqueue.transport import QueueAddress, QueueClient
 
 LOCAL_PG_URI = "postgresql://postgres@127.0.0.1:5432/test"
@@ -101,22 +113,6 @@ def airflow_db() -> str:
         timeout=240,
     )
     return os.environ["AIRFLOW_HOME"]
-
-
-def airflow_connection(pg_uri: str, **extra: str) -> str:
-    """An Airflow ``postgres`` connection (JSON, as AIRFLOW_CONN_* takes it) for the test server."""
-    params = psycopg.conninfo.conninfo_to_dict(pg_uri)
-    return json.dumps(
-        {
-            "conn_type": "postgres",
-            "host": params.get("host"),
-            "port": int(params["port"]) if params.get("port") else None,
-            "login": params.get("user"),
-            "password": params.get("password"),
-            "schema": params.get("dbname"),
-            "extra": extra,
-        }
-    )
 
 
 @pytest.fixture

@@ -1,0 +1,128 @@
+"""The example Spark chain end to end (real Airflow, PostgreSQL and PySpark), and the Spark helpers."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from airflow_provider_sqlqueue.demo import LOCAL_SPARK, airflow_connection, run_dag, task_output
+from airflow_provider_sqlqueue.demo.data import write_orders
+from airflow_provider_sqlqueue.transport import Message, QueueAddress
+
+from .conftest import EXAMPLE_DAGS
+
+QUEUES = ("ingest", "cleaned", "reports", "error")
+
+
+@pytest.fixture
+def pipeline(airflow_db, pg_uri, schema, client, monkeypatch, tmp_path):
+    """The example DAGs' connections pointed at the test server and schema; the setup DAG has run."""
+    monkeypatch.setenv("AIRFLOW_CONN_SQLQUEUE_DEFAULT", airflow_connection(pg_uri))
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps(LOCAL_SPARK))
+    monkeypatch.setenv("SQLQUEUE_SCHEMA", schema)
+    monkeypatch.setenv("AIRFLOW__CORE__DAGS_FOLDER", EXAMPLE_DAGS)
+    setup, _ = run_dag("sqlqueue_setup")
+    assert setup.state == "success"
+    return tmp_path
+
+
+def left(client, schema) -> dict[str, int]:
+    return {name: client.depth(QueueAddress(name, schema)) + client.inflight(QueueAddress(name, schema)) for name in QUEUES}
+
+
+def check_report(report: dict, expected: dict) -> None:
+    assert report["orders"] == expected["valid_orders"]
+    assert report["revenue"] == pytest.approx(expected["revenue"], abs=0.05)
+    assert report["by_country"][0]["country"] == expected["top_country"]
+    assert report["first_day"] == "2026-11-01" and report["last_day"] == "2026-11-30"
+
+
+def test_chain_end_to_end(pipeline, client, schema):
+    dataset = pipeline / "orders.csv"
+    expected = write_orders(dataset, rows=3000)
+    client.send(QueueAddress("ingest", schema), Message.of({"dataset": "t", "path": str(dataset), "output_root": str(pipeline / "out")}))
+
+    clean, _ = run_dag("sqlqueue_spark_clean")
+    assert clean.state == "success"
+    [cleaned] = task_output(clean, "clean")
+    assert cleaned["rows"] == expected["valid_orders"] and cleaned["rejected"] == expected["rows"] - expected["valid_orders"]
+
+    summarise, _ = run_dag("sqlqueue_spark_summarise")
+    assert summarise.state == "success"
+    [report_message] = client.receive(QueueAddress("reports", schema))
+    assert report_message.headers["NServiceBus.EnclosedMessageTypes"] == "SqlQueue.Demo.DatasetReport"
+    check_report(report_message.json(), expected)
+    assert left(client, schema) == dict.fromkeys(QUEUES, 0)
+
+
+def test_first_spark_job_fails_once_then_the_chain_completes(pipeline, client, schema):
+    """The dataset's file is not there yet: the Spark job fails, the message comes back, and the retry succeeds."""
+    dataset = pipeline / "late.csv"
+    client.send(QueueAddress("ingest", schema), Message.of({"dataset": "late", "path": str(dataset), "output_root": str(pipeline / "out")}))
+
+    failed, _ = run_dag("sqlqueue_spark_clean")
+    assert failed.state == "failed"
+    assert {ti.task_id: ti.state for ti in failed.get_task_instances()}["give_back"] == "success"
+    assert client.peek(QueueAddress("ingest", schema), include_claims=True) == 1  # given back, not lost
+
+    expected = write_orders(dataset, rows=1500, seed=5)
+    clean, _ = run_dag("sqlqueue_spark_clean")
+    assert clean.state == "success"
+    assert task_output(clean, "wait_for_dataset")[0]["deliveries"] == 2
+    summarise, _ = run_dag("sqlqueue_spark_summarise")
+    assert summarise.state == "success"
+    [report_message] = client.receive(QueueAddress("reports", schema))
+    check_report(report_message.json(), expected)
+    assert left(client, schema) == dict.fromkeys(QUEUES, 0)
+
+
+def test_maintenance_reports_depths_and_errors(pipeline, client, schema):
+    ingest = QueueAddress("ingest", schema)
+    client.send(ingest, [Message("a"), Message("gone", time_to_be_received=0.001)])
+    [message] = client.receive(ingest)
+    client.move_to_error(ingest, message, ValueError("bad dataset"))
+    run, _ = run_dag("sqlqueue_maintenance")
+    assert run.state == "success"
+    summary = task_output(run, "report")
+    assert summary["queues"][f'ingest@"{schema}"'] == {"waiting": 0, "in_flight": 0}  # the expired one was purged
+    assert summary["error_queue"]["messages"] == 1
+    assert summary["error_queue"]["by_source"] == {f'ingest@"{schema}"': 1}
+    assert summary["error_queue"]["by_exception"] == {"builtins.ValueError": 1}
+
+
+def test_event_driven_dags_parse_with_their_watchers(pipeline):
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=EXAMPLE_DAGS)
+    assert not bag.import_errors
+    for dag_id in ("sqlqueue_spark_clean_events", "sqlqueue_spark_summarise_events"):
+        [asset] = bag.dags[dag_id].timetable.asset_condition.objects  # one watched queue each
+        [watcher] = asset.watchers
+        assert watcher.trigger.serialize()[0] == "airflow_provider_sqlqueue.triggers.sqlqueue.SqlQueueEventTrigger"
+
+
+def test_send_rows_and_read_queue(client, queue, schema, pg_uri, monkeypatch):
+    from pyspark.sql import SparkSession
+
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)  # executors need this package and psycopg
+    from airflow_provider_sqlqueue.spark import read_queue, send_rows
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .getOrCreate()
+    )
+    try:
+        df = spark.range(0, 1000, numPartitions=4).selectExpr("id", "concat('order-', id) AS name")
+        assert send_rows(df, pg_uri, f'orders@"{schema}"', batch_size=64) == 1000
+        assert client.depth(queue) == 1000
+        pending = read_queue(spark, pg_uri, f'orders@"{schema}"', limit=2000)
+        assert pending.count() == 1000
+        bodies = sorted(json.loads(row.text)["id"] for row in pending.select("text").collect())
+        assert bodies == list(range(1000))
+        assert pending.where("headers['NServiceBus.ContentType'] = 'application/json'").count() == 1000
+        assert client.depth(queue) == 1000  # reading leaves them queued
+    finally:
+        spark.stop()
