@@ -22,8 +22,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, task
 
-
-from airflow_provider_sqlqueue.demo.spark_jobs import clean_orders, summarise_orders
+from airflow_provider_sqlqueue.demo.spark_jobs import clean_message, summarise_message
 from airflow_provider_sqlqueue.operators.sqlqueue import (
     AckMessagesOperator,
     NackMessagesOperator,
@@ -35,64 +34,32 @@ SCHEMA = os.environ.get("SQLQUEUE_SCHEMA", "public")
 INGEST, CLEANED, REPORTS = (f'{name}@"{SCHEMA}"' for name in ("ingest", "cleaned", "reports"))
 SPARK_CONN = "spark_default"
 LEASE = timedelta(hours=1)  # longer than a stage's Spark job takes
-defaults = {"retries": 0}
 
-with DAG(
-    "sqlqueue_spark_clean",
-    schedule="@continuous",
-    max_active_runs=1,
-    start_date=datetime(2026, 1, 1),
-    catchup=False,
-    default_args=defaults,
-    tags=["sqlqueue", "spark"],
-    doc_md=__doc__,
-):
-    wait = SqlQueueSensor(task_id="wait_for_dataset", queue_name=INGEST, max_messages=1, lease=LEASE)
 
-    @task.pyspark(conn_id=SPARK_CONN)
-    def clean(messages: list[dict], spark=None) -> list[dict]:
-        results = []
-        for message in messages:
-            body = message["body"]
-            target = f"{body['output_root']}/clean/{message['id']}"
-            result = clean_orders(spark, body["path"], target)
-            print(f"cleaned {body['dataset']}: {result['rows']} rows kept, {result['rejected']} rejected -> {target}")
-            results.append({**result, "dataset": body["dataset"], "output_root": body["output_root"]})
-        return results
+def stage(dag_id: str, task_id: str, source: str, target: str, job, message_type: str) -> DAG:
+    """One stage: wait for a message on ``source``, run ``job`` on it in Spark, send the result to ``target``, ack."""
+    with DAG(
+        dag_id,
+        schedule="@continuous",
+        max_active_runs=1,
+        start_date=datetime(2026, 1, 1),
+        catchup=False,
+        default_args={"retries": 0},
+        tags=["sqlqueue", "spark"],
+        doc_md=__doc__,
+    ) as dag:
+        wait = SqlQueueSensor(task_id="wait", queue_name=source, max_messages=1, lease=LEASE)
 
-    cleaned = clean(wait.output)
-    send = SendMessageOperator(
-        task_id="send_to_summarise", queue_name=CLEANED, messages=cleaned, message_type="SqlQueue.Demo.DatasetCleaned"
-    )
-    cleaned >> send >> AckMessagesOperator(task_id="ack", messages=wait.output)
-    [cleaned, send] >> NackMessagesOperator(task_id="give_back", messages=wait.output, trigger_rule="one_failed")
+        @task.pyspark(task_id=task_id, conn_id=SPARK_CONN)
+        def run_job(messages: list[dict], spark=None) -> list[dict]:
+            return [job(spark, message) for message in messages]
 
-with DAG(
-    "sqlqueue_spark_summarise",
-    schedule="@continuous",
-    max_active_runs=1,
-    start_date=datetime(2026, 1, 1),
-    catchup=False,
-    default_args=defaults,
-    tags=["sqlqueue", "spark"],
-    doc_md=__doc__,
-):
-    wait = SqlQueueSensor(task_id="wait_for_clean_data", queue_name=CLEANED, max_messages=1, lease=LEASE)
+        results = run_job(wait.output)
+        send = SendMessageOperator(task_id="send", queue_name=target, messages=results, message_type=message_type)
+        results >> send >> AckMessagesOperator(task_id="ack", messages=wait.output)
+        [results, send] >> NackMessagesOperator(task_id="give_back", messages=wait.output, trigger_rule="one_failed")
+    return dag
 
-    @task.pyspark(conn_id=SPARK_CONN)
-    def summarise(messages: list[dict], spark=None) -> list[dict]:
-        reports = []
-        for message in messages:
-            body = message["body"]
-            target = f"{body['output_root']}/reports/{message['id']}"
-            report = summarise_orders(spark, body["path"], target)
-            print(f"summarised {body['dataset']}: {report['orders']} orders, revenue {report['revenue']}")
-            reports.append({**report, "dataset": body["dataset"]})
-        return reports
 
-    summarised = summarise(wait.output)
-    send = SendMessageOperator(
-        task_id="send_report", queue_name=REPORTS, messages=summarised, message_type="SqlQueue.Demo.DatasetReport"
-    )
-    summarised >> send >> AckMessagesOperator(task_id="ack", messages=wait.output)
-    [summarised, send] >> NackMessagesOperator(task_id="give_back", messages=wait.output, trigger_rule="one_failed")
+stage("sqlqueue_spark_clean", "clean", INGEST, CLEANED, clean_message, "SqlQueue.Demo.DatasetCleaned")
+stage("sqlqueue_spark_summarise", "summarise", CLEANED, REPORTS, summarise_message, "SqlQueue.Demo.DatasetReport")

@@ -16,8 +16,7 @@ from datetime import datetime
 from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
 from airflow.sdk import DAG, Asset, AssetWatcher, task
 
-
-from airflow_provider_sqlqueue.demo.spark_jobs import clean_orders, summarise_orders
+from airflow_provider_sqlqueue.demo.spark_jobs import clean_message, summarise_message
 from airflow_provider_sqlqueue.operators.sqlqueue import (
     AckMessagesOperator,
     NackMessagesOperator,
@@ -46,48 +45,27 @@ def watched(queue_name: str, name: str) -> Asset:
     )
 
 
-with DAG(
-    "sqlqueue_spark_clean_events",
-    schedule=[watched(INGEST, "ingest_events")],
-    start_date=datetime(2026, 1, 1),
-    catchup=False,
-    tags=["sqlqueue", "spark", "event-driven"],
-    doc_md=__doc__,
-):
+def stage(dag_id: str, task_id: str, source: Asset, target: str, job) -> DAG:
+    """One stage: each run handles the messages that triggered it in Spark, sends the results on, acks."""
+    with DAG(
+        dag_id,
+        schedule=[source],
+        start_date=datetime(2026, 1, 1),
+        catchup=False,
+        tags=["sqlqueue", "spark", "event-driven"],
+        doc_md=__doc__,
+    ) as dag:
 
-    @task.pyspark(conn_id=SPARK_CONN)
-    def clean(spark=None, **context) -> list[dict]:
-        results = []
-        for message in claimed_messages(None, context):
-            body = message["body"]
-            target = f"{body['output_root']}/clean/{message['id']}"
-            results.append({**clean_orders(spark, body["path"], target), "dataset": body["dataset"], "output_root": body["output_root"]})
-        return results
+        @task.pyspark(task_id=task_id, conn_id=SPARK_CONN)
+        def run_job(spark=None, **context) -> list[dict]:
+            return [job(spark, message) for message in claimed_messages(None, context)]
 
-    cleaned = clean()
-    send = SendMessageOperator(task_id="send_to_summarise", queue_name=CLEANED, messages=cleaned)
-    cleaned >> send >> AckMessagesOperator(task_id="ack", sqlqueue_conn_id=CONN)
-    [cleaned, send] >> NackMessagesOperator(task_id="give_back", sqlqueue_conn_id=CONN, trigger_rule="one_failed")
+        results = run_job()
+        send = SendMessageOperator(task_id="send", queue_name=target, messages=results, sqlqueue_conn_id=CONN)
+        results >> send >> AckMessagesOperator(task_id="ack", sqlqueue_conn_id=CONN)
+        [results, send] >> NackMessagesOperator(task_id="give_back", sqlqueue_conn_id=CONN, trigger_rule="one_failed")
+    return dag
 
-with DAG(
-    "sqlqueue_spark_summarise_events",
-    schedule=[watched(CLEANED, "cleaned_events")],
-    start_date=datetime(2026, 1, 1),
-    catchup=False,
-    tags=["sqlqueue", "spark", "event-driven"],
-    doc_md=__doc__,
-):
 
-    @task.pyspark(conn_id=SPARK_CONN)
-    def summarise(spark=None, **context) -> list[dict]:
-        reports = []
-        for message in claimed_messages(None, context):
-            body = message["body"]
-            target = f"{body['output_root']}/reports/{message['id']}"
-            reports.append({**summarise_orders(spark, body["path"], target), "dataset": body["dataset"]})
-        return reports
-
-    summarised = summarise()
-    send = SendMessageOperator(task_id="send_report", queue_name=REPORTS, messages=summarised)
-    summarised >> send >> AckMessagesOperator(task_id="ack", sqlqueue_conn_id=CONN)
-    [summarised, send] >> NackMessagesOperator(task_id="give_back", sqlqueue_conn_id=CONN, trigger_rule="one_failed")
+stage("sqlqueue_spark_clean_events", "clean", watched(INGEST, "ingest_events"), CLEANED, clean_message)
+stage("sqlqueue_spark_summarise_events", "summarise", watched(CLEANED, "cleaned_events"), REPORTS, summarise_message)

@@ -70,7 +70,7 @@ def test_first_spark_job_fails_once_then_the_chain_completes(pipeline, client, s
     expected = write_orders(dataset, rows=1500, seed=5)
     clean, _ = run_dag("sqlqueue_spark_clean")
     assert clean.state == "success"
-    assert task_output(clean, "wait_for_dataset")[0]["deliveries"] == 2
+    assert task_output(clean, "wait")[0]["deliveries"] == 2
     summarise, _ = run_dag("sqlqueue_spark_summarise")
     assert summarise.state == "success"
     [report_message] = client.receive(QueueAddress("reports", schema))

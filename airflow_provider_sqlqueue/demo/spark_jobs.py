@@ -71,3 +71,20 @@ def summarise_orders(spark: Any, source: str, target: str) -> dict[str, Any]:
         F.round(F.sum("revenue"), 2).alias("revenue"), F.count("*").alias("orders")
     ).coalesce(1).write.mode("overwrite").json(target)
     return {**report, "path": target}
+
+
+def clean_message(spark: Any, message: dict[str, Any]) -> dict[str, Any]:
+    """Handle an ``ingest`` message: clean its dataset; the result is the next stage's message."""
+    body = message["body"]
+    target = f"{body['output_root']}/clean/{message['id']}"
+    result = clean_orders(spark, body["path"], target)
+    print(f"cleaned {body['dataset']}: {result['rows']} rows kept, {result['rejected']} rejected -> {target}")
+    return {**result, "dataset": body["dataset"], "output_root": body["output_root"]}
+
+
+def summarise_message(spark: Any, message: dict[str, Any]) -> dict[str, Any]:
+    """Handle a ``cleaned`` message: summarise the clean data; the result is the report message."""
+    body = message["body"]
+    report = summarise_orders(spark, body["path"], f"{body['output_root']}/reports/{message['id']}")
+    print(f"summarised {body['dataset']}: {report['orders']} orders, revenue {report['revenue']}")
+    return {**report, "dataset": body["dataset"]}
