@@ -179,11 +179,6 @@ class SqlQueueHook(BaseHook):
 
     # -- queue operations --------------------------------------------------------------------
 
-    def canonical(self, queue_name: str) -> str:
-        """The queue's canonical address, as NServiceBus writes it (and as message dicts carry it)."""
-        with self.client() as client:
-            return client.session.dialect.format_address(client.address(queue_name))
-
     def create_queue(
         self,
         queue_name: str,
