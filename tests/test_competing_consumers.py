@@ -8,6 +8,9 @@ from collections import Counter
 import pytest
 
 from airflow_provider_sqlqueue.transport import Message, QueueAddress, QueueClient
+from tests.backends import execute_on
+
+pytestmark = pytest.mark.every_dialect
 
 MESSAGES = 4000
 CONSUMERS = 4
@@ -32,7 +35,7 @@ def consume(uri: str, schema: str, mode: str, batch: int, start: multiprocessing
                 with client.receive_native(queue) as message:
                     got = []
                     if message is not None:
-                        client.connection.execute(f'INSERT INTO "{schema}".ledger VALUES (%s)', (message.text,))
+                        execute_on(client.session, f'INSERT INTO "{schema}".ledger VALUES (%s)', (message.text,))
                         got = [message.text]
             empty_in_a_row = 0 if got else empty_in_a_row + 1
             seen.extend(got)
@@ -40,15 +43,15 @@ def consume(uri: str, schema: str, mode: str, batch: int, start: multiprocessing
 
 
 @pytest.mark.parametrize(("mode", "batch"), [("none", 1), ("none", 25), ("claim", 1), ("claim", 10), ("native", 1)])
-def test_competing_consumers_deliver_each_message_exactly_once(pg_uri, client, queue, raw, schema, mode, batch):
-    raw.execute(f'CREATE TABLE "{schema}".ledger (body text)')
+def test_competing_consumers_deliver_each_message_exactly_once(backend, client, queue, raw, schema, mode, batch):
+    raw.execute(f'CREATE TABLE "{schema}".ledger (body {backend.text_type})')
     expected = [f"m-{i:05d}" for i in range(MESSAGES)]
     client.send(queue, [Message(body) for body in expected])
 
     ctx = multiprocessing.get_context("spawn")
     start = ctx.Manager().Barrier(CONSUMERS)
     with ctx.Pool(CONSUMERS) as pool:
-        results = pool.starmap(consume, [(pg_uri, schema, mode, batch, start)] * CONSUMERS)
+        results = pool.starmap(consume, [(backend.uri, schema, mode, batch, start)] * CONSUMERS)
 
     delivered = Counter(body for result in results for body in result)
     assert sum(delivered.values()) == MESSAGES, "a message was lost or delivered twice"
@@ -57,5 +60,5 @@ def test_competing_consumers_deliver_each_message_exactly_once(pg_uri, client, q
     assert sum(1 for result in results if result) >= 2, "consumers did not actually compete"
     assert client.depth(queue) == 0 and client.inflight(queue) == 0
     if mode == "native":
-        ledger = Counter(r[0] for r in raw.execute(f'SELECT body FROM "{schema}".ledger'))
+        ledger = Counter(r[0] for r in raw.execute(f'SELECT body FROM "{schema}".ledger').fetchall())
         assert sorted(ledger) == expected and max(ledger.values()) == 1

@@ -11,6 +11,8 @@ import pytest
 
 from airflow_provider_sqlqueue.transport import Message, QueueAddress, QueueClient
 
+pytestmark = pytest.mark.every_dialect
+
 
 def hold(uri: str, schema: str, mode: str, holding: multiprocessing.synchronize.Event) -> None:
     """Take one message and stop dead inside the 'handler' until killed."""
@@ -31,10 +33,10 @@ def hold(uri: str, schema: str, mode: str, holding: multiprocessing.synchronize.
             time.sleep(600)
 
 
-def kill_holder(pg_uri: str, schema: str, mode: str) -> None:
+def kill_holder(uri: str, schema: str, mode: str) -> None:
     ctx = multiprocessing.get_context("spawn")
     holding = ctx.Event()
-    process = ctx.Process(target=hold, args=(pg_uri, schema, mode, holding))
+    process = ctx.Process(target=hold, args=(uri, schema, mode, holding))
     process.start()
     assert holding.wait(60), "the consumer never took the message"
     os.kill(process.pid, signal.SIGKILL)
@@ -52,10 +54,10 @@ def wait_for(receive, timeout: float = 20.0):
     return []
 
 
-def test_native_mode_kill_rolls_back_and_the_message_is_delivered_once(pg_uri, client, queue):
+def test_native_mode_kill_rolls_back_and_the_message_is_delivered_once(backend, client, queue):
     sent = Message("important")
     client.send(queue, [sent, Message("next")])
-    kill_holder(pg_uri, queue.schema, "native")
+    kill_holder(backend.uri, queue.schema, "native")
     # The dead backend's transaction is rolled back by the server: the row is back, in order.
     got = wait_for(lambda: client.receive(queue, 5))
     assert [m.id for m in got][:1] == [sent.id]
@@ -63,10 +65,10 @@ def test_native_mode_kill_rolls_back_and_the_message_is_delivered_once(pg_uri, c
     assert client.depth(queue) == 0
 
 
-def test_claim_mode_kill_redelivers_after_the_lease(pg_uri, client, queue):
+def test_claim_mode_kill_redelivers_after_the_lease(backend, client, queue):
     sent = Message("leased")
     client.send(queue, sent)
-    kill_holder(pg_uri, queue.schema, "claim")
+    kill_holder(backend.uri, queue.schema, "claim")
     assert client.claim(queue) == []  # still leased to the dead consumer
     assert client.inflight(queue) == 1
     [again] = wait_for(lambda: client.claim(queue))
@@ -75,17 +77,18 @@ def test_claim_mode_kill_redelivers_after_the_lease(pg_uri, client, queue):
     assert client.depth(queue) == 0 and client.inflight(queue) == 0
 
 
-def test_none_mode_kill_loses_exactly_the_message_in_the_handler(pg_uri, client, queue):
+def test_none_mode_kill_loses_exactly_the_message_in_the_handler(backend, client, queue):
     client.send(queue, [Message("in the handler"), Message("untouched")])
-    kill_holder(pg_uri, queue.schema, "none")
+    kill_holder(backend.uri, queue.schema, "none")
     survivors = [m.text for m in client.receive(queue, 10)]
     assert survivors == ["untouched"]  # at-most-once: the one being handled is gone, nothing else
 
 
 @pytest.mark.parametrize("mode", ["native", "claim"])
-def test_killed_consumer_leaves_no_session_idle_in_transaction(pg_uri, client, queue, raw, mode):
+@pytest.mark.postgres_only
+def test_killed_consumer_leaves_no_session_idle_in_transaction(backend, client, queue, raw, mode):
     client.send(queue, Message("m"))
-    kill_holder(pg_uri, queue.schema, mode)
+    kill_holder(backend.uri, queue.schema, mode)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         stuck = raw.execute(

@@ -1,4 +1,4 @@
-"""The asyncio message pump on a real PostgreSQL: peek/receive modes, concurrency limit, failures, back-off."""
+"""The asyncio message pump on each real database: peek/receive modes, concurrency limit, failures, back-off."""
 
 from __future__ import annotations
 
@@ -10,14 +10,17 @@ from datetime import timedelta
 import pytest
 
 from airflow_provider_sqlqueue.transport import AsyncPsycopgPool, Message, MessagePump, QueueAddress
-from airflow_provider_sqlqueue.transport.drivers import AsyncSessionPool
+from airflow_provider_sqlqueue.transport.drivers import AsyncSessionPool, AsyncThreadPool, PsycopgSession, open_pool
 from airflow_provider_sqlqueue.transport.pump import check_peek_interval, parse_timespan
+from tests.backends import aexecute
+
+pytestmark = pytest.mark.every_dialect
 
 
 class CountingPool(AsyncSessionPool):
     """A real pool that also counts which statements the pump ran, to observe its modes."""
 
-    def __init__(self, inner: AsyncPsycopgPool) -> None:
+    def __init__(self, inner: AsyncSessionPool) -> None:
         self.inner = inner
         self.dialect = inner.dialect
         self.statements: Counter[str] = Counter()
@@ -63,9 +66,27 @@ async def run_until(pump: MessagePump, done, timeout: float = 60.0) -> None:
         await asyncio.wait_for(task, 30)
 
 
+@pytest.mark.postgres_only
+async def test_thread_offloaded_sessions_drive_the_pump(pg_uri, client, queue, schema):
+    """The thread-per-connection pool SQL Server's blocking drivers use, here over blocking psycopg."""
+    pool = AsyncThreadPool(lambda: PsycopgSession.connect(pg_uri), max_size=3, dialect=client.session.dialect)
+    seen: Counter[str] = Counter()
+
+    async def handler(message, connection):
+        seen[message.text] += 1
+
+    for n, mode in enumerate(("claim", "native", "none")):
+        client.send(queue, [Message(f"{mode}-{i}") for i in range(20)])
+        pump = MessagePump(pool, queue, handler, mode=mode, error_queue=QueueAddress("error", schema), max_concurrency=3, peek_interval=0.05)
+        await run_until(pump, lambda: len(seen) == 20 * (n + 1), timeout=30)
+    await pool.close()
+    assert max(seen.values()) == 1 and pump.handled == 20
+    assert client.depth(queue) == 0 and client.inflight(queue) == 0
+
+
 @pytest.fixture
-async def pool(pg_uri):
-    p = AsyncPsycopgPool(pg_uri, max_size=6)
+async def pool(backend):
+    p = open_pool(backend.uri, max_size=6)
     await p.open()
     yield p
     await p.close()
@@ -95,8 +116,8 @@ async def test_pump_drains_with_at_most_max_concurrency_in_flight(pool, client, 
     assert pump.handled == 150 and pump.failed == 0
 
 
-async def test_pump_only_peeks_while_idle_and_picks_up_messages_sent_later(pg_uri, client, queue, schema):
-    pool = CountingPool(AsyncPsycopgPool(pg_uri, max_size=3))
+async def test_pump_only_peeks_while_idle_and_picks_up_messages_sent_later(backend, client, queue, schema):
+    pool = CountingPool(open_pool(backend.uri, max_size=3))
     await pool.open()
     got: list[str] = []
 
@@ -108,7 +129,7 @@ async def test_pump_only_peeks_while_idle_and_picks_up_messages_sent_later(pg_ur
     await asyncio.sleep(0.6)
     idle = dict(pool.statements)
     assert idle.get("SELECT", 0) >= 3  # peeks (plus the reclaimable count in claim mode)
-    assert "DELETE" not in idle and "WITH" not in idle and "UPDATE" not in idle  # no receive while peeks find nothing
+    assert not {"DELETE", "WITH", "UPDATE", "DECLARE"} & idle.keys()  # no receive while peeks find nothing
     client.send(queue, [Message("late-1"), Message("late-2")])
     for _ in range(100):
         if len(got) == 2:
@@ -120,14 +141,14 @@ async def test_pump_only_peeks_while_idle_and_picks_up_messages_sent_later(pg_ur
     assert got == ["late-1", "late-2"]
 
 
-async def test_native_pump_moves_repeatedly_failing_message_to_error_queue(pool, client, queue, raw, schema):
+async def test_native_pump_moves_repeatedly_failing_message_to_error_queue(pool, client, queue, raw, schema, backend):
     client.send(queue, [Message("ok-1"), Message("bad"), Message("ok-2")])
+    raw.execute(f'CREATE TABLE "{schema}".side_effects (body {backend.text_type})')
     calls: Counter[str] = Counter()
 
     async def handler(message, connection):
         calls[message.text] += 1
-        await connection.execute(f'CREATE TABLE IF NOT EXISTS "{schema}".side_effects (body text)')
-        await connection.execute(f'INSERT INTO "{schema}".side_effects VALUES (%s)', (message.text,))
+        await aexecute(connection, f'INSERT INTO "{schema}".side_effects VALUES (%s)', (message.text,))
         if message.text == "bad":
             raise ValueError("cannot process")
 
@@ -171,14 +192,14 @@ async def test_none_pump_copies_failed_message_to_error_queue(pool, client, queu
     assert pump.failed == 1 and client.depth(queue) == 0
 
 
-async def test_competing_pumps_deliver_exactly_once(pg_uri, client, queue, schema):
+async def test_competing_pumps_deliver_exactly_once(backend, client, queue, schema):
     client.send(queue, [Message(str(i)) for i in range(400)])
     seen: Counter[str] = Counter()
 
     async def handler(message, connection):
         seen[message.text] += 1
 
-    pools = [AsyncPsycopgPool(pg_uri, max_size=3) for _ in range(4)]
+    pools = [open_pool(backend.uri, max_size=3) for _ in range(4)]
     for p in pools:
         await p.open()
     pumps = [

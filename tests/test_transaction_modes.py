@@ -9,6 +9,9 @@ import uuid
 import pytest
 
 from airflow_provider_sqlqueue.transport import Message, QueueAddress
+from tests.backends import execute_on
+
+pytestmark = pytest.mark.every_dialect
 
 FAILURE_KEYS = {
     "NServiceBus.FailedQ",
@@ -20,8 +23,9 @@ FAILURE_KEYS = {
 }
 
 
-def error_rows(raw, schema):
-    return raw.execute(f'SELECT id, headers, body FROM "{schema}"."error" ORDER BY seq').fetchall()
+def error_rows(raw, schema, backend):
+    rows = raw.execute(f'SELECT id, headers, body FROM "{schema}"."error" ORDER BY {backend.seq}').fetchall()
+    return [(uuid.UUID(str(id_)), headers, bytes(body)) for id_, headers, body in rows]
 
 
 def inflight_rows(raw, schema):
@@ -38,18 +42,18 @@ def test_none_mode_removes_before_returning(client, queue, raw, schema):
     assert client.depth(queue) == 1  # gone for good: at-most-once
 
 
-def test_none_mode_failed_message_copied_to_error_queue_with_failure_headers(client, queue, raw, schema):
+def test_none_mode_failed_message_copied_to_error_queue_with_failure_headers(client, queue, raw, schema, backend):
     client.send(queue, Message(b"\x00\xffdata", {"k": "v"}))
     [message] = client.receive(queue)
     try:
         raise RuntimeError("handler broke")
     except RuntimeError as exc:
         client.move_to_error(queue, message, exc)
-    [(row_id, headers_text, body)] = error_rows(raw, schema)
+    [(row_id, headers_text, body)] = error_rows(raw, schema, backend)
     headers = json.loads(headers_text)
     assert row_id == message.id and body == b"\x00\xffdata"
     assert FAILURE_KEYS <= headers.keys()
-    assert headers["NServiceBus.FailedQ"] == f'orders@"{schema}"'
+    assert headers["NServiceBus.FailedQ"] == client.session.dialect.format_address(queue)
     assert headers["NServiceBus.ExceptionInfo.ExceptionType"] == "builtins.RuntimeError"
     assert headers["NServiceBus.ExceptionInfo.Message"] == "handler broke"
     assert "RuntimeError: handler broke" in headers["NServiceBus.ExceptionInfo.StackTrace"]
@@ -59,35 +63,33 @@ def test_none_mode_failed_message_copied_to_error_queue_with_failure_headers(cli
 # -- native ----------------------------------------------------------------------------------------
 
 
-def test_native_mode_commits_handler_sql_with_the_receive(client, queue, raw, schema):
-    raw.execute(f'CREATE TABLE "{schema}".ledger (message_id uuid)')
+def test_native_mode_commits_handler_sql_with_the_receive(client, queue, raw, schema, backend):
+    raw.execute(f'CREATE TABLE "{schema}".ledger (message_id {backend.uuid_type})')
     client.send(queue, Message("pay"))
     with client.receive_native(queue) as message:
-        client.connection.execute(f'INSERT INTO "{schema}".ledger VALUES (%s)', (message.id,))
-    assert raw.execute(f'SELECT message_id FROM "{schema}".ledger').fetchall() == [(message.id,)]
+        execute_on(client.session, f'INSERT INTO "{schema}".ledger VALUES (%s)', (message.id,))
+    assert [uuid.UUID(str(r[0])) for r in raw.execute(f'SELECT message_id FROM "{schema}".ledger').fetchall()] == [message.id]
     assert client.depth(queue) == 0
 
 
-def test_native_mode_handler_failure_rolls_back_both(client, queue, raw, schema):
-    raw.execute(f'CREATE TABLE "{schema}".ledger (message_id uuid)')
+def test_native_mode_handler_failure_rolls_back_both(client, queue, raw, schema, backend):
+    raw.execute(f'CREATE TABLE "{schema}".ledger (message_id {backend.uuid_type})')
     sent = Message("pay")
     client.send(queue, sent)
     with pytest.raises(RuntimeError, match="boom"):
         with client.receive_native(queue) as message:
-            client.connection.execute(f'INSERT INTO "{schema}".ledger VALUES (%s)', (message.id,))
+            execute_on(client.session, f'INSERT INTO "{schema}".ledger VALUES (%s)', (message.id,))
             raise RuntimeError("boom")
-    assert raw.execute(f'SELECT count(*) FROM "{schema}".ledger').fetchone() == (0,)
+    assert raw.execute(f'SELECT count(*) FROM "{schema}".ledger').fetchone()[0] == 0
     assert client.depth(queue) == 1
     with client.receive_native(queue) as again:
         assert again.id == sent.id
     assert client.depth(queue) == 0
 
 
-def test_native_mode_holds_the_row_while_handling(client, queue, pg_uri):
-    from airflow_provider_sqlqueue.transport import QueueClient
-
+def test_native_mode_holds_the_row_while_handling(client, queue, backend, schema):
     client.send(queue, [Message("first"), Message("second")])
-    with QueueClient.connect(pg_uri) as other:
+    with backend.client(schema) as other:
         with client.receive_native(queue) as message:
             assert message.text == "first"
             assert [m.text for m in other.receive(queue, 5)] == ["second"]
@@ -143,7 +145,7 @@ def test_claim_lease_expiry_makes_message_receivable_again(client, queue):
     assert client.ack(queue, again.claim_token) is True
 
 
-def test_claim_max_deliveries_moves_to_error_queue(client, queue, raw, schema):
+def test_claim_max_deliveries_moves_to_error_queue(client, queue, raw, schema, backend):
     client.send(queue, Message("poisonous work", {"trace": "t-1"}))
     for attempt in range(1, 4):
         [claim] = client.claim(queue, max_deliveries=3)
@@ -151,11 +153,11 @@ def test_claim_max_deliveries_moves_to_error_queue(client, queue, raw, schema):
         client.nack(queue, claim.claim_token, error=f"ValueError: attempt {attempt}")
     assert client.claim(queue, max_deliveries=3) == []
     assert client.inflight(queue) == 0 and client.depth(queue) == 0
-    [(row_id, headers_text, body)] = error_rows(raw, schema)
+    [(row_id, headers_text, body)] = error_rows(raw, schema, backend)
     headers = json.loads(headers_text)
     assert row_id == claim.id and body == b"poisonous work"
     assert headers["NServiceBus.ExceptionInfo.Message"] == "ValueError: attempt 3"
-    assert headers["NServiceBus.FailedQ"] == f'orders@"{schema}"'
+    assert headers["NServiceBus.FailedQ"] == client.session.dialect.format_address(queue)
     assert headers["SqlQueue.DeliveryCount"] == "3"
     assert headers["trace"] == "t-1"
 
@@ -168,16 +170,16 @@ def test_claim_expired_message_is_dropped_not_delivered(client, queue):
     assert client.inflight(queue) == 0
 
 
-def test_fail_moves_claim_to_error_at_once(client, queue, raw, schema):
+def test_fail_moves_claim_to_error_at_once(client, queue, raw, schema, backend):
     client.send(queue, Message("never works"))
     [claim] = client.claim(queue)
     assert client.fail(queue, claim, ValueError("bad data")) is True
     assert client.inflight(queue) == 0
-    [(_, headers_text, _)] = error_rows(raw, schema)
+    [(_, headers_text, _)] = error_rows(raw, schema, backend)
     assert json.loads(headers_text)["NServiceBus.ExceptionInfo.Message"] == "bad data"
 
 
-def test_retry_errors_sends_messages_back_without_failure_headers(client, queue, raw, schema):
+def test_retry_errors_sends_messages_back_without_failure_headers(client, queue, raw, schema, backend):
     other = QueueAddress("other", schema)
     client.create_queue(other)
     client.send(queue, Message("to orders", {"keep": "me"}))
@@ -185,7 +187,7 @@ def test_retry_errors_sends_messages_back_without_failure_headers(client, queue,
     for address in (queue, other):
         [claim] = client.claim(address)
         client.fail(address, claim, "nope")
-    assert len(error_rows(raw, schema)) == 2
+    assert len(error_rows(raw, schema, backend)) == 2
 
     assert client.retry_errors(queue=queue) == 1
     [back] = client.receive(queue)
@@ -193,7 +195,7 @@ def test_retry_errors_sends_messages_back_without_failure_headers(client, queue,
     assert not FAILURE_KEYS & back.headers.keys() and "SqlQueue.DeliveryCount" not in back.headers
     assert client.retry_errors() == 1
     assert [m.text for m in client.receive(other)] == ["to other"]
-    assert error_rows(raw, schema) == []
+    assert error_rows(raw, schema, backend) == []
 
 
 # -- poison rows -------------------------------------------------------------------------------------
@@ -202,19 +204,16 @@ def test_retry_errors_sends_messages_back_without_failure_headers(client, queue,
 POISON_HEADERS = ["not json at all", '["a", "list"]', '{"nested": {"x": 1}}', '{"number": 5}', "", "null"]
 
 
-def insert_poison(raw, schema, headers_text):
+def insert_poison(raw, schema, backend, headers_text):
     poison_id = uuid.uuid4()
-    raw.execute(
-        f'INSERT INTO "{schema}"."orders" (Id, Expires, Headers, Body) VALUES (%s, NULL, %s, %s)',
-        (poison_id, headers_text, b"\xde\xad"),
-    )
+    backend.nservicebus_send(raw, schema, "orders", poison_id, headers_text, b"\xde\xad")
     return poison_id
 
 
 @pytest.mark.parametrize("headers_text", POISON_HEADERS)
 @pytest.mark.parametrize("mode", ["none", "native", "claim"])
-def test_poison_row_goes_to_error_queue_unchanged_and_never_blocks(client, queue, raw, schema, headers_text, mode):
-    poison_id = insert_poison(raw, schema, headers_text)
+def test_poison_row_goes_to_error_queue_unchanged_and_never_blocks(client, queue, raw, schema, headers_text, mode, backend):
+    poison_id = insert_poison(raw, schema, backend, headers_text)
     client.send(queue, Message("good"))
 
     if mode == "none":
@@ -226,15 +225,15 @@ def test_poison_row_goes_to_error_queue_unchanged_and_never_blocks(client, queue
         got = client.claim(queue, 1)
 
     assert [m.text for m in got] == ["good"]
-    assert error_rows(raw, schema) == [(poison_id, headers_text, b"\xde\xad")]
+    assert error_rows(raw, schema, backend) == [(poison_id, headers_text, b"\xde\xad")]
     assert client.depth(queue) == 0
     assert inflight_rows(raw, schema) == (1 if mode == "claim" else 0)
 
 
-def test_poison_row_found_on_reclaim_goes_to_error_queue(client, queue, raw, schema):
+def test_poison_row_found_on_reclaim_goes_to_error_queue(client, queue, raw, schema, backend):
     client.send(queue, Message("fine at first"))
     [claim] = client.claim(queue, lease=0.05)
     raw.execute(f"UPDATE \"{schema}\".sqlqueue_inflight SET headers = 'garbage' WHERE token = %s", (claim.claim_token,))
     time.sleep(0.1)
     assert client.claim(queue) == []
-    assert error_rows(raw, schema) == [(claim.id, "garbage", b"fine at first")]
+    assert error_rows(raw, schema, backend) == [(claim.id, "garbage", b"fine at first")]

@@ -16,7 +16,7 @@ from typing import Any
 
 from . import operations as ops
 from .addressing import QueueAddress
-from .drivers import AsyncPsycopgSession, AsyncSession, PsycopgSession, Session, dialect_for
+from .drivers import AsyncSession, Session, open_async_session, open_session
 from .message import Message, ReceivedMessage
 
 DEFAULT_ERROR_QUEUE = "error"
@@ -113,10 +113,12 @@ class _Addressing:
 
 
 class QueueClient(_Addressing):
-    """Blocking queue operations over one connection (psycopg 3 for PostgreSQL).
+    """Blocking queue operations over one connection (psycopg 3 for PostgreSQL, pymssql or pyodbc for SQL Server).
 
-    ``QueueClient.connect(uri)`` opens and owns an autocommit connection; ``QueueClient(session)``
-    borrows one. Use it as a context manager to close what it owns.
+    ``QueueClient.connect(uri)`` opens and owns an autocommit connection (``postgresql://``,
+    ``mssql://`` for pymssql, ``mssql+pyodbc://`` or an ODBC connection string for pyodbc);
+    ``QueueClient.connect(connection)`` borrows a DB-API connection of one of those drivers. Use it
+    as a context manager to close what it owns.
     """
 
     def __init__(self, session: Session, error_queue: str | QueueAddress = DEFAULT_ERROR_QUEUE) -> None:
@@ -126,9 +128,7 @@ class QueueClient(_Addressing):
     @classmethod
     def connect(cls, target: Any, error_queue: str | QueueAddress = DEFAULT_ERROR_QUEUE) -> QueueClient:
         """Open a client from a URI/DSN (owned connection) or wrap an existing DB-API connection (borrowed)."""
-        dialect_for(target)  # refuses what no dialect can serve, with a message naming it
-        session = PsycopgSession.connect(target) if isinstance(target, str) else PsycopgSession(target)
-        return cls(session, error_queue)
+        return cls(open_session(target), error_queue)
 
     @property
     def connection(self) -> Any:
@@ -313,9 +313,7 @@ class AsyncQueueClient(_Addressing):
 
     @classmethod
     async def connect(cls, target: Any, error_queue: str | QueueAddress = DEFAULT_ERROR_QUEUE) -> AsyncQueueClient:
-        dialect_for(target)
-        session = await AsyncPsycopgSession.connect(target) if isinstance(target, str) else AsyncPsycopgSession(target)
-        return cls(session, error_queue)
+        return cls(await open_async_session(target), error_queue)
 
     @property
     def connection(self) -> Any:

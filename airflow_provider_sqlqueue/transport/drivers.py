@@ -9,32 +9,84 @@ session is left ``idle in transaction`` between calls.
 
 from __future__ import annotations
 
+import asyncio
+import re
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from .dialects import Dialect, get_dialect
+from .dialects import sqlserver as tsql
+from .errors import SqlQueueError, TransportUnavailableError
 from .operations import Fetch, Operation, Step, drive, drive_async
 
 T = TypeVar("T")
 
 
+#: URI schemes of SQL Server, and which driver each one opens.
+PYMSSQL_SCHEMES = ("mssql", "sqlserver", "mssql+pymssql")
+PYODBC_SCHEMES = ("mssql+pyodbc",)
+
+
+def _scheme(target: str) -> str:
+    return target.split(":", 1)[0].lower() if "://" in target else ""
+
+
+def _is_odbc_string(target: str) -> bool:
+    """An ODBC connection string (``DRIVER={...};SERVER=...``) rather than a URI or libpq DSN."""
+    return "://" not in target and ";" in target and re.search(r"(?i)(^|;)\s*(driver|dsn)\s*=", target) is not None
+
+
 def dialect_for(target: object) -> Dialect:
-    """Pick the dialect from a URI's scheme or a connection object's driver module."""
+    """Pick the dialect from a URI's scheme, an ODBC connection string or a connection object's driver."""
     if isinstance(target, str):
-        scheme = target.split(":", 1)[0].lower() if "://" in target else ""
+        scheme = _scheme(target)
         if scheme in ("postgresql", "postgres"):
             return get_dialect("postgres")
+        if scheme in PYMSSQL_SCHEMES + PYODBC_SCHEMES or _is_odbc_string(target):
+            return get_dialect("sqlserver")
         if "=" in target and "://" not in target:  # a libpq key=value DSN
             return get_dialect("postgres")
         raise ValueError(
-            f"cannot tell the database from {scheme or 'this connection string'!r}; use a postgresql:// URI"
+            f"cannot tell the database from {scheme or 'this connection string'!r}; use a postgresql:// or "
+            "mssql:// URI (mssql+pyodbc:// or an ODBC connection string for pyodbc)"
         )
     module = type(target).__module__.split(".", 1)[0]
     if module == "psycopg":
         return get_dialect("postgres")
+    if module in ("pymssql", "pyodbc"):
+        return get_dialect("sqlserver")
     raise TypeError(f"unsupported connection type {type(target).__module__}.{type(target).__qualname__}")
+
+
+def open_session(target: Any) -> Session:
+    """A blocking session: opened from a URI/connection string (owned) or over a DB-API connection (borrowed)."""
+    dialect = dialect_for(target)
+    if dialect.name == "postgres":
+        return PsycopgSession.connect(target) if isinstance(target, str) else PsycopgSession(target)
+    if not isinstance(target, str):
+        session_type = PymssqlSession if type(target).__module__.startswith("pymssql") else PyodbcSession
+        return session_type(target)
+    if _scheme(target) in PYMSSQL_SCHEMES:
+        return PymssqlSession.connect(target)
+    return PyodbcSession.connect(target)
+
+
+async def open_async_session(target: Any) -> AsyncSession:
+    """The asyncio twin of :func:`open_session`: native for psycopg, a worker thread for SQL Server's drivers."""
+    if dialect_for(target).name == "postgres":
+        return await AsyncPsycopgSession.connect(target) if isinstance(target, str) else AsyncPsycopgSession(target)
+    return await AsyncThreadSession.open(lambda: open_session(target))
+
+
+def open_pool(target: str, max_size: int) -> AsyncSessionPool:
+    """A pool of async sessions for a message pump on the database ``target`` names."""
+    if dialect_for(target).name == "postgres":
+        return AsyncPsycopgPool(target, max_size=max_size)
+    return AsyncThreadPool(lambda: open_session(target), max_size=max_size)
 
 
 async def _fetch_async(cursor: Any, step: Step) -> Any:
@@ -242,3 +294,315 @@ class AsyncPsycopgPool(AsyncSessionPool):
                 yield AsyncPsycopgSession(connection)
         except (PoolTimeout, psycopg.OperationalError) as exc:
             raise self.dialect.translate_error(psycopg.OperationalError(str(exc)), "the database") or exc from exc
+
+
+# -- SQL Server: pymssql and pyodbc ------------------------------------------------------------
+
+_PLACEHOLDER = re.compile(r"%(.)", re.DOTALL)
+
+
+def _placeholders(sql: str, marker: Callable[[], str]) -> str:
+    """Rewrite the dialect's ``%s`` placeholders with ``marker()`` and its ``%%`` as ``%``."""
+
+    def replace(match: re.Match[str]) -> str:
+        if match.group(1) == "s":
+            return marker()
+        if match.group(1) == "%":
+            return "%"
+        raise ValueError(f"stray % in statement: {sql[:80]!r}")
+
+    return _PLACEHOLDER.sub(replace, sql)
+
+
+def _fetch_results(cursor: Any, step: Step) -> Any:
+    """Read what a step asks for from a T-SQL batch, then drain its remaining results.
+
+    A batch such as claim's (DECLARE; DELETE ... OUTPUT INTO; INSERT ... OUTPUT) reports row counts
+    before its result set, and some drivers surface those as results of their own: rows come from
+    the first result that has columns, a row count from the last statement that reported one.
+    """
+    if step.fetch is Fetch.NONE:
+        result = None
+    elif step.fetch is Fetch.ROWCOUNT:
+        result = cursor.rowcount
+        while cursor.nextset():
+            if cursor.rowcount is not None and cursor.rowcount >= 0:
+                result = cursor.rowcount
+        return result
+    else:
+        while cursor.description is None:
+            if not cursor.nextset():
+                return [] if step.fetch is Fetch.ALL else None
+        rows = [tuple(row) for row in cursor.fetchall()]
+        result = rows if step.fetch is Fetch.ALL else (rows[0] if rows else None)
+    while cursor.nextset():
+        pass
+    return result
+
+
+def execute_pymssql(cursor: Any, sql: str, params: tuple[Any, ...]) -> None:
+    """Run dialect text on a pymssql cursor, every value quoted by pymssql's own quoting."""
+    from pymssql._mssql import quote_simple_value
+
+    values = iter(params)
+    cursor.execute(_placeholders(sql, lambda: quote_simple_value(next(values)).decode("utf-8")))
+
+
+def execute_pyodbc(cursor: Any, sql: str, params: tuple[Any, ...]) -> None:
+    """Run dialect text on a pyodbc cursor with ``?`` parameters bound by the ODBC driver."""
+    # uniqueidentifier parameters travel as text: every ODBC driver converts that.
+    values = tuple(str(value) if type(value).__name__ == "UUID" else value for value in params)
+    cursor.execute(_placeholders(sql, lambda: "?"), values)
+
+
+class _SqlServerSession(Session):
+    """One SQL Server connection kept in autocommit mode; transactions are explicit T-SQL.
+
+    Keeping the driver in autocommit means no transaction is open between operations (none left
+    holding locks or deleted rows), and both drivers behave the same. A transaction opened inside
+    another joins it: with XACT_ABORT ON an error dooms the whole transaction anyway, so an inner
+    savepoint could not keep the outer one alive.
+    """
+
+    driver: str
+
+    def __init__(self, connection: Any, owned: bool = False) -> None:
+        super().__init__(get_dialect("sqlserver"), connection, owned)
+        self._depth = 0
+        for sql in tsql.SESSION_SETUP:
+            self._run_text(sql)
+
+    @abstractmethod
+    def _execute(self, cursor: Any, sql: str, params: tuple[Any, ...]) -> None:
+        """Execute one dialect statement with the driver's parameter style."""
+
+    def _run_text(self, sql: str) -> None:
+        cursor = self.connection.cursor()
+        try:
+            self._execute(cursor, sql, ())
+            _fetch_results(cursor, Step(sql, (), Fetch.NONE, "the database"))
+        finally:
+            cursor.close()
+
+    def _driver_error(self, exc: BaseException) -> bool:
+        return type(exc).__module__.split(".", 1)[0] == self.driver
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        if self._depth:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+            return
+        self.execute(Step(tsql.BEGIN_TRANSACTION, (), Fetch.NONE, "the database"))
+        self._depth = 1
+        try:
+            yield
+        except BaseException:
+            self._depth = 0
+            try:
+                self.execute(Step(tsql.ROLLBACK_TRANSACTION, (), Fetch.NONE, "the database"))
+            except Exception:  # the connection may be gone; the server rolls back then
+                pass
+            raise
+        self._depth = 0
+        self.execute(Step(tsql.COMMIT_TRANSACTION, (), Fetch.NONE, "the database"))
+
+    def execute(self, step: Step) -> Any:
+        try:
+            cursor = self.connection.cursor()
+            try:
+                self._execute(cursor, step.sql, step.params)
+                return _fetch_results(cursor, step)
+            finally:
+                cursor.close()
+        except Exception as exc:
+            if not self._driver_error(exc):
+                raise
+            error = _translated(self.dialect, exc, step)
+            if error is exc:
+                raise
+            raise error from exc
+
+
+def _connect_error(exc: BaseException) -> BaseException:
+    return get_dialect("sqlserver").translate_error(exc, "the database") or exc
+
+
+class PymssqlSession(_SqlServerSession):
+    """A pymssql connection (the microsoft-mssql provider's driver).
+
+    pymssql binds parameters on the client by quoting them into the text; it is given text with
+    every value already quoted by pymssql's own quoting, so that a ``%`` in a quoted table name
+    is never mistaken for a placeholder.
+    """
+
+    driver = "pymssql"
+
+    @classmethod
+    def connect(cls, uri: str, **kwargs: Any) -> PymssqlSession:
+        """Open ``mssql://user:password@host:port/database?login_timeout=10`` in autocommit mode."""
+        import pymssql
+
+        parts = urlsplit(uri)
+        options: dict[str, Any] = {"login_timeout": 10, **dict(parse_qsl(parts.query)), **kwargs}
+        for key in ("login_timeout", "timeout"):
+            if key in options:
+                options[key] = int(options[key])
+        try:
+            connection = pymssql.connect(
+                server=parts.hostname or "localhost",
+                port=str(parts.port or 1433),
+                user=unquote(parts.username or ""),
+                password=unquote(parts.password or ""),
+                database=unquote(parts.path.lstrip("/")),
+                autocommit=True,
+                **options,
+            )
+        except pymssql.Error as exc:
+            raise _connect_error(exc) from exc
+        return cls(connection, owned=True)
+
+    def _execute(self, cursor: Any, sql: str, params: tuple[Any, ...]) -> None:
+        execute_pymssql(cursor, sql, params)
+
+
+class PyodbcSession(_SqlServerSession):
+    """A pyodbc connection (the odbc provider's driver), e.g. with FreeTDS or Microsoft's ODBC driver."""
+
+    driver = "pyodbc"
+
+    @classmethod
+    def connect(cls, target: str, **kwargs: Any) -> PyodbcSession:
+        """Open an ODBC connection string, or ``mssql+pyodbc://user:password@host:port/db?driver=FreeTDS``."""
+        import pyodbc
+
+        connection_string = target if _is_odbc_string(target) else _odbc_string(target)
+        try:
+            connection = pyodbc.connect(connection_string, autocommit=True, **kwargs)
+        except pyodbc.Error as exc:
+            raise _connect_error(exc) from exc
+        return cls(connection, owned=True)
+
+    def _execute(self, cursor: Any, sql: str, params: tuple[Any, ...]) -> None:
+        execute_pyodbc(cursor, sql, params)
+
+
+def _odbc_value(value: str) -> str:
+    """An ODBC connection-string value, braced when it holds characters that end or open one."""
+    return "{" + value.replace("}", "}}") + "}" if any(c in value for c in ";{}=") or value != value.strip() else value
+
+
+def _odbc_string(uri: str) -> str:
+    """An ODBC connection string from ``mssql+pyodbc://user:password@host:port/database?driver=...&Key=value``."""
+    parts = urlsplit(uri)
+    query = dict(parse_qsl(parts.query))
+    driver = query.pop("driver", "FreeTDS")
+    pairs = {
+        "DRIVER": "{" + driver + "}",
+        "SERVER": f"{parts.hostname or 'localhost'},{parts.port or 1433}",
+        "DATABASE": unquote(parts.path.lstrip("/")),
+        "UID": unquote(parts.username or ""),
+        "PWD": unquote(parts.password or ""),
+        **query,
+    }
+    return ";".join(
+        f"{key}={value if key == 'DRIVER' else _odbc_value(value)}" for key, value in pairs.items() if value != ""
+    )
+
+
+class AsyncThreadSession(AsyncSession):
+    """A blocking session driven from asyncio on a thread of its own.
+
+    pymssql and pyodbc have no asyncio interface; running every call of one connection on one
+    dedicated thread keeps the event loop (the triggerer's) free and the connection single-threaded.
+    """
+
+    def __init__(self, session: Session, executor: ThreadPoolExecutor) -> None:
+        super().__init__(session.dialect, session.connection, session.owned)
+        self._session = session
+        self._executor = executor
+
+    @classmethod
+    async def open(cls, factory: Callable[[], Session]) -> AsyncThreadSession:
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlqueue-db")
+        try:
+            session = await asyncio.get_running_loop().run_in_executor(executor, factory)
+        except BaseException:
+            executor.shutdown(wait=False)
+            raise
+        return cls(session, executor)
+
+    async def _call(self, function: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[None]:
+        manager = self._session.transaction()
+        await self._call(manager.__enter__)
+        try:
+            yield
+        except BaseException as exc:
+            await self._call(manager.__exit__, type(exc), exc, exc.__traceback__)
+            raise
+        await self._call(manager.__exit__, None, None, None)
+
+    async def execute(self, step: Step) -> Any:
+        return await self._call(self._session.execute, step)
+
+    async def close(self) -> None:
+        try:
+            await self._call(self._session.close)
+        finally:
+            self._executor.shutdown(wait=False)
+
+
+class AsyncThreadPool(AsyncSessionPool):
+    """Up to ``max_size`` thread-backed sessions, opened on demand and reused.
+
+    A session whose connection failed is closed instead of being handed out again, so a pump
+    recovers by itself once the database is back.
+    """
+
+    def __init__(self, factory: Callable[[], Session], max_size: int, dialect: Dialect | None = None) -> None:
+        self.dialect = dialect or get_dialect("sqlserver")
+        self._factory = factory
+        self._slots = asyncio.Semaphore(max_size)
+        self._idle: list[AsyncThreadSession] = []
+
+    async def open(self) -> None:
+        """Nothing to do: connections open when first needed."""
+
+    async def close(self) -> None:
+        idle, self._idle = self._idle, []
+        for session in idle:
+            try:
+                await session.close()
+            except Exception:  # closing a broken connection is best effort
+                pass
+
+    @asynccontextmanager
+    async def session(self) -> AsyncIterator[AsyncSession]:
+        async with self._slots:
+            session = self._idle.pop() if self._idle else await AsyncThreadSession.open(self._factory)
+            try:
+                yield session
+            except SqlQueueError as exc:  # a queue error leaves the connection usable, unless it is the cause
+                if isinstance(exc, TransportUnavailableError):
+                    await _close_quietly(session)
+                else:
+                    self._idle.append(session)
+                raise
+            except BaseException:
+                await _close_quietly(session)
+                raise
+            self._idle.append(session)
+
+
+async def _close_quietly(session: AsyncSession) -> None:
+    try:
+        await session.close()
+    except Exception:  # the connection is already broken
+        pass

@@ -78,6 +78,11 @@ async def drive_async(op: Operation[T], execute: Callable[[Step], Awaitable[Any]
         return done.value
 
 
+def as_uuid(value: Any) -> uuid.UUID:
+    """A uniqueidentifier from any driver: psycopg and pymssql return UUIDs, pyodbc returns text."""
+    return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+
+
 # -- installation ------------------------------------------------------------------------------
 
 
@@ -103,7 +108,7 @@ def check_columns(d: Dialect, address: QueueAddress) -> Operation[None]:
     """Fail clearly when the table is missing or lacks the columns every queue table has."""
     target = d.qualified_name(address)
     key = (address.schema or d.default_schema, address.table)
-    rows = yield Step(d.queue_columns(), key, Fetch.ALL, target)
+    rows = yield Step(d.queue_columns(address), key, Fetch.ALL, target)
     if not rows:
         raise QueueNotFoundError(target)
     missing = set(d.required_columns) - {name for name, _ in rows}
@@ -118,7 +123,7 @@ def check_queue(d: Dialect, address: QueueAddress) -> Operation[None]:
     yield from check_columns(d, address)
     target = d.qualified_name(address)
     key = (address.schema or d.default_schema, address.table)
-    indexed = yield Step(d.has_expires_index(), key, Fetch.ONE, target)
+    indexed = yield Step(d.has_expires_index(address), key, Fetch.ONE, target)
     if not indexed[0]:
         log.warning(
             "Queue %s has no index on Expires, so purging expired messages scans the whole table. Create it with: %s",
@@ -184,7 +189,7 @@ def receive(d: Dialect, address: QueueAddress, error_address: QueueAddress, limi
                     d.qualified_name(error_address),
                 )
                 continue
-            received.append(ReceivedMessage(message_id, headers, bytes(body or b"")))
+            received.append(ReceivedMessage(as_uuid(message_id), headers, bytes(body or b"")))
         if len(rows) < wanted:
             break
     return received
@@ -264,17 +269,18 @@ def claim(
             failed[DELIVERY_COUNT] = str(deliveries - 1)
             yield Step(d.claim_to_error(address, error_address), (token, encode_headers(failed)), Fetch.NONE, target)
             continue
-        claimed.append(ReceivedMessage(message_id, headers, bytes(body or b""), token, deliveries))
+        claimed.append(ReceivedMessage(as_uuid(message_id), headers, bytes(body or b""), as_uuid(token), deliveries))
     while len(claimed) < limit:
         wanted = limit - len(claimed)
         rows = yield Step(d.claim(address), (wanted, queue_key, lease_ms), Fetch.ALL, target)
+        rows.sort(key=lambda row: row[5])
         for token, message_id, headers_text, body, deliveries, _seq in rows:
             try:
                 headers = decode_headers(headers_text)
             except InvalidHeadersError as exc:
                 yield from _claim_poison_to_error(d, address, error_address, token, message_id, headers_text, exc)
                 continue
-            claimed.append(ReceivedMessage(message_id, headers, bytes(body or b""), token, deliveries))
+            claimed.append(ReceivedMessage(as_uuid(message_id), headers, bytes(body or b""), as_uuid(token), deliveries))
         # The statement deletes expired rows without returning them, so a short answer only proves
         # the queue is drained when it came back empty.
         if not rows:
@@ -357,7 +363,7 @@ def browse(d: Dialect, address: QueueAddress, limit: int) -> Operation[list[Rece
     messages = []
     for message_id, headers, body in rows:
         try:
-            messages.append(ReceivedMessage(message_id, decode_headers(headers), bytes(body or b"")))
+            messages.append(ReceivedMessage(as_uuid(message_id), decode_headers(headers), bytes(body or b"")))
         except InvalidHeadersError:
             log.warning("Queue %s: skipping message %s with unreadable headers", d.qualified_name(address), message_id)
     return messages

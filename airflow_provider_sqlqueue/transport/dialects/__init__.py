@@ -78,11 +78,14 @@ class Dialect(ABC):
     # -- inspection ----------------------------------------------------------------------------
 
     @abstractmethod
-    def queue_columns(self) -> str:
-        """Params (schema, table) -> rows (column name lower-cased, type name) of the table."""
+    def queue_columns(self, address: QueueAddress) -> str:
+        """Params (schema, table) -> rows (column name lower-cased, type name) of ``address``'s table.
+
+        The address picks the database whose catalog is read (SQL Server addresses may name one).
+        """
 
     @abstractmethod
-    def has_expires_index(self) -> str:
+    def has_expires_index(self, address: QueueAddress) -> str:
         """Params (schema, table) -> one row: whether an index leads with the Expires column."""
 
     @abstractmethod
@@ -201,9 +204,13 @@ class Dialect(ABC):
 
 
 def get_dialect(name: str) -> Dialect:
-    """The dialect for a name (``postgres``/``postgresql``)."""
+    """The dialect for a name (``postgres``/``postgresql`` or ``sqlserver``/``mssql``)."""
     if name.lower() in ("postgres", "postgresql", "pg"):
         from .postgres import PostgresDialect
 
         return PostgresDialect()
-    raise ValueError(f"unknown SQL dialect {name!r}; expected 'postgres'")
+    if name.lower() in ("sqlserver", "mssql"):
+        from .sqlserver import SqlServerDialect
+
+        return SqlServerDialect()
+    raise ValueError(f"unknown SQL dialect {name!r}; expected 'postgres' or 'sqlserver'")

@@ -145,7 +145,7 @@ class PostgresDialect(Dialect):
 
     # -- inspection ----------------------------------------------------------------------------
 
-    def queue_columns(self) -> str:
+    def queue_columns(self, address: QueueAddress) -> str:
         return (
             "SELECT lower(a.attname), format_type(a.atttypid, a.atttypmod) "
             "FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
@@ -154,7 +154,7 @@ class PostgresDialect(Dialect):
             "ORDER BY a.attnum"
         )
 
-    def has_expires_index(self) -> str:
+    def has_expires_index(self, address: QueueAddress) -> str:
         return (
             "SELECT EXISTS (SELECT 1 FROM pg_index i "
             "JOIN pg_class c ON c.oid = i.indrelid JOIN pg_namespace n ON n.oid = c.relnamespace "

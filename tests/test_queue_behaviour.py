@@ -1,4 +1,4 @@
-"""Queue behaviour on a real PostgreSQL: round trips, order, expiry, wire compatibility, bad input."""
+"""Queue behaviour on each real database: round trips, order, expiry, wire compatibility, bad input."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import time
 import uuid
 from datetime import timedelta
 
-import psycopg
 import pytest
 
 from airflow_provider_sqlqueue.transport import (
@@ -22,6 +21,8 @@ from airflow_provider_sqlqueue.transport import (
     SqlQueueError,
     TransportUnavailableError,
 )
+
+pytestmark = pytest.mark.every_dialect
 
 
 def test_round_trip_keeps_headers_and_body_exactly(client, queue):
@@ -64,12 +65,13 @@ def test_receive_never_returns_more_than_asked(client, queue):
     assert client.receive(queue, 5) == []
 
 
-def test_expired_messages_are_never_delivered_and_are_purged_in_batches(client, queue, raw):
+def test_expired_messages_are_never_delivered_and_are_purged_in_batches(client, queue, raw, backend):
     client.send(queue, [Message(f"short-{i}", time_to_be_received=timedelta(milliseconds=50)) for i in range(25)])
     client.send(queue, Message("keeps", time_to_be_received=timedelta(hours=1)))
     client.send(queue, Message("forever"))
     time.sleep(0.2)
-    expires = raw.execute(f'SELECT count(*) FROM "{queue.schema}"."orders" WHERE expires IS NOT NULL').fetchone()[0]
+    table = backend.table(queue.schema, "orders")
+    expires = raw.execute(f"SELECT count(*) FROM {table} WHERE Expires IS NOT NULL").fetchone()[0]
     assert expires == 26
 
     assert client.purge_expired(queue, batch_size=10) == 25
@@ -89,12 +91,14 @@ def test_expired_head_of_queue_does_not_hide_live_messages(client, queue):
     assert [m.text for m in client.receive(queue, 1)] == ["live"]
 
 
-def test_expires_comes_from_the_database_clock(client, queue, raw):
+def test_expires_comes_from_the_database_clock(client, queue, raw, backend):
     client.send(queue, Message("m", time_to_be_received=timedelta(minutes=10)))
-    delta = raw.execute(
-        f"SELECT extract(epoch FROM expires - (now() AT TIME ZONE 'UTC')) FROM \"{queue.schema}\".\"orders\""
-    ).fetchone()[0]
-    assert 595 <= float(delta) <= 600
+    assert 595 <= backend.expires_seconds_from_now(raw, queue.schema, "orders") <= 600.01
+
+
+def test_ttbr_beyond_a_month_is_stored(client, queue, raw, backend):
+    client.send(queue, Message("m", time_to_be_received=timedelta(days=400)))
+    assert 399 * 86400 <= backend.expires_seconds_from_now(raw, queue.schema, "orders") <= 400 * 86400 + 0.01
 
 
 @pytest.mark.parametrize("ttbr", [0, -1, timedelta(0), timedelta(seconds=-5)])
@@ -103,63 +107,49 @@ def test_ttbr_must_be_positive(ttbr):
         Message("m", time_to_be_received=ttbr)
 
 
-def test_peek_estimates_pending_and_skips_locked_rows(client, queue, pg_uri):
+def test_peek_estimates_pending_and_skips_locked_rows(client, queue, backend):
     assert client.peek(queue) == 0
     client.send(queue, [Message(str(i)) for i in range(10)])
     assert client.peek(queue) == 10
 
-    with psycopg.connect(pg_uri) as holder:  # another receiver holding the two oldest rows
-        holder.execute(
-            f'SELECT seq FROM "{queue.schema}"."orders" ORDER BY seq LIMIT 2 FOR UPDATE'
-        ).fetchall()
+    with backend.hold_oldest(queue, 2):  # another receiver in the middle of receiving the two oldest rows
         assert client.peek(queue) == 8
         received = client.receive(queue, 20)
         assert len(received) == 8
-        holder.rollback()
     assert client.peek(queue) == 2
 
 
-def test_create_is_idempotent_and_makes_nservicebus_compatible_tables(client, queue, raw, schema):
+def test_create_is_idempotent_and_makes_nservicebus_compatible_tables(client, queue, raw, schema, backend):
     client.create_queue(queue)  # second time: no error, nothing changed
-    columns = raw.execute(
-        "SELECT column_name, data_type, is_nullable FROM information_schema.columns "
-        "WHERE table_schema = %s AND table_name = 'orders' ORDER BY ordinal_position",
-        (schema,),
-    ).fetchall()
-    assert columns == [
-        ("id", "uuid", "NO"),
-        ("expires", "timestamp without time zone", "YES"),
-        ("headers", "text", "NO"),
-        ("body", "bytea", "YES"),
-        ("seq", "integer", "NO"),
-    ]
+    assert backend.columns(raw, schema, "orders") == backend.queue_columns
+    assert backend.tables(raw, schema) == {"orders", "error", "sqlqueue_inflight"}
+
+
+@pytest.mark.postgres_only
+def test_postgres_queue_table_has_id_as_primary_key(queue, raw, schema):
     primary = raw.execute(
         "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
         "WHERE i.indrelid = %s::regclass AND i.indisprimary",
         (f'"{schema}"."orders"',),
     ).fetchall()
     assert primary == [("id",)]
-    tables = {r[0] for r in raw.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (schema,))}
-    assert tables == {"orders", "error", "sqlqueue_inflight"}
 
 
-def test_body_string_column_is_optional_and_readable(client, schema, raw):
+def test_body_string_column_is_optional_and_readable(client, schema, raw, backend):
     address = QueueAddress("readable", schema)
     client.create_queue(address, body_string=True)
+    client.create_queue(address, body_string=True)  # idempotent
     client.send(address, Message('{"a": 1}'))
-    assert raw.execute(f'SELECT bodystring FROM "{schema}"."readable"').fetchone() == ('{"a": 1}',)
+    assert tuple(raw.execute(f"SELECT BodyString FROM {backend.table(schema, 'readable')}").fetchone()) == ('{"a": 1}',)
     assert client.receive(address)[0].json() == {"a": 1}
 
 
-def test_row_written_as_nservicebus_writes_it_is_received(client, queue, raw, schema):
+def test_row_written_as_nservicebus_writes_it_is_received(client, queue, raw, schema, backend):
     """NServiceBus's own SQL: unquoted columns, headers JSON with escaped slashes and \\u escapes."""
     message_id = uuid.uuid4()
     headers = '{"NServiceBus.MessageId":"%s","NServiceBus.ReplyToAddress":"billing@\\"public\\"",' % message_id
     headers += '"NServiceBus.EnclosedMessageTypes":"Sales.OrderPlaced, Sales","Path":"a\\/b","City":"Z\\u00fcrich"}'
-    raw.execute(
-        f'INSERT INTO "{schema}"."orders" (Id, Expires, Headers, Body) VALUES (%s, NULL, %s, %s)',
-        (message_id, headers, b'{"OrderId":7}'),
-    )
+    backend.nservicebus_send(raw, schema, "orders", message_id, headers, b'{"OrderId":7}')
     [message] = client.receive(queue)
     assert message.id == message_id
     assert message.headers["Path"] == "a/b"
@@ -168,17 +158,11 @@ def test_row_written_as_nservicebus_writes_it_is_received(client, queue, raw, sc
     assert message.json() == {"OrderId": 7}
 
 
-def test_row_we_send_reads_as_nservicebus_reads_it(client, queue, raw, schema):
+def test_row_we_send_reads_as_nservicebus_reads_it(client, queue, raw, schema, backend):
     """NServiceBus's receive statement, verbatim in shape, works on our rows and parses our headers."""
     sent = Message(b"payload", {"NServiceBus.EnclosedMessageTypes": "Sales.PlaceOrder"}, time_to_be_received=60)
     client.send(queue, sent)
-    table = f'"{schema}"."orders"'
-    row = raw.execute(
-        f"DELETE FROM {table} rs WHERE rs.id = (SELECT id FROM {table} ORDER BY Seq LIMIT 1 FOR UPDATE SKIP LOCKED) "
-        "RETURNING rs.id, CASE WHEN Expires IS NULL THEN 0 WHEN Expires > now() AT TIME ZONE 'UTC' THEN 0 ELSE 1 END "
-        "Expired, rs.Headers, rs.Body"
-    ).fetchone()
-    message_id, expired, headers_text, body = row
+    message_id, expired, headers_text, body = backend.nservicebus_receive(raw, schema, "orders")
     headers = json.loads(headers_text)
     assert (message_id, expired, body) == (sent.id, 0, b"payload")
     assert all(isinstance(k, str) and (v is None or isinstance(v, str)) for k, v in headers.items())
@@ -198,7 +182,7 @@ def test_invalid_headers_are_refused_on_send(client, queue):
 
 def test_missing_table_gives_a_clear_error(client, schema):
     missing = QueueAddress("nope", schema)
-    with pytest.raises(QueueNotFoundError, match=r'"nope" does not exist; create it first'):
+    with pytest.raises(QueueNotFoundError, match=r"nope.? does not exist; create it first"):
         client.send(missing, Message("m"))
     with pytest.raises(QueueNotFoundError):
         client.receive(missing)
@@ -210,17 +194,17 @@ def test_missing_table_gives_a_clear_error(client, schema):
         client.send(QueueAddress("nope", "no_such_schema"), Message("m"))
 
 
-def test_a_table_that_is_not_a_queue_is_refused(client, schema, raw):
-    raw.execute(f'CREATE TABLE "{schema}"."customers" (id int)')
-    with pytest.raises(SqlQueueError, match="not a queue table.*body, expires, headers, seq"):
+def test_a_table_that_is_not_a_queue_is_refused(client, schema, raw, backend):
+    raw.execute(f"CREATE TABLE {backend.table(schema, 'customers')} (id int)")
+    with pytest.raises(SqlQueueError, match=f"not a queue table.*body, expires, headers, .*{backend.seq.lower()}"):
         client.create_queue(QueueAddress("customers", schema))
 
 
-def test_missing_expires_index_is_reported_with_its_fix(client, queue, raw, schema, caplog):
-    raw.execute(f'DROP INDEX "{schema}"."orders_Expires"')
+def test_missing_expires_index_is_reported_with_its_fix(client, queue, raw, schema, backend, caplog):
+    fix = backend.drop_expires_index(raw, schema, "orders")
     with caplog.at_level(logging.WARNING, logger="airflow_provider_sqlqueue"):
         client.check_queue(queue)
-    assert f'CREATE INDEX IF NOT EXISTS "orders_Expires" ON "{schema}"."orders" (Expires)' in caplog.text
+    assert fix in caplog.text
     caplog.clear()
     client.create_queue(queue)  # the installer puts it back
     with caplog.at_level(logging.WARNING, logger="airflow_provider_sqlqueue"):
@@ -242,44 +226,52 @@ def test_missing_expires_index_is_reported_with_its_fix(client, queue, raw, sche
         "   spaced name  ",
     ],
 )
-def test_injection_shaped_names_are_only_ever_identifiers(client, schema, raw, name):
-    raw.execute(f'CREATE TABLE "{schema}".victims (x int)')
+def test_injection_shaped_names_are_only_ever_identifiers(client, schema, raw, backend, name):
+    raw.execute(f"CREATE TABLE {backend.table(schema, 'victims')} (x int)")
     address = QueueAddress(name, schema)
     client.create_queue(address)
     client.send(address, Message("safe"))
     assert [m.text for m in client.receive(address)] == ["safe"]
-    tables = {r[0] for r in raw.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (schema,))}
+    client.send(address, Message("claimed"))
+    [claimed] = client.claim(address)
+    assert client.ack(address, claimed.claim_token)
+    tables = backend.tables(raw, schema)
     assert name in tables and "victims" in tables
 
 
-def test_over_long_and_empty_names_are_refused_before_any_sql(client, schema):
-    with pytest.raises(InvalidQueueNameError, match="56 bytes.*limited to 55"):
-        client.create_queue(QueueAddress("q" * 56, schema))
-    with pytest.raises(InvalidQueueNameError, match="limited to 55"):
-        client.send(QueueAddress("ü" * 28, schema), Message("m"))  # 56 bytes in UTF-8
-    client.create_queue(QueueAddress("q" * 55, schema))
+def test_over_long_and_empty_names_are_refused_before_any_sql(client, schema, backend):
+    with pytest.raises(InvalidQueueNameError, match=backend.too_long_message):
+        client.create_queue(QueueAddress("q" * (backend.max_table_name + 1), schema))
+    client.create_queue(QueueAddress("q" * backend.max_table_name, schema))
     for bad in ["", "   ", "nul\x00byte"]:
         with pytest.raises(InvalidQueueNameError):
             QueueAddress(bad, schema)
 
 
-def test_secondary_queue_is_endpoint_dot_machine(client, schema, raw):
+@pytest.mark.postgres_only
+def test_postgres_measures_names_in_utf8_bytes(client, schema):
+    with pytest.raises(InvalidQueueNameError, match="limited to 55"):
+        client.send(QueueAddress("ü" * 28, schema), Message("m"))  # 56 bytes in UTF-8
+
+
+def test_secondary_queue_is_endpoint_dot_machine(client, schema, raw, backend):
     primary = QueueAddress("Sales", schema)
     created = client.create_queue(primary, secondary="WORKER01")
     assert QueueAddress("Sales.WORKER01", schema) in created
     client.send(primary.secondary("WORKER01"), Message("reply"))
-    assert raw.execute(f'SELECT count(*) FROM "{schema}"."Sales.WORKER01"').fetchone() == (1,)
-    assert client.receive(client.session.dialect.parse_address(f'"{schema}"."Sales.WORKER01"'))[0].text == "reply"
+    assert tuple(raw.execute(f"SELECT count(*) FROM {backend.table(schema, 'Sales.WORKER01')}").fetchone()) == (1,)
+    canonical = client.session.dialect.format_address(QueueAddress("Sales.WORKER01", schema))
+    assert client.receive(canonical)[0].text == "reply"
 
 
-def test_concurrent_create_of_the_same_queue(pg_uri, schema):
+def test_concurrent_create_of_the_same_queue(backend, schema):
     address = QueueAddress("raced", schema)
     errors: list[BaseException] = []
     barrier = threading.Barrier(8)
 
     def create() -> None:
         try:
-            with QueueClient.connect(pg_uri, error_queue=QueueAddress("error", schema)) as c:
+            with backend.client(schema) as c:
                 barrier.wait()
                 c.create_queue(address)
         except BaseException as exc:  # collected and asserted below
@@ -291,28 +283,34 @@ def test_concurrent_create_of_the_same_queue(pg_uri, schema):
     for t in threads:
         t.join()
     assert errors == []
-    with QueueClient.connect(pg_uri) as c:
+    with backend.client(schema) as c:
         c.send(address, Message("works"))
         assert c.depth(address) == 1
 
 
-def test_unreachable_database_is_a_clear_transport_error():
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "postgresql://postgres@127.0.0.1:1/test?connect_timeout=2",
+        "mssql://sa:secret@127.0.0.1:1/test?login_timeout=2",
+        "mssql+pyodbc://sa:secret@127.0.0.1:1/test?driver=FreeTDS",
+    ],
+)
+def test_unreachable_database_is_a_clear_transport_error(uri):
     with pytest.raises(TransportUnavailableError, match="database"):
-        QueueClient.connect("postgresql://postgres@127.0.0.1:1/test?connect_timeout=2")
+        QueueClient.connect(uri)
 
 
 def test_wrong_connection_kind_is_refused():
-    with pytest.raises(ValueError, match="use a postgresql:// URI"):
+    with pytest.raises(ValueError, match="use a postgresql:// or mssql:// URI"):
         QueueClient.connect("mysql://root@localhost/test")
     with pytest.raises(TypeError, match="unsupported connection type"):
         QueueClient.connect(object())
 
 
-def test_no_transaction_is_left_open_between_calls(client, queue, raw):
+def test_no_transaction_is_left_open_between_calls(client, queue, raw, backend):
     client.send(queue, [Message(str(i)) for i in range(3)])
     client.receive(queue)
     client.claim(queue)
     client.peek(queue)
-    pid = client.connection.info.backend_pid
-    state = raw.execute("SELECT state FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()[0]
-    assert state == "idle"
+    assert backend.open_transactions_of(raw, client) == 0

@@ -1,0 +1,265 @@
+"""The databases the behaviour suite runs on, and the few inspections that differ between them.
+
+The behaviour tests are written once and run against every backend here: PostgreSQL always, SQL
+Server when ``SQLQUEUE_MSSQL_URI`` names one. Each test asserts the same thing on both; what
+differs is only how the test looks behind the transport's back (catalog queries, NServiceBus's own
+statements, session views), and that lives here, one method per need.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from airflow_provider_sqlqueue.transport import QueueAddress, QueueClient
+from airflow_provider_sqlqueue.transport.drivers import execute_pymssql, execute_pyodbc, open_session
+from airflow_provider_sqlqueue.transport.operations import Fetch, Step
+
+
+class _HeldForTest(Exception):
+    """Raised to roll back the transaction of :meth:`Backend.hold_oldest`."""
+
+
+class Raw:
+    """A plain autocommit connection: ``execute(sql, params)`` returns a cursor, for either driver."""
+
+    def __init__(self, uri: str) -> None:
+        self.session = open_session(uri)
+
+    def execute(self, sql: str, params: tuple[Any, ...] = ()) -> Any:
+        return execute_on(self.session, sql, params)
+
+    def close(self) -> None:
+        self.session.close()
+
+
+def execute_on(session: Any, sql: str, params: tuple[Any, ...] = ()) -> Any:
+    """Run test SQL (``%s`` placeholders) on a transport session's connection; returns the cursor."""
+    return run_sql(session.connection, sql, params)
+
+
+def run_sql(connection: Any, sql: str, params: tuple[Any, ...] = ()) -> Any:
+    """Run test SQL (``%s`` placeholders, no other ``%``) on a psycopg, pymssql or pyodbc connection."""
+    driver = type(connection).__module__.split(".", 1)[0]
+    cursor = connection.cursor()
+    if driver == "psycopg":
+        cursor.execute(sql, params or None)  # without parameters, a literal % needs no escaping
+    else:
+        escaped = sql.replace("%s", "\x00").replace("%", "%%").replace("\x00", "%s")
+        (execute_pymssql if driver == "pymssql" else execute_pyodbc)(cursor, escaped, tuple(params))
+    return cursor
+
+
+async def aexecute(connection: Any, sql: str, params: tuple[Any, ...] = ()) -> None:
+    """Run test SQL on the connection a native-mode pump hands its handler.
+
+    psycopg's is an asyncio connection; pymssql's and pyodbc's are blocking DB-API connections,
+    whose calls go to a thread (the pump's own thread for the connection is idle meanwhile).
+    """
+    if type(connection).__module__.startswith("psycopg"):
+        await connection.execute(sql, params or None)
+    else:
+        await asyncio.to_thread(lambda: run_sql(connection, sql, params).close())
+
+
+class Backend:
+    """One database under test."""
+
+    name: str
+    seq: str  # the FIFO column
+    uuid_type: str
+    text_type: str
+    max_table_name: int  # longest queue table name the dialect accepts, and how it is measured
+    too_long_message: str
+    #: Columns (name, type, nullable) NServiceBus's table has, as the catalog reports them.
+    queue_columns: list[tuple[str, str, str]]
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+
+    def client(self, schema: str) -> QueueClient:
+        return QueueClient.connect(self.uri, error_queue=QueueAddress("error", schema))
+
+    def raw(self) -> Raw:
+        return Raw(self.uri)
+
+    def table(self, schema: str, table: str) -> str:
+        """The quoted table name, for test SQL."""
+        raise NotImplementedError
+
+    def create_schema(self, raw: Raw, name: str) -> None:
+        raise NotImplementedError
+
+    def drop_schema(self, raw: Raw, name: str) -> None:
+        raise NotImplementedError
+
+    def columns(self, raw: Raw, schema: str, table: str) -> list[tuple[str, str, str]]:
+        rows = raw.execute(
+            "SELECT lower(column_name), lower(data_type), is_nullable FROM information_schema.columns "
+            "WHERE table_schema = %s AND table_name = %s ORDER BY ordinal_position",
+            (schema, table),
+        ).fetchall()
+        return [tuple(row) for row in rows]
+
+    def tables(self, raw: Raw, schema: str) -> set[str]:
+        rows = raw.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (schema,))
+        return {row[0] for row in rows.fetchall()}
+
+    def nservicebus_send(self, raw: Raw, schema: str, table: str, message_id: uuid.UUID, headers: str, body: bytes) -> None:
+        """Insert a row the way an NServiceBus endpoint's own send statement does."""
+        raise NotImplementedError
+
+    def nservicebus_receive(self, raw: Raw, schema: str, table: str) -> tuple[Any, ...]:
+        """Receive one row with NServiceBus's own statement: (id, expired, headers, body)."""
+        raise NotImplementedError
+
+    def drop_expires_index(self, raw: Raw, schema: str, table: str) -> str:
+        """Drop the Expires index; returns the start of the statement the warning should quote."""
+        raise NotImplementedError
+
+    def expires_seconds_from_now(self, raw: Raw, schema: str, table: str) -> float:
+        """How far in the future (server clock, UTC) the newest row's Expires lies."""
+        raise NotImplementedError
+
+    def open_transactions_of(self, raw: Raw, client: QueueClient) -> int:
+        """Open transactions of the client's session, as the server sees them."""
+        raise NotImplementedError
+
+    @contextmanager
+    def hold_oldest(self, address: QueueAddress, count: int) -> Iterator[None]:
+        """Another receiver mid-receive: the transport's own receive, its transaction left open, then rolled back."""
+        with QueueClient.connect(self.uri) as other:
+            try:
+                with other.session.transaction():
+                    statement = other.session.dialect.receive(address)
+                    other.session.execute(Step(statement, (count,), Fetch.ALL, "holder"))
+                    yield
+                    raise _HeldForTest
+            except _HeldForTest:
+                pass
+
+
+class PostgresBackend(Backend):
+    name = "postgres"
+    seq = "seq"
+    uuid_type = "uuid"
+    text_type = "text"
+    max_table_name = 55
+    too_long_message = "56 bytes.*limited to 55"
+    queue_columns = [
+        ("id", "uuid", "NO"),
+        ("expires", "timestamp without time zone", "YES"),
+        ("headers", "text", "NO"),
+        ("body", "bytea", "YES"),
+        ("seq", "integer", "NO"),
+    ]
+
+    def table(self, schema: str, table: str) -> str:
+        return f'"{schema}"."{table}"'
+
+    def create_schema(self, raw: Raw, name: str) -> None:
+        raw.execute(f'CREATE SCHEMA "{name}"')
+
+    def drop_schema(self, raw: Raw, name: str) -> None:
+        raw.execute(f'DROP SCHEMA "{name}" CASCADE')
+
+    def nservicebus_send(self, raw: Raw, schema: str, table: str, message_id: uuid.UUID, headers: str, body: bytes) -> None:
+        raw.execute(
+            f"INSERT INTO {self.table(schema, table)} (Id, Expires, Headers, Body) VALUES (%s, NULL, %s, %s)",
+            (message_id, headers, body),
+        )
+
+    def nservicebus_receive(self, raw: Raw, schema: str, table: str) -> tuple[Any, ...]:
+        t = self.table(schema, table)
+        return raw.execute(
+            f"DELETE FROM {t} rs WHERE rs.id = (SELECT id FROM {t} ORDER BY Seq LIMIT 1 FOR UPDATE SKIP LOCKED) "
+            "RETURNING rs.id, CASE WHEN Expires IS NULL THEN 0 WHEN Expires > now() AT TIME ZONE 'UTC' THEN 0 ELSE 1 END "
+            "Expired, rs.Headers, rs.Body"
+        ).fetchone()
+
+    def drop_expires_index(self, raw: Raw, schema: str, table: str) -> str:
+        raw.execute(f'DROP INDEX "{schema}"."{table}_Expires"')
+        return f'CREATE INDEX IF NOT EXISTS "{table}_Expires" ON "{schema}"."{table}" (Expires)'
+
+    def expires_seconds_from_now(self, raw: Raw, schema: str, table: str) -> float:
+        return raw.execute(
+            f"SELECT EXTRACT(EPOCH FROM Expires - (now() AT TIME ZONE 'UTC')) FROM {self.table(schema, table)} "
+            "ORDER BY seq DESC LIMIT 1"
+        ).fetchone()[0]
+
+    def open_transactions_of(self, raw: Raw, client: QueueClient) -> int:
+        pid = client.connection.info.backend_pid
+        state = raw.execute("SELECT state FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()[0]
+        return 0 if state == "idle" else 1
+
+
+class SqlServerBackend(Backend):
+    name = "sqlserver"
+    seq = "RowVersion"
+    uuid_type = "uniqueidentifier"
+    text_type = "nvarchar(max)"
+    max_table_name = 128
+    too_long_message = "129 characters; SQL Server names are limited to 128"
+    queue_columns = [
+        ("id", "uniqueidentifier", "NO"),
+        ("correlationid", "varchar", "YES"),
+        ("replytoaddress", "varchar", "YES"),
+        ("recoverable", "bit", "NO"),
+        ("expires", "datetime", "YES"),
+        ("headers", "nvarchar", "NO"),
+        ("body", "varbinary", "YES"),
+        ("rowversion", "bigint", "NO"),
+    ]
+
+    def table(self, schema: str, table: str) -> str:
+        return "[" + schema.replace("]", "]]") + "].[" + table.replace("]", "]]") + "]"
+
+    def create_schema(self, raw: Raw, name: str) -> None:
+        raw.execute(f"CREATE SCHEMA [{name}]")
+
+    def drop_schema(self, raw: Raw, name: str) -> None:
+        tables = raw.execute(
+            "SELECT t.name FROM sys.tables t JOIN sys.schemas s ON s.schema_id = t.schema_id WHERE s.name = %s", (name,)
+        ).fetchall()
+        for (table,) in tables:
+            raw.execute(f"DROP TABLE {self.table(name, table)}")
+        raw.execute(f"DROP SCHEMA [{name}]")
+
+    def nservicebus_send(self, raw: Raw, schema: str, table: str, message_id: uuid.UUID, headers: str, body: bytes) -> None:
+        raw.execute(
+            f"INSERT INTO {self.table(schema, table)} (Id, Recoverable, Expires, Headers, Body) "
+            "VALUES (%s, 1, NULL, %s, %s)",
+            (message_id, headers, body),
+        )
+
+    def nservicebus_receive(self, raw: Raw, schema: str, table: str) -> tuple[Any, ...]:
+        row = raw.execute(
+            f"WITH message AS (SELECT TOP(1) * FROM {self.table(schema, table)} WITH (UPDLOCK, READPAST, ROWLOCK) "
+            "ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, "
+            "CASE WHEN deleted.Expires IS NULL THEN 0 ELSE CASE WHEN deleted.Expires > GETUTCDATE() THEN 0 ELSE 1 END END, "
+            "deleted.Headers, deleted.Body"
+        ).fetchone()
+        return (uuid.UUID(str(row[0])), *row[1:])
+
+    def drop_expires_index(self, raw: Raw, schema: str, table: str) -> str:
+        raw.execute(f"DROP INDEX [Index_Expires] ON {self.table(schema, table)}")
+        return f"CREATE NONCLUSTERED INDEX [Index_Expires] ON {self.table(schema, table)} (Expires)"
+
+    def expires_seconds_from_now(self, raw: Raw, schema: str, table: str) -> float:
+        return float(
+            raw.execute(
+                f"SELECT TOP 1 DATEDIFF_BIG(millisecond, GETUTCDATE(), Expires) / 1000.0 FROM {self.table(schema, table)} "
+                "ORDER BY RowVersion DESC"
+            ).fetchone()[0]
+        )
+
+    def open_transactions_of(self, raw: Raw, client: QueueClient) -> int:
+        spid = execute_on(client.session, "SELECT @@SPID").fetchone()[0]
+        return raw.execute("SELECT open_transaction_count FROM sys.dm_exec_sessions WHERE session_id = %s", (spid,)).fetchone()[0]
+
+
+def backend_for(name: str, uri: str) -> Backend:
+    return PostgresBackend(uri) if name == "postgres" else SqlServerBackend(uri)

@@ -1,0 +1,407 @@
+-- plain: create_queue[0]
+EXEC sp_getapplock @Resource = N'sqlqueue_82aacd3aaf9565078636e604a53d718aa2977ae9', @LockMode = N'Exclusive', @LockOwner = N'Transaction';
+
+-- plain: create_queue[1]
+IF OBJECT_ID(N'[dbo].[orders]', N'U') IS NULL CREATE TABLE [dbo].[orders] (Id uniqueidentifier NOT NULL, CorrelationId varchar(255) NULL, ReplyToAddress varchar(255) NULL, Recoverable bit NOT NULL, Expires datetime NULL, Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, RowVersion bigint IDENTITY(1,1) NOT NULL);
+
+-- plain: create_queue[2]
+IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[dbo].[orders]') AND name = N'Index_RowVersion') CREATE NONCLUSTERED INDEX [Index_RowVersion] ON [dbo].[orders] (RowVersion);
+
+-- plain: add_body_string
+IF COL_LENGTH(N'[dbo].[orders]', N'BodyString') IS NULL ALTER TABLE [dbo].[orders] ADD BodyString AS CAST(Body AS nvarchar(max));
+
+-- plain: create_inflight[0]
+EXEC sp_getapplock @Resource = N'sqlqueue_2001e3c8a9ae7f225bec95ee24837f3e62255ae3', @LockMode = N'Exclusive', @LockOwner = N'Transaction';
+
+-- plain: create_inflight[1]
+IF OBJECT_ID(N'[dbo].[sqlqueue_inflight]', N'U') IS NULL CREATE TABLE [dbo].[sqlqueue_inflight] (Token uniqueidentifier NOT NULL, Queue nvarchar(450) NOT NULL, Id uniqueidentifier NOT NULL, Expires datetime NULL, Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, Seq bigint NOT NULL, Deliveries int NOT NULL, LeaseUntil datetime2 NOT NULL, LastError nvarchar(max) NULL);
+
+-- plain: create_inflight[2]
+IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[dbo].[sqlqueue_inflight]') AND name = N'Index_Token') CREATE UNIQUE NONCLUSTERED INDEX [Index_Token] ON [dbo].[sqlqueue_inflight] (Token);
+
+-- plain: create_inflight[3]
+IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[dbo].[sqlqueue_inflight]') AND name = N'Index_Lease') CREATE NONCLUSTERED INDEX [Index_Lease] ON [dbo].[sqlqueue_inflight] (Queue, LeaseUntil);
+
+-- plain: drop_queue
+DROP TABLE IF EXISTS [dbo].[orders];
+
+-- plain: queue_columns
+SELECT LOWER(col.name), typ.name FROM sys.columns AS col JOIN sys.types AS typ ON typ.user_type_id = col.user_type_id JOIN sys.tables AS tab ON tab.object_id = col.object_id JOIN sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE sch.name = @p1 AND tab.name = @p2 ORDER BY col.column_id;
+
+-- plain: has_expires_index
+SELECT CASE WHEN EXISTS (SELECT 1 FROM sys.index_columns AS ic JOIN sys.columns AS col ON col.object_id = ic.object_id AND col.column_id = ic.column_id JOIN sys.tables AS tab ON tab.object_id = ic.object_id JOIN sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE sch.name = @p1 AND tab.name = @p2 AND ic.key_ordinal = 1 AND col.name = N'Expires') THEN 1 ELSE 0 END;
+
+-- plain: expires_index_ddl
+IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[dbo].[orders]') AND name = N'Index_Expires') CREATE NONCLUSTERED INDEX [Index_Expires] ON [dbo].[orders] (Expires) INCLUDE (Id, RowVersion) WHERE Expires IS NOT NULL;
+
+-- plain: send
+INSERT INTO [dbo].[orders] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 1000, DATEADD(second, v.Ttbr / 1000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
+
+-- plain: send_batch
+INSERT INTO [dbo].[orders] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 1000, DATEADD(second, v.Ttbr / 1000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4), (2, @p5, CAST(@p6 AS bigint), @p7, @p8), (3, @p9, CAST(@p10 AS bigint), @p11, @p12)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
+
+-- plain: receive
+WITH message AS (SELECT TOP (@p1) * FROM [dbo].[orders] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, CASE WHEN deleted.Expires IS NOT NULL AND deleted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, deleted.Headers, deleted.Body, deleted.RowVersion;
+
+-- plain: peek
+SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [dbo].[orders] WITH (READPAST, READCOMMITTEDLOCK);
+
+-- plain: depth
+SELECT COUNT_BIG(*) FROM [dbo].[orders] WITH (READPAST);
+
+-- plain: purge_expired
+WITH expired AS (SELECT TOP (@p1) * FROM [dbo].[orders] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Expires < GETUTCDATE()) DELETE FROM expired;
+
+-- plain: purge_all
+DELETE FROM [dbo].[orders];
+
+-- plain: insert_error
+INSERT INTO [dbo].[error] (Id, Recoverable, Expires, Headers, Body) VALUES (@p1, 1, NULL, @p2, @p3);
+
+-- plain: browse
+SELECT TOP (@p1) Id, Headers, Body FROM [dbo].[orders] WITH (READPAST) WHERE Expires IS NULL OR Expires > GETUTCDATE() ORDER BY RowVersion;
+
+-- plain: peek_error_rows
+SELECT TOP (@p1) RowVersion, Id, Headers, Body FROM [dbo].[error] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion;
+
+-- plain: delete_by_seq
+DELETE FROM [dbo].[error] WHERE RowVersion = @p1;
+
+-- plain: send_raw
+INSERT INTO [dbo].[orders] (Id, Recoverable, Expires, Headers, Body) VALUES (@p1, 1, NULL, @p2, @p3);
+
+-- plain: claim
+DECLARE @limit int = @p1, @queue nvarchar(450) = @p2, @lease_ms bigint = @p3; DECLARE @taken TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); WITH message AS (SELECT TOP (@limit) * FROM [dbo].[orders] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.RowVersion INTO @taken; INSERT INTO [dbo].[sqlqueue_inflight] (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil) OUTPUT inserted.Token, inserted.Id, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq SELECT NEWID(), @queue, t.Id, t.Expires, t.Headers, t.Body, t.Seq, 1, DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())) FROM @taken AS t WHERE t.Expires IS NULL OR t.Expires > GETUTCDATE();
+
+-- plain: reclaim
+DECLARE @lease_ms bigint = @p1, @queue nvarchar(450) = @p2, @limit int = @p3; WITH lapsed AS (SELECT TOP (@limit) * FROM [dbo].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) UPDATE lapsed SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())) OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
+
+-- plain: count_reclaimable
+SELECT COUNT_BIG(*) FROM [dbo].[sqlqueue_inflight] WITH (READPAST) WHERE Queue = @p1 AND LeaseUntil <= SYSUTCDATETIME();
+
+-- plain: count_inflight
+SELECT COUNT_BIG(*) FROM [dbo].[sqlqueue_inflight] WITH (READPAST) WHERE Queue = @p1;
+
+-- plain: ack
+DELETE FROM [dbo].[sqlqueue_inflight] WHERE Token = @p1;
+
+-- plain: nack
+DECLARE @delay_ms bigint = @p1, @error nvarchar(max) = @p2, @token uniqueidentifier = @p3; UPDATE [dbo].[sqlqueue_inflight] SET LeaseUntil = DATEADD(millisecond, @delay_ms % 1000, DATEADD(second, @delay_ms / 1000, SYSUTCDATETIME())), LastError = @error WHERE Token = @token;
+
+-- plain: extend
+DECLARE @lease_ms bigint = @p1, @token uniqueidentifier = @p2; UPDATE [dbo].[sqlqueue_inflight] SET LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())) WHERE Token = @token AND LeaseUntil > SYSUTCDATETIME();
+
+-- plain: delete_claim
+DELETE FROM [dbo].[sqlqueue_inflight] WHERE Token = @p1;
+
+-- plain: claim_to_error
+DECLARE @token uniqueidentifier = @p1, @headers nvarchar(max) = @p2; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [dbo].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [dbo].[error] (Id, Recoverable, Expires, Headers, Body) SELECT m.Id, 1, NULL, @headers, m.Body FROM @moved AS m;
+
+-- escaping: create_queue[0]
+EXEC sp_getapplock @Resource = N'sqlqueue_af075d3a95b151d503c7cd9b8a55f08071df66b2', @LockMode = N'Exclusive', @LockOwner = N'Transaction';
+
+-- escaping: create_queue[1]
+IF OBJECT_ID(N'[sa]]les].[we]]ird [name]]; DROP TABLE x--''%s]', N'U') IS NULL CREATE TABLE [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] (Id uniqueidentifier NOT NULL, CorrelationId varchar(255) NULL, ReplyToAddress varchar(255) NULL, Recoverable bit NOT NULL, Expires datetime NULL, Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, RowVersion bigint IDENTITY(1,1) NOT NULL);
+
+-- escaping: create_queue[2]
+IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[sa]]les].[we]]ird [name]]; DROP TABLE x--''%s]') AND name = N'Index_RowVersion') CREATE NONCLUSTERED INDEX [Index_RowVersion] ON [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] (RowVersion);
+
+-- escaping: add_body_string
+IF COL_LENGTH(N'[sa]]les].[we]]ird [name]]; DROP TABLE x--''%s]', N'BodyString') IS NULL ALTER TABLE [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] ADD BodyString AS CAST(Body AS nvarchar(max));
+
+-- escaping: create_inflight[0]
+EXEC sp_getapplock @Resource = N'sqlqueue_5346707c8b22d62f3a8f0430654cdead8160191b', @LockMode = N'Exclusive', @LockOwner = N'Transaction';
+
+-- escaping: create_inflight[1]
+IF OBJECT_ID(N'[sa]]les].[sqlqueue_inflight]', N'U') IS NULL CREATE TABLE [sa]]les].[sqlqueue_inflight] (Token uniqueidentifier NOT NULL, Queue nvarchar(450) NOT NULL, Id uniqueidentifier NOT NULL, Expires datetime NULL, Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, Seq bigint NOT NULL, Deliveries int NOT NULL, LeaseUntil datetime2 NOT NULL, LastError nvarchar(max) NULL);
+
+-- escaping: create_inflight[2]
+IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[sa]]les].[sqlqueue_inflight]') AND name = N'Index_Token') CREATE UNIQUE NONCLUSTERED INDEX [Index_Token] ON [sa]]les].[sqlqueue_inflight] (Token);
+
+-- escaping: create_inflight[3]
+IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[sa]]les].[sqlqueue_inflight]') AND name = N'Index_Lease') CREATE NONCLUSTERED INDEX [Index_Lease] ON [sa]]les].[sqlqueue_inflight] (Queue, LeaseUntil);
+
+-- escaping: drop_queue
+DROP TABLE IF EXISTS [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s];
+
+-- escaping: queue_columns
+SELECT LOWER(col.name), typ.name FROM sys.columns AS col JOIN sys.types AS typ ON typ.user_type_id = col.user_type_id JOIN sys.tables AS tab ON tab.object_id = col.object_id JOIN sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE sch.name = @p1 AND tab.name = @p2 ORDER BY col.column_id;
+
+-- escaping: has_expires_index
+SELECT CASE WHEN EXISTS (SELECT 1 FROM sys.index_columns AS ic JOIN sys.columns AS col ON col.object_id = ic.object_id AND col.column_id = ic.column_id JOIN sys.tables AS tab ON tab.object_id = ic.object_id JOIN sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE sch.name = @p1 AND tab.name = @p2 AND ic.key_ordinal = 1 AND col.name = N'Expires') THEN 1 ELSE 0 END;
+
+-- escaping: expires_index_ddl
+IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[sa]]les].[we]]ird [name]]; DROP TABLE x--''%s]') AND name = N'Index_Expires') CREATE NONCLUSTERED INDEX [Index_Expires] ON [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] (Expires) INCLUDE (Id, RowVersion) WHERE Expires IS NOT NULL;
+
+-- escaping: send
+INSERT INTO [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 1000, DATEADD(second, v.Ttbr / 1000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
+
+-- escaping: send_batch
+INSERT INTO [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 1000, DATEADD(second, v.Ttbr / 1000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4), (2, @p5, CAST(@p6 AS bigint), @p7, @p8), (3, @p9, CAST(@p10 AS bigint), @p11, @p12)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
+
+-- escaping: receive
+WITH message AS (SELECT TOP (@p1) * FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, CASE WHEN deleted.Expires IS NOT NULL AND deleted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, deleted.Headers, deleted.Body, deleted.RowVersion;
+
+-- escaping: peek
+SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (READPAST, READCOMMITTEDLOCK);
+
+-- escaping: depth
+SELECT COUNT_BIG(*) FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (READPAST);
+
+-- escaping: purge_expired
+WITH expired AS (SELECT TOP (@p1) * FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Expires < GETUTCDATE()) DELETE FROM expired;
+
+-- escaping: purge_all
+DELETE FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s];
+
+-- escaping: insert_error
+INSERT INTO [sa]]les].[error] (Id, Recoverable, Expires, Headers, Body) VALUES (@p1, 1, NULL, @p2, @p3);
+
+-- escaping: browse
+SELECT TOP (@p1) Id, Headers, Body FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (READPAST) WHERE Expires IS NULL OR Expires > GETUTCDATE() ORDER BY RowVersion;
+
+-- escaping: peek_error_rows
+SELECT TOP (@p1) RowVersion, Id, Headers, Body FROM [sa]]les].[error] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion;
+
+-- escaping: delete_by_seq
+DELETE FROM [sa]]les].[error] WHERE RowVersion = @p1;
+
+-- escaping: send_raw
+INSERT INTO [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] (Id, Recoverable, Expires, Headers, Body) VALUES (@p1, 1, NULL, @p2, @p3);
+
+-- escaping: claim
+DECLARE @limit int = @p1, @queue nvarchar(450) = @p2, @lease_ms bigint = @p3; DECLARE @taken TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); WITH message AS (SELECT TOP (@limit) * FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.RowVersion INTO @taken; INSERT INTO [sa]]les].[sqlqueue_inflight] (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil) OUTPUT inserted.Token, inserted.Id, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq SELECT NEWID(), @queue, t.Id, t.Expires, t.Headers, t.Body, t.Seq, 1, DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())) FROM @taken AS t WHERE t.Expires IS NULL OR t.Expires > GETUTCDATE();
+
+-- escaping: reclaim
+DECLARE @lease_ms bigint = @p1, @queue nvarchar(450) = @p2, @limit int = @p3; WITH lapsed AS (SELECT TOP (@limit) * FROM [sa]]les].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) UPDATE lapsed SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())) OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
+
+-- escaping: count_reclaimable
+SELECT COUNT_BIG(*) FROM [sa]]les].[sqlqueue_inflight] WITH (READPAST) WHERE Queue = @p1 AND LeaseUntil <= SYSUTCDATETIME();
+
+-- escaping: count_inflight
+SELECT COUNT_BIG(*) FROM [sa]]les].[sqlqueue_inflight] WITH (READPAST) WHERE Queue = @p1;
+
+-- escaping: ack
+DELETE FROM [sa]]les].[sqlqueue_inflight] WHERE Token = @p1;
+
+-- escaping: nack
+DECLARE @delay_ms bigint = @p1, @error nvarchar(max) = @p2, @token uniqueidentifier = @p3; UPDATE [sa]]les].[sqlqueue_inflight] SET LeaseUntil = DATEADD(millisecond, @delay_ms % 1000, DATEADD(second, @delay_ms / 1000, SYSUTCDATETIME())), LastError = @error WHERE Token = @token;
+
+-- escaping: extend
+DECLARE @lease_ms bigint = @p1, @token uniqueidentifier = @p2; UPDATE [sa]]les].[sqlqueue_inflight] SET LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())) WHERE Token = @token AND LeaseUntil > SYSUTCDATETIME();
+
+-- escaping: delete_claim
+DELETE FROM [sa]]les].[sqlqueue_inflight] WHERE Token = @p1;
+
+-- escaping: claim_to_error
+DECLARE @token uniqueidentifier = @p1, @headers nvarchar(max) = @p2; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [sa]]les].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [sa]]les].[error] (Id, Recoverable, Expires, Headers, Body) SELECT m.Id, 1, NULL, @headers, m.Body FROM @moved AS m;
+
+-- catalog: create_queue[0]
+EXEC sp_getapplock @Resource = N'sqlqueue_47fdaf11398c650217775bdfb73344d82f0a80ce', @LockMode = N'Exclusive', @LockOwner = N'Transaction';
+
+-- catalog: create_queue[1]
+IF OBJECT_ID(N'[Shop''s DB].[ops].[Sales.WORKER01]', N'U') IS NULL CREATE TABLE [Shop's DB].[ops].[Sales.WORKER01] (Id uniqueidentifier NOT NULL, CorrelationId varchar(255) NULL, ReplyToAddress varchar(255) NULL, Recoverable bit NOT NULL, Expires datetime NULL, Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, RowVersion bigint IDENTITY(1,1) NOT NULL);
+
+-- catalog: create_queue[2]
+IF NOT EXISTS (SELECT 1 FROM [Shop's DB].sys.indexes WHERE object_id = OBJECT_ID(N'[Shop''s DB].[ops].[Sales.WORKER01]') AND name = N'Index_RowVersion') CREATE NONCLUSTERED INDEX [Index_RowVersion] ON [Shop's DB].[ops].[Sales.WORKER01] (RowVersion);
+
+-- catalog: add_body_string
+IF COL_LENGTH(N'[Shop''s DB].[ops].[Sales.WORKER01]', N'BodyString') IS NULL ALTER TABLE [Shop's DB].[ops].[Sales.WORKER01] ADD BodyString AS CAST(Body AS nvarchar(max));
+
+-- catalog: create_inflight[0]
+EXEC sp_getapplock @Resource = N'sqlqueue_03b4bfc992eeb26f35ca3162d7886b7890a79618', @LockMode = N'Exclusive', @LockOwner = N'Transaction';
+
+-- catalog: create_inflight[1]
+IF OBJECT_ID(N'[Shop''s DB].[ops].[sqlqueue_inflight]', N'U') IS NULL CREATE TABLE [Shop's DB].[ops].[sqlqueue_inflight] (Token uniqueidentifier NOT NULL, Queue nvarchar(450) NOT NULL, Id uniqueidentifier NOT NULL, Expires datetime NULL, Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, Seq bigint NOT NULL, Deliveries int NOT NULL, LeaseUntil datetime2 NOT NULL, LastError nvarchar(max) NULL);
+
+-- catalog: create_inflight[2]
+IF NOT EXISTS (SELECT 1 FROM [Shop's DB].sys.indexes WHERE object_id = OBJECT_ID(N'[Shop''s DB].[ops].[sqlqueue_inflight]') AND name = N'Index_Token') CREATE UNIQUE NONCLUSTERED INDEX [Index_Token] ON [Shop's DB].[ops].[sqlqueue_inflight] (Token);
+
+-- catalog: create_inflight[3]
+IF NOT EXISTS (SELECT 1 FROM [Shop's DB].sys.indexes WHERE object_id = OBJECT_ID(N'[Shop''s DB].[ops].[sqlqueue_inflight]') AND name = N'Index_Lease') CREATE NONCLUSTERED INDEX [Index_Lease] ON [Shop's DB].[ops].[sqlqueue_inflight] (Queue, LeaseUntil);
+
+-- catalog: drop_queue
+DROP TABLE IF EXISTS [Shop's DB].[ops].[Sales.WORKER01];
+
+-- catalog: queue_columns
+SELECT LOWER(col.name), typ.name FROM [Shop's DB].sys.columns AS col JOIN [Shop's DB].sys.types AS typ ON typ.user_type_id = col.user_type_id JOIN [Shop's DB].sys.tables AS tab ON tab.object_id = col.object_id JOIN [Shop's DB].sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE sch.name = @p1 AND tab.name = @p2 ORDER BY col.column_id;
+
+-- catalog: has_expires_index
+SELECT CASE WHEN EXISTS (SELECT 1 FROM [Shop's DB].sys.index_columns AS ic JOIN [Shop's DB].sys.columns AS col ON col.object_id = ic.object_id AND col.column_id = ic.column_id JOIN [Shop's DB].sys.tables AS tab ON tab.object_id = ic.object_id JOIN [Shop's DB].sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE sch.name = @p1 AND tab.name = @p2 AND ic.key_ordinal = 1 AND col.name = N'Expires') THEN 1 ELSE 0 END;
+
+-- catalog: expires_index_ddl
+IF NOT EXISTS (SELECT 1 FROM [Shop's DB].sys.indexes WHERE object_id = OBJECT_ID(N'[Shop''s DB].[ops].[Sales.WORKER01]') AND name = N'Index_Expires') CREATE NONCLUSTERED INDEX [Index_Expires] ON [Shop's DB].[ops].[Sales.WORKER01] (Expires) INCLUDE (Id, RowVersion) WHERE Expires IS NOT NULL;
+
+-- catalog: send
+INSERT INTO [Shop's DB].[ops].[Sales.WORKER01] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 1000, DATEADD(second, v.Ttbr / 1000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
+
+-- catalog: send_batch
+INSERT INTO [Shop's DB].[ops].[Sales.WORKER01] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 1000, DATEADD(second, v.Ttbr / 1000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4), (2, @p5, CAST(@p6 AS bigint), @p7, @p8), (3, @p9, CAST(@p10 AS bigint), @p11, @p12)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
+
+-- catalog: receive
+WITH message AS (SELECT TOP (@p1) * FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, CASE WHEN deleted.Expires IS NOT NULL AND deleted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, deleted.Headers, deleted.Body, deleted.RowVersion;
+
+-- catalog: peek
+SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (READPAST, READCOMMITTEDLOCK);
+
+-- catalog: depth
+SELECT COUNT_BIG(*) FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (READPAST);
+
+-- catalog: purge_expired
+WITH expired AS (SELECT TOP (@p1) * FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Expires < GETUTCDATE()) DELETE FROM expired;
+
+-- catalog: purge_all
+DELETE FROM [Shop's DB].[ops].[Sales.WORKER01];
+
+-- catalog: insert_error
+INSERT INTO [Shop's DB].[ops].[error] (Id, Recoverable, Expires, Headers, Body) VALUES (@p1, 1, NULL, @p2, @p3);
+
+-- catalog: browse
+SELECT TOP (@p1) Id, Headers, Body FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (READPAST) WHERE Expires IS NULL OR Expires > GETUTCDATE() ORDER BY RowVersion;
+
+-- catalog: peek_error_rows
+SELECT TOP (@p1) RowVersion, Id, Headers, Body FROM [Shop's DB].[ops].[error] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion;
+
+-- catalog: delete_by_seq
+DELETE FROM [Shop's DB].[ops].[error] WHERE RowVersion = @p1;
+
+-- catalog: send_raw
+INSERT INTO [Shop's DB].[ops].[Sales.WORKER01] (Id, Recoverable, Expires, Headers, Body) VALUES (@p1, 1, NULL, @p2, @p3);
+
+-- catalog: claim
+DECLARE @limit int = @p1, @queue nvarchar(450) = @p2, @lease_ms bigint = @p3; DECLARE @taken TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); WITH message AS (SELECT TOP (@limit) * FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.RowVersion INTO @taken; INSERT INTO [Shop's DB].[ops].[sqlqueue_inflight] (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil) OUTPUT inserted.Token, inserted.Id, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq SELECT NEWID(), @queue, t.Id, t.Expires, t.Headers, t.Body, t.Seq, 1, DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())) FROM @taken AS t WHERE t.Expires IS NULL OR t.Expires > GETUTCDATE();
+
+-- catalog: reclaim
+DECLARE @lease_ms bigint = @p1, @queue nvarchar(450) = @p2, @limit int = @p3; WITH lapsed AS (SELECT TOP (@limit) * FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) UPDATE lapsed SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())) OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
+
+-- catalog: count_reclaimable
+SELECT COUNT_BIG(*) FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (READPAST) WHERE Queue = @p1 AND LeaseUntil <= SYSUTCDATETIME();
+
+-- catalog: count_inflight
+SELECT COUNT_BIG(*) FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (READPAST) WHERE Queue = @p1;
+
+-- catalog: ack
+DELETE FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Token = @p1;
+
+-- catalog: nack
+DECLARE @delay_ms bigint = @p1, @error nvarchar(max) = @p2, @token uniqueidentifier = @p3; UPDATE [Shop's DB].[ops].[sqlqueue_inflight] SET LeaseUntil = DATEADD(millisecond, @delay_ms % 1000, DATEADD(second, @delay_ms / 1000, SYSUTCDATETIME())), LastError = @error WHERE Token = @token;
+
+-- catalog: extend
+DECLARE @lease_ms bigint = @p1, @token uniqueidentifier = @p2; UPDATE [Shop's DB].[ops].[sqlqueue_inflight] SET LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())) WHERE Token = @token AND LeaseUntil > SYSUTCDATETIME();
+
+-- catalog: delete_claim
+DELETE FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Token = @p1;
+
+-- catalog: claim_to_error
+DECLARE @token uniqueidentifier = @p1, @headers nvarchar(max) = @p2; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [Shop's DB].[ops].[error] (Id, Recoverable, Expires, Headers, Body) SELECT m.Id, 1, NULL, @headers, m.Body FROM @moved AS m;
+
+-- unicode: create_queue[0]
+EXEC sp_getapplock @Resource = N'sqlqueue_0e14a037cff2857b635a02164dc1a78db450e187', @LockMode = N'Exclusive', @LockOwner = N'Transaction';
+
+-- unicode: create_queue[1]
+IF OBJECT_ID(N'[ünï].[東京 queue]', N'U') IS NULL CREATE TABLE [ünï].[東京 queue] (Id uniqueidentifier NOT NULL, CorrelationId varchar(255) NULL, ReplyToAddress varchar(255) NULL, Recoverable bit NOT NULL, Expires datetime NULL, Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, RowVersion bigint IDENTITY(1,1) NOT NULL);
+
+-- unicode: create_queue[2]
+IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[ünï].[東京 queue]') AND name = N'Index_RowVersion') CREATE NONCLUSTERED INDEX [Index_RowVersion] ON [ünï].[東京 queue] (RowVersion);
+
+-- unicode: add_body_string
+IF COL_LENGTH(N'[ünï].[東京 queue]', N'BodyString') IS NULL ALTER TABLE [ünï].[東京 queue] ADD BodyString AS CAST(Body AS nvarchar(max));
+
+-- unicode: create_inflight[0]
+EXEC sp_getapplock @Resource = N'sqlqueue_b28c85b621ac042b1108502903940f98dc31346c', @LockMode = N'Exclusive', @LockOwner = N'Transaction';
+
+-- unicode: create_inflight[1]
+IF OBJECT_ID(N'[ünï].[sqlqueue_inflight]', N'U') IS NULL CREATE TABLE [ünï].[sqlqueue_inflight] (Token uniqueidentifier NOT NULL, Queue nvarchar(450) NOT NULL, Id uniqueidentifier NOT NULL, Expires datetime NULL, Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, Seq bigint NOT NULL, Deliveries int NOT NULL, LeaseUntil datetime2 NOT NULL, LastError nvarchar(max) NULL);
+
+-- unicode: create_inflight[2]
+IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[ünï].[sqlqueue_inflight]') AND name = N'Index_Token') CREATE UNIQUE NONCLUSTERED INDEX [Index_Token] ON [ünï].[sqlqueue_inflight] (Token);
+
+-- unicode: create_inflight[3]
+IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[ünï].[sqlqueue_inflight]') AND name = N'Index_Lease') CREATE NONCLUSTERED INDEX [Index_Lease] ON [ünï].[sqlqueue_inflight] (Queue, LeaseUntil);
+
+-- unicode: drop_queue
+DROP TABLE IF EXISTS [ünï].[東京 queue];
+
+-- unicode: queue_columns
+SELECT LOWER(col.name), typ.name FROM sys.columns AS col JOIN sys.types AS typ ON typ.user_type_id = col.user_type_id JOIN sys.tables AS tab ON tab.object_id = col.object_id JOIN sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE sch.name = @p1 AND tab.name = @p2 ORDER BY col.column_id;
+
+-- unicode: has_expires_index
+SELECT CASE WHEN EXISTS (SELECT 1 FROM sys.index_columns AS ic JOIN sys.columns AS col ON col.object_id = ic.object_id AND col.column_id = ic.column_id JOIN sys.tables AS tab ON tab.object_id = ic.object_id JOIN sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE sch.name = @p1 AND tab.name = @p2 AND ic.key_ordinal = 1 AND col.name = N'Expires') THEN 1 ELSE 0 END;
+
+-- unicode: expires_index_ddl
+IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[ünï].[東京 queue]') AND name = N'Index_Expires') CREATE NONCLUSTERED INDEX [Index_Expires] ON [ünï].[東京 queue] (Expires) INCLUDE (Id, RowVersion) WHERE Expires IS NOT NULL;
+
+-- unicode: send
+INSERT INTO [ünï].[東京 queue] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 1000, DATEADD(second, v.Ttbr / 1000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
+
+-- unicode: send_batch
+INSERT INTO [ünï].[東京 queue] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 1000, DATEADD(second, v.Ttbr / 1000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4), (2, @p5, CAST(@p6 AS bigint), @p7, @p8), (3, @p9, CAST(@p10 AS bigint), @p11, @p12)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
+
+-- unicode: receive
+WITH message AS (SELECT TOP (@p1) * FROM [ünï].[東京 queue] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, CASE WHEN deleted.Expires IS NOT NULL AND deleted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, deleted.Headers, deleted.Body, deleted.RowVersion;
+
+-- unicode: peek
+SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [ünï].[東京 queue] WITH (READPAST, READCOMMITTEDLOCK);
+
+-- unicode: depth
+SELECT COUNT_BIG(*) FROM [ünï].[東京 queue] WITH (READPAST);
+
+-- unicode: purge_expired
+WITH expired AS (SELECT TOP (@p1) * FROM [ünï].[東京 queue] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Expires < GETUTCDATE()) DELETE FROM expired;
+
+-- unicode: purge_all
+DELETE FROM [ünï].[東京 queue];
+
+-- unicode: insert_error
+INSERT INTO [ünï].[error] (Id, Recoverable, Expires, Headers, Body) VALUES (@p1, 1, NULL, @p2, @p3);
+
+-- unicode: browse
+SELECT TOP (@p1) Id, Headers, Body FROM [ünï].[東京 queue] WITH (READPAST) WHERE Expires IS NULL OR Expires > GETUTCDATE() ORDER BY RowVersion;
+
+-- unicode: peek_error_rows
+SELECT TOP (@p1) RowVersion, Id, Headers, Body FROM [ünï].[error] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion;
+
+-- unicode: delete_by_seq
+DELETE FROM [ünï].[error] WHERE RowVersion = @p1;
+
+-- unicode: send_raw
+INSERT INTO [ünï].[東京 queue] (Id, Recoverable, Expires, Headers, Body) VALUES (@p1, 1, NULL, @p2, @p3);
+
+-- unicode: claim
+DECLARE @limit int = @p1, @queue nvarchar(450) = @p2, @lease_ms bigint = @p3; DECLARE @taken TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); WITH message AS (SELECT TOP (@limit) * FROM [ünï].[東京 queue] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.RowVersion INTO @taken; INSERT INTO [ünï].[sqlqueue_inflight] (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil) OUTPUT inserted.Token, inserted.Id, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq SELECT NEWID(), @queue, t.Id, t.Expires, t.Headers, t.Body, t.Seq, 1, DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())) FROM @taken AS t WHERE t.Expires IS NULL OR t.Expires > GETUTCDATE();
+
+-- unicode: reclaim
+DECLARE @lease_ms bigint = @p1, @queue nvarchar(450) = @p2, @limit int = @p3; WITH lapsed AS (SELECT TOP (@limit) * FROM [ünï].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) UPDATE lapsed SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())) OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
+
+-- unicode: count_reclaimable
+SELECT COUNT_BIG(*) FROM [ünï].[sqlqueue_inflight] WITH (READPAST) WHERE Queue = @p1 AND LeaseUntil <= SYSUTCDATETIME();
+
+-- unicode: count_inflight
+SELECT COUNT_BIG(*) FROM [ünï].[sqlqueue_inflight] WITH (READPAST) WHERE Queue = @p1;
+
+-- unicode: ack
+DELETE FROM [ünï].[sqlqueue_inflight] WHERE Token = @p1;
+
+-- unicode: nack
+DECLARE @delay_ms bigint = @p1, @error nvarchar(max) = @p2, @token uniqueidentifier = @p3; UPDATE [ünï].[sqlqueue_inflight] SET LeaseUntil = DATEADD(millisecond, @delay_ms % 1000, DATEADD(second, @delay_ms / 1000, SYSUTCDATETIME())), LastError = @error WHERE Token = @token;
+
+-- unicode: extend
+DECLARE @lease_ms bigint = @p1, @token uniqueidentifier = @p2; UPDATE [ünï].[sqlqueue_inflight] SET LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())) WHERE Token = @token AND LeaseUntil > SYSUTCDATETIME();
+
+-- unicode: delete_claim
+DELETE FROM [ünï].[sqlqueue_inflight] WHERE Token = @p1;
+
+-- unicode: claim_to_error
+DECLARE @token uniqueidentifier = @p1, @headers nvarchar(max) = @p2; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [ünï].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [ünï].[error] (Id, Recoverable, Expires, Headers, Body) SELECT m.Id, 1, NULL, @headers, m.Body FROM @moved AS m;
+
+-- session: begin
+BEGIN TRANSACTION;
+
+-- session: commit
+COMMIT TRANSACTION;
+
+-- session: rollback
+ROLLBACK TRANSACTION;
+
+-- session: setup_0
+SET XACT_ABORT ON;
