@@ -5,23 +5,38 @@ and odbc providers define them) and this provider's own ``sqlqueue`` type, whose
 says which database it is. Connection handling is the owning provider's: for PostgreSQL the
 connection arguments come from :class:`~airflow.providers.postgres.hooks.postgres.PostgresHook`
 (IAM tokens, ``options``, libpq extras), so a connection that works with ``PostgresHook`` works
-here. The hook never builds SQL: every call goes through the transport core.
+here; SQL Server connections are opened by ``MsSqlHook`` (pymssql; also for ``sqlqueue``
+connections with ``dialect=sqlserver``) or ``OdbcHook`` (pyodbc). The hook never builds SQL:
+every call goes through the transport core.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
+from airflow.providers.microsoft.mssql.hooks.mssql import MsSqlHook
+from airflow.providers.odbc.hooks.odbc import OdbcHook
 from airflow.providers.postgres.hooks.postgres import PostgresHook
 from airflow.sdk import BaseHook
 
 from ..transport import AsyncQueueClient, Message, QueueClient, ReceivedMessage, TransactionMode
 from ..transport.client import DEFAULT_ERROR_QUEUE, DEFAULT_LEASE, DEFAULT_MAX_DELIVERIES, DEFAULT_PURGE_BATCH
-from ..transport.drivers import AsyncPsycopgSession, PsycopgSession
+from ..transport.dialects import get_dialect
+from ..transport.drivers import (
+    AsyncPsycopgSession,
+    AsyncSession,
+    AsyncThreadSession,
+    PsycopgSession,
+    PymssqlSession,
+    PyodbcSession,
+    Session,
+)
 from ..transport.errors import SqlQueueError
 
 if TYPE_CHECKING:
@@ -81,6 +96,34 @@ class _PostgresConnector(PostgresHook):
         return {key: value for key, value in kwargs.items() if value is not None}
 
 
+def _without_queue_extras(conn: Connection) -> Connection:
+    """The connection as the database driver's hook should see it: no queue extras, a port set."""
+    from airflow.sdk import Connection as SdkConnection
+
+    extra = {key: value for key, value in conn.extra_dejson.items() if key not in QUEUE_EXTRAS}
+    return SdkConnection(
+        conn_id=conn.conn_id,
+        conn_type=conn.conn_type,
+        host=conn.host,
+        schema=conn.schema,
+        login=conn.login,
+        password=conn.password,
+        port=conn.port or 1433,
+        extra=json.dumps(extra),
+    )
+
+
+def _sqlserver_hook(conn: Connection) -> MsSqlHook | OdbcHook:
+    """The microsoft-mssql provider's hook (pymssql) or, for ``odbc`` connections, the odbc provider's (pyodbc)."""
+    hook: MsSqlHook | OdbcHook
+    if (conn.conn_type or "").lower() == "odbc":
+        hook = OdbcHook(odbc_conn_id=conn.conn_id)
+    else:
+        hook = MsSqlHook(mssql_conn_id=conn.conn_id)
+    hook._connection = _without_queue_extras(conn)  # the connection already looked up, minus queue extras
+    return hook
+
+
 class SqlQueueHook(BaseHook):
     """Create, send to, receive from and maintain queue tables through an Airflow connection.
 
@@ -131,19 +174,31 @@ class SqlQueueHook(BaseHook):
     def _postgres_kwargs(self, conn: Connection) -> dict[str, Any]:
         return _PostgresConnector(postgres_conn_id=conn.conn_id, connection=conn).connect_kwargs()
 
-    def _refuse_unwired(self, dialect: str) -> None:
-        if dialect != "postgres":
-            raise UnsupportedConnectionError(
-                f"connection {self.sqlqueue_conn_id!r} is a SQL Server connection; SQL Server queues are not "
-                "available in this version"
-            )
+    def _open_session(self, conn: Connection) -> Session:
+        """A blocking session on a new autocommit connection, opened by the owning provider's hook."""
+        if dialect_of(conn) == "postgres":
+            return PsycopgSession.connect("", **self._postgres_kwargs(conn))
+        driver_conn = _sqlserver_hook(conn).get_conn()
+        if (conn.conn_type or "").lower() == "odbc":
+            driver_conn.autocommit = True
+            return PyodbcSession(driver_conn, owned=True)
+        driver_conn.autocommit(True)
+        return PymssqlSession(driver_conn, owned=True)
+
+    def _connect(self, conn: Connection) -> Session:
+        try:
+            return self._open_session(conn)
+        except SqlQueueError:
+            raise
+        except Exception as exc:  # the driver's own error: say which connection could not be opened
+            error = get_dialect(dialect_of(conn)).translate_error(exc, f"connection {conn.conn_id!r}")
+            if error is None:
+                raise
+            raise error from exc
 
     def get_conn(self) -> QueueClient:
         """A new blocking client on its own autocommit connection; close it (or use :meth:`client`)."""
-        conn = self.connection
-        self._refuse_unwired(dialect_of(conn))
-        session = PsycopgSession.connect("", **self._postgres_kwargs(conn))
-        return QueueClient(session, self.error_queue)
+        return QueueClient(self._connect(self.connection), self.error_queue)
 
     @contextmanager
     def client(self) -> Iterator[QueueClient]:
@@ -155,19 +210,35 @@ class SqlQueueHook(BaseHook):
             client.close()
 
     async def get_async_client(self) -> AsyncQueueClient:
-        """A new asyncio client (for triggers); close it with ``await client.close()``."""
+        """A new asyncio client (for triggers); close it with ``await client.close()``.
+
+        PostgreSQL connections are asyncio-native; SQL Server's drivers block, so their connection
+        lives on a worker thread and the triggerer's event loop only awaits it.
+        """
         conn = await self.aconnection()
-        self._refuse_unwired(dialect_of(conn))
-        session = await AsyncPsycopgSession.connect("", **self._postgres_kwargs(conn))
+        if dialect_of(conn) == "postgres":
+            session: AsyncSession = await AsyncPsycopgSession.connect("", **self._postgres_kwargs(conn))
+        else:
+            session = await AsyncThreadSession.open(lambda: self._connect(conn))
         return AsyncQueueClient(session, self.error_queue)
 
     def conninfo(self) -> str:
-        """A libpq connection string for processes outside Airflow, such as Spark executors (it holds the password)."""
-        from psycopg.conninfo import make_conninfo
+        """A connection string for processes outside Airflow, such as Spark executors (it holds the password).
 
+        ``QueueClient.connect`` accepts it: a libpq string for PostgreSQL, ``mssql://...`` for
+        pymssql connections, an ODBC connection string for odbc ones.
+        """
         conn = self.connection
-        self._refuse_unwired(dialect_of(conn))
-        return make_conninfo("", **{key: str(value) for key, value in self._postgres_kwargs(conn).items()})
+        if dialect_of(conn) == "postgres":
+            from psycopg.conninfo import make_conninfo
+
+            return make_conninfo("", **{key: str(value) for key, value in self._postgres_kwargs(conn).items()})
+        hook = _sqlserver_hook(conn)
+        if isinstance(hook, OdbcHook):
+            return hook.odbc_connection_string
+        login, password = quote(conn.login or "", safe=""), quote(conn.password or "", safe="")
+        database = quote(conn.schema or "", safe="")
+        return f"mssql://{login}:{password}@{conn.host or 'localhost'}:{conn.port or 1433}/{database}"
 
     def test_connection(self) -> tuple[bool, str]:
         """Used by the UI's Test button: can the database be reached with these settings?"""
