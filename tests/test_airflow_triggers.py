@@ -191,7 +191,7 @@ async def test_asset_watcher_starts_one_dag_run_per_message(conn_id, client, que
         await events.aclose()
 
     with create_session() as session:
-        runs = session.scalars(select(DagRun).where(DagRun.dag_id == "sqlqueue_on_message").order_by(DagRun.id)).all()
+        runs = session.scalars(select(DagRun).where(DagRun.dag_id == f"sqlqueue_on_message_{schema}").order_by(DagRun.id)).all()
         triggering = [[event.extra["payload"] for event in run.consumed_asset_events] for run in runs]
     assert [[payload["body"] for payload in payloads] for payloads in triggering] == [[{"n": 0}], [{"n": 1}], [{"n": 2}]]
     assert client.inflight(queue) == 3 and client.depth(queue) == 0  # leased to the runs until they ack

@@ -169,7 +169,7 @@ class QueueClient(_Addressing):
         return addresses
 
     def drop_queue(self, queue: str | QueueAddress) -> None:
-        self.session.run(ops.drop_queue(self.session.dialect, self.address(queue)))
+        self.session.run(ops.drop_queue(self.session.dialect, self.address(queue)), single_statement=True)
 
     def check_queue(self, queue: str | QueueAddress) -> None:
         """Raise QueueNotFoundError if the table is missing; log a warning if Index_Expires is."""
@@ -182,7 +182,7 @@ class QueueClient(_Addressing):
         batch = as_messages(messages)
         if not batch:
             return 0
-        return self.session.run(ops.send(self.session.dialect, self.address(queue), batch))
+        return self.session.run(ops.send(self.session.dialect, self.address(queue), batch), single_statement=len(batch) == 1)
 
     # -- receiving ---------------------------------------------------------------------------
 
@@ -223,18 +223,18 @@ class QueueClient(_Addressing):
 
     def ack(self, queue: str | QueueAddress, token: uuid.UUID | str) -> bool:
         """Acknowledge a claim. False means the lease ran out first: the message may be handled again."""
-        return self.session.run(ops.ack(self.session.dialect, self.address(queue), uuid.UUID(str(token))))
+        return self.session.run(ops.ack(self.session.dialect, self.address(queue), uuid.UUID(str(token))), single_statement=True)
 
     def nack(
         self, queue: str | QueueAddress, token: uuid.UUID | str, *, error: str | None = None, delay: timedelta | float = 0
     ) -> bool:
         """Give a claim back: the message is delivered again after ``delay`` (its delivery count goes on)."""
-        return self.session.run(self._nack_op(queue, token, error, delay))
+        return self.session.run(self._nack_op(queue, token, error, delay), single_statement=True)
 
     def extend(self, queue: str | QueueAddress, token: uuid.UUID | str, lease: timedelta | float = DEFAULT_LEASE) -> bool:
         """Renew a claim's lease for a long handler. False means it had already run out."""
         op = ops.extend(self.session.dialect, self.address(queue), uuid.UUID(str(token)), max(1, milliseconds(lease)))
-        return self.session.run(op)
+        return self.session.run(op, single_statement=True)
 
     def fail(
         self,
@@ -273,20 +273,20 @@ class QueueClient(_Addressing):
 
     def peek(self, queue: str | QueueAddress, *, include_claims: bool = False) -> int:
         """Cheap estimate of waiting messages (plus claims whose lease ran out, when asked)."""
-        return self.session.run(ops.peek(self.session.dialect, self.address(queue), include_claims))
+        return self.session.run(ops.peek(self.session.dialect, self.address(queue), include_claims), single_statement=True)
 
     def depth(self, queue: str | QueueAddress) -> int:
         """Exact count of waiting messages (scans the table)."""
-        return self.session.run(ops.depth(self.session.dialect, self.address(queue)))
+        return self.session.run(ops.depth(self.session.dialect, self.address(queue)), single_statement=True)
 
     def browse(self, queue: str | QueueAddress, limit: int = 1000) -> list[ReceivedMessage]:
         """Waiting, unexpired messages in send order, without removing or locking them."""
         check_positive("limit", limit)
-        return self.session.run(ops.browse(self.session.dialect, self.address(queue), limit))
+        return self.session.run(ops.browse(self.session.dialect, self.address(queue), limit), single_statement=True)
 
     def inflight(self, queue: str | QueueAddress) -> int:
         """Claimed, unacknowledged messages of the queue."""
-        return self.session.run(ops.inflight(self.session.dialect, self.address(queue)))
+        return self.session.run(ops.inflight(self.session.dialect, self.address(queue)), single_statement=True)
 
     def purge_expired(self, queue: str | QueueAddress, batch_size: int = DEFAULT_PURGE_BATCH) -> int:
         """Delete expired messages in batches of ``batch_size``, each in its own short transaction."""
@@ -294,14 +294,14 @@ class QueueClient(_Addressing):
         address = self.address(queue)
         total = 0
         while True:
-            count = self.session.run(ops.purge_expired_batch(self.session.dialect, address, batch_size))
+            count = self.session.run(ops.purge_expired_batch(self.session.dialect, address, batch_size), single_statement=True)
             total += count
             if count < batch_size:
                 return total
 
     def purge(self, queue: str | QueueAddress) -> int:
         """Delete every message in the queue; returns how many."""
-        return self.session.run(ops.purge_all(self.session.dialect, self.address(queue)))
+        return self.session.run(ops.purge_all(self.session.dialect, self.address(queue)), single_statement=True)
 
 
 class AsyncQueueClient(_Addressing):
@@ -332,7 +332,8 @@ class AsyncQueueClient(_Addressing):
         batch = as_messages(messages)
         if not batch:
             return 0
-        return await self.session.run(ops.send(self.session.dialect, self.address(queue), batch))
+        op = ops.send(self.session.dialect, self.address(queue), batch)
+        return await self.session.run(op, single_statement=len(batch) == 1)
 
     async def receive(
         self, queue: str | QueueAddress, max_messages: int = 1, *, error_queue: str | QueueAddress | None = None
@@ -362,12 +363,12 @@ class AsyncQueueClient(_Addressing):
         return await self.session.run(self._claim_op(queue, max_messages, lease, max_deliveries, error_queue))
 
     async def ack(self, queue: str | QueueAddress, token: uuid.UUID | str) -> bool:
-        return await self.session.run(ops.ack(self.session.dialect, self.address(queue), uuid.UUID(str(token))))
+        return await self.session.run(ops.ack(self.session.dialect, self.address(queue), uuid.UUID(str(token))), single_statement=True)
 
     async def nack(
         self, queue: str | QueueAddress, token: uuid.UUID | str, *, error: str | None = None, delay: timedelta | float = 0
     ) -> bool:
-        return await self.session.run(self._nack_op(queue, token, error, delay))
+        return await self.session.run(self._nack_op(queue, token, error, delay), single_statement=True)
 
     async def move_to_error(
         self,
@@ -380,7 +381,7 @@ class AsyncQueueClient(_Addressing):
         await self.session.run(self._move_to_error_op(queue, message, error, error_queue))
 
     async def peek(self, queue: str | QueueAddress, *, include_claims: bool = False) -> int:
-        return await self.session.run(ops.peek(self.session.dialect, self.address(queue), include_claims))
+        return await self.session.run(ops.peek(self.session.dialect, self.address(queue), include_claims), single_statement=True)
 
     async def depth(self, queue: str | QueueAddress) -> int:
-        return await self.session.run(ops.depth(self.session.dialect, self.address(queue)))
+        return await self.session.run(ops.depth(self.session.dialect, self.address(queue)), single_statement=True)

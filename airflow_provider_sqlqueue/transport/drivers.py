@@ -125,10 +125,20 @@ class Session(ABC):
     def execute(self, step: Step) -> Any:
         """Run one step in the current transaction and return what it asks to fetch."""
 
-    def run(self, op: Operation[T]) -> T:
-        """Run a whole operation in its own transaction."""
+    def run(self, op: Operation[T], *, single_statement: bool = False) -> T:
+        """Run a whole operation in its own transaction.
+
+        An operation of one statement needs no explicit transaction on an autocommit connection
+        (the statement is atomic by itself), which saves the BEGIN and COMMIT round trips.
+        """
+        if single_statement and self.autocommits():
+            return drive(op, self.execute)
         with self.transaction():
             return drive(op, self.execute)
+
+    @abstractmethod
+    def autocommits(self) -> bool:
+        """Whether a statement run now commits by itself (autocommit and no transaction open)."""
 
     def close(self) -> None:
         """Close the connection if this session opened it."""
@@ -152,9 +162,16 @@ class AsyncSession(ABC):
     async def execute(self, step: Step) -> Any:
         """Run one step in the current transaction and return what it asks to fetch."""
 
-    async def run(self, op: Operation[T]) -> T:
+    async def run(self, op: Operation[T], *, single_statement: bool = False) -> T:
+        """Run a whole operation in its own transaction (none for one statement, as :meth:`Session.run`)."""
+        if single_statement and self.autocommits():
+            return await drive_async(op, self.execute)
         async with self.transaction():
             return await drive_async(op, self.execute)
+
+    @abstractmethod
+    def autocommits(self) -> bool:
+        """Whether a statement run now commits by itself (autocommit and no transaction open)."""
 
     async def close(self) -> None:
         if self.owned:
@@ -184,6 +201,11 @@ class PsycopgSession(Session):
         except psycopg.Error as exc:
             raise get_dialect("postgres").translate_error(exc, "the database") or exc from exc
         return cls(connection, owned=True)
+
+    def autocommits(self) -> bool:
+        from psycopg.pq import TransactionStatus
+
+        return bool(self.connection.autocommit) and self.connection.info.transaction_status == TransactionStatus.IDLE
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
@@ -219,6 +241,11 @@ class AsyncPsycopgSession(AsyncSession):
         except psycopg.Error as exc:
             raise get_dialect("postgres").translate_error(exc, "the database") or exc from exc
         return cls(connection, owned=True)
+
+    def autocommits(self) -> bool:
+        from psycopg.pq import TransactionStatus
+
+        return bool(self.connection.autocommit) and self.connection.info.transaction_status == TransactionStatus.IDLE
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[None]:
@@ -384,6 +411,9 @@ class _SqlServerSession(Session):
         finally:
             cursor.close()
 
+    def autocommits(self) -> bool:
+        return self._depth == 0  # the connection is kept in autocommit mode; _depth counts open transactions
+
     def _driver_error(self, exc: BaseException) -> bool:
         return type(exc).__module__.split(".", 1)[0] == self.driver
 
@@ -548,6 +578,9 @@ class AsyncThreadSession(AsyncSession):
             await self._call(manager.__exit__, type(exc), exc, exc.__traceback__)
             raise
         await self._call(manager.__exit__, None, None, None)
+
+    def autocommits(self) -> bool:
+        return self._session.autocommits()
 
     async def execute(self, step: Step) -> Any:
         return await self._call(self._session.execute, step)

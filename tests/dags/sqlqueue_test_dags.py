@@ -115,7 +115,9 @@ orders_asset = Asset(
     ],
 )
 
-with DAG("sqlqueue_on_message", schedule=[orders_asset], start_date=START, catchup=False):
+# One DAG id per test schema: the metadata database outlives a test, and a DAG re-parsed with a
+# new asset would otherwise be matched against the previous test's serialized version.
+with DAG(f"sqlqueue_on_message_{SCHEMA}", schedule=[orders_asset], start_date=START, catchup=False):
 
     @task
     def handle(**context) -> list:
