@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 import sqlglot
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sqlglot import exp
 
 from airflow_provider_sqlqueue.transport import InvalidQueueNameError, QueueAddress
@@ -252,3 +254,24 @@ def test_placeholder_rewriting_refuses_a_stray_percent():
     with pytest.raises(ValueError, match="stray %"):
         _placeholders("SELECT 5 % 2", lambda: "?")
     assert _placeholders("SELECT [50%% off], %s", lambda: "?") == "SELECT [50% off], ?"
+
+
+names = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1, max_size=40).filter(
+    lambda s: s.strip()
+)
+
+
+@given(table=names, schema=names, catalog=st.one_of(st.none(), names))
+@settings(max_examples=300)
+def test_nservicebus_address_round_trips(table, schema, catalog):
+    address = QueueAddress(table, schema, catalog)
+    assert dialect.parse_address(dialect.format_address(address)) == address
+
+
+@given(table=names, schema=names)
+@settings(max_examples=200)
+def test_any_name_is_one_bracketed_identifier_to_a_tsql_parser(table, schema):
+    """Whatever the name, T-SQL reads the quoted form back as exactly that schema and table."""
+    sql = as_tsql(f"SELECT 1 FROM {dialect.qualified_name(QueueAddress(table, schema))}")
+    parsed = sqlglot.parse_one(sql, read="tsql").find(exp.Table)
+    assert (parsed.db, parsed.name) == (schema, table)

@@ -137,7 +137,7 @@ class SqlServerDialect(Dialect):
 
     def format_address(self, address: QueueAddress) -> str:
         table = address.table
-        if "@" in table or table.startswith("["):
+        if any(c in table for c in "@[]"):  # bracketed only when it must be, as NServiceBus writes it
             table = _bracket(table)
         text = table + "@" + _bracket(address.schema or self.default_schema)
         if address.catalog is not None:
