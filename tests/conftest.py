@@ -41,6 +41,13 @@ os.environ.setdefault(
 
 import psycopg
 import pytest
+from hypothesis import settings
+
+# CI runs the same generated examples every time, so a red build is reproducible; locally each run
+# explores new ones.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 from tests.backends import Backend, Raw, backend_for
 

@@ -98,6 +98,11 @@ class SqlServerDialect(Dialect):
     # -- addressing ---------------------------------------------------------------------------
 
     def validate_address(self, address: QueueAddress) -> None:
+        if address.table.startswith("#"):
+            raise InvalidQueueNameError(
+                f"queue table name {address.table!r} starts with '#': SQL Server makes that a temporary table, "
+                "even when quoted, and it would vanish with the connection"
+            )
         for kind, part in (("queue table", address.table), ("schema", address.schema), ("catalog", address.catalog)):
             if part is not None and len(part) > MAX_IDENTIFIER_CHARS:
                 raise InvalidQueueNameError(
