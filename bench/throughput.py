@@ -83,7 +83,7 @@ def raw_statements(table: str) -> dict[tuple[str, int], str]:
         ("send", 1): f"INSERT INTO {table} (Id, Expires, Headers, Body) VALUES (%s, NULL, %s, %s)",
         ("send", 100): (
             f"INSERT INTO {table} (Id, Expires, Headers, Body) SELECT m.id, NULL, m.headers, m.body "
-            "FROM unnest(%s::uuid[], %s::text[], %s::bytea[]) AS m(id, headers, body)"
+            "FROM unnest(%b::uuid[], %b::text[], %b::bytea[]) AS m(id, headers, body)"
         ),
         ("receive", 1): (
             f"DELETE FROM {table} WHERE Seq = (SELECT Seq FROM {table} ORDER BY Seq LIMIT 1 FOR UPDATE SKIP LOCKED) "

@@ -35,7 +35,7 @@ async def first_event(trigger, timeout: float = 20.0):
 
 def test_serialize_round_trip(schema):
     for cls in (SqlQueueTrigger, SqlQueueEventTrigger):
-        trigger = make_trigger(schema, cls, max_messages=7, transaction_mode="none", lease_seconds=12.5)
+        trigger = make_trigger(schema, cls, max_messages=7, transaction_mode="none", lease_seconds=12.5, wake_on_notify=True)
         classpath, kwargs = trigger.serialize()
         json.dumps(kwargs)  # what the triggerer stores must be plain JSON
         rebuilt = import_string(classpath)(**kwargs)
@@ -202,3 +202,43 @@ async def test_asset_watcher_starts_one_dag_run_per_message(conn_id, client, que
         context = {"triggering_asset_events": {asset.name: [type("Event", (), {"extra": {"payload": p}}) for p in payloads]}}
         assert await asyncio.to_thread(ack.execute, context) == {"acknowledged": 1, "expired": 0}
     assert client.inflight(queue) == 0
+
+
+async def test_many_triggers_share_one_peek_per_queue_and_each_message_fires_once(conn_id, client, schema):
+    """40 deferred sensors on 4 queues: peeks per interval follow the queues, not the sensors."""
+    from airflow_provider_sqlqueue.transport.watch import _watchers
+
+    queues = [f'q{n}@"{schema}"' for n in range(4)]
+    for queue in queues:
+        await asyncio.to_thread(client.create_queue, client.session.dialect.parse_address(queue))
+    triggers = [make_trigger(schema, queue_name=queue, max_messages=1) for queue in queues for _ in range(10)]
+    waiters = [asyncio.create_task(first_event(trigger, timeout=60)) for trigger in triggers]
+    await asyncio.sleep(1.0)
+    watchers = [w for w in _watchers.values() if w.queue in queues]
+    assert len(watchers) == 4  # one per queue, not one per trigger
+    peeks = sum(w.peeks for w in watchers)
+    assert 4 <= peeks <= 4 * (1.0 / 0.1 + 2)  # about one peek per queue per 0.1 s interval, for 40 triggers
+
+    for queue in queues:  # 3 messages per queue for 10 waiting triggers
+        await asyncio.to_thread(client.send, client.session.dialect.parse_address(queue), [Message(f"{queue}-{i}") for i in range(3)])
+    fired: list[str] = []
+    while len(fired) < 12:
+        done, _ = await asyncio.wait([w for w in waiters if not w.done()], timeout=20, return_when=asyncio.FIRST_COMPLETED)
+        assert done, "messages were not delivered"
+        fired = [m["body"] for w in waiters if w.done() for m in w.result().payload["messages"]]
+    await asyncio.sleep(0.5)
+    fired = [m["body"] for w in waiters if w.done() for m in w.result().payload["messages"]]
+    assert sorted(fired) == sorted(f"{queue}-{i}" for queue in queues for i in range(3))  # each once
+    assert sum(w.done() for w in waiters) == 12  # the other 28 triggers keep waiting
+    for w in waiters:
+        w.cancel()
+    await asyncio.gather(*waiters, return_exceptions=True)
+
+
+async def test_notify_wakes_the_trigger_long_before_its_peek_interval(conn_id, client, queue, schema):
+    trigger = make_trigger(schema, peek_interval=120.0, wake_on_notify=True)
+    waiter = asyncio.create_task(first_event(trigger, timeout=60))
+    await asyncio.sleep(0.5)  # the watcher has peeked once (empty) and listens
+    await asyncio.to_thread(client.send, queue, Message("wake up"), notify=True)
+    event = await asyncio.wait_for(waiter, 20)  # without the notification: 120 s
+    assert [m["body"] for m in event.payload["messages"]] == ["wake up"]

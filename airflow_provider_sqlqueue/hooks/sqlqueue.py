@@ -272,11 +272,14 @@ class SqlQueueHook(BaseHook):
         with self.client() as client:
             client.check_queue(queue_name)
 
-    def send(self, queue_name: str, messages: Message | Iterable[Message]) -> list[str]:
-        """Send one message or many in one transaction; returns their ids."""
+    def send(self, queue_name: str, messages: Message | Iterable[Message], *, notify: bool = False) -> list[str]:
+        """Send one message or many in one transaction; returns their ids.
+
+        ``notify=True`` wakes sensors and triggers waiting with ``wake_on_notify`` at once (PostgreSQL).
+        """
         batch = [messages] if isinstance(messages, Message) else list(messages)
         with self.client() as client:
-            client.send(queue_name, batch)
+            client.send(queue_name, batch, notify=notify)
         return [str(message.id) for message in batch]
 
     def receive(

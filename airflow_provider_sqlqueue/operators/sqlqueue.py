@@ -76,6 +76,8 @@ class SendMessageOperator(_QueueOperator):
     :param headers: headers for every message (flat string map, as NServiceBus requires).
     :param message_type: ``NServiceBus.EnclosedMessageTypes``, what an NServiceBus endpoint dispatches on.
     :param time_to_be_received: expiry (timedelta or seconds); expired messages are never delivered.
+    :param notify: wake sensors/triggers waiting with ``wake_on_notify`` as the send commits (PostgreSQL
+        NOTIFY, one per send however many messages), instead of at their next peek.
     """
 
     template_fields: Sequence[str] = ("queue_name", "body", "messages", "headers", "message_type", "sqlqueue_conn_id")
@@ -90,6 +92,7 @@ class SendMessageOperator(_QueueOperator):
         headers: Mapping[str, str | None] | None = None,
         message_type: str | None = None,
         time_to_be_received: timedelta | float | None = None,
+        notify: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -101,6 +104,7 @@ class SendMessageOperator(_QueueOperator):
         self.headers = headers
         self.message_type = message_type
         self.time_to_be_received = time_to_be_received
+        self.notify = notify
 
     def _message(self, value: Any) -> Message:
         if isinstance(value, Message):
@@ -121,7 +125,7 @@ class SendMessageOperator(_QueueOperator):
         else:
             values = list(self.messages)
         batch = [self._message(value) for value in values]
-        ids = self.hook.send(self.queue_name, batch)
+        ids = self.hook.send(self.queue_name, batch, notify=self.notify)
         self.log.info("Queue %s: sent %d message(s)", self.queue_name, len(ids))
         return ids
 

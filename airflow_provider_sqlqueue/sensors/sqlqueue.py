@@ -39,6 +39,8 @@ class SqlQueueSensor(BaseSensorOperator):
     :param max_deliveries: deliveries before a message moves to the error queue.
     :param peek_interval: seconds between the trigger's peeks while the queue is empty.
     :param error_queue: error queue; defaults to the connection's, else ``error``.
+    :param wake_on_notify: when deferred, also wake at once on a sender's notification
+        (``SendMessageOperator(notify=True)``; PostgreSQL); the peek interval stays the fallback.
     :param deferrable: wait in the triggerer instead of a worker slot.
     """
 
@@ -56,6 +58,7 @@ class SqlQueueSensor(BaseSensorOperator):
         max_deliveries: int = 5,
         peek_interval: float = 1.0,
         error_queue: str | None = None,
+        wake_on_notify: bool = False,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         **kwargs: Any,
     ) -> None:
@@ -70,6 +73,7 @@ class SqlQueueSensor(BaseSensorOperator):
         self.max_deliveries = max_deliveries
         self.peek_interval = peek_interval
         self.error_queue = error_queue
+        self.wake_on_notify = wake_on_notify
         self.deferrable = deferrable
 
     def _receive(self) -> list[dict[str, Any]]:
@@ -106,6 +110,7 @@ class SqlQueueSensor(BaseSensorOperator):
                 lease_seconds=self.lease_seconds,
                 max_deliveries=self.max_deliveries,
                 error_queue=self.error_queue,
+                wake_on_notify=self.wake_on_notify,
             ),
             method_name="execute_complete",
             timeout=timedelta(seconds=self.timeout) if self.timeout else None,

@@ -177,12 +177,17 @@ class QueueClient(_Addressing):
 
     # -- sending -----------------------------------------------------------------------------
 
-    def send(self, queue: str | QueueAddress, messages: Message | Iterable[Message]) -> int:
-        """Send one message or many (in one transaction, batched into as few statements as possible)."""
+    def send(self, queue: str | QueueAddress, messages: Message | Iterable[Message], *, notify: bool = False) -> int:
+        """Send one message or many (in one transaction, batched into as few statements as possible).
+
+        ``notify=True`` wakes receivers that listen for the queue (PostgreSQL LISTEN/NOTIFY) when
+        the send commits, instead of leaving them to find the messages at their next peek.
+        """
         batch = as_messages(messages)
         if not batch:
             return 0
-        return self.session.run(ops.send(self.session.dialect, self.address(queue), batch), single_statement=len(batch) == 1)
+        op = ops.send(self.session.dialect, self.address(queue), batch, notify)
+        return self.session.run(op, single_statement=len(batch) == 1 and not notify)
 
     # -- receiving ---------------------------------------------------------------------------
 
@@ -328,12 +333,22 @@ class AsyncQueueClient(_Addressing):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def send(self, queue: str | QueueAddress, messages: Message | Iterable[Message]) -> int:
+    async def send(self, queue: str | QueueAddress, messages: Message | Iterable[Message], *, notify: bool = False) -> int:
         batch = as_messages(messages)
         if not batch:
             return 0
-        op = ops.send(self.session.dialect, self.address(queue), batch)
-        return await self.session.run(op, single_statement=len(batch) == 1)
+        op = ops.send(self.session.dialect, self.address(queue), batch, notify)
+        return await self.session.run(op, single_statement=len(batch) == 1 and not notify)
+
+    async def wait_for_notification(self, queue: str | QueueAddress, timeout: float) -> bool:
+        """Listen for the queue's send notifications and wait up to ``timeout`` seconds for one.
+
+        Returns True when woken by a send, False on timeout or where the database has no
+        notifications (then it just waits). Notifications that arrived meanwhile are all consumed,
+        so a burst of sends wakes the caller once.
+        """
+        address = self.address(queue)
+        return await self.session.wait_for_notification(self.session.dialect.notify_channel(address), timeout)
 
     async def receive(
         self, queue: str | QueueAddress, max_messages: int = 1, *, error_queue: str | QueueAddress | None = None

@@ -173,6 +173,11 @@ class AsyncSession(ABC):
     def autocommits(self) -> bool:
         """Whether a statement run now commits by itself (autocommit and no transaction open)."""
 
+    async def wait_for_notification(self, channel: str, timeout: float) -> bool:
+        """Wait up to ``timeout`` for a notification on ``channel``; without notifications, just wait."""
+        await asyncio.sleep(timeout)
+        return False
+
     async def close(self) -> None:
         if self.owned:
             await self.connection.close()
@@ -245,7 +250,7 @@ class PsycopgSession(Session):
     def _begin_with(self, step: Step) -> Any:
         import psycopg
 
-        if sum(len(p) if isinstance(p, (bytes, str)) else 64 for p in _flat(step.params)) > _FUSE_LIMIT:
+        if not _fusable(step):
             self._end("BEGIN")
             return self.execute(step)
         try:
@@ -289,12 +294,19 @@ class PsycopgSession(Session):
             raise error from exc
 
 
-def _flat(params: tuple[Any, ...]) -> Iterator[Any]:
-    for param in params:
+def _fusable(step: Step) -> bool:
+    """Whether a statement's parameters are worth inlining to send it with BEGIN: small scalars only.
+
+    Large values would travel as escaped text, and arrays (batched sends) go faster in binary.
+    """
+    if "%b" in step.sql:
+        return False
+    size = 0
+    for param in step.params:
         if isinstance(param, (list, tuple)):
-            yield from param
-        else:
-            yield param
+            return False
+        size += len(param) if isinstance(param, (bytes, str)) else 16
+    return size <= _FUSE_LIMIT
 
 
 class AsyncPsycopgSession(AsyncSession):
@@ -302,6 +314,7 @@ class AsyncPsycopgSession(AsyncSession):
 
     def __init__(self, connection: Any, owned: bool = False) -> None:
         super().__init__(get_dialect("postgres"), connection, owned)
+        self._listening: set[str] = set()
 
     @classmethod
     async def connect(cls, conninfo: str, **kwargs: Any) -> AsyncPsycopgSession:
@@ -317,6 +330,28 @@ class AsyncPsycopgSession(AsyncSession):
         from psycopg.pq import TransactionStatus
 
         return bool(self.connection.autocommit) and self.connection.info.transaction_status == TransactionStatus.IDLE
+
+    async def wait_for_notification(self, channel: str, timeout: float) -> bool:
+        """LISTEN on first use, then wait for a NOTIFY; a burst already received wakes once.
+
+        Notifications that arrive while the connection runs other statements are kept by psycopg
+        and end the next wait at once.
+        """
+        import psycopg
+
+        try:
+            if channel not in self._listening:
+                await self.connection.execute(self.dialect.listen(channel))
+                self._listening.add(channel)
+            woken = False
+            async for _ in self.connection.notifies(timeout=timeout, stop_after=1):
+                woken = True
+            if woken:
+                async for _ in self.connection.notifies(timeout=0):
+                    pass
+            return woken
+        except psycopg.Error as exc:
+            raise self.dialect.translate_error(exc, channel) or exc from exc
 
     async def run(self, op: Operation[T], *, single_statement: bool = False) -> T:
         """As :meth:`PsycopgSession.run`: BEGIN travels with the first statement."""
@@ -346,7 +381,7 @@ class AsyncPsycopgSession(AsyncSession):
     async def _begin_with(self, step: Step) -> Any:
         import psycopg
 
-        if sum(len(p) if isinstance(p, (bytes, str)) else 64 for p in _flat(step.params)) > _FUSE_LIMIT:
+        if not _fusable(step):
             await self._end("BEGIN")
             return await self.execute(step)
         try:

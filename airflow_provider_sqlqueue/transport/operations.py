@@ -139,22 +139,29 @@ def drop_queue(d: Dialect, address: QueueAddress) -> Operation[None]:
 # -- sending -----------------------------------------------------------------------------------
 
 
-def send(d: Dialect, address: QueueAddress, messages: Sequence[Message]) -> Operation[int]:
-    """Insert messages in as few statements as the dialect allows; returns how many were sent."""
+def send(d: Dialect, address: QueueAddress, messages: Sequence[Message], notify: bool = False) -> Operation[int]:
+    """Insert messages in as few statements as the dialect allows; returns how many were sent.
+
+    With ``notify`` (where the database has notifications) listeners of the queue are woken when
+    the transaction commits, once per send however many messages it holds.
+    """
     target = d.qualified_name(address)
     rows = [(m.id, m.ttbr_ms(), m.wire_headers(), m.body) for m in messages]
     if len(rows) == 1:
         yield Step(d.send(address), rows[0], Fetch.NONE, target)
-        return 1
-    sent = 0
-    while sent < len(rows):
-        sql, per_statement = d.send_batch(address, len(rows) - sent)
-        chunk = rows[sent : sent + per_statement]
-        if len(chunk) != per_statement:
-            sql, per_statement = d.send_batch(address, len(chunk))
-        yield Step(sql, d.send_batch_params(chunk), Fetch.NONE, target)
-        sent += len(chunk)
-    return sent
+    else:
+        sent = 0
+        while sent < len(rows):
+            sql, per_statement = d.send_batch(address, len(rows) - sent)
+            chunk = rows[sent : sent + per_statement]
+            if len(chunk) != per_statement:
+                sql, per_statement = d.send_batch(address, len(chunk))
+            yield Step(sql, d.send_batch_params(chunk), Fetch.NONE, target)
+            sent += len(chunk)
+    notify_sql = d.notify(address) if notify else None
+    if notify_sql is not None:
+        yield Step(notify_sql, (d.notify_channel(address),), Fetch.ONE, target)
+    return len(rows)
 
 
 # -- receiving ---------------------------------------------------------------------------------

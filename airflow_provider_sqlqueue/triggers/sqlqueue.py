@@ -1,7 +1,10 @@
 """Triggers that run the queue's peek/receive loop inside the triggerer.
 
-Both peek cheaply every ``peek_interval`` seconds while the queue is empty and receive as soon as
-something waits. In ``claim`` mode (the default) a received message is leased, not deleted: if the
+Both wait while the queue is empty and receive as soon as something waits. Waiting is shared: all
+triggers of one triggerer on the same connection and queue wait on one
+:class:`~airflow_provider_sqlqueue.transport.watch.QueueWatcher`, which peeks every
+``peek_interval`` seconds (and, with ``wake_on_notify``, wakes at once on a sender's NOTIFY), so a
+thousand deferred sensors cost the database one peek per queue per interval. In ``claim`` mode (the default) a received message is leased, not deleted: if the
 triggerer dies between the receive and Airflow storing the event, or a downstream task fails
 before acknowledging, the lease runs out and the message is delivered again, up to
 ``max_deliveries`` times, then it goes to the error queue. Nothing is lost and nothing is handed
@@ -27,6 +30,7 @@ from ..hooks.sqlqueue import SqlQueueHook
 from ..transport import AsyncQueueClient, TransactionMode
 from ..transport.errors import SqlQueueError, TransportUnavailableError
 from ..transport.pump import CircuitBreaker, check_peek_interval
+from ..transport.watch import QueueWatcher, shared_watcher
 
 DEFAULT_LEASE_SECONDS = 1800.0
 
@@ -66,6 +70,8 @@ class SqlQueueTrigger(BaseTrigger):
     :param lease_seconds: how long a claimed message stays reserved for the downstream tasks.
     :param max_deliveries: deliveries of one message before it moves to the error queue (claim mode).
     :param error_queue: error queue; defaults to the connection's, else ``error``.
+    :param wake_on_notify: also wake when a sender notifies (``SendMessageOperator(notify=True)``,
+        PostgreSQL only); the peek interval remains the fallback.
     """
 
     def __init__(
@@ -79,6 +85,7 @@ class SqlQueueTrigger(BaseTrigger):
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         max_deliveries: int = 5,
         error_queue: str | None = None,
+        wake_on_notify: bool = False,
     ) -> None:
         super().__init__()
         if max_messages < 1:
@@ -93,6 +100,7 @@ class SqlQueueTrigger(BaseTrigger):
         self.lease_seconds = float(lease_seconds)
         self.max_deliveries = max_deliveries
         self.error_queue = error_queue
+        self.wake_on_notify = bool(wake_on_notify)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -106,6 +114,7 @@ class SqlQueueTrigger(BaseTrigger):
                 "lease_seconds": self.lease_seconds,
                 "max_deliveries": self.max_deliveries,
                 "error_queue": self.error_queue,
+                "wake_on_notify": self.wake_on_notify,
             },
         )
 
@@ -120,56 +129,73 @@ class SqlQueueTrigger(BaseTrigger):
             )
         return await client.receive(self.queue_name, self.max_messages, error_queue=self.error_queue)
 
+    def _watcher(self, hook: SqlQueueHook) -> QueueWatcher:
+        include_claims = self.transaction_mode == TransactionMode.CLAIM.value
+        key = (
+            self.sqlqueue_conn_id,
+            self.queue_name,
+            include_claims,
+            self.peek_interval,
+            self.wake_on_notify,
+        )
+        return shared_watcher(
+            key,
+            lambda: QueueWatcher(
+                hook.get_async_client,
+                self.queue_name,
+                include_claims=include_claims,
+                interval=self.peek_interval,
+                listen=self.wake_on_notify,
+            ),
+        )
+
     async def batches(self) -> AsyncIterator[list[dict[str, Any]]]:
-        """Peek until messages wait, receive them, yield them as dicts; forever.
+        """Wait until messages are there, receive them, yield them as dicts; forever.
 
         Errors that retrying can fix (database down, connection killed) are logged and backed off
-        from; anything else (missing table, bad connection) propagates.
+        from; anything else (missing table, bad connection) propagates. The trigger holds a
+        connection only while receiving: waiting is the shared watcher's.
         """
         for warning in check_peek_interval(self.peek_interval):
             self.log.warning("Queue %s: %s", self.queue_name, warning)
         hook = SqlQueueHook(self.sqlqueue_conn_id, error_queue=self.error_queue)
         breaker = CircuitBreaker(base_delay=min(self.peek_interval, 1.0), max_backoff=30.0, alarm_after=120.0)
-        include_claims = self.transaction_mode == TransactionMode.CLAIM.value
-        client: AsyncQueueClient | None = None
-        try:
-            while True:
-                try:
-                    if client is None:
-                        client = await hook.get_async_client()
-                        address = client.session.dialect.format_address(client.address(self.queue_name))
-                        self.log.info(
-                            "Queue %s: peeking every %.3gs (mode=%s, up to %d message(s) per event)",
-                            address,
-                            self.peek_interval,
-                            self.transaction_mode,
-                            self.max_messages,
-                        )
-                    waiting = await client.peek(self.queue_name, include_claims=include_claims)
-                    received = await self._receive(client) if waiting else []
-                    breaker.success()
-                except TransportUnavailableError as exc:
-                    delay = breaker.failure(exc, self.queue_name)
-                    if client is not None:
-                        await _close_quietly(client)
-                        client = None
-                    await asyncio.sleep(delay)
-                    continue
-                if not received:
-                    if waiting:
-                        self.log.debug("Queue %s: peek saw %d, another consumer took them", address, waiting)
-                    await asyncio.sleep(self.peek_interval)
-                    continue
-                self.log.info(
-                    "Queue %s: received %d message(s) (ids %s)",
-                    address,
-                    len(received),
-                    ", ".join(str(message.id) for message in received),
-                )
-                yield [message.to_dict(address) for message in received]
-        finally:
-            if client is not None:
-                await _close_quietly(client)
+        self.log.info(
+            "Queue %s: waiting for messages (mode=%s, up to %d per event, peek every %.3gs%s)",
+            self.queue_name,
+            self.transaction_mode,
+            self.max_messages,
+            self.peek_interval,
+            ", woken by NOTIFY" if self.wake_on_notify else "",
+        )
+        full = False
+        while True:
+            if not full:
+                await self._watcher(hook).wait()
+            client: AsyncQueueClient | None = None
+            try:
+                client = await hook.get_async_client()
+                address = client.session.dialect.format_address(client.address(self.queue_name))
+                received = await self._receive(client)
+                breaker.success()
+            except TransportUnavailableError as exc:
+                full = False
+                await asyncio.sleep(breaker.failure(exc, self.queue_name))
+                continue
+            finally:
+                if client is not None:
+                    await _close_quietly(client)
+            full = len(received) == self.max_messages  # more may wait: receive again before waiting
+            if not received:
+                self.log.debug("Queue %s: woken, but other consumers took the messages", address)
+                continue
+            self.log.info(
+                "Queue %s: received %d message(s) (ids %s)",
+                address,
+                len(received),
+                ", ".join(str(message.id) for message in received),
+            )
+            yield [message.to_dict(address) for message in received]
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         try:

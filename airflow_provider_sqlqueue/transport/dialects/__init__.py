@@ -152,6 +152,25 @@ class Dialect(ABC):
     def send_raw(self, address: QueueAddress) -> str:
         """Params (id, headers, body): insert a row without expiry (used to send back from the error queue)."""
 
+    # -- wake-up notifications (optional) --------------------------------------------------------
+
+    def notify(self, address: QueueAddress) -> str | None:
+        """Statement that wakes listeners of the queue when the sending transaction commits; None if unsupported.
+
+        Params: (channel,) from :meth:`notify_channel`.
+        """
+        return None
+
+    def notify_channel(self, address: QueueAddress) -> str:
+        """The notification channel of a queue: derived from its canonical address, safe as an identifier."""
+        import hashlib
+
+        return "sqlqueue_" + hashlib.sha256(self.format_address(address).encode("utf-8")).hexdigest()[:40]
+
+    def listen(self, channel: str) -> str | None:
+        """Statement that subscribes a session to a channel; None if the database has no notifications."""
+        return None
+
     # -- claim mode ----------------------------------------------------------------------------
 
     @abstractmethod
