@@ -205,8 +205,8 @@ async def test_asset_watcher_starts_one_dag_run_per_message(conn_id, client, que
 
 
 async def test_many_triggers_share_one_peek_per_queue_and_each_message_fires_once(conn_id, client, schema):
-    """40 deferred sensors on 4 queues: peeks per interval follow the queues, not the sensors."""
-    from airflow_provider_sqlqueue.transport.watch import _watchers
+    """40 deferred sensors on 4 queues: one connection, peeks per interval follow the queues, not the sensors."""
+    from airflow_provider_sqlqueue.transport.watch import _pollers
 
     queues = [f'q{n}@"{schema}"' for n in range(4)]
     for queue in queues:
@@ -214,10 +214,8 @@ async def test_many_triggers_share_one_peek_per_queue_and_each_message_fires_onc
     triggers = [make_trigger(schema, queue_name=queue, max_messages=1) for queue in queues for _ in range(10)]
     waiters = [asyncio.create_task(first_event(trigger, timeout=60)) for trigger in triggers]
     await asyncio.sleep(1.0)
-    watchers = [w for w in _watchers.values() if w.queue in queues]
-    assert len(watchers) == 4  # one per queue, not one per trigger
-    peeks = sum(w.peeks for w in watchers)
-    assert 4 <= peeks <= 4 * (1.0 / 0.1 + 2)  # about one peek per queue per 0.1 s interval, for 40 triggers
+    [poller] = [p for p in _pollers.values() if set(queues) <= set(p.queues)]  # one, not one per trigger
+    assert 4 <= poller.peeks <= 4 * (1.0 / 0.1 + 2)  # about one peek per queue per 0.1 s interval, for 40 triggers
 
     for queue in queues:  # 3 messages per queue for 10 waiting triggers
         await asyncio.to_thread(client.send, client.session.dialect.parse_address(queue), [Message(f"{queue}-{i}") for i in range(3)])

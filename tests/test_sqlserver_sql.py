@@ -61,7 +61,7 @@ STATEMENTS: dict[str, Statement] = {
     "send_raw": lambda d, a, e: d.send_raw(a),
     "claim": lambda d, a, e: d.claim(a),
     "reclaim": lambda d, a, e: d.reclaim(a),
-    "count_reclaimable": lambda d, a, e: d.count_reclaimable(a),
+    "peek_with_claims": lambda d, a, e: d.peek_with_claims(a),
     "count_inflight": lambda d, a, e: d.count_inflight(a),
     "ack": lambda d, a, e: d.ack(a),
     "nack": lambda d, a, e: d.nack(a),
@@ -142,7 +142,7 @@ def test_placeholders_count_matches_the_parameters_the_operations_pass():
     expected = {  # parameters per statement, from the Dialect docstrings the operations follow
         "send": 4, "send_batch": 12, "receive": 1, "purge_expired": 1, "insert_error": 3, "browse": 1,
         "peek_error_rows": 1, "delete_by_seq": 1, "send_raw": 3, "claim": 3, "reclaim": 3,
-        "count_reclaimable": 1, "count_inflight": 1, "ack": 1, "nack": 3, "extend": 2, "delete_claim": 1,
+        "peek_with_claims": 1, "count_inflight": 1, "ack": 1, "nack": 3, "extend": 2, "delete_claim": 1,
         "claim_to_error": 2, "queue_columns": 2, "has_expires_index": 2, "peek": 0, "depth": 0, "purge_all": 0,
         "drop_queue": 0, "add_body_string": 0, "expires_index_ddl": 0,
     }

@@ -340,15 +340,16 @@ class AsyncQueueClient(_Addressing):
         op = ops.send(self.session.dialect, self.address(queue), batch, notify)
         return await self.session.run(op, single_statement=len(batch) == 1 and not notify)
 
-    async def wait_for_notification(self, queue: str | QueueAddress, timeout: float) -> bool:
-        """Listen for the queue's send notifications and wait up to ``timeout`` seconds for one.
+    async def wait_for_notifications(self, queues: Iterable[str | QueueAddress], timeout: float) -> bool:
+        """Listen for the queues' send notifications and wait up to ``timeout`` seconds for one.
 
         Returns True when woken by a send, False on timeout or where the database has no
         notifications (then it just waits). Notifications that arrived meanwhile are all consumed,
         so a burst of sends wakes the caller once.
         """
-        address = self.address(queue)
-        return await self.session.wait_for_notification(self.session.dialect.notify_channel(address), timeout)
+        dialect = self.session.dialect
+        channels = [dialect.notify_channel(self.address(queue)) for queue in queues]
+        return await self.session.wait_for_notification(channels, timeout)
 
     async def receive(
         self, queue: str | QueueAddress, max_messages: int = 1, *, error_queue: str | QueueAddress | None = None

@@ -173,8 +173,8 @@ class AsyncSession(ABC):
     def autocommits(self) -> bool:
         """Whether a statement run now commits by itself (autocommit and no transaction open)."""
 
-    async def wait_for_notification(self, channel: str, timeout: float) -> bool:
-        """Wait up to ``timeout`` for a notification on ``channel``; without notifications, just wait."""
+    async def wait_for_notification(self, channels: list[str], timeout: float) -> bool:
+        """Wait up to ``timeout`` for a notification on any of ``channels``; without notifications, just wait."""
         await asyncio.sleep(timeout)
         return False
 
@@ -331,8 +331,8 @@ class AsyncPsycopgSession(AsyncSession):
 
         return bool(self.connection.autocommit) and self.connection.info.transaction_status == TransactionStatus.IDLE
 
-    async def wait_for_notification(self, channel: str, timeout: float) -> bool:
-        """LISTEN on first use, then wait for a NOTIFY; a burst already received wakes once.
+    async def wait_for_notification(self, channels: list[str], timeout: float) -> bool:
+        """LISTEN on first use of each channel, then wait for a NOTIFY; a burst already received wakes once.
 
         Notifications that arrive while the connection runs other statements are kept by psycopg
         and end the next wait at once.
@@ -340,9 +340,10 @@ class AsyncPsycopgSession(AsyncSession):
         import psycopg
 
         try:
-            if channel not in self._listening:
-                await self.connection.execute(self.dialect.listen(channel))
-                self._listening.add(channel)
+            for channel in channels:
+                if channel not in self._listening:
+                    await self.connection.execute(self.dialect.listen(channel))
+                    self._listening.add(channel)
             woken = False
             async for _ in self.connection.notifies(timeout=timeout, stop_after=1):
                 woken = True
@@ -351,7 +352,7 @@ class AsyncPsycopgSession(AsyncSession):
                     pass
             return woken
         except psycopg.Error as exc:
-            raise self.dialect.translate_error(exc, channel) or exc from exc
+            raise self.dialect.translate_error(exc, "the notification channel") or exc from exc
 
     async def run(self, op: Operation[T], *, single_statement: bool = False) -> T:
         """As :meth:`PsycopgSession.run`: BEGIN travels with the first statement."""

@@ -345,14 +345,16 @@ def fail_claim(
 
 
 def peek(d: Dialect, address: QueueAddress, include_reclaimable: bool = False) -> Operation[int]:
-    """Estimate pending messages cheaply (sequence range of unlocked rows); plus claims ready again."""
+    """Estimate pending messages cheaply (sequence range of unlocked rows); plus claims ready again.
+
+    One query either way: a poller peeks many queues every interval.
+    """
     target = d.qualified_name(address)
-    row = yield Step(d.peek(address), (), Fetch.ONE, target)
-    pending = int(row[0] or 0)
     if include_reclaimable:
-        row = yield Step(d.count_reclaimable(address), (d.format_address(address),), Fetch.ONE, target)
-        pending += int(row[0])
-    return pending
+        row = yield Step(d.peek_with_claims(address), (d.format_address(address),), Fetch.ONE, target)
+    else:
+        row = yield Step(d.peek(address), (), Fetch.ONE, target)
+    return int(row[0] or 0)
 
 
 def depth(d: Dialect, address: QueueAddress) -> Operation[int]:

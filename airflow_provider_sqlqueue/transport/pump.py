@@ -206,7 +206,8 @@ class MessagePump:
             try:
                 async with self.pool.session() as session:
                     pending = await session.run(
-                        ops.peek(self.dialect, self.queue, include_reclaimable=self.mode is TransactionMode.CLAIM)
+                        ops.peek(self.dialect, self.queue, include_reclaimable=self.mode is TransactionMode.CLAIM),
+                        single_statement=True,
                     )
             except Exception as exc:  # any database failure: back off, never crash the loop
                 if isinstance(exc, QueueNotFoundError):

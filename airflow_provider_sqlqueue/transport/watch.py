@@ -1,11 +1,12 @@
-"""Shared queue watchers: one peek loop per queue in a process, however many consumers wait on it.
+"""Shared pollers: one peek loop and one connection per database in a process, however many consumers wait.
 
-A triggerer may hold hundreds of deferred sensors on the same few queues. If each peeked on its
-own, the database would answer one query per sensor per interval for nothing. A
-:class:`QueueWatcher` peeks once per interval for all of them (and, where the database has
-notifications and senders use them, wakes at once on a send) and releases its waiters when
-messages are there; each waiter then receives for itself, so competing waiters still get distinct
-messages through the queue's own locking.
+A triggerer may hold a thousand deferred sensors on a hundred queues. If each peeked on its own,
+the database would answer a query per sensor per interval and hold a connection per sensor. A
+:class:`Poller` holds one connection per database (per connection id), peeks each queue that
+someone waits on once per interval -- and, where the database has notifications and senders use
+them, wakes at once on a send -- and releases that queue's waiters when messages are there. Each
+waiter then receives for itself, so competing waiters still get distinct messages through the
+queue's own row locking.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass, field
 
 from .client import AsyncQueueClient
 from .errors import TransportUnavailableError
@@ -20,129 +22,163 @@ from .pump import CircuitBreaker
 
 log = logging.getLogger("airflow_provider_sqlqueue.watch")
 
-#: How long a watcher with no waiters keeps its connection before it stops.
+#: How long a poller with no waiters keeps its connection before it stops.
 IDLE_GRACE_SECONDS = 5.0
 
 
-class QueueWatcher:
-    """Peeks one queue for every waiter in the process.
+@dataclass
+class _Watch:
+    """Waiters of one queue."""
 
-    :param open_client: opens the watcher's own connection (reopened after a transport error).
-    :param queue: the queue's name or address.
-    :param include_claims: count claims whose lease ran out as waiting (claim mode).
-    :param interval: seconds between peeks while the queue is empty.
-    :param listen: also wake on the queue's send notifications (PostgreSQL LISTEN/NOTIFY); the
+    include_claims: bool
+    pulse: asyncio.Event = field(default_factory=asyncio.Event)
+    waiters: int = 0
+    error: BaseException | None = None
+
+    def release(self) -> None:
+        pulse, self.pulse = self.pulse, asyncio.Event()
+        pulse.set()
+
+
+class Poller:
+    """Peeks, on one connection, every queue of one database that a waiter of this process waits on.
+
+    :param open_client: opens the poller's connection (reopened after a transport error).
+    :param interval: seconds between rounds of peeks while the queues are empty.
+    :param listen: also wake on the queues' send notifications (PostgreSQL LISTEN/NOTIFY); the
         interval stays as the fallback for senders that do not notify.
     """
 
-    def __init__(
-        self,
-        open_client: Callable[[], Awaitable[AsyncQueueClient]],
-        queue: str,
-        *,
-        include_claims: bool,
-        interval: float,
-        listen: bool,
-        on_stop: Callable[[], None] | None = None,
-    ) -> None:
+    def __init__(self, open_client: Callable[[], Awaitable[AsyncQueueClient]], *, interval: float, listen: bool) -> None:
         self._open_client = open_client
-        self.queue = queue
-        self.include_claims = include_claims
         self.interval = interval
         self.listen = listen
-        self._on_stop = on_stop
-        self._pulse = asyncio.Event()
-        self._waiters = 0
-        self._error: BaseException | None = None
+        self._watches: dict[tuple[str, bool], _Watch] = {}
         self._task: asyncio.Task[None] | None = None
         self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._on_stop: Callable[[], None] | None = None
         #: Peeks run so far (observability and benchmarks).
         self.peeks = 0
 
-    async def wait(self) -> None:
-        """Return once a peek saw messages (or a send notification arrived); raise what made peeking impossible."""
-        if self._error is not None:
-            raise self._error
+    @property
+    def queues(self) -> list[str]:
+        return [queue for queue, _ in self._watches]
+
+    async def wait(self, queue: str, *, include_claims: bool) -> None:
+        """Return once a peek of ``queue`` saw messages (or a send notification arrived).
+
+        Raises what made peeking the queue impossible (a missing table, a bad connection).
+        """
+        watch = self._watches.get((queue, include_claims))
+        if watch is None or watch.error is not None:
+            watch = self._watches[(queue, include_claims)] = _Watch(include_claims)
+            self._wake.set()  # peek the new queue now, not after the current interval
         if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._run(), name=f"sqlqueue-watch-{self.queue}")
-        pulse = self._pulse
-        self._waiters += 1
+            self._task = asyncio.create_task(self._run(), name="sqlqueue-poller")
+        pulse = watch.pulse
+        watch.waiters += 1
         try:
             await pulse.wait()
         finally:
-            self._waiters -= 1
-        if self._error is not None:
-            raise self._error
-
-    def _release(self) -> None:
-        pulse, self._pulse = self._pulse, asyncio.Event()
-        pulse.set()
+            watch.waiters -= 1
+        if watch.error is not None:
+            raise watch.error
 
     async def _run(self) -> None:
         breaker = CircuitBreaker(base_delay=min(self.interval, 1.0), max_backoff=30.0, alarm_after=120.0)
         client: AsyncQueueClient | None = None
         idle_since: float | None = None
-        loop = asyncio.get_running_loop()
         try:
             while True:
-                if self._waiters == 0:
-                    idle_since = idle_since or loop.time()
-                    if loop.time() - idle_since >= IDLE_GRACE_SECONDS:
+                waited = {key: watch for key, watch in self._watches.items() if watch.waiters}
+                if not waited:
+                    idle_since = idle_since or self._loop.time()
+                    if self._loop.time() - idle_since >= IDLE_GRACE_SECONDS:
                         return
-                    await asyncio.sleep(min(self.interval, 0.5))
+                    await self._pause(None)
                     continue
                 idle_since = None
                 try:
                     if client is None:
                         client = await self._open_client()
                         log.info(
-                            "Queue %s: one watcher peeks every %.3gs for this process%s",
-                            self.queue,
+                            "Poller: one connection peeks every %.3gs for this process's waiters%s",
                             self.interval,
-                            " and wakes on send notifications" if self.listen else "",
+                            ", woken by send notifications" if self.listen else "",
                         )
-                    pending = await client.peek(self.queue, include_claims=self.include_claims)
-                    self.peeks += 1
+                    for (queue, include_claims), watch in waited.items():
+                        await self._peek(client, queue, include_claims, watch)
                     breaker.success()
-                    if pending:
-                        log.debug("Queue %s: %d waiting; releasing %d waiter(s)", self.queue, pending, self._waiters)
-                        self._release()
-                    if self.listen:
-                        await client.wait_for_notification(self.queue, self.interval)
-                    else:
-                        await asyncio.sleep(self.interval)
                 except TransportUnavailableError as exc:
                     if client is not None:
                         await _close_quietly(client)
                         client = None
-                    await asyncio.sleep(breaker.failure(exc, self.queue))
-        except Exception as exc:  # a missing table, a bad connection: every waiter gets the error
-            log.error("Queue %s: watcher stopped: %s", self.queue, exc)
-            self._error = exc
-            self._release()
+                    await asyncio.sleep(breaker.failure(exc, ", ".join(queue for queue, _ in waited)))
+                    continue
+                except Exception as exc:  # the connection itself is unusable (wrong type, bad settings)
+                    log.error("Poller: cannot open the queues' connection: %s", exc)
+                    for key, watch in waited.items():
+                        watch.error = exc
+                        self._watches.pop(key, None)
+                        watch.release()
+                    continue
+                await self._pause(client, [queue for queue, _ in waited])
         finally:
             if client is not None:
                 await _close_quietly(client)
             if self._on_stop is not None:
                 self._on_stop()
 
+    async def _peek(self, client: AsyncQueueClient, queue: str, include_claims: bool, watch: _Watch) -> None:
+        try:
+            pending = await client.peek(queue, include_claims=include_claims)
+        except TransportUnavailableError:
+            raise
+        except Exception as exc:  # this queue cannot be used (missing table, bad name): tell its waiters
+            log.error("Queue %s: cannot peek: %s", queue, exc)
+            watch.error = exc
+            del self._watches[(queue, include_claims)]
+            watch.release()
+            return
+        self.peeks += 1
+        if pending:
+            log.debug("Queue %s: %d waiting; releasing %d waiter(s)", queue, pending, watch.waiters)
+            watch.release()
 
-_watchers: dict[Hashable, QueueWatcher] = {}
+    async def _pause(self, client: AsyncQueueClient | None, queues: list[str] | None = None) -> None:
+        """Wait out the interval, ending early for a new queue or (when listening) a send notification."""
+        self._wake.clear()
+        if client is None or not queues or not self.listen:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.interval)
+            except asyncio.TimeoutError:
+                pass
+            return
+        # Listen in slices, so a queue that gets its first waiter meanwhile is peeked within one.
+        deadline = self._loop.time() + self.interval
+        while not self._wake.is_set():
+            remaining = deadline - self._loop.time()
+            if remaining <= 0 or await client.wait_for_notifications(queues, min(remaining, 0.5)):
+                return
 
 
-def shared_watcher(key: Hashable, create: Callable[[], QueueWatcher]) -> QueueWatcher:
-    """The event loop's watcher for ``key``, created on first use (call from the loop that waits on it)."""
-    watcher = _watchers.get(key)
-    if watcher is None or watcher._error is not None or watcher._loop is not asyncio.get_running_loop():
-        watcher = create()
-        watcher._on_stop = lambda: _forget(key, watcher)
-        _watchers[key] = watcher
-    return watcher
+_pollers: dict[Hashable, Poller] = {}
 
 
-def _forget(key: Hashable, watcher: QueueWatcher) -> None:
-    if _watchers.get(key) is watcher:
-        del _watchers[key]
+def shared_poller(key: Hashable, create: Callable[[], Poller]) -> Poller:
+    """The event loop's poller for ``key`` (a database and polling settings), created on first use."""
+    poller = _pollers.get(key)
+    if poller is None or poller._loop is not asyncio.get_running_loop():
+        poller = create()
+        poller._on_stop = lambda: _forget(key, poller)
+        _pollers[key] = poller
+    return poller
+
+
+def _forget(key: Hashable, poller: Poller) -> None:
+    if _pollers.get(key) is poller:
+        del _pollers[key]
 
 
 async def _close_quietly(client: AsyncQueueClient) -> None:

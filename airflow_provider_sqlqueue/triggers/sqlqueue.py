@@ -1,10 +1,11 @@
 """Triggers that run the queue's peek/receive loop inside the triggerer.
 
 Both wait while the queue is empty and receive as soon as something waits. Waiting is shared: all
-triggers of one triggerer on the same connection and queue wait on one
-:class:`~airflow_provider_sqlqueue.transport.watch.QueueWatcher`, which peeks every
-``peek_interval`` seconds (and, with ``wake_on_notify``, wakes at once on a sender's NOTIFY), so a
-thousand deferred sensors cost the database one peek per queue per interval. In ``claim`` mode (the default) a received message is leased, not deleted: if the
+triggers of one triggerer on the same connection wait on one
+:class:`~airflow_provider_sqlqueue.transport.watch.Poller`, which holds one connection and peeks
+each waited-on queue every ``peek_interval`` seconds (and, with ``wake_on_notify``, wakes at once
+on a sender's NOTIFY), so a thousand deferred sensors cost the database one connection and one
+peek per queue per interval. In ``claim`` mode (the default) a received message is leased, not deleted: if the
 triggerer dies between the receive and Airflow storing the event, or a downstream task fails
 before acknowledging, the lease runs out and the message is delivered again, up to
 ``max_deliveries`` times, then it goes to the error queue. Nothing is lost and nothing is handed
@@ -30,7 +31,7 @@ from ..hooks.sqlqueue import SqlQueueHook
 from ..transport import AsyncQueueClient, TransactionMode
 from ..transport.errors import SqlQueueError, TransportUnavailableError
 from ..transport.pump import CircuitBreaker, check_peek_interval
-from ..transport.watch import QueueWatcher, shared_watcher
+from ..transport.watch import Poller, shared_poller
 
 DEFAULT_LEASE_SECONDS = 1800.0
 
@@ -129,24 +130,10 @@ class SqlQueueTrigger(BaseTrigger):
             )
         return await client.receive(self.queue_name, self.max_messages, error_queue=self.error_queue)
 
-    def _watcher(self, hook: SqlQueueHook) -> QueueWatcher:
-        include_claims = self.transaction_mode == TransactionMode.CLAIM.value
-        key = (
-            self.sqlqueue_conn_id,
-            self.queue_name,
-            include_claims,
-            self.peek_interval,
-            self.wake_on_notify,
-        )
-        return shared_watcher(
-            key,
-            lambda: QueueWatcher(
-                hook.get_async_client,
-                self.queue_name,
-                include_claims=include_claims,
-                interval=self.peek_interval,
-                listen=self.wake_on_notify,
-            ),
+    def _poller(self, hook: SqlQueueHook) -> Poller:
+        key = (self.sqlqueue_conn_id, self.error_queue, self.peek_interval, self.wake_on_notify)
+        return shared_poller(
+            key, lambda: Poller(hook.get_async_client, interval=self.peek_interval, listen=self.wake_on_notify)
         )
 
     async def batches(self) -> AsyncIterator[list[dict[str, Any]]]:
@@ -171,7 +158,9 @@ class SqlQueueTrigger(BaseTrigger):
         full = False
         while True:
             if not full:
-                await self._watcher(hook).wait()
+                await self._poller(hook).wait(
+                    self.queue_name, include_claims=self.transaction_mode == TransactionMode.CLAIM.value
+                )
             client: AsyncQueueClient | None = None
             try:
                 client = await hook.get_async_client()

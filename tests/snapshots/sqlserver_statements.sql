@@ -76,8 +76,8 @@ DECLARE @limit int = @p1, @queue nvarchar(450) = @p2, @lease_ms bigint = @p3; DE
 -- plain: reclaim
 DECLARE @lease_ms bigint = @p1, @queue nvarchar(450) = @p2, @limit int = @p3; WITH lapsed AS (SELECT TOP (@limit) * FROM [dbo].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) UPDATE lapsed SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())) OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
 
--- plain: count_reclaimable
-SELECT COUNT_BIG(*) FROM [dbo].[sqlqueue_inflight] WITH (READPAST) WHERE Queue = @p1 AND LeaseUntil <= SYSUTCDATETIME();
+-- plain: peek_with_claims
+SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [dbo].[orders] WITH (READPAST, READCOMMITTEDLOCK)) + (SELECT COUNT_BIG(*) FROM [dbo].[sqlqueue_inflight] WITH (READPAST) WHERE Queue = @p1 AND LeaseUntil <= SYSUTCDATETIME());
 
 -- plain: count_inflight
 SELECT COUNT_BIG(*) FROM [dbo].[sqlqueue_inflight] WITH (READPAST) WHERE Queue = @p1;
@@ -175,8 +175,8 @@ DECLARE @limit int = @p1, @queue nvarchar(450) = @p2, @lease_ms bigint = @p3; DE
 -- escaping: reclaim
 DECLARE @lease_ms bigint = @p1, @queue nvarchar(450) = @p2, @limit int = @p3; WITH lapsed AS (SELECT TOP (@limit) * FROM [sa]]les].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) UPDATE lapsed SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())) OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
 
--- escaping: count_reclaimable
-SELECT COUNT_BIG(*) FROM [sa]]les].[sqlqueue_inflight] WITH (READPAST) WHERE Queue = @p1 AND LeaseUntil <= SYSUTCDATETIME();
+-- escaping: peek_with_claims
+SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (READPAST, READCOMMITTEDLOCK)) + (SELECT COUNT_BIG(*) FROM [sa]]les].[sqlqueue_inflight] WITH (READPAST) WHERE Queue = @p1 AND LeaseUntil <= SYSUTCDATETIME());
 
 -- escaping: count_inflight
 SELECT COUNT_BIG(*) FROM [sa]]les].[sqlqueue_inflight] WITH (READPAST) WHERE Queue = @p1;
@@ -274,8 +274,8 @@ DECLARE @limit int = @p1, @queue nvarchar(450) = @p2, @lease_ms bigint = @p3; DE
 -- catalog: reclaim
 DECLARE @lease_ms bigint = @p1, @queue nvarchar(450) = @p2, @limit int = @p3; WITH lapsed AS (SELECT TOP (@limit) * FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) UPDATE lapsed SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())) OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
 
--- catalog: count_reclaimable
-SELECT COUNT_BIG(*) FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (READPAST) WHERE Queue = @p1 AND LeaseUntil <= SYSUTCDATETIME();
+-- catalog: peek_with_claims
+SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (READPAST, READCOMMITTEDLOCK)) + (SELECT COUNT_BIG(*) FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (READPAST) WHERE Queue = @p1 AND LeaseUntil <= SYSUTCDATETIME());
 
 -- catalog: count_inflight
 SELECT COUNT_BIG(*) FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (READPAST) WHERE Queue = @p1;
@@ -373,8 +373,8 @@ DECLARE @limit int = @p1, @queue nvarchar(450) = @p2, @lease_ms bigint = @p3; DE
 -- unicode: reclaim
 DECLARE @lease_ms bigint = @p1, @queue nvarchar(450) = @p2, @limit int = @p3; WITH lapsed AS (SELECT TOP (@limit) * FROM [ünï].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) UPDATE lapsed SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())) OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
 
--- unicode: count_reclaimable
-SELECT COUNT_BIG(*) FROM [ünï].[sqlqueue_inflight] WITH (READPAST) WHERE Queue = @p1 AND LeaseUntil <= SYSUTCDATETIME();
+-- unicode: peek_with_claims
+SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [ünï].[東京 queue] WITH (READPAST, READCOMMITTEDLOCK)) + (SELECT COUNT_BIG(*) FROM [ünï].[sqlqueue_inflight] WITH (READPAST) WHERE Queue = @p1 AND LeaseUntil <= SYSUTCDATETIME());
 
 -- unicode: count_inflight
 SELECT COUNT_BIG(*) FROM [ünï].[sqlqueue_inflight] WITH (READPAST) WHERE Queue = @p1;

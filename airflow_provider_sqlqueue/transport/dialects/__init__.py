@@ -188,8 +188,8 @@ class Dialect(ABC):
         """
 
     @abstractmethod
-    def count_reclaimable(self, address: QueueAddress) -> str:
-        """Params (queue key,) -> one row: claims on the queue whose lease ran out."""
+    def peek_with_claims(self, address: QueueAddress) -> str:
+        """Params (queue key,) -> one row: :meth:`peek`'s estimate plus the claims whose lease ran out, in one query."""
 
     @abstractmethod
     def count_inflight(self, address: QueueAddress) -> str:

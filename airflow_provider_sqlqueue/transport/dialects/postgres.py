@@ -282,9 +282,9 @@ class PostgresDialect(Dialect):
             "c.Deliveries, c.LastError, c.Seq"
         )
 
-    def count_reclaimable(self, address: QueueAddress) -> str:
+    def peek_with_claims(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
-        return f"SELECT count(*) FROM {f} WHERE Queue = %s AND LeaseUntil <= {_UTC_NOW}"
+        return f"SELECT ({self.peek(address)}) + (SELECT count(*) FROM {f} WHERE Queue = %s AND LeaseUntil <= {_UTC_NOW})"
 
     def count_inflight(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))

@@ -380,9 +380,12 @@ class SqlServerDialect(Dialect):
             "inserted.Deliveries, inserted.LastError, inserted.Seq"
         )
 
-    def count_reclaimable(self, address: QueueAddress) -> str:
+    def peek_with_claims(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
-        return f"SELECT COUNT_BIG(*) FROM {f} WITH (READPAST) WHERE Queue = %s AND LeaseUntil <= {_LEASE_NOW}"
+        return (
+            f"SELECT ({self.peek(address)}) + "
+            f"(SELECT COUNT_BIG(*) FROM {f} WITH (READPAST) WHERE Queue = %s AND LeaseUntil <= {_LEASE_NOW})"
+        )
 
     def count_inflight(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))

@@ -1,0 +1,180 @@
+"""The triggerer side: message-to-event latency (polling vs NOTIFY) and the cost of many deferred sensors.
+
+* Latency: one ``SqlQueueEventTrigger`` runs as the triggerer runs it (its ``run()`` under
+  asyncio); a sender sends messages at random moments; the figure is the time from the send's
+  commit to the trigger's event, p50 and p99, with a 1 s peek interval and polling only, then
+  with ``wake_on_notify`` and ``send(notify=True)``.
+* Scale: 1,000 ``SqlQueueTrigger`` instances (deferred sensors) over 100 empty queues with a 1 s
+  peek interval, for 10 s: transactions per second the server counted (``pg_stat_database``,
+  this database, less the same idle window measured first) and the process's memory growth.
+
+    .venv/bin/python bench/triggers.py --json bench/triggers.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="sqlqueue-bench-airflow-"))
+os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import psycopg  # noqa: E402
+
+from airflow_provider_sqlqueue.transport import Message, QueueAddress, QueueClient  # noqa: E402
+from bench.throughput import database  # noqa: E402
+
+
+def rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def latency(uri: str, schema: str, notify: bool, count: int) -> dict[str, float]:
+    from airflow_provider_sqlqueue.triggers.sqlqueue import SqlQueueEventTrigger
+
+    queue = f'latency_{"notify" if notify else "poll"}@"{schema}"'
+    with QueueClient.connect(uri, error_queue=QueueAddress("error", schema)) as client:
+        client.create_queue(client.session.dialect.parse_address(queue))
+    trigger = SqlQueueEventTrigger(
+        sqlqueue_conn_id="bench", queue_name=queue, transaction_mode="none", peek_interval=1.0,
+        wake_on_notify=notify, max_messages=1,
+    )
+    sent_at: dict[str, float] = {}
+    delays: list[float] = []
+
+    async def send_all() -> None:
+        with QueueClient.connect(uri) as client:
+            address = client.session.dialect.parse_address(queue)
+            for n in range(count):
+                await asyncio.sleep(random.uniform(0.05, 0.6))
+                body = f"m{n}"
+                await asyncio.to_thread(client.send, address, Message(body), notify=notify)
+                sent_at[body] = time.perf_counter()  # after the commit returned
+
+    sender = asyncio.create_task(send_all())
+    events = trigger.run()
+    async for event in events:
+        delays.append(time.perf_counter() - sent_at.get(event.payload["body"], time.perf_counter()))
+        if len(delays) == count:
+            break
+    await events.aclose()
+    await sender
+    delays.sort()
+    return {
+        "p50_ms": statistics.median(delays) * 1000,
+        "p99_ms": delays[min(len(delays) - 1, int(len(delays) * 0.99))] * 1000,
+        "messages": count,
+    }
+
+
+def transactions(uri: str) -> int:
+    with psycopg.connect(uri, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        return conn.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()").fetchone()[0]
+
+
+async def scale(uri: str, schema: str, triggers: int, queues: int, seconds: float) -> dict[str, float]:
+    from airflow_provider_sqlqueue.transport.watch import _pollers
+    from airflow_provider_sqlqueue.triggers.sqlqueue import SqlQueueTrigger
+
+    names = [f'scale_{n}@"{schema}"' for n in range(queues)]
+    with QueueClient.connect(uri, error_queue=QueueAddress("error", schema)) as client:
+        for name in names:
+            client.create_queue(client.session.dialect.parse_address(name))
+    # Baseline: what the server commits in the same window with no triggers (stats collector, ...).
+    before = transactions(uri)
+    await asyncio.sleep(seconds)
+    idle_rate = (transactions(uri) - before) / seconds
+    memory_before = rss_mib()
+    tasks = []
+    for n in range(triggers):
+        trigger = SqlQueueTrigger(sqlqueue_conn_id="bench", queue_name=names[n % queues], peek_interval=1.0)
+        events = trigger.run()
+        tasks.append(asyncio.create_task(anext(events)))
+    await asyncio.sleep(2.0)  # every watcher started and peeking
+    start, began = transactions(uri), time.perf_counter()
+    await asyncio.sleep(seconds)
+    rate = (transactions(uri) - start) / (time.perf_counter() - began) - idle_rate
+    memory_after = rss_mib()
+    pollers = len([p for p in _pollers.values() if set(p.queues) & set(names)])
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return {
+        "triggers": triggers,
+        "queues": queues,
+        "pollers (connections)": pollers,
+        "server_transactions_per_s": rate,
+        "per_queue_per_interval": rate / queues,
+        "unshared_would_be_per_s": triggers / 1.0,
+        "memory_growth_mib": memory_after - memory_before,
+        "memory_per_trigger_kib": (memory_after - memory_before) * 1024 / triggers,
+    }
+
+
+async def main_async(uri: str, count: int, triggers: int, queues: int, seconds: float) -> dict[str, object]:
+    schema = f"bench_{os.getpid()}"
+    with psycopg.connect(uri, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+        server = conn.execute("SHOW server_version").fetchone()[0]
+    os.environ["AIRFLOW_CONN_BENCH"] = json.dumps({"conn_type": "postgres", **_conn_fields(uri)})
+    try:
+        polling = await latency(uri, schema, notify=False, count=count)
+        print(f"latency, polling every 1 s: p50 {polling['p50_ms']:.0f} ms, p99 {polling['p99_ms']:.0f} ms", flush=True)
+        notified = await latency(uri, schema, notify=True, count=count)
+        print(f"latency, NOTIFY:            p50 {notified['p50_ms']:.1f} ms, p99 {notified['p99_ms']:.1f} ms", flush=True)
+        shared = await scale(uri, schema, triggers, queues, seconds)
+        print(
+            f"{triggers} triggers on {queues} queues: {shared['server_transactions_per_s']:.0f} transactions/s "
+            f"({shared['per_queue_per_interval']:.2f} per queue per 1 s interval; unshared would be "
+            f"{shared['unshared_would_be_per_s']:.0f}/s), {shared['pollers (connections)']} poller connection(s), "
+            f"+{shared['memory_growth_mib']:.1f} MiB ({shared['memory_per_trigger_kib']:.1f} KiB per trigger)",
+            flush=True,
+        )
+    finally:
+        with psycopg.connect(uri, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    return {"postgresql": server, "latency_polling": polling, "latency_notify": notified, "scale": shared}
+
+
+def _conn_fields(uri: str) -> dict[str, object]:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(uri)
+    fields = {"host": parts.hostname, "port": parts.port or 5432, "login": parts.username, "schema": parts.path.lstrip("/")}
+    if parts.password:
+        fields["password"] = parts.password
+    return fields
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--uri", default=os.environ.get("SQLQUEUE_BENCH_PG_URI"))
+    parser.add_argument("--json", type=Path, default=Path("bench/triggers.json"))
+    parser.add_argument("--messages", type=int, default=60)
+    parser.add_argument("--triggers", type=int, default=1000)
+    parser.add_argument("--queues", type=int, default=100)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    options = parser.parse_args()
+    with database(options.uri) as uri:
+        result = asyncio.run(main_async(uri, options.messages, options.triggers, options.queues, options.seconds))
+    options.json.parent.mkdir(parents=True, exist_ok=True)
+    options.json.write_text(json.dumps(result, indent=2))
+    print(f"wrote {options.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
