@@ -206,11 +206,14 @@ class Message:
             merged.setdefault(CONTENT_TYPE, content_type)
         return cls(body, merged, time_to_be_received=time_to_be_received)
 
-    def wire_headers(self) -> str:
-        """The Headers column for this message, with the NServiceBus defaults filled in."""
+    def wire_headers(self, time_sent: str | None = None) -> str:
+        """The Headers column for this message, with the NServiceBus defaults filled in.
+
+        ``time_sent`` is the wire timestamp of the send; a batch passes one for all its messages.
+        """
         headers = dict(self.headers)
         headers.setdefault(MESSAGE_ID, str(self.id))
-        headers.setdefault(TIME_SENT, wire_timestamp(datetime.now(timezone.utc)))
+        headers.setdefault(TIME_SENT, time_sent or wire_timestamp(datetime.now(timezone.utc)))
         if self.time_to_be_received is not None:
             headers.setdefault(TIME_TO_BE_RECEIVED, wire_timespan(self.time_to_be_received))
         return encode_headers(headers)

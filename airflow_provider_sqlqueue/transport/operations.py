@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from datetime import datetime, timezone
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -28,6 +29,7 @@ from .message import (
     decode_headers,
     encode_headers,
     failure_headers,
+    wire_timestamp,
     without_failure_headers,
 )
 
@@ -146,7 +148,8 @@ def send(d: Dialect, address: QueueAddress, messages: Sequence[Message], notify:
     the transaction commits, once per send however many messages it holds.
     """
     target = d.qualified_name(address)
-    rows = [(m.id, m.ttbr_ms(), m.wire_headers(), m.body) for m in messages]
+    sent_at = wire_timestamp(datetime.now(timezone.utc))
+    rows = [(m.id, m.ttbr_ms(), m.wire_headers(sent_at), m.body) for m in messages]
     if len(rows) == 1:
         yield Step(d.send(address), rows[0], Fetch.NONE, target)
     else:
