@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from .dialects import Dialect, get_dialect
@@ -186,8 +186,12 @@ class AsyncSession(ABC):
 # -- psycopg 3 -------------------------------------------------------------------------------
 
 
-def _translated(dialect: Dialect, exc: BaseException, step: Step) -> BaseException:
-    return dialect.translate_error(exc, step.target) or exc
+def _raise_translated(dialect: Dialect, exc: BaseException, step: Step) -> NoReturn:
+    """Re-raise a driver error as the transport's error for it (keeping the driver's as its cause)."""
+    error = dialect.translate_error(exc, step.target)
+    if error is None:
+        raise exc
+    raise error from exc
 
 
 #: Statements whose parameters are larger than this are not inlined to travel with BEGIN.
@@ -260,10 +264,7 @@ class PsycopgSession(Session):
                 cursor.nextset()
                 return _fetch(cursor, step)
         except psycopg.Error as exc:
-            error = _translated(self.dialect, exc, step)
-            if error is exc:
-                raise
-            raise error from exc
+            _raise_translated(self.dialect, exc, step)
 
     def _end(self, command: str, quietly: bool = False) -> None:
         import psycopg
@@ -288,10 +289,7 @@ class PsycopgSession(Session):
                 cursor.execute(step.sql, step.params)
                 return _fetch(cursor, step)
         except psycopg.Error as exc:
-            error = _translated(self.dialect, exc, step)
-            if error is exc:
-                raise
-            raise error from exc
+            _raise_translated(self.dialect, exc, step)
 
 
 def _fusable(step: Step) -> bool:
@@ -392,10 +390,7 @@ class AsyncPsycopgSession(AsyncSession):
                 cursor.nextset()
                 return await _fetch_async(cursor, step)
         except psycopg.Error as exc:
-            error = _translated(self.dialect, exc, step)
-            if error is exc:
-                raise
-            raise error from exc
+            _raise_translated(self.dialect, exc, step)
 
     async def _end(self, command: str, quietly: bool = False) -> None:
         import psycopg
@@ -420,10 +415,7 @@ class AsyncPsycopgSession(AsyncSession):
                 await cursor.execute(step.sql, step.params)
                 return await _fetch_async(cursor, step)
         except psycopg.Error as exc:
-            error = _translated(self.dialect, exc, step)
-            if error is exc:
-                raise
-            raise error from exc
+            _raise_translated(self.dialect, exc, step)
 
 
 class AsyncSessionPool(ABC):
@@ -611,10 +603,7 @@ class _SqlServerSession(Session):
         except Exception as exc:
             if not self._driver_error(exc):
                 raise
-            error = _translated(self.dialect, exc, step)
-            if error is exc:
-                raise
-            raise error from exc
+            _raise_translated(self.dialect, exc, step)
 
 
 def _connect_error(exc: BaseException) -> BaseException:
