@@ -329,8 +329,8 @@ class PostgresDialect(Dialect):
         if sqlstate == "42501":  # insufficient_privilege
             return PermissionDeniedError(
                 f"permission denied on {address}: {str(exc).strip()}. Creating queues needs CREATE on the schema "
-                "(the installer's rights); sending and receiving need SELECT, INSERT, UPDATE and DELETE on the queue "
-                "tables and on the schema's sqlqueue_inflight table"
+                "(the installer's rights); sending and receiving need USAGE on the schema and its sequences and SELECT, "
+                "INSERT, UPDATE and DELETE on the queue tables and on the schema's sqlqueue_inflight table"
             )
         if sqlstate is not None and (sqlstate.startswith("08") or sqlstate in ("57P01", "57P02", "57P03")):
             return TransportUnavailableError(f"database connection lost while working on {address}: {exc}")
