@@ -186,6 +186,10 @@ class AsyncSession(ABC):
 # -- psycopg 3 -------------------------------------------------------------------------------
 
 
+#: What errors outside any one statement (BEGIN, COMMIT) are reported against.
+_ANY_STEP = Step("", (), Fetch.NONE, "the database")
+
+
 def _raise_translated(dialect: Dialect, exc: BaseException, step: Step) -> NoReturn:
     """Re-raise a driver error as the transport's error for it (keeping the driver's as its cause)."""
     error = dialect.translate_error(exc, step.target)
@@ -278,8 +282,13 @@ class PsycopgSession(Session):
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
-        with self.connection.transaction():
-            yield
+        import psycopg
+
+        try:
+            with self.connection.transaction():
+                yield
+        except psycopg.Error as exc:  # e.g. the COMMIT of a connection the server just closed
+            _raise_translated(self.dialect, exc, _ANY_STEP)
 
     def execute(self, step: Step) -> Any:
         import psycopg
@@ -404,8 +413,13 @@ class AsyncPsycopgSession(AsyncSession):
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[None]:
-        async with self.connection.transaction():
-            yield
+        import psycopg
+
+        try:
+            async with self.connection.transaction():
+                yield
+        except psycopg.Error as exc:
+            _raise_translated(self.dialect, exc, _ANY_STEP)
 
     async def execute(self, step: Step) -> Any:
         import psycopg
