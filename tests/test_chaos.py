@@ -33,6 +33,7 @@ from tests.backends import execute_on
 MESSAGES = 10_000
 CONSUMERS = 4
 KILLS = 30
+BATCH = 5  # messages per receive in claim and none modes
 
 
 def consumer(uri: str, schema: str, mode: str, log_dir: str, stop_file: str, pause: float) -> None:
@@ -44,7 +45,8 @@ def consumer(uri: str, schema: str, mode: str, log_dir: str, stop_file: str, pau
     client: QueueClient | None = None
 
     def mark(kind: str, body: str) -> None:
-        os.write(out, f"{kind} {body}\n".encode())
+        if body:
+            os.write(out, f"{kind} {body}\n".encode())
 
     def dawdle() -> None:  # spreads the kills over every point of the handling
         if rng.random() < pause:
@@ -66,9 +68,9 @@ def consumer(uri: str, schema: str, mode: str, log_dir: str, stop_file: str, pau
                 for m in got:
                     mark("A", m.text)
             elif mode == "claim":
-                got = client.claim(queue, 5, lease=1.0)
+                got = client.claim(queue, BATCH, lease=1.0)
+                mark("R", " ".join(m.text for m in got))
                 for m in got:
-                    mark("R", m.text)
                     dawdle()
                     execute_on(client.session, ledger, (m.text, os.getpid()))
                     mark("H", m.text)
@@ -76,9 +78,9 @@ def consumer(uri: str, schema: str, mode: str, log_dir: str, stop_file: str, pau
                     client.ack(queue, m.claim_token)
                     mark("A", m.text)
             else:
-                got = client.receive(queue, 5)
+                got = client.receive(queue, BATCH)
+                mark("R", " ".join(m.text for m in got))
                 for m in got:
-                    mark("R", m.text)
                     dawdle()
                     execute_on(client.session, ledger, (m.text, os.getpid()))
                     mark("H", m.text)
@@ -114,8 +116,16 @@ class Run:
         process.start()
         self.processes.append(process)
 
+    def working(self) -> list[multiprocessing.process.BaseProcess]:
+        """Consumers that have started handling messages (a new process takes a while to start)."""
+        logs = Path(self.dir)
+        return [p for p in self.processes if p.is_alive() and (logs / f"{p.pid}.log").is_file()]
+
     def kill_one(self, rng: random.Random) -> None:
-        victim = rng.choice([p for p in self.processes if p.is_alive()])
+        candidates = self.working()
+        if not candidates:
+            return
+        victim = rng.choice(candidates)
         os.kill(victim.pid, signal.SIGKILL)
         victim.join(10)
         self.killed.add(victim.pid)
@@ -129,14 +139,24 @@ class Run:
             if process.is_alive():
                 process.kill()
 
+    def kill_points(self, marks: dict[str, dict[str, set[int]]]) -> str:
+        """What each killed consumer had done last: received, written its ledger row, acknowledged."""
+        last: dict[int, str] = {}
+        for log in Path(self.dir).glob("*.log"):
+            lines = log.read_text().splitlines()
+            last[int(log.stem)] = lines[-1][0] if lines else "-"
+        names = {"-": "before any message", "R": "after a receive", "H": "after a handler's write", "A": "after an ack"}
+        counts = Counter(names[last.get(pid, "-")] for pid in self.killed)
+        return ", ".join(f"{count} {name}" for name, count in counts.most_common())
+
     def marks(self) -> dict[str, dict[str, set[int]]]:
         """For each kind (R, H, A), which processes marked each message."""
         result: dict[str, dict[str, set[int]]] = {"R": {}, "H": {}, "A": {}}
         for log in Path(self.dir).glob("*.log"):
             pid = int(log.stem)
             for line in log.read_text().splitlines():
-                kind, _, body = line.partition(" ")
-                if kind in result and body:
+                kind, _, bodies = line.partition(" ")
+                for body in bodies.split():
                     result[kind].setdefault(body, set()).add(pid)
         return result
 
@@ -195,12 +215,12 @@ def test_sigkilled_consumers_lose_and_duplicate_only_what_their_mode_allows(pg_u
     else:
         assert duplicated == {}
         in_killed_handlers = {body for body, pids in marks["R"].items() if pids <= run.killed and body not in handled}
-        unrecorded = lost - set(marks["R"])  # killed between the receive's commit and its first log line
+        unrecorded = lost - set(marks["R"])  # killed between the receive's commit and its log line
         assert lost == in_killed_handlers | unrecorded
-        assert len(unrecorded) <= len(run.killed)
+        assert len(unrecorded) <= len(run.killed) * BATCH
     print(
-        f"{mode}: {MESSAGES} sent, {len(run.killed)} consumers killed, {len(lost)} lost, "
-        f"{sum(c - 1 for c in duplicated.values())} handled twice"
+        f"{mode}: {MESSAGES} sent, {len(run.killed)} consumers killed ({run.kill_points(marks)}), "
+        f"{len(lost)} lost, {sum(c - 1 for c in duplicated.values())} handled twice"
     )
 
 
@@ -310,6 +330,12 @@ async def test_trigger_survives_a_restart_and_a_session_kill_storm_then_fires(ow
         assert await asyncio.to_thread(terminate_storm, uri, "public", 5) >= 1  # the poller's session, at least
         await asyncio.sleep(0.5)
         assert not waiter.done()  # still waiting: the faults were not the trigger's end
+        with psycopg.connect(uri, autocommit=True) as conn:  # waiting holds no transaction open
+            states = [r[0] for r in conn.execute(
+                "SELECT state FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                "AND backend_type = 'client backend'"
+            ).fetchall()]
+        assert states and all(state == "idle" for state in states), states
         with QueueClient.connect(uri) as sender:
             sender.send(QueueAddress("orders"), Message("after the storm"))
         event = await asyncio.wait_for(waiter, 60)
