@@ -131,7 +131,7 @@ class SqlQueueTrigger(BaseTrigger):
         return await client.receive(self.queue_name, self.max_messages, error_queue=self.error_queue)
 
     def _poller(self, hook: SqlQueueHook) -> Poller:
-        key = (self.sqlqueue_conn_id, self.error_queue, self.peek_interval, self.wake_on_notify)
+        key = (self.sqlqueue_conn_id, self.peek_interval, self.wake_on_notify)  # peeking needs nothing else
         return shared_poller(
             key, lambda: Poller(hook.get_async_client, interval=self.peek_interval, listen=self.wake_on_notify)
         )
