@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from sqlglot import exp
 from airflow_provider_sqlqueue.transport import InvalidQueueNameError, QueueAddress
 from airflow_provider_sqlqueue.transport.dialects import Dialect, get_dialect
 from airflow_provider_sqlqueue.transport.dialects import sqlserver as tsql
-from airflow_provider_sqlqueue.transport.drivers import _odbc_string, _placeholders
+from airflow_provider_sqlqueue.transport.drivers import _odbc_string, _placeholders, pymssql_text
 
 SNAPSHOT = Path(__file__).parent / "snapshots" / "sqlserver_statements.sql"
 
@@ -284,3 +285,49 @@ def test_any_name_is_one_bracketed_identifier_to_a_tsql_parser(table, schema):
     sql = as_tsql(f"SELECT 1 FROM {dialect.qualified_name(QueueAddress(table, schema))}")
     parsed = sqlglot.parse_one(sql, read="tsql").find(exp.Table)
     assert (parsed.db, parsed.name) == (schema, table)
+
+
+#: Parameters as the operations pass them, with values that need quoting.
+SAMPLE_PARAMS = {
+    "send": (uuid.uuid4(), 60_000, '{"k":"it\'s"}', b"\x00\xff"),
+    "send_batch": (uuid.uuid4(), None, "{}", b"") * 3,
+    "receive": (10,),
+    "purge_expired": (10_000,),
+    "insert_error": (uuid.uuid4(), '{"a":"b"}', b"body"),
+    "browse": (100,),
+    "peek_error_rows": (100,),
+    "delete_by_seq": (42,),
+    "send_raw": (uuid.uuid4(), "{}", b"x"),
+    "claim": (5, "orders@[dbo]", 1_800_000),
+    "reclaim": (1_800_000, "orders@[dbo]", 5),
+    "peek_with_claims": ("orders@[dbo]",),
+    "count_inflight": ("orders@[dbo]",),
+    "ack": (uuid.uuid4(),),
+    "nack": (0, "ValueError: it's bad", uuid.uuid4()),
+    "extend": (60_000, uuid.uuid4()),
+    "delete_claim": (uuid.uuid4(),),
+    "claim_to_error": (uuid.uuid4(), '{"NServiceBus.FailedQ":"orders@[dbo]"}'),
+    "queue_columns": ("dbo", "orders"),
+    "has_expires_index": ("dbo", "orders"),
+}
+
+
+@pytest.mark.parametrize("name", SAMPLE_PARAMS)
+def test_text_pymssql_sends_parses_as_tsql(name):
+    """With real values quoted by pymssql itself (pymssql binds on the client), each statement is still T-SQL."""
+    address = ADDRESSES["escaping"]
+    sql = STATEMENTS[name](dialect, address, address.sibling("error"))
+    text = pymssql_text(sql, SAMPLE_PARAMS[name])
+    parsed = sqlglot.parse(text, read="tsql", error_level=sqlglot.ErrorLevel.RAISE)
+    assert not [node for p in parsed for node in p.walk() if isinstance(node, exp.Command)]
+    strings = [n.this for p in parsed for n in p.find_all(exp.National)]
+    for value in SAMPLE_PARAMS[name]:
+        if isinstance(value, str):
+            assert value in strings  # the value arrives as one string literal, quotes and all
+
+
+def test_pymssql_text_refuses_a_parameter_count_mismatch():
+    with pytest.raises(ValueError, match="more parameters"):
+        pymssql_text("SELECT %s", (1, 2))
+    with pytest.raises(ValueError, match="fewer parameters"):
+        pymssql_text("SELECT %s, %s", (1,))

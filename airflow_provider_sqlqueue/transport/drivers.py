@@ -533,12 +533,30 @@ def _fetch_results(cursor: Any, step: Step) -> Any:
     return result
 
 
-def execute_pymssql(cursor: Any, sql: str, params: tuple[Any, ...]) -> None:
-    """Run dialect text on a pymssql cursor, every value quoted by pymssql's own quoting."""
+def pymssql_text(sql: str, params: tuple[Any, ...]) -> str:
+    """Dialect text with every value quoted by pymssql's own quoting: what goes to the server."""
     from pymssql._mssql import quote_simple_value
 
     values = iter(params)
-    cursor.execute(_placeholders(sql, lambda: quote_simple_value(next(values)).decode("utf-8")))
+
+    def quoted() -> str:
+        value = next(values, _NO_MORE)
+        if value is _NO_MORE:
+            raise ValueError(f"fewer parameters than placeholders in {sql[:80]!r}")
+        return quote_simple_value(value).decode("utf-8")
+
+    text = _placeholders(sql, quoted)
+    if next(values, _NO_MORE) is not _NO_MORE:
+        raise ValueError(f"more parameters than placeholders in {sql[:80]!r}")
+    return text
+
+
+_NO_MORE = object()
+
+
+def execute_pymssql(cursor: Any, sql: str, params: tuple[Any, ...]) -> None:
+    """Run dialect text on a pymssql cursor (values inlined by :func:`pymssql_text`)."""
+    cursor.execute(pymssql_text(sql, params))
 
 
 def execute_pyodbc(cursor: Any, sql: str, params: tuple[Any, ...]) -> None:
