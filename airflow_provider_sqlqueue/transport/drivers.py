@@ -216,13 +216,11 @@ class PsycopgSession(Session):
         try:
             connection = psycopg.connect(conninfo, autocommit=True, **kwargs)
         except psycopg.Error as exc:
-            raise get_dialect("postgres").translate_error(exc, "the database") or exc from exc
+            _raise_translated(get_dialect("postgres"), exc, _ANY_STEP)
         return cls(connection, owned=True)
 
     def autocommits(self) -> bool:
-        from psycopg.pq import TransactionStatus
-
-        return bool(self.connection.autocommit) and self.connection.info.transaction_status == TransactionStatus.IDLE
+        return _psycopg_autocommits(self.connection)
 
     def run(self, op: Operation[T], *, single_statement: bool = False) -> T:
         """Run an operation in one transaction, with BEGIN sent together with its first statement.
@@ -249,17 +247,17 @@ class PsycopgSession(Session):
             result = drive(op, execute)
         except BaseException:
             if began:
-                self._end("ROLLBACK", quietly=True)
+                self._command("ROLLBACK", quietly=True)
             raise
         if began:
-            self._end("COMMIT")
+            self._command("COMMIT")
         return result
 
     def _begin_with(self, step: Step) -> Any:
         import psycopg
 
         if not _fusable(step):
-            self._end("BEGIN")
+            self._command("BEGIN")
             return self.execute(step)
         try:
             text = psycopg.ClientCursor(self.connection).mogrify(step.sql, step.params)
@@ -270,15 +268,15 @@ class PsycopgSession(Session):
         except psycopg.Error as exc:
             _raise_translated(self.dialect, exc, step)
 
-    def _end(self, command: str, quietly: bool = False) -> None:
+    def _command(self, command: str, quietly: bool = False) -> None:
+        """BEGIN, COMMIT or ROLLBACK; ``quietly`` for a ROLLBACK on a connection that may be gone."""
         import psycopg
 
         try:
             self.connection.execute(command)
         except psycopg.Error as exc:
-            if quietly:  # the connection is broken or the transaction already over: the server rolls back
-                return
-            raise self.dialect.translate_error(exc, "the database") or exc from exc
+            if not quietly:  # a broken connection's transaction is rolled back by the server anyway
+                _raise_translated(self.dialect, exc, _ANY_STEP)
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
@@ -299,6 +297,13 @@ class PsycopgSession(Session):
                 return _fetch(cursor, step)
         except psycopg.Error as exc:
             _raise_translated(self.dialect, exc, step)
+
+
+def _psycopg_autocommits(connection: Any) -> bool:
+    """An autocommit psycopg connection with no transaction open (sync or async alike)."""
+    from psycopg.pq import TransactionStatus
+
+    return bool(connection.autocommit) and connection.info.transaction_status == TransactionStatus.IDLE
 
 
 def _fusable(step: Step) -> bool:
@@ -330,13 +335,11 @@ class AsyncPsycopgSession(AsyncSession):
         try:
             connection = await psycopg.AsyncConnection.connect(conninfo, autocommit=True, **kwargs)
         except psycopg.Error as exc:
-            raise get_dialect("postgres").translate_error(exc, "the database") or exc from exc
+            _raise_translated(get_dialect("postgres"), exc, _ANY_STEP)
         return cls(connection, owned=True)
 
     def autocommits(self) -> bool:
-        from psycopg.pq import TransactionStatus
-
-        return bool(self.connection.autocommit) and self.connection.info.transaction_status == TransactionStatus.IDLE
+        return _psycopg_autocommits(self.connection)
 
     async def wait_for_notification(self, channels: list[str], timeout: float) -> bool:
         """LISTEN on first use of each channel, then wait for a NOTIFY; a burst already received wakes once.
@@ -359,7 +362,7 @@ class AsyncPsycopgSession(AsyncSession):
                     pass
             return woken
         except psycopg.Error as exc:
-            raise self.dialect.translate_error(exc, "the notification channel") or exc from exc
+            _raise_translated(self.dialect, exc, _ANY_STEP)
 
     async def run(self, op: Operation[T], *, single_statement: bool = False) -> T:
         """As :meth:`PsycopgSession.run`: BEGIN travels with the first statement."""
@@ -380,17 +383,17 @@ class AsyncPsycopgSession(AsyncSession):
             result = await drive_async(op, execute)
         except BaseException:
             if began:
-                await self._end("ROLLBACK", quietly=True)
+                await self._command("ROLLBACK", quietly=True)
             raise
         if began:
-            await self._end("COMMIT")
+            await self._command("COMMIT")
         return result
 
     async def _begin_with(self, step: Step) -> Any:
         import psycopg
 
         if not _fusable(step):
-            await self._end("BEGIN")
+            await self._command("BEGIN")
             return await self.execute(step)
         try:
             text = psycopg.AsyncClientCursor(self.connection).mogrify(step.sql, step.params)
@@ -401,15 +404,15 @@ class AsyncPsycopgSession(AsyncSession):
         except psycopg.Error as exc:
             _raise_translated(self.dialect, exc, step)
 
-    async def _end(self, command: str, quietly: bool = False) -> None:
+    async def _command(self, command: str, quietly: bool = False) -> None:
+        """As :meth:`PsycopgSession._command`."""
         import psycopg
 
         try:
             await self.connection.execute(command)
         except psycopg.Error as exc:
-            if quietly:
-                return
-            raise self.dialect.translate_error(exc, "the database") or exc from exc
+            if not quietly:
+                _raise_translated(self.dialect, exc, _ANY_STEP)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[None]:
@@ -581,19 +584,11 @@ class _SqlServerSession(Session):
         super().__init__(get_dialect("sqlserver"), connection, owned)
         self._depth = 0
         for sql in tsql.SESSION_SETUP:
-            self._run_text(sql)
+            self.execute(Step(sql, (), Fetch.NONE, "the database"))
 
     @abstractmethod
     def _execute(self, cursor: Any, sql: str, params: tuple[Any, ...]) -> None:
         """Execute one dialect statement with the driver's parameter style."""
-
-    def _run_text(self, sql: str) -> None:
-        cursor = self.connection.cursor()
-        try:
-            self._execute(cursor, sql, ())
-            _fetch_results(cursor, Step(sql, (), Fetch.NONE, "the database"))
-        finally:
-            cursor.close()
 
     def autocommits(self) -> bool:
         return self._depth == 0  # the connection is kept in autocommit mode; _depth counts open transactions
@@ -638,10 +633,6 @@ class _SqlServerSession(Session):
             _raise_translated(self.dialect, exc, step)
 
 
-def _connect_error(exc: BaseException) -> BaseException:
-    return get_dialect("sqlserver").translate_error(exc, "the database") or exc
-
-
 class PymssqlSession(_SqlServerSession):
     """A pymssql connection (the microsoft-mssql provider's driver).
 
@@ -673,7 +664,7 @@ class PymssqlSession(_SqlServerSession):
                 **options,
             )
         except pymssql.Error as exc:
-            raise _connect_error(exc) from exc
+            _raise_translated(get_dialect("sqlserver"), exc, _ANY_STEP)
         return cls(connection, owned=True)
 
     def _execute(self, cursor: Any, sql: str, params: tuple[Any, ...]) -> None:
@@ -694,7 +685,7 @@ class PyodbcSession(_SqlServerSession):
         try:
             connection = pyodbc.connect(connection_string, autocommit=True, **kwargs)
         except pyodbc.Error as exc:
-            raise _connect_error(exc) from exc
+            _raise_translated(get_dialect("sqlserver"), exc, _ANY_STEP)
         return cls(connection, owned=True)
 
     def _execute(self, cursor: Any, sql: str, params: tuple[Any, ...]) -> None:
@@ -792,10 +783,7 @@ class AsyncThreadPool(AsyncSessionPool):
     async def close(self) -> None:
         idle, self._idle = self._idle, []
         for session in idle:
-            try:
-                await session.close()
-            except Exception:  # closing a broken connection is best effort
-                pass
+            await close_quietly(session)
 
     @asynccontextmanager
     async def session(self) -> AsyncIterator[AsyncSession]:
@@ -805,18 +793,19 @@ class AsyncThreadPool(AsyncSessionPool):
                 yield session
             except SqlQueueError as exc:  # a queue error leaves the connection usable, unless it is the cause
                 if isinstance(exc, TransportUnavailableError):
-                    await _close_quietly(session)
+                    await close_quietly(session)
                 else:
                     self._idle.append(session)
                 raise
             except BaseException:
-                await _close_quietly(session)
+                await close_quietly(session)
                 raise
             self._idle.append(session)
 
 
-async def _close_quietly(session: AsyncSession) -> None:
+async def close_quietly(closable: AsyncSession | Any) -> None:
+    """Close an async session or client whose connection may already be broken (best effort)."""
     try:
-        await session.close()
+        await closable.close()
     except Exception:  # the connection is already broken
         pass

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 
 from .client import AsyncQueueClient
+from .drivers import close_quietly
 from .errors import TransportUnavailableError
 from .pump import CircuitBreaker
 
@@ -112,7 +113,7 @@ class Poller:
                     breaker.success()
                 except TransportUnavailableError as exc:
                     if client is not None:
-                        await _close_quietly(client)
+                        await close_quietly(client)
                         client = None
                     await asyncio.sleep(breaker.failure(exc, ", ".join(queue for queue, _ in waited)))
                     continue
@@ -126,7 +127,7 @@ class Poller:
                 await self._pause(client, [queue for queue, _ in waited])
         finally:
             if client is not None:
-                await _close_quietly(client)
+                await close_quietly(client)
             if self._on_stop is not None:
                 self._on_stop()
 
@@ -179,10 +180,3 @@ def shared_poller(key: Hashable, create: Callable[[], Poller]) -> Poller:
 def _forget(key: Hashable, poller: Poller) -> None:
     if _pollers.get(key) is poller:
         del _pollers[key]
-
-
-async def _close_quietly(client: AsyncQueueClient) -> None:
-    try:
-        await client.close()
-    except Exception:  # the connection is already broken
-        pass

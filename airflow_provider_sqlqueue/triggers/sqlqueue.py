@@ -5,9 +5,9 @@ triggers of one triggerer on the same connection wait on one
 :class:`~airflow_provider_sqlqueue.transport.watch.Poller`, which holds one connection and peeks
 each waited-on queue every ``peek_interval`` seconds (and, with ``wake_on_notify``, wakes at once
 on a sender's NOTIFY), so a thousand deferred sensors cost the database one connection and one
-peek per queue per interval. In ``claim`` mode (the default) a received message is leased, not deleted: if the
-triggerer dies between the receive and Airflow storing the event, or a downstream task fails
-before acknowledging, the lease runs out and the message is delivered again, up to
+peek per queue per interval. In ``claim`` mode (the default) a received message is leased, not
+deleted: if the triggerer dies between the receive and Airflow storing the event, or a downstream
+task fails before acknowledging, the lease runs out and the message is delivered again, up to
 ``max_deliveries`` times, then it goes to the error queue. Nothing is lost and nothing is handed
 out twice while a lease holds.
 
@@ -29,6 +29,7 @@ from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
 from ..hooks.sqlqueue import SqlQueueHook
 from ..transport import AsyncQueueClient, TransactionMode
+from ..transport.drivers import close_quietly
 from ..transport.errors import SqlQueueError, TransportUnavailableError
 from ..transport.pump import CircuitBreaker, check_peek_interval
 from ..transport.watch import Poller, shared_poller
@@ -141,7 +142,7 @@ class SqlQueueTrigger(BaseTrigger):
 
         Errors that retrying can fix (database down, connection killed) are logged and backed off
         from; anything else (missing table, bad connection) propagates. The trigger holds a
-        connection only while receiving: waiting is the shared watcher's.
+        connection only while receiving: waiting is the shared poller's.
         """
         for warning in check_peek_interval(self.peek_interval):
             self.log.warning("Queue %s: %s", self.queue_name, warning)
@@ -173,7 +174,7 @@ class SqlQueueTrigger(BaseTrigger):
                 continue
             finally:
                 if client is not None:
-                    await _close_quietly(client)
+                    await close_quietly(client)
             full = len(received) == self.max_messages  # more may wait: receive again before waiting
             if not received:
                 self.log.debug("Queue %s: woken, but other consumers took the messages", address)
@@ -210,10 +211,3 @@ class SqlQueueEventTrigger(SqlQueueTrigger, BaseEventTrigger):
         async for batch in self.batches():
             for message in batch:
                 yield TriggerEvent(message)
-
-
-async def _close_quietly(client: AsyncQueueClient) -> None:
-    try:
-        await client.close()
-    except Exception:  # the connection is already broken; closing is best effort
-        pass
