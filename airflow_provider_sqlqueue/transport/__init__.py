@@ -11,12 +11,14 @@ from .drivers import AsyncPsycopgPool, AsyncPsycopgSession, PsycopgSession
 from .errors import (
     InvalidHeadersError,
     InvalidQueueNameError,
+    LeaseLostError,
     PermissionDeniedError,
     QueueNotFoundError,
     SqlQueueError,
     TransportUnavailableError,
 )
-from .message import Message, ReceivedMessage, TransactionMode
+from .lease import LeaseKeeper
+from .message import Failure, Message, ReceivedMessage, TransactionMode
 from .pump import MessagePump
 
 __all__ = [
@@ -24,7 +26,10 @@ __all__ = [
     "AsyncPsycopgSession",
     "AsyncQueueClient",
     "InvalidHeadersError",
+    "Failure",
     "InvalidQueueNameError",
+    "LeaseKeeper",
+    "LeaseLostError",
     "Message",
     "MessagePump",
     "PermissionDeniedError",

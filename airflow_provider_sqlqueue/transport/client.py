@@ -8,22 +8,22 @@ the receive transaction open while the caller handles the message.
 
 from __future__ import annotations
 
+import os
+import socket
 import uuid
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from datetime import timedelta
-from typing import Any
+from typing import Any, Union, overload
 
+from . import defaults
 from . import operations as ops
 from .addressing import QueueAddress
 from .drivers import AsyncSession, Session, open_async_session, open_session
-from .message import Message, ReceivedMessage
+from .message import Failure, Message, ReceivedMessage
 
-DEFAULT_ERROR_QUEUE = "error"
-DEFAULT_LEASE = timedelta(minutes=5)
-DEFAULT_MAX_DELIVERIES = 5
-DEFAULT_PURGE_BATCH = 10_000
-
+#: A claim token as the caller has it: the UUID, or its text from XCom or an event payload.
+Token = Union[uuid.UUID, str]
 
 
 def milliseconds(span: timedelta | float | int) -> int:
@@ -44,6 +44,23 @@ def as_messages(messages: Message | Iterable[Message]) -> list[Message]:
     return batch
 
 
+def default_holder() -> str:
+    """Who holds a claim when the caller does not say: this process (shown with in-flight claims)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def as_tokens(tokens: Token | Iterable[Token]) -> list[uuid.UUID]:
+    """Claim tokens from one token or many (UUIDs or their text)."""
+    if isinstance(tokens, (uuid.UUID, str)):
+        tokens = [tokens]
+    return [token if isinstance(token, uuid.UUID) else uuid.UUID(str(token)) for token in tokens]
+
+
+def one_or_many(tokens: Token | Iterable[Token], held: set[uuid.UUID]) -> bool | set[uuid.UUID]:
+    """A settle call's answer in the caller's terms: a bool for one token, the held set for many."""
+    return bool(held) if isinstance(tokens, (uuid.UUID, str)) else held
+
+
 def check_positive(name: str, value: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -54,7 +71,7 @@ class _Addressing:
     """Resolves queue names to validated addresses for the session's dialect."""
 
     session: Session | AsyncSession
-    error_queue: str | QueueAddress
+    error_queue: str | QueueAddress | None
 
     def address(self, queue: str | QueueAddress) -> QueueAddress:
         dialect = self.session.dialect
@@ -65,8 +82,17 @@ class _Addressing:
             raise TypeError(f"queue must be a name or QueueAddress, got {type(queue).__name__}")
         return dialect.parse_address(queue)
 
-    def error_address(self, error_queue: str | QueueAddress | None) -> QueueAddress:
-        return self.address(self.error_queue if error_queue is None else error_queue)
+    def error_address(self, error_queue: str | QueueAddress | None, queue: QueueAddress | None = None) -> QueueAddress:
+        """The error queue of ``queue``: ``error_queue``, else the client's, else ``error``.
+
+        One rule everywhere: an error queue named without a schema lives in the queue's own schema
+        (and catalog), where ``create_queue`` creates it.
+        """
+        chosen = error_queue if error_queue is not None else self.error_queue
+        address = self.address(defaults.ERROR_QUEUE if chosen is None else chosen)
+        if address.schema is None and queue is not None:
+            address = queue.sibling(address.table)
+        return address
 
     # Operation builders shared by the sync and async clients: argument checks live here once.
 
@@ -74,7 +100,8 @@ class _Addressing:
         self, queue: str | QueueAddress, max_messages: int, error_queue: str | QueueAddress | None
     ) -> ops.Operation[list[ReceivedMessage]]:
         check_positive("max_messages", max_messages)
-        return ops.receive(self.session.dialect, self.address(queue), self.error_address(error_queue), max_messages)
+        address = self.address(queue)
+        return ops.receive(self.session.dialect, address, self.error_address(error_queue, address), max_messages)
 
     def _claim_op(
         self,
@@ -83,22 +110,64 @@ class _Addressing:
         lease: timedelta | float,
         max_deliveries: int,
         error_queue: str | QueueAddress | None,
+        holder: str | None,
     ) -> ops.Operation[list[ReceivedMessage]]:
         check_positive("max_messages", max_messages)
         check_positive("max_deliveries", max_deliveries)
+        address = self.address(queue)
         return ops.claim(
             self.session.dialect,
-            self.address(queue),
-            self.error_address(error_queue),
+            address,
+            self.error_address(error_queue, address),
             max_messages,
             max(1, milliseconds(lease)),
             max_deliveries,
+            holder,
+        )
+
+    def _take_op(
+        self,
+        queue: str | QueueAddress,
+        tokens: Token | Iterable[Token] | None,
+        lease: timedelta | float,
+        holder: str,
+        limit: int,
+        error_queue: str | QueueAddress | None,
+    ) -> ops.Operation[list[ReceivedMessage]]:
+        check_positive("limit", limit)
+        address = self.address(queue)
+        return ops.take(
+            self.session.dialect,
+            address,
+            self.error_address(error_queue, address),
+            None if tokens is None else as_tokens(tokens),
+            max(1, milliseconds(lease)),
+            holder,
+            limit,
         )
 
     def _nack_op(
-        self, queue: str | QueueAddress, token: uuid.UUID | str, error: str | None, delay: timedelta | float
-    ) -> ops.Operation[bool]:
-        return ops.nack(self.session.dialect, self.address(queue), uuid.UUID(str(token)), error, milliseconds(delay))
+        self,
+        queue: str | QueueAddress,
+        tokens: Token | Iterable[Token],
+        error: BaseException | str | Failure | None,
+        delay: timedelta | float,
+    ) -> ops.Operation[set[uuid.UUID]]:
+        failure = None if error is None else Failure.of(error)
+        return ops.nack(self.session.dialect, self.address(queue), as_tokens(tokens), failure, milliseconds(delay))
+
+    def _forward_op(
+        self,
+        claims: Mapping[str | QueueAddress, Token | Iterable[Token]],
+        sends: Mapping[str | QueueAddress, Message | Iterable[Message]],
+        notify: bool,
+    ) -> ops.Operation[int]:
+        return ops.forward(
+            self.session.dialect,
+            [(self.address(queue), as_tokens(tokens)) for queue, tokens in claims.items()],
+            [(self.address(queue), as_messages(messages)) for queue, messages in sends.items()],
+            notify,
+        )
 
     def _move_to_error_op(
         self,
@@ -107,8 +176,9 @@ class _Addressing:
         error: BaseException | str | None,
         error_queue: str | QueueAddress | None,
     ) -> ops.Operation[None]:
+        address = self.address(queue)
         return ops.move_to_error(
-            self.session.dialect, self.address(queue), self.error_address(error_queue), message, error
+            self.session.dialect, address, self.error_address(error_queue, address), message, error
         )
 
 
@@ -121,12 +191,12 @@ class QueueClient(_Addressing):
     as a context manager to close what it owns.
     """
 
-    def __init__(self, session: Session, error_queue: str | QueueAddress = DEFAULT_ERROR_QUEUE) -> None:
+    def __init__(self, session: Session, error_queue: str | QueueAddress | None = None) -> None:
         self.session = session
         self.error_queue = error_queue
 
     @classmethod
-    def connect(cls, target: Any, error_queue: str | QueueAddress = DEFAULT_ERROR_QUEUE) -> QueueClient:
+    def connect(cls, target: Any, error_queue: str | QueueAddress | None = None) -> QueueClient:
         """Open a client from a URI/DSN (owned connection) or wrap an existing DB-API connection (borrowed)."""
         return cls(open_session(target), error_queue)
 
@@ -160,7 +230,7 @@ class QueueClient(_Addressing):
         (CREATE on the schema). Returns the addresses of the queue tables.
         """
         address = self.address(queue)
-        addresses = [address, self.error_address(error_queue)]
+        addresses = [address, self.error_address(error_queue, address)]
         if secondary is not None:
             addresses.append(address.secondary(secondary))
         for each in addresses:
@@ -207,11 +277,8 @@ class QueueClient(_Addressing):
         :attr:`connection`; an exception rolls both back and the message stays in the queue.
         Yields None when the queue is empty.
         """
-        dialect = self.session.dialect
         with self.session.transaction():
-            received = ops.drive(
-                ops.receive(dialect, self.address(queue), self.error_address(error_queue), 1), self.session.execute
-            )
+            received = ops.drive(self._receive_op(queue, 1, error_queue), self.session.execute)
             yield received[0] if received else None
 
     def claim(
@@ -219,27 +286,114 @@ class QueueClient(_Addressing):
         queue: str | QueueAddress,
         max_messages: int = 1,
         *,
-        lease: timedelta | float = DEFAULT_LEASE,
-        max_deliveries: int = DEFAULT_MAX_DELIVERIES,
+        lease: timedelta | float = defaults.LEASE,
+        max_deliveries: int = defaults.MAX_DELIVERIES,
+        error_queue: str | QueueAddress | None = None,
+        holder: str | None = None,
+    ) -> list[ReceivedMessage]:
+        """Receive in ``claim`` mode: each message is leased to the caller until acked, nacked or the lease runs out.
+
+        Renew the lease while working (:meth:`extend`, or :class:`~.lease.LeaseKeeper`); ``holder``
+        says who holds the claims (default: this host and process).
+        """
+        return self.session.run(
+            self._claim_op(queue, max_messages, lease, max_deliveries, error_queue, holder or default_holder())
+        )
+
+    def reserve(
+        self,
+        queue: str | QueueAddress,
+        max_messages: int = 1,
+        *,
+        lease: timedelta | float = defaults.LEASE,
+        max_deliveries: int = defaults.MAX_DELIVERIES,
         error_queue: str | QueueAddress | None = None,
     ) -> list[ReceivedMessage]:
-        """Receive in ``claim`` mode: each message is leased to the caller until acked, nacked or the lease runs out."""
-        return self.session.run(self._claim_op(queue, max_messages, lease, max_deliveries, error_queue))
+        """Claim messages for someone else to :meth:`take` within ``lease``; counts no delivery.
 
-    def ack(self, queue: str | QueueAddress, token: uuid.UUID | str) -> bool:
-        """Acknowledge a claim. False means the lease ran out first: the message may be handled again."""
-        return self.session.run(ops.ack(self.session.dialect, self.address(queue), uuid.UUID(str(token))), single_statement=True)
+        What a waiter that hands messages on uses (an Airflow trigger): if it dies before handing
+        them over, they are back after one lease with no delivery spent.
+        """
+        return self.session.run(self._claim_op(queue, max_messages, lease, max_deliveries, error_queue, None))
 
+    def take(
+        self,
+        queue: str | QueueAddress,
+        tokens: Token | Iterable[Token] | None = None,
+        *,
+        lease: timedelta | float = defaults.LEASE,
+        holder: str | None = None,
+        limit: int = defaults.ADOPT_LIMIT,
+        error_queue: str | QueueAddress | None = None,
+    ) -> list[ReceivedMessage]:
+        """Take reserved messages: those of ``tokens``, or with None the queue's oldest reservations, up to ``limit``.
+
+        Counts a delivery and gives each message a new token; reservations someone else took first
+        are skipped, so a message has one owner.
+        """
+        return self.session.run(self._take_op(queue, tokens, lease, holder or default_holder(), limit, error_queue))
+
+    @overload
+    def ack(self, queue: str | QueueAddress, tokens: Token) -> bool: ...
+    @overload
+    def ack(self, queue: str | QueueAddress, tokens: Iterable[Token]) -> set[uuid.UUID]: ...
+    def ack(self, queue: str | QueueAddress, tokens: Token | Iterable[Token]) -> bool | set[uuid.UUID]:
+        """Acknowledge claims (one statement for any number).
+
+        For one token: False means the lease ran out and someone else took the message. For many:
+        the tokens that were still held.
+        """
+        held = self.session.run(ops.ack(self.session.dialect, self.address(queue), as_tokens(tokens)), single_statement=True)
+        return one_or_many(tokens, held)
+
+    @overload
     def nack(
-        self, queue: str | QueueAddress, token: uuid.UUID | str, *, error: str | None = None, delay: timedelta | float = 0
-    ) -> bool:
-        """Give a claim back: the message is delivered again after ``delay`` (its delivery count goes on)."""
-        return self.session.run(self._nack_op(queue, token, error, delay), single_statement=True)
+        self, queue: str | QueueAddress, tokens: Token, *, error: BaseException | str | Failure | None = None,
+        delay: timedelta | float = 0,
+    ) -> bool: ...
+    @overload
+    def nack(
+        self, queue: str | QueueAddress, tokens: Iterable[Token], *, error: BaseException | str | Failure | None = None,
+        delay: timedelta | float = 0,
+    ) -> set[uuid.UUID]: ...
+    def nack(
+        self,
+        queue: str | QueueAddress,
+        tokens: Token | Iterable[Token],
+        *,
+        error: BaseException | str | Failure | None = None,
+        delay: timedelta | float = 0,
+    ) -> bool | set[uuid.UUID]:
+        """Give claims back: delivered again after ``delay``; ``error`` is what the error queue will say if they end there."""
+        held = self.session.run(self._nack_op(queue, tokens, error, delay), single_statement=True)
+        return one_or_many(tokens, held)
 
-    def extend(self, queue: str | QueueAddress, token: uuid.UUID | str, lease: timedelta | float = DEFAULT_LEASE) -> bool:
-        """Renew a claim's lease for a long handler. False means it had already run out."""
-        op = ops.extend(self.session.dialect, self.address(queue), uuid.UUID(str(token)), max(1, milliseconds(lease)))
-        return self.session.run(op, single_statement=True)
+    @overload
+    def extend(self, queue: str | QueueAddress, tokens: Token, lease: timedelta | float = ...) -> bool: ...
+    @overload
+    def extend(self, queue: str | QueueAddress, tokens: Iterable[Token], lease: timedelta | float = ...) -> set[uuid.UUID]: ...
+    def extend(
+        self, queue: str | QueueAddress, tokens: Token | Iterable[Token], lease: timedelta | float = defaults.LEASE
+    ) -> bool | set[uuid.UUID]:
+        """Renew claims for another ``lease``. False (or a missing token) means someone else has the message."""
+        op = ops.extend(self.session.dialect, self.address(queue), as_tokens(tokens), max(1, milliseconds(lease)))
+        return one_or_many(tokens, self.session.run(op, single_statement=True))
+
+    def forward(
+        self,
+        claims: Mapping[str | QueueAddress, Token | Iterable[Token]],
+        sends: Mapping[str | QueueAddress, Message | Iterable[Message]],
+        *,
+        notify: bool = False,
+    ) -> int:
+        """Acknowledge ``claims`` ({queue: tokens}) and send ``sends`` ({queue: messages}) in one transaction.
+
+        Raises :class:`~.errors.LeaseLostError`, having sent and acknowledged nothing, when a claim
+        is no longer held: the message may be with another consumer, whose result will be the one
+        sent. Between stages in one database this makes the hand-off exactly-once. Returns how many
+        messages were sent.
+        """
+        return self.session.run(self._forward_op(claims, sends, notify))
 
     def fail(
         self,
@@ -252,7 +406,8 @@ class QueueClient(_Addressing):
         """Move a claimed message to the error queue now, with failure headers (no further deliveries)."""
         if message.claim_token is None:
             raise ValueError("fail() takes a claimed message; use move_to_error() for one received in none mode")
-        op = ops.fail_claim(self.session.dialect, self.address(queue), self.error_address(error_queue), message, error)
+        address = self.address(queue)
+        op = ops.fail_claim(self.session.dialect, address, self.error_address(error_queue, address), message, error)
         return self.session.run(op)
 
     def move_to_error(
@@ -269,10 +424,16 @@ class QueueClient(_Addressing):
     def retry_errors(
         self, error_queue: str | QueueAddress | None = None, *, queue: str | QueueAddress | None = None, limit: int = 1000
     ) -> int:
-        """Send failed messages back to the queue they failed in (only ``queue``'s when given)."""
+        """Send failed messages back to the queue they failed in (only ``queue``'s when given).
+
+        The error queue is ``error_queue``, else the client's, else ``error`` -- in ``queue``'s
+        schema when a queue is given.
+        """
         check_positive("limit", limit)
         only = self.address(queue) if queue is not None else None
-        return self.session.run(ops.retry_from_error(self.session.dialect, self.error_address(error_queue), limit, only))
+        return self.session.run(
+            ops.retry_from_error(self.session.dialect, self.error_address(error_queue, only), limit, only)
+        )
 
     # -- inspection and maintenance ------------------------------------------------------------
 
@@ -293,7 +454,7 @@ class QueueClient(_Addressing):
         """Claimed, unacknowledged messages of the queue."""
         return self.session.run(ops.inflight(self.session.dialect, self.address(queue)), single_statement=True)
 
-    def purge_expired(self, queue: str | QueueAddress, batch_size: int = DEFAULT_PURGE_BATCH) -> int:
+    def purge_expired(self, queue: str | QueueAddress, batch_size: int = defaults.PURGE_BATCH) -> int:
         """Delete expired messages in batches of ``batch_size``, each in its own short transaction."""
         check_positive("batch_size", batch_size)
         address = self.address(queue)
@@ -312,12 +473,12 @@ class QueueClient(_Addressing):
 class AsyncQueueClient(_Addressing):
     """The asyncio twin of :class:`QueueClient`, used by the message pump and Airflow triggers."""
 
-    def __init__(self, session: AsyncSession, error_queue: str | QueueAddress = DEFAULT_ERROR_QUEUE) -> None:
+    def __init__(self, session: AsyncSession, error_queue: str | QueueAddress | None = None) -> None:
         self.session = session
         self.error_queue = error_queue
 
     @classmethod
-    async def connect(cls, target: Any, error_queue: str | QueueAddress = DEFAULT_ERROR_QUEUE) -> AsyncQueueClient:
+    async def connect(cls, target: Any, error_queue: str | QueueAddress | None = None) -> AsyncQueueClient:
         return cls(await open_async_session(target), error_queue)
 
     @property
@@ -360,11 +521,8 @@ class AsyncQueueClient(_Addressing):
     async def receive_native(
         self, queue: str | QueueAddress, *, error_queue: str | QueueAddress | None = None
     ) -> AsyncIterator[ReceivedMessage | None]:
-        dialect = self.session.dialect
         async with self.session.transaction():
-            received = await ops.drive_async(
-                ops.receive(dialect, self.address(queue), self.error_address(error_queue), 1), self.session.execute
-            )
+            received = await ops.drive_async(self._receive_op(queue, 1, error_queue), self.session.execute)
             yield received[0] if received else None
 
     async def claim(
@@ -372,19 +530,49 @@ class AsyncQueueClient(_Addressing):
         queue: str | QueueAddress,
         max_messages: int = 1,
         *,
-        lease: timedelta | float = DEFAULT_LEASE,
-        max_deliveries: int = DEFAULT_MAX_DELIVERIES,
+        lease: timedelta | float = defaults.LEASE,
+        max_deliveries: int = defaults.MAX_DELIVERIES,
+        error_queue: str | QueueAddress | None = None,
+        holder: str | None = None,
+    ) -> list[ReceivedMessage]:
+        return await self.session.run(
+            self._claim_op(queue, max_messages, lease, max_deliveries, error_queue, holder or default_holder())
+        )
+
+    async def reserve(
+        self,
+        queue: str | QueueAddress,
+        max_messages: int = 1,
+        *,
+        lease: timedelta | float = defaults.LEASE,
+        max_deliveries: int = defaults.MAX_DELIVERIES,
         error_queue: str | QueueAddress | None = None,
     ) -> list[ReceivedMessage]:
-        return await self.session.run(self._claim_op(queue, max_messages, lease, max_deliveries, error_queue))
+        return await self.session.run(self._claim_op(queue, max_messages, lease, max_deliveries, error_queue, None))
 
-    async def ack(self, queue: str | QueueAddress, token: uuid.UUID | str) -> bool:
-        return await self.session.run(ops.ack(self.session.dialect, self.address(queue), uuid.UUID(str(token))), single_statement=True)
+    async def ack(self, queue: str | QueueAddress, tokens: Token | Iterable[Token]) -> set[uuid.UUID]:
+        """Acknowledge claims; returns the tokens that were still held."""
+        return await self.session.run(
+            ops.ack(self.session.dialect, self.address(queue), as_tokens(tokens)), single_statement=True
+        )
 
     async def nack(
-        self, queue: str | QueueAddress, token: uuid.UUID | str, *, error: str | None = None, delay: timedelta | float = 0
-    ) -> bool:
-        return await self.session.run(self._nack_op(queue, token, error, delay), single_statement=True)
+        self,
+        queue: str | QueueAddress,
+        tokens: Token | Iterable[Token],
+        *,
+        error: BaseException | str | Failure | None = None,
+        delay: timedelta | float = 0,
+    ) -> set[uuid.UUID]:
+        """Give claims back; returns the tokens that were still held."""
+        return await self.session.run(self._nack_op(queue, tokens, error, delay), single_statement=True)
+
+    async def extend(
+        self, queue: str | QueueAddress, tokens: Token | Iterable[Token], lease: timedelta | float = defaults.LEASE
+    ) -> set[uuid.UUID]:
+        """Renew claims; returns the tokens still held."""
+        op = ops.extend(self.session.dialect, self.address(queue), as_tokens(tokens), max(1, milliseconds(lease)))
+        return await self.session.run(op, single_statement=True)
 
     async def move_to_error(
         self,

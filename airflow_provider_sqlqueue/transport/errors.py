@@ -37,3 +37,19 @@ class PermissionDeniedError(SqlQueueError):
 
 class TransportUnavailableError(SqlQueueError):
     """The database could not be reached or dropped the connection; the operation may be retried."""
+
+
+class LeaseLostError(SqlQueueError):
+    """Claims were no longer held: their lease ran out and the messages may be with another consumer.
+
+    Raised by an atomic forward before anything is committed, so the stage's results were not sent.
+    """
+
+    def __init__(self, address: str, tokens: list[str]) -> None:
+        self.address = address
+        self.tokens = tokens
+        super().__init__(
+            f"{len(tokens)} claim(s) on {address} are no longer held (lease ran out; another consumer may have "
+            f"the messages), so nothing was sent or acknowledged: {', '.join(tokens[:5])}"
+            + (" ..." if len(tokens) > 5 else "")
+        )

@@ -278,21 +278,65 @@ class ReceivedMessage:
         }
 
 
-def failure_headers(headers: Headers, source_address: str, error: BaseException | str | None) -> Headers:
+@dataclass(frozen=True)
+class Failure:
+    """Why a message failed: what NServiceBus's ``ExceptionInfo`` headers say, kept until the message moves.
+
+    ``source`` names what failed -- an Airflow task (``dag_id.task_id``) or a handler -- so the error
+    queue says where to look. A claim given back with a failure keeps it (as :meth:`to_text`) until
+    the message succeeds or moves to the error queue, whose headers then carry the real exception
+    rather than the name of whatever noticed the failure.
+    """
+
+    type: str
+    message: str
+    source: str = "airflow-provider-sqlqueue"
+    stack_trace: str = ""
+
+    @classmethod
+    def of(cls, error: BaseException | str | Failure | None, source: str | None = None) -> Failure:
+        """The failure an exception, a text or nothing (an unacknowledged lease) describes."""
+        if isinstance(error, Failure):
+            return error if source is None else cls(error.type, error.message, source, error.stack_trace)
+        default_source = source or cls.source
+        if isinstance(error, BaseException):
+            return cls(
+                f"{type(error).__module__}.{type(error).__qualname__}",
+                str(error),
+                default_source,
+                "".join(traceback.format_exception(type(error), error, error.__traceback__)),
+            )
+        return cls("airflow_provider_sqlqueue.HandlerFailure", error or "message failed", default_source, error or "")
+
+    def to_text(self) -> str:
+        """The form stored with a claim (``LastError``)."""
+        return json.dumps(
+            {"type": self.type, "message": self.message, "source": self.source, "stack_trace": self.stack_trace},
+            ensure_ascii=False,
+        )
+
+    @classmethod
+    def from_text(cls, text: str | None) -> Failure | None:
+        """Read a stored failure back; plain text (written by older versions) becomes the message."""
+        if not text:
+            return None
+        try:
+            data = json.loads(text)
+            return cls(str(data["type"]), str(data["message"]), str(data["source"]), str(data.get("stack_trace", "")))
+        except (ValueError, TypeError, KeyError):
+            return cls.of(text)
+
+
+def failure_headers(headers: Headers, source_address: str, error: BaseException | str | Failure | None) -> Headers:
     """Headers for a message moved to the error queue, as NServiceBus's recoverability writes them."""
+    failure = Failure.of(error)
     result = dict(headers)
     result[FAILED_QUEUE] = source_address
     result[TIME_OF_FAILURE] = wire_timestamp(datetime.now(timezone.utc))
-    if isinstance(error, BaseException):
-        result[EXCEPTION_TYPE] = f"{type(error).__module__}.{type(error).__qualname__}"
-        result[EXCEPTION_MESSAGE] = str(error)
-        result[EXCEPTION_SOURCE] = "airflow-provider-sqlqueue"
-        result[EXCEPTION_STACK_TRACE] = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-    else:
-        result[EXCEPTION_TYPE] = "airflow_provider_sqlqueue.HandlerFailure"
-        result[EXCEPTION_MESSAGE] = error or "message failed"
-        result[EXCEPTION_SOURCE] = "airflow-provider-sqlqueue"
-        result[EXCEPTION_STACK_TRACE] = error or ""
+    result[EXCEPTION_TYPE] = failure.type
+    result[EXCEPTION_MESSAGE] = failure.message
+    result[EXCEPTION_SOURCE] = failure.source
+    result[EXCEPTION_STACK_TRACE] = failure.stack_trace
     return result
 
 

@@ -20,10 +20,11 @@ from typing import Any, TypeVar
 
 from .addressing import QueueAddress
 from .dialects import Dialect
-from .errors import InvalidHeadersError, QueueNotFoundError, SqlQueueError
+from .errors import InvalidHeadersError, LeaseLostError, QueueNotFoundError, SqlQueueError
 from .message import (
     FAILED_QUEUE,
     DELIVERY_COUNT,
+    Failure,
     Message,
     ReceivedMessage,
     decode_headers,
@@ -245,44 +246,55 @@ def claim(
     limit: int,
     lease_ms: int,
     max_deliveries: int,
+    holder: str | None,
 ) -> Operation[list[ReceivedMessage]]:
     """Claim up to ``limit`` messages: first those whose lease ran out, then fresh ones from the queue.
 
-    A message whose delivery count would pass ``max_deliveries`` is moved to the error queue
-    instead of being handed out again, with the last error its holder reported.
+    With a ``holder`` the messages are delivered to it (their delivery count goes up); without one
+    they are *reserved*: held for a task that takes them later (:func:`take`, :func:`adopt`), and
+    only that taking counts as a delivery -- a reservation that lapses because nobody came for it
+    (a paused DAG, a dead triggerer) costs the message none of its ``max_deliveries``.
+
+    A message that has already been delivered ``max_deliveries`` times is moved to the error
+    queue instead of being handed out again, with the failure its last holder reported.
     """
     target = d.qualified_name(address)
     queue_key = d.format_address(address)
+    counted = 1 if holder is not None else 0
     claimed: list[ReceivedMessage] = []
-    rows = yield Step(d.reclaim(address), (lease_ms, queue_key, limit), Fetch.ALL, target)
+    rows = yield Step(d.reclaim(address), (counted, lease_ms, holder, queue_key, limit), Fetch.ALL, target)
     rows.sort(key=lambda row: row[7])
+    expired_tokens: list[uuid.UUID] = []
     for token, message_id, expired, headers_text, body, deliveries, last_error, _seq in rows:
         if expired:
             log.debug("Dropped expired claimed message %s from %s", message_id, target)
-            yield Step(d.delete_claim(address), (token,), Fetch.NONE, target)
+            expired_tokens.append(as_uuid(token))
             continue
         try:
             headers = decode_headers(headers_text)
         except InvalidHeadersError as exc:
             yield from _claim_poison_to_error(d, address, error_address, token, message_id, headers_text, exc)
             continue
-        if deliveries > max_deliveries:
+        delivered = deliveries - counted  # deliveries before this claim
+        if delivered >= max_deliveries:
             log.error(
                 "Message %s in %s was delivered %d times without being acknowledged; moving it to %s",
                 message_id,
                 target,
-                deliveries - 1,
+                delivered,
                 d.qualified_name(error_address),
             )
-            error = last_error or f"lease expired {deliveries - 1} times without acknowledgement"
-            failed = failure_headers(headers, queue_key, error)
-            failed[DELIVERY_COUNT] = str(deliveries - 1)
+            failure = Failure.from_text(last_error) or f"lease expired {delivered} times without acknowledgement"
+            failed = failure_headers(headers, queue_key, failure)
+            failed[DELIVERY_COUNT] = str(delivered)
             yield Step(d.claim_to_error(address, error_address), (token, encode_headers(failed)), Fetch.NONE, target)
             continue
         claimed.append(ReceivedMessage(as_uuid(message_id), headers, bytes(body or b""), as_uuid(token), deliveries))
+    if expired_tokens:
+        yield Step(d.ack(address), (d.token_list(expired_tokens), queue_key), Fetch.ALL, target)
     while len(claimed) < limit:
         wanted = limit - len(claimed)
-        rows = yield Step(d.claim(address), (wanted, queue_key, lease_ms), Fetch.ALL, target)
+        rows = yield Step(d.claim(address), (wanted, queue_key, counted, lease_ms, holder), Fetch.ALL, target)
         rows.sort(key=lambda row: row[5])
         for token, message_id, headers_text, body, deliveries, _seq in rows:
             try:
@@ -311,26 +323,99 @@ def _claim_poison_to_error(
     yield Step(d.claim_to_error(address, error_address), (token, headers_text or ""), Fetch.NONE, d.qualified_name(address))
 
 
-def ack(d: Dialect, address: QueueAddress, token: uuid.UUID) -> Operation[bool]:
-    """Finish a claim; False when the lease had run out and the message may be with someone else."""
-    count = yield Step(d.ack(address), (token,), Fetch.ROWCOUNT, d.qualified_name(address))
-    return count == 1
+def take(
+    d: Dialect,
+    address: QueueAddress,
+    error_address: QueueAddress,
+    tokens: Sequence[uuid.UUID] | None,
+    lease_ms: int,
+    holder: str,
+    limit: int,
+) -> Operation[list[ReceivedMessage]]:
+    """Hand reservations to ``holder``: those of ``tokens``, or (None) the queue's oldest, up to ``limit``.
+
+    Each taken message gets a new token and a counted delivery, so whoever else still knows the
+    reservation's token can neither take nor settle it: a message has one owner at a time.
+    Reservations that are gone (taken by someone else, lapsed and renewed, settled) are skipped;
+    expired messages are dropped.
+    """
+    target = d.qualified_name(address)
+    queue_key = d.format_address(address)
+    if tokens is None:
+        rows = yield Step(d.adopt(address), (lease_ms, holder, queue_key, limit), Fetch.ALL, target)
+    elif tokens:
+        rows = yield Step(d.take(address), (lease_ms, holder, d.token_list(tokens), queue_key), Fetch.ALL, target)
+    else:
+        return []
+    rows.sort(key=lambda row: row[6])
+    taken: list[ReceivedMessage] = []
+    expired_tokens: list[uuid.UUID] = []
+    for token, message_id, expired, headers_text, body, deliveries, _seq in rows:
+        if expired:
+            expired_tokens.append(as_uuid(token))
+            continue
+        try:
+            headers = decode_headers(headers_text)
+        except InvalidHeadersError as exc:
+            yield from _claim_poison_to_error(d, address, error_address, token, message_id, headers_text, exc)
+            continue
+        taken.append(ReceivedMessage(as_uuid(message_id), headers, bytes(body or b""), as_uuid(token), deliveries))
+    if expired_tokens:
+        log.debug("Dropped %d expired reserved message(s) from %s", len(expired_tokens), target)
+        yield Step(d.ack(address), (d.token_list(expired_tokens), queue_key), Fetch.ALL, target)
+    return taken
 
 
-def nack(d: Dialect, address: QueueAddress, token: uuid.UUID, error: str | None, delay_ms: int) -> Operation[bool]:
-    """Give a claim back for redelivery after ``delay_ms``; False when the lease was already lost."""
-    count = yield Step(d.nack(address), (delay_ms, error, token), Fetch.ROWCOUNT, d.qualified_name(address))
-    return count == 1
+def ack(d: Dialect, address: QueueAddress, tokens: Sequence[uuid.UUID]) -> Operation[set[uuid.UUID]]:
+    """Finish claims; returns the tokens that were still held (a missing one may be with someone else)."""
+    rows = yield Step(
+        d.ack(address), (d.token_list(tokens), d.format_address(address)), Fetch.ALL, d.qualified_name(address)
+    )
+    return {as_uuid(row[0]) for row in rows}
 
 
-def extend(d: Dialect, address: QueueAddress, token: uuid.UUID, lease_ms: int) -> Operation[bool]:
-    """Renew a lease that is still held; False when it already ran out."""
-    count = yield Step(d.extend(address), (lease_ms, token), Fetch.ROWCOUNT, d.qualified_name(address))
-    return count == 1
+def nack(
+    d: Dialect, address: QueueAddress, tokens: Sequence[uuid.UUID], failure: Failure | None, delay_ms: int
+) -> Operation[set[uuid.UUID]]:
+    """Give claims back for redelivery after ``delay_ms``, keeping why; returns the tokens still held."""
+    params = (delay_ms, None if failure is None else failure.to_text(), d.token_list(tokens), d.format_address(address))
+    rows = yield Step(d.nack(address), params, Fetch.ALL, d.qualified_name(address))
+    return {as_uuid(row[0]) for row in rows}
+
+
+def extend(d: Dialect, address: QueueAddress, tokens: Sequence[uuid.UUID], lease_ms: int) -> Operation[set[uuid.UUID]]:
+    """Renew leases; returns the tokens still held."""
+    params = (lease_ms, d.token_list(tokens), d.format_address(address))
+    rows = yield Step(d.extend(address), params, Fetch.ALL, d.qualified_name(address))
+    return {as_uuid(row[0]) for row in rows}
+
+
+def forward(
+    d: Dialect,
+    claims: Sequence[tuple[QueueAddress, Sequence[uuid.UUID]]],
+    sends: Sequence[tuple[QueueAddress, Sequence[Message]]],
+    notify: bool = False,
+) -> Operation[int]:
+    """Acknowledge ``claims`` and send ``sends`` in one transaction: both happen, or neither.
+
+    If any claim is no longer held (its lease ran out and someone else may be handling the
+    message) :class:`LeaseLostError` is raised and the caller's transaction rolls the whole
+    forward back, so a stage's result is never sent twice for one message.
+    """
+    for address, tokens in claims:
+        wanted = set(tokens)
+        held = yield from ack(d, address, list(wanted))
+        if held != wanted:
+            raise LeaseLostError(d.qualified_name(address), sorted(str(token) for token in wanted - held))
+    sent = 0
+    for address, messages in sends:
+        if messages:
+            sent += yield from send(d, address, messages, notify)
+    return sent
 
 
 def fail_claim(
-    d: Dialect, address: QueueAddress, error_address: QueueAddress, message: ReceivedMessage, error: BaseException | str
+    d: Dialect, address: QueueAddress, error_address: QueueAddress, message: ReceivedMessage, error: BaseException | str | Failure
 ) -> Operation[bool]:
     """Move a claimed message straight to the error queue (the handler knows it can never succeed)."""
     headers = failure_headers(message.headers, d.format_address(address), error)

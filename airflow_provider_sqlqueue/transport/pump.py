@@ -23,11 +23,13 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from . import defaults
 from . import operations as ops
 from .addressing import QueueAddress
+from .client import default_holder
 from .drivers import AsyncSessionPool
 from .errors import QueueNotFoundError
-from .message import TIME_TO_BE_RECEIVED, ReceivedMessage, TransactionMode
+from .message import TIME_TO_BE_RECEIVED, Failure, ReceivedMessage, TransactionMode
 
 log = logging.getLogger("airflow_provider_sqlqueue.pump")
 
@@ -153,11 +155,11 @@ class MessagePump:
         max_concurrency: int = 1,
         peek_interval: float = 1.0,
         peek_batch_size: int = 50,
-        lease: timedelta = timedelta(minutes=5),
-        max_deliveries: int = 5,
+        lease: timedelta = defaults.LEASE,
+        max_deliveries: int = defaults.MAX_DELIVERIES,
         smallest_ttbr: timedelta | None = None,
-        max_backoff: float = 30.0,
-        breaker_alarm: float = 120.0,
+        max_backoff: float = defaults.MAX_BACKOFF_SECONDS,
+        breaker_alarm: float = defaults.BREAKER_ALARM_SECONDS,
     ) -> None:
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be at least 1, got {max_concurrency}")
@@ -169,13 +171,15 @@ class MessagePump:
         self.dialect = pool.dialect
         self.dialect.validate_address(queue)
         self.queue = queue
-        self.error_queue = error_queue or queue.sibling("error")
+        self.error_queue = error_queue or queue.sibling(defaults.ERROR_QUEUE)
         self.handler = handler
         self.mode = TransactionMode(mode)
         self.max_concurrency = max_concurrency
         self.peek_interval = peek_interval
         self.peek_batch_size = peek_batch_size
+        self.lease = lease
         self.lease_ms = max(1, round(lease.total_seconds() * 1000))
+        self.holder = default_holder()
         self.max_deliveries = max_deliveries
         self.breaker = CircuitBreaker(min(peek_interval, 1.0), max_backoff, breaker_alarm)
         self.failures = FailureCounter()
@@ -346,18 +350,23 @@ class MessagePump:
     async def _receive_claim(self) -> bool:
         async with self.pool.session() as session:
             claimed = await session.run(
-                ops.claim(self.dialect, self.queue, self.error_queue, 1, self.lease_ms, self.max_deliveries)
+                ops.claim(self.dialect, self.queue, self.error_queue, 1, self.lease_ms, self.max_deliveries, self.holder)
             )
         if not claimed:
             return False
         message = claimed[0]
-        error = await self._handle(message, None)
+        tokens = [message.claim_token]
+        renewing = asyncio.create_task(self._renew(tokens))
+        try:
+            error = await self._handle(message, None)
+        finally:
+            renewing.cancel()
         async with self.pool.session() as session:
             if error is None:
-                settled = await session.run(ops.ack(self.dialect, self.queue, message.claim_token))
+                settled = await session.run(ops.ack(self.dialect, self.queue, tokens), single_statement=True)
             else:
-                text = f"{type(error).__name__}: {error}"
-                settled = await session.run(ops.nack(self.dialect, self.queue, message.claim_token, text, 0))
+                failure = Failure.of(error, self.name)
+                settled = await session.run(ops.nack(self.dialect, self.queue, tokens, failure, 0), single_statement=True)
         if not settled:
             log.warning(
                 "Queue %s: lease on message %s ran out before it was settled; it may be handled again",
@@ -365,6 +374,16 @@ class MessagePump:
                 message.id,
             )
         return True
+
+    async def _renew(self, tokens: list[Any]) -> None:
+        """Renew a handler's claim every third of the lease while it runs, so a long handler keeps its message."""
+        while True:
+            await asyncio.sleep(self.lease.total_seconds() / 3)
+            try:
+                async with self.pool.session() as session:
+                    await session.run(ops.extend(self.dialect, self.queue, tokens, self.lease_ms), single_statement=True)
+            except Exception as exc:  # the next renewal may succeed; the handler goes on either way
+                log.warning("Queue %s: could not renew a claim: %s", self.name, exc)
 
 
 class _Rollback(Exception):

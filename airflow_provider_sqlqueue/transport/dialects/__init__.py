@@ -12,6 +12,7 @@ in the implementing module; reviewing a database's SQL means reading one file.
 
 from __future__ import annotations
 
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
@@ -175,16 +176,33 @@ class Dialect(ABC):
 
     @abstractmethod
     def claim(self, address: QueueAddress) -> str:
-        """Params (limit, queue key, lease_ms): move up to limit oldest unexpired rows into the in-flight table.
+        """Params (limit, queue key, deliveries, lease_ms, holder): move up to limit oldest unexpired rows in flight.
 
-        Expired rows met on the way are deleted. Rows: (token, id, headers, body, deliveries, seq).
+        ``deliveries`` is 1 for a claim handed to a handler, 0 for a reservation (``holder`` NULL)
+        that a task takes later. Expired rows met on the way are deleted.
+        Rows: (token, id, headers, body, deliveries, seq).
         """
 
     @abstractmethod
     def reclaim(self, address: QueueAddress) -> str:
-        """Params (lease_ms, queue key, limit): renew up to limit claims whose lease ran out.
+        """Params (deliveries added, lease_ms, holder, queue key, limit): renew up to limit lapsed claims.
 
-        Rows: (token, id, expired, headers, body, deliveries, last_error, seq); deliveries is incremented.
+        Every renewed claim gets a new token, so its previous holder can no longer settle it.
+        Rows: (token, id, expired, headers, body, deliveries, last_error, seq).
+        """
+
+    @abstractmethod
+    def take(self, address: QueueAddress) -> str:
+        """Params (lease_ms, holder, tokens, queue key): hand reservations (holder NULL) to ``holder``.
+
+        A delivery is counted and the token replaced. Rows: (token, id, expired, headers, body, deliveries, seq).
+        """
+
+    @abstractmethod
+    def adopt(self, address: QueueAddress) -> str:
+        """Params (lease_ms, holder, queue key, limit): :meth:`take` the queue's oldest reservations, whoever made them.
+
+        Rows as :meth:`take`.
         """
 
     @abstractmethod
@@ -196,20 +214,27 @@ class Dialect(ABC):
         """Params (queue key,) -> one row: claims currently held on the queue."""
 
     @abstractmethod
+    def token_list(self, tokens: Sequence[uuid.UUID]) -> object:
+        """The parameter that carries several claim tokens into one statement."""
+
+    @abstractmethod
     def ack(self, address: QueueAddress) -> str:
-        """Params (token,): delete a claim; rowcount 0 means the lease was lost."""
+        """Params (tokens, queue key): delete the queue's claims; rows: the tokens that were still held."""
 
     @abstractmethod
     def nack(self, address: QueueAddress) -> str:
-        """Params (delay_ms, last_error, token): end a lease early so the message is redelivered after delay."""
+        """Params (delay_ms, last_error, tokens, queue key): end leases so the messages come again after delay.
+
+        Rows: the tokens that were still held.
+        """
 
     @abstractmethod
     def extend(self, address: QueueAddress) -> str:
-        """Params (lease_ms, token): renew a lease that has not yet run out; rowcount 0 means it was lost."""
+        """Params (lease_ms, tokens, queue key): renew leases; rows: the tokens still held.
 
-    @abstractmethod
-    def delete_claim(self, address: QueueAddress) -> str:
-        """Params (token,): drop a claim (an expired message found on reclaim)."""
+        A token is held until it is settled or someone else renews the lapsed claim (which replaces
+        the token): a renewal that comes late but before anyone else took the message still holds.
+        """
 
     @abstractmethod
     def claim_to_error(self, address: QueueAddress, error_address: QueueAddress) -> str:

@@ -13,6 +13,7 @@ that a table named ``50%`` cannot be mistaken for a placeholder.
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Sequence
 
 from ..addressing import QueueAddress, split_outside, unquote
@@ -135,8 +136,11 @@ class PostgresDialect(Dialect):
     Seq bigint NOT NULL,
     Deliveries integer NOT NULL,
     LeaseUntil timestamp NOT NULL,
-    LastError text
+    LastError text,
+    Holder text
 )""",
+            # Tables created before hand-off reservations existed lack Holder.
+            f"ALTER TABLE {f} ADD COLUMN IF NOT EXISTS Holder text",
             f"CREATE INDEX IF NOT EXISTS {lease_index} ON {f} (Queue, LeaseUntil)",
         ]
 
@@ -263,9 +267,9 @@ class PostgresDialect(Dialect):
             f"WITH taken AS (DELETE FROM {q} AS rs "
             f"WHERE rs.Seq = ANY(ARRAY(SELECT Seq FROM {q} ORDER BY Seq LIMIT %s FOR UPDATE SKIP LOCKED)) "
             "RETURNING rs.Id, rs.Expires, rs.Headers, rs.Body, rs.Seq), "
-            f"claimed AS (INSERT INTO {f} (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil) "
-            f"SELECT gen_random_uuid(), %s, Id, Expires, Headers, Body, Seq, 1, "
-            f"{_UTC_NOW} + %s::bigint * interval '1 millisecond' FROM taken "
+            f"claimed AS (INSERT INTO {f} (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil, Holder) "
+            f"SELECT gen_random_uuid(), %s, Id, Expires, Headers, Body, Seq, %s, "
+            f"{_UTC_NOW} + %s::bigint * interval '1 millisecond', %s FROM taken "
             f"WHERE Expires IS NULL OR Expires > {_UTC_NOW} "
             "RETURNING Token, Id, Headers, Body, Deliveries, Seq) "
             "SELECT Token, Id, Headers, Body, Deliveries, Seq FROM claimed ORDER BY Seq"
@@ -274,12 +278,33 @@ class PostgresDialect(Dialect):
     def reclaim(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
         return (
-            f"UPDATE {f} AS c SET Token = gen_random_uuid(), Deliveries = c.Deliveries + 1, "
-            f"LeaseUntil = {_UTC_NOW} + %s::bigint * interval '1 millisecond' "
+            f"UPDATE {f} AS c SET Token = gen_random_uuid(), Deliveries = c.Deliveries + %s, "
+            f"LeaseUntil = {_UTC_NOW} + %s::bigint * interval '1 millisecond', Holder = %s "
             f"WHERE c.Token = ANY(ARRAY(SELECT Token FROM {f} WHERE Queue = %s AND LeaseUntil <= {_UTC_NOW} "
             "ORDER BY Seq LIMIT %s FOR UPDATE SKIP LOCKED)) "
             f"RETURNING c.Token, c.Id, c.Expires IS NOT NULL AND c.Expires <= {_UTC_NOW}, c.Headers, c.Body, "
             "c.Deliveries, c.LastError, c.Seq"
+        )
+
+    def take(self, address: QueueAddress) -> str:
+        f = self.qualified_name(self.inflight_address(address))
+        return (
+            f"UPDATE {f} AS c SET Token = gen_random_uuid(), Deliveries = c.Deliveries + 1, "
+            f"LeaseUntil = {_UTC_NOW} + %s::bigint * interval '1 millisecond', Holder = %s "
+            "WHERE c.Token = ANY(%s::uuid[]) AND c.Queue = %s AND c.Holder IS NULL "
+            f"RETURNING c.Token, c.Id, c.Expires IS NOT NULL AND c.Expires <= {_UTC_NOW}, c.Headers, c.Body, "
+            "c.Deliveries, c.Seq"
+        )
+
+    def adopt(self, address: QueueAddress) -> str:
+        f = self.qualified_name(self.inflight_address(address))
+        return (
+            f"UPDATE {f} AS c SET Token = gen_random_uuid(), Deliveries = c.Deliveries + 1, "
+            f"LeaseUntil = {_UTC_NOW} + %s::bigint * interval '1 millisecond', Holder = %s "
+            f"WHERE c.Token = ANY(ARRAY(SELECT Token FROM {f} WHERE Queue = %s AND Holder IS NULL "
+            "ORDER BY Seq LIMIT %s FOR UPDATE SKIP LOCKED)) "
+            f"RETURNING c.Token, c.Id, c.Expires IS NOT NULL AND c.Expires <= {_UTC_NOW}, c.Headers, c.Body, "
+            "c.Deliveries, c.Seq"
         )
 
     def peek_with_claims(self, address: QueueAddress) -> str:
@@ -290,25 +315,26 @@ class PostgresDialect(Dialect):
         f = self.qualified_name(self.inflight_address(address))
         return f"SELECT count(*) FROM {f} WHERE Queue = %s"
 
+    def token_list(self, tokens: Sequence[uuid.UUID]) -> object:
+        return list(tokens)
+
     def ack(self, address: QueueAddress) -> str:
-        return f"DELETE FROM {self.qualified_name(self.inflight_address(address))} WHERE Token = %s"
+        f = self.qualified_name(self.inflight_address(address))
+        return f"DELETE FROM {f} WHERE Token = ANY(%s::uuid[]) AND Queue = %s RETURNING Token"
 
     def nack(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
         return (
             f"UPDATE {f} SET LeaseUntil = {_UTC_NOW} + %s::bigint * interval '1 millisecond', LastError = %s "
-            "WHERE Token = %s"
+            "WHERE Token = ANY(%s::uuid[]) AND Queue = %s RETURNING Token"
         )
 
     def extend(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
         return (
             f"UPDATE {f} SET LeaseUntil = {_UTC_NOW} + %s::bigint * interval '1 millisecond' "
-            f"WHERE Token = %s AND LeaseUntil > {_UTC_NOW}"
+            "WHERE Token = ANY(%s::uuid[]) AND Queue = %s RETURNING Token"
         )
-
-    def delete_claim(self, address: QueueAddress) -> str:
-        return self.ack(address)
 
     def claim_to_error(self, address: QueueAddress, error_address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))

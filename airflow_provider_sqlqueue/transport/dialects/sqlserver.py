@@ -19,7 +19,9 @@ server only where ``SQLQUEUE_MSSQL_URI`` was set for the integration suite.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
+import uuid
 from collections.abc import Sequence
 
 from ..addressing import QueueAddress, split_outside, unquote
@@ -67,6 +69,10 @@ _RETRYABLE_NUMBERS = {
     40501,
     40613,  # Azure SQL: service busy / database unavailable
 }
+
+
+#: The claim tokens of a statement's @tokens parameter (a JSON array, see ``token_list``).
+_TOKENS = "SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j"
 
 
 def quote_ident(name: str) -> str:
@@ -229,7 +235,10 @@ class SqlServerDialect(Dialect):
             "Seq bigint NOT NULL, "
             "Deliveries int NOT NULL, "
             "LeaseUntil datetime2 NOT NULL, "
-            "LastError nvarchar(max) NULL)",
+            "LastError nvarchar(max) NULL, "
+            "Holder nvarchar(400) NULL)",
+            # Tables created before hand-off reservations existed lack Holder.
+            f"IF COL_LENGTH({self._object_name(inflight)}, N'Holder') IS NULL ALTER TABLE {f} ADD Holder nvarchar(400) NULL",
             self._if_no_index(inflight, "Index_Token") + f"CREATE UNIQUE NONCLUSTERED INDEX [Index_Token] ON {f} (Token)",
             self._if_no_index(inflight, "Index_Lease")
             + f"CREATE NONCLUSTERED INDEX [Index_Lease] ON {f} (Queue, LeaseUntil)",
@@ -355,29 +364,62 @@ class SqlServerDialect(Dialect):
         # One batch: delete the oldest unlocked rows into a table variable, then move the
         # unexpired ones into the in-flight table and return them (expired ones are just gone).
         return (
-            "DECLARE @limit int = %s, @queue nvarchar(450) = %s, @lease_ms bigint = %s; "
+            "DECLARE @limit int = %s, @queue nvarchar(450) = %s, @deliveries int = %s, @lease_ms bigint = %s, "
+            "@holder nvarchar(400) = %s; "
             "DECLARE @taken TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), "
             "Body varbinary(max), Seq bigint); "
             f"WITH message AS (SELECT TOP (@limit) * FROM {q} WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) "
             "DELETE FROM message OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, "
             "deleted.RowVersion INTO @taken; "
-            f"INSERT INTO {f} (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil) "
+            f"INSERT INTO {f} (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil, Holder) "
             "OUTPUT inserted.Token, inserted.Id, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq "
-            "SELECT NEWID(), @queue, t.Id, t.Expires, t.Headers, t.Body, t.Seq, 1, "
-            f"{_after_ms('@lease_ms', _LEASE_NOW)} FROM @taken AS t "
+            "SELECT NEWID(), @queue, t.Id, t.Expires, t.Headers, t.Body, t.Seq, @deliveries, "
+            f"{_after_ms('@lease_ms', _LEASE_NOW)}, @holder FROM @taken AS t "
             f"WHERE t.Expires IS NULL OR t.Expires > {_UTC_NOW}"
         )
 
     def reclaim(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
         return (
-            "DECLARE @lease_ms bigint = %s, @queue nvarchar(450) = %s, @limit int = %s; "
+            "DECLARE @deliveries int = %s, @lease_ms bigint = %s, @holder nvarchar(400) = %s, "
+            "@queue nvarchar(450) = %s, @limit int = %s; "
             f"WITH lapsed AS (SELECT TOP (@limit) * FROM {f} WITH (UPDLOCK, READPAST, ROWLOCK) "
             f"WHERE Queue = @queue AND LeaseUntil <= {_LEASE_NOW} ORDER BY Seq) "
-            "UPDATE lapsed SET Token = NEWID(), Deliveries = Deliveries + 1, "
-            f"LeaseUntil = {_after_ms('@lease_ms', _LEASE_NOW)} "
+            "UPDATE lapsed SET Token = NEWID(), Deliveries = Deliveries + @deliveries, "
+            f"LeaseUntil = {_after_ms('@lease_ms', _LEASE_NOW)}, Holder = @holder "
             f"OUTPUT inserted.Token, inserted.Id, {self._expired('inserted')}, inserted.Headers, inserted.Body, "
             "inserted.Deliveries, inserted.LastError, inserted.Seq"
+        )
+
+    def _take_into(self, candidates: str) -> str:
+        """Hand the claims ``candidates`` selects to @holder: a new token, a counted delivery, a lease."""
+        return (
+            f"WITH taken AS ({candidates}) "
+            "UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, "
+            f"LeaseUntil = {_after_ms('@lease_ms', _LEASE_NOW)}, Holder = @holder "
+            f"OUTPUT inserted.Token, inserted.Id, {self._expired('inserted')}, inserted.Headers, inserted.Body, "
+            "inserted.Deliveries, inserted.Seq"
+        )
+
+    def take(self, address: QueueAddress) -> str:
+        f = self.qualified_name(self.inflight_address(address))
+        return (
+            "DECLARE @lease_ms bigint = %s, @holder nvarchar(400) = %s, @tokens nvarchar(max) = %s, "
+            "@queue nvarchar(450) = %s; "
+            + self._take_into(
+                f"SELECT * FROM {f} WITH (UPDLOCK, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL "
+                f"AND Token IN ({_TOKENS})",
+            )
+        )
+
+    def adopt(self, address: QueueAddress) -> str:
+        f = self.qualified_name(self.inflight_address(address))
+        return (
+            "DECLARE @lease_ms bigint = %s, @holder nvarchar(400) = %s, @queue nvarchar(450) = %s, @limit int = %s; "
+            + self._take_into(
+                f"SELECT TOP (@limit) * FROM {f} WITH (UPDLOCK, READPAST, ROWLOCK) "
+                "WHERE Queue = @queue AND Holder IS NULL ORDER BY Seq",
+            )
         )
 
     def peek_with_claims(self, address: QueueAddress) -> str:
@@ -391,27 +433,35 @@ class SqlServerDialect(Dialect):
         f = self.qualified_name(self.inflight_address(address))
         return f"SELECT COUNT_BIG(*) FROM {f} WITH (READPAST) WHERE Queue = %s"
 
+    def token_list(self, tokens: Sequence[uuid.UUID]) -> object:
+        # A JSON array of token strings, opened server side with OPENJSON (SQL Server 2016+).
+        return json.dumps([str(token) for token in tokens])
+
     def ack(self, address: QueueAddress) -> str:
-        return f"DELETE FROM {self.qualified_name(self.inflight_address(address))} WHERE Token = %s"
+        f = self.qualified_name(self.inflight_address(address))
+        return (
+            "DECLARE @tokens nvarchar(max) = %s, @queue nvarchar(450) = %s; "
+            f"WITH settled AS (SELECT * FROM {f} WHERE Queue = @queue AND Token IN ({_TOKENS})) "
+            "DELETE FROM settled OUTPUT deleted.Token"
+        )
 
     def nack(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
         return (
-            "DECLARE @delay_ms bigint = %s, @error nvarchar(max) = %s, @token uniqueidentifier = %s; "
-            f"UPDATE {f} SET LeaseUntil = {_after_ms('@delay_ms', _LEASE_NOW)}, LastError = @error "
-            "WHERE Token = @token"
+            "DECLARE @delay_ms bigint = %s, @error nvarchar(max) = %s, @tokens nvarchar(max) = %s, "
+            "@queue nvarchar(450) = %s; "
+            f"WITH given AS (SELECT * FROM {f} WHERE Queue = @queue AND Token IN ({_TOKENS})) "
+            f"UPDATE given SET LeaseUntil = {_after_ms('@delay_ms', _LEASE_NOW)}, LastError = @error "
+            "OUTPUT inserted.Token"
         )
 
     def extend(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
         return (
-            "DECLARE @lease_ms bigint = %s, @token uniqueidentifier = %s; "
-            f"UPDATE {f} SET LeaseUntil = {_after_ms('@lease_ms', _LEASE_NOW)} "
-            f"WHERE Token = @token AND LeaseUntil > {_LEASE_NOW}"
+            "DECLARE @lease_ms bigint = %s, @tokens nvarchar(max) = %s, @queue nvarchar(450) = %s; "
+            f"WITH held AS (SELECT * FROM {f} WHERE Queue = @queue AND Token IN ({_TOKENS})) "
+            f"UPDATE held SET LeaseUntil = {_after_ms('@lease_ms', _LEASE_NOW)} OUTPUT inserted.Token"
         )
-
-    def delete_claim(self, address: QueueAddress) -> str:
-        return self.ack(address)
 
     def claim_to_error(self, address: QueueAddress, error_address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))

@@ -1,0 +1,109 @@
+"""Keeping claims alive while their holder works.
+
+A lease is short (:data:`~airflow_provider_sqlqueue.transport.defaults.LEASE`) so that messages of
+a holder that died come back quickly; a holder that is alive renews it. :class:`LeaseKeeper` does
+that from a background thread for blocking code -- a Spark job, an Airflow task -- on a connection
+of its own, so the work itself never has to stop to renew.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from datetime import timedelta
+from types import TracebackType
+
+from . import defaults
+from .client import QueueClient, Token, as_tokens
+
+log = logging.getLogger("airflow_provider_sqlqueue.lease")
+
+
+class LeaseKeeper:
+    """Renew claims every third of their lease until the block ends.
+
+    ``with LeaseKeeper(open_client, {"orders": tokens}) as keeper:`` renews once on entry (so
+    :attr:`held` says at once which claims are still this holder's), then every ``lease / 3`` from
+    a thread, and once more on a normal exit, which leaves the next step -- an acknowledgement or
+    an atomic forward -- a whole lease to run in. A claim found taken by someone else is dropped
+    from :attr:`held` and logged; the work on it must not be passed on (an atomic forward refuses
+    it anyway). A database outage is logged and retried at the next renewal.
+
+    :param open_client: opens the keeper's own connection (a client is not shared across threads).
+    :param claims: the tokens to renew, by queue.
+    :param lease: the lease each renewal grants.
+    """
+
+    def __init__(
+        self,
+        open_client: Callable[[], QueueClient],
+        claims: Mapping[str, Token | Iterable[Token]],
+        lease: timedelta = defaults.LEASE,
+    ) -> None:
+        if lease <= timedelta(0):
+            raise ValueError(f"lease must be positive, got {lease}")
+        self._open_client = open_client
+        self.lease = lease
+        self.held: dict[str, set[uuid.UUID]] = {queue: set(as_tokens(tokens)) for queue, tokens in claims.items()}
+        self.lost: dict[str, set[uuid.UUID]] = {}
+        self.renewals = 0
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def renew(self, client: QueueClient) -> None:
+        """Renew every claim still held, once; claims someone else took move to :attr:`lost`."""
+        with self._lock:
+            for queue, tokens in self.held.items():
+                if not tokens:
+                    continue
+                still = client.extend(queue, list(tokens), self.lease)
+                gone = tokens - still
+                if gone:
+                    log.error(
+                        "Queue %s: %d claim(s) were taken by another consumer after their lease ran out; "
+                        "their work here will not be passed on",
+                        queue,
+                        len(gone),
+                    )
+                    self.lost.setdefault(queue, set()).update(gone)
+                    tokens -= gone
+            self.renewals += 1
+
+    def __enter__(self) -> LeaseKeeper:
+        with self._open_client() as client:
+            self.renew(client)
+        self._thread = threading.Thread(target=self._run, name="sqlqueue-lease-keeper", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if exc_type is None:
+            with self._open_client() as client:
+                self.renew(client)
+
+    def _run(self) -> None:
+        every = self.lease.total_seconds() / 3
+        client: QueueClient | None = None
+        try:
+            while not self._stop.wait(every):
+                try:
+                    if client is None:
+                        client = self._open_client()
+                    self.renew(client)
+                    log.debug("Renewed %d claim(s) for %s", sum(map(len, self.held.values())), self.lease)
+                except Exception as exc:  # an outage must not end the renewals: the next one may succeed
+                    log.warning("Could not renew claims (will retry in %.0fs): %s", every, exc)
+                    if client is not None:
+                        client.close()
+                        client = None
+        finally:
+            if client is not None:
+                client.close()
