@@ -62,15 +62,16 @@ STATEMENTS: dict[str, Statement] = {
     "send_raw": lambda d, a, e: d.send_raw(a),
     "claim": lambda d, a, e: d.claim(a),
     "reclaim": lambda d, a, e: d.reclaim(a),
+    "take": lambda d, a, e: d.take(a),
+    "adopt": lambda d, a, e: d.adopt(a),
     "peek_with_claims": lambda d, a, e: d.peek_with_claims(a),
     "count_inflight": lambda d, a, e: d.count_inflight(a),
     "ack": lambda d, a, e: d.ack(a),
     "nack": lambda d, a, e: d.nack(a),
     "extend": lambda d, a, e: d.extend(a),
-    "delete_claim": lambda d, a, e: d.delete_claim(a),
     "claim_to_error": lambda d, a, e: d.claim_to_error(a, e),
 }
-NOT_STATEMENTS = {"validate_address", "parse_address", "format_address", "qualified_name", "translate_error", "send_batch_params"}
+NOT_STATEMENTS = {"validate_address", "parse_address", "format_address", "qualified_name", "translate_error", "send_batch_params", "token_list"}
 SESSION_STATEMENTS = {
     "begin": tsql.BEGIN_TRANSACTION,
     "commit": tsql.COMMIT_TRANSACTION,
@@ -142,8 +143,8 @@ def test_placeholders_count_matches_the_parameters_the_operations_pass():
     error = address.sibling("error")
     expected = {  # parameters per statement, from the Dialect docstrings the operations follow
         "send": 4, "send_batch": 12, "receive": 1, "purge_expired": 1, "insert_error": 3, "browse": 1,
-        "peek_error_rows": 1, "delete_by_seq": 1, "send_raw": 3, "claim": 3, "reclaim": 3,
-        "peek_with_claims": 1, "count_inflight": 1, "ack": 1, "nack": 3, "extend": 2, "delete_claim": 1,
+        "peek_error_rows": 1, "delete_by_seq": 1, "send_raw": 3, "claim": 5, "reclaim": 5, "take": 4, "adopt": 4,
+        "peek_with_claims": 1, "count_inflight": 1, "ack": 2, "nack": 4, "extend": 3,
         "claim_to_error": 2, "queue_columns": 2, "has_expires_index": 2, "peek": 0, "depth": 0, "purge_all": 0,
         "drop_queue": 0, "add_body_string": 0, "expires_index_ddl": 0,
     }
@@ -298,14 +299,15 @@ SAMPLE_PARAMS = {
     "peek_error_rows": (100,),
     "delete_by_seq": (42,),
     "send_raw": (uuid.uuid4(), "{}", b"x"),
-    "claim": (5, "orders@[dbo]", 1_800_000),
-    "reclaim": (1_800_000, "orders@[dbo]", 5),
+    "claim": (5, "orders@[dbo]", 1, 120_000, "host's worker:42"),
+    "reclaim": (0, 120_000, None, "orders@[dbo]", 5),
+    "take": (120_000, "dag/run/task#1", dialect.token_list([uuid.uuid4(), uuid.uuid4()]), "orders@[dbo]"),
+    "adopt": (120_000, "dag/run/task#1", "orders@[dbo]", 100),
     "peek_with_claims": ("orders@[dbo]",),
     "count_inflight": ("orders@[dbo]",),
-    "ack": (uuid.uuid4(),),
-    "nack": (0, "ValueError: it's bad", uuid.uuid4()),
-    "extend": (60_000, uuid.uuid4()),
-    "delete_claim": (uuid.uuid4(),),
+    "ack": (dialect.token_list([uuid.uuid4()]), "orders@[dbo]"),
+    "nack": (0, '{"type": "ValueError", "message": "it\'s bad"}', dialect.token_list([uuid.uuid4()]), "orders@[dbo]"),
+    "extend": (60_000, dialect.token_list([uuid.uuid4()]), "orders@[dbo]"),
     "claim_to_error": (uuid.uuid4(), '{"NServiceBus.FailedQ":"orders@[dbo]"}'),
     "queue_columns": ("dbo", "orders"),
     "has_expires_index": ("dbo", "orders"),

@@ -14,12 +14,15 @@ IF COL_LENGTH(N'[dbo].[orders]', N'BodyString') IS NULL ALTER TABLE [dbo].[order
 EXEC sp_getapplock @Resource = N'sqlqueue_2001e3c8a9ae7f225bec95ee24837f3e62255ae3', @LockMode = N'Exclusive', @LockOwner = N'Transaction';
 
 -- plain: create_inflight[1]
-IF OBJECT_ID(N'[dbo].[sqlqueue_inflight]', N'U') IS NULL CREATE TABLE [dbo].[sqlqueue_inflight] (Token uniqueidentifier NOT NULL, Queue nvarchar(450) NOT NULL, Id uniqueidentifier NOT NULL, Expires datetime NULL, Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, Seq bigint NOT NULL, Deliveries int NOT NULL, LeaseUntil datetime2 NOT NULL, LastError nvarchar(max) NULL);
+IF OBJECT_ID(N'[dbo].[sqlqueue_inflight]', N'U') IS NULL CREATE TABLE [dbo].[sqlqueue_inflight] (Token uniqueidentifier NOT NULL, Queue nvarchar(450) NOT NULL, Id uniqueidentifier NOT NULL, Expires datetime NULL, Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, Seq bigint NOT NULL, Deliveries int NOT NULL, LeaseUntil datetime2 NOT NULL, LastError nvarchar(max) NULL, Holder nvarchar(400) NULL);
 
 -- plain: create_inflight[2]
-IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[dbo].[sqlqueue_inflight]') AND name = N'Index_Token') CREATE UNIQUE NONCLUSTERED INDEX [Index_Token] ON [dbo].[sqlqueue_inflight] (Token);
+IF COL_LENGTH(N'[dbo].[sqlqueue_inflight]', N'Holder') IS NULL ALTER TABLE [dbo].[sqlqueue_inflight] ADD Holder nvarchar(400) NULL;
 
 -- plain: create_inflight[3]
+IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[dbo].[sqlqueue_inflight]') AND name = N'Index_Token') CREATE UNIQUE NONCLUSTERED INDEX [Index_Token] ON [dbo].[sqlqueue_inflight] (Token);
+
+-- plain: create_inflight[4]
 IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[dbo].[sqlqueue_inflight]') AND name = N'Index_Lease') CREATE NONCLUSTERED INDEX [Index_Lease] ON [dbo].[sqlqueue_inflight] (Queue, LeaseUntil);
 
 -- plain: drop_queue
@@ -71,10 +74,16 @@ DELETE FROM [dbo].[error] WHERE RowVersion = @p1;
 INSERT INTO [dbo].[orders] (Id, Recoverable, Expires, Headers, Body) VALUES (@p1, 1, NULL, @p2, @p3);
 
 -- plain: claim
-DECLARE @limit int = @p1, @queue nvarchar(450) = @p2, @lease_ms bigint = @p3; DECLARE @taken TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); WITH message AS (SELECT TOP (@limit) * FROM [dbo].[orders] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.RowVersion INTO @taken; INSERT INTO [dbo].[sqlqueue_inflight] (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil) OUTPUT inserted.Token, inserted.Id, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq SELECT NEWID(), @queue, t.Id, t.Expires, t.Headers, t.Body, t.Seq, 1, DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())) FROM @taken AS t WHERE t.Expires IS NULL OR t.Expires > GETUTCDATE();
+DECLARE @limit int = @p1, @queue nvarchar(450) = @p2, @deliveries int = @p3, @lease_ms bigint = @p4, @holder nvarchar(400) = @p5; DECLARE @taken TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); WITH message AS (SELECT TOP (@limit) * FROM [dbo].[orders] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.RowVersion INTO @taken; INSERT INTO [dbo].[sqlqueue_inflight] (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil, Holder) OUTPUT inserted.Token, inserted.Id, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq SELECT NEWID(), @queue, t.Id, t.Expires, t.Headers, t.Body, t.Seq, @deliveries, DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())), @holder FROM @taken AS t WHERE t.Expires IS NULL OR t.Expires > GETUTCDATE();
 
 -- plain: reclaim
-DECLARE @lease_ms bigint = @p1, @queue nvarchar(450) = @p2, @limit int = @p3; WITH lapsed AS (SELECT TOP (@limit) * FROM [dbo].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) UPDATE lapsed SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())) OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
+DECLARE @deliveries int = @p1, @lease_ms bigint = @p2, @holder nvarchar(400) = @p3, @queue nvarchar(450) = @p4, @limit int = @p5; WITH lapsed AS (SELECT TOP (@limit) * FROM [dbo].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) UPDATE lapsed SET Token = NEWID(), Deliveries = Deliveries + @deliveries, LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
+
+-- plain: take
+DECLARE @lease_ms bigint = @p1, @holder nvarchar(400) = @p2, @tokens nvarchar(max) = @p3, @queue nvarchar(450) = @p4; WITH taken AS (SELECT * FROM [dbo].[sqlqueue_inflight] WITH (UPDLOCK, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq;
+
+-- plain: adopt
+DECLARE @lease_ms bigint = @p1, @holder nvarchar(400) = @p2, @queue nvarchar(450) = @p3, @limit int = @p4; WITH taken AS (SELECT TOP (@limit) * FROM [dbo].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL ORDER BY Seq) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq;
 
 -- plain: peek_with_claims
 SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [dbo].[orders] WITH (READPAST, READCOMMITTEDLOCK)) + (SELECT COUNT_BIG(*) FROM [dbo].[sqlqueue_inflight] WITH (READPAST) WHERE Queue = @p1 AND LeaseUntil <= SYSUTCDATETIME());
@@ -83,16 +92,13 @@ SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [dbo].[orde
 SELECT COUNT_BIG(*) FROM [dbo].[sqlqueue_inflight] WITH (READPAST) WHERE Queue = @p1;
 
 -- plain: ack
-DELETE FROM [dbo].[sqlqueue_inflight] WHERE Token = @p1;
+DECLARE @tokens nvarchar(max) = @p1, @queue nvarchar(450) = @p2; WITH settled AS (SELECT * FROM [dbo].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) DELETE FROM settled OUTPUT deleted.Token;
 
 -- plain: nack
-DECLARE @delay_ms bigint = @p1, @error nvarchar(max) = @p2, @token uniqueidentifier = @p3; UPDATE [dbo].[sqlqueue_inflight] SET LeaseUntil = DATEADD(millisecond, @delay_ms % 1000, DATEADD(second, @delay_ms / 1000, SYSUTCDATETIME())), LastError = @error WHERE Token = @token;
+DECLARE @delay_ms bigint = @p1, @error nvarchar(max) = @p2, @tokens nvarchar(max) = @p3, @queue nvarchar(450) = @p4; WITH given AS (SELECT * FROM [dbo].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE given SET LeaseUntil = DATEADD(millisecond, @delay_ms % 1000, DATEADD(second, @delay_ms / 1000, SYSUTCDATETIME())), LastError = @error OUTPUT inserted.Token;
 
 -- plain: extend
-DECLARE @lease_ms bigint = @p1, @token uniqueidentifier = @p2; UPDATE [dbo].[sqlqueue_inflight] SET LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())) WHERE Token = @token AND LeaseUntil > SYSUTCDATETIME();
-
--- plain: delete_claim
-DELETE FROM [dbo].[sqlqueue_inflight] WHERE Token = @p1;
+DECLARE @lease_ms bigint = @p1, @tokens nvarchar(max) = @p2, @queue nvarchar(450) = @p3; WITH held AS (SELECT * FROM [dbo].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE held SET LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())) OUTPUT inserted.Token;
 
 -- plain: claim_to_error
 DECLARE @token uniqueidentifier = @p1, @headers nvarchar(max) = @p2; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [dbo].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [dbo].[error] (Id, Recoverable, Expires, Headers, Body) SELECT m.Id, 1, NULL, @headers, m.Body FROM @moved AS m;
@@ -113,12 +119,15 @@ IF COL_LENGTH(N'[sa]]les].[we]]ird [name]]; DROP TABLE x--''%s]', N'BodyString')
 EXEC sp_getapplock @Resource = N'sqlqueue_5346707c8b22d62f3a8f0430654cdead8160191b', @LockMode = N'Exclusive', @LockOwner = N'Transaction';
 
 -- escaping: create_inflight[1]
-IF OBJECT_ID(N'[sa]]les].[sqlqueue_inflight]', N'U') IS NULL CREATE TABLE [sa]]les].[sqlqueue_inflight] (Token uniqueidentifier NOT NULL, Queue nvarchar(450) NOT NULL, Id uniqueidentifier NOT NULL, Expires datetime NULL, Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, Seq bigint NOT NULL, Deliveries int NOT NULL, LeaseUntil datetime2 NOT NULL, LastError nvarchar(max) NULL);
+IF OBJECT_ID(N'[sa]]les].[sqlqueue_inflight]', N'U') IS NULL CREATE TABLE [sa]]les].[sqlqueue_inflight] (Token uniqueidentifier NOT NULL, Queue nvarchar(450) NOT NULL, Id uniqueidentifier NOT NULL, Expires datetime NULL, Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, Seq bigint NOT NULL, Deliveries int NOT NULL, LeaseUntil datetime2 NOT NULL, LastError nvarchar(max) NULL, Holder nvarchar(400) NULL);
 
 -- escaping: create_inflight[2]
-IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[sa]]les].[sqlqueue_inflight]') AND name = N'Index_Token') CREATE UNIQUE NONCLUSTERED INDEX [Index_Token] ON [sa]]les].[sqlqueue_inflight] (Token);
+IF COL_LENGTH(N'[sa]]les].[sqlqueue_inflight]', N'Holder') IS NULL ALTER TABLE [sa]]les].[sqlqueue_inflight] ADD Holder nvarchar(400) NULL;
 
 -- escaping: create_inflight[3]
+IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[sa]]les].[sqlqueue_inflight]') AND name = N'Index_Token') CREATE UNIQUE NONCLUSTERED INDEX [Index_Token] ON [sa]]les].[sqlqueue_inflight] (Token);
+
+-- escaping: create_inflight[4]
 IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[sa]]les].[sqlqueue_inflight]') AND name = N'Index_Lease') CREATE NONCLUSTERED INDEX [Index_Lease] ON [sa]]les].[sqlqueue_inflight] (Queue, LeaseUntil);
 
 -- escaping: drop_queue
@@ -170,10 +179,16 @@ DELETE FROM [sa]]les].[error] WHERE RowVersion = @p1;
 INSERT INTO [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] (Id, Recoverable, Expires, Headers, Body) VALUES (@p1, 1, NULL, @p2, @p3);
 
 -- escaping: claim
-DECLARE @limit int = @p1, @queue nvarchar(450) = @p2, @lease_ms bigint = @p3; DECLARE @taken TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); WITH message AS (SELECT TOP (@limit) * FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.RowVersion INTO @taken; INSERT INTO [sa]]les].[sqlqueue_inflight] (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil) OUTPUT inserted.Token, inserted.Id, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq SELECT NEWID(), @queue, t.Id, t.Expires, t.Headers, t.Body, t.Seq, 1, DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())) FROM @taken AS t WHERE t.Expires IS NULL OR t.Expires > GETUTCDATE();
+DECLARE @limit int = @p1, @queue nvarchar(450) = @p2, @deliveries int = @p3, @lease_ms bigint = @p4, @holder nvarchar(400) = @p5; DECLARE @taken TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); WITH message AS (SELECT TOP (@limit) * FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.RowVersion INTO @taken; INSERT INTO [sa]]les].[sqlqueue_inflight] (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil, Holder) OUTPUT inserted.Token, inserted.Id, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq SELECT NEWID(), @queue, t.Id, t.Expires, t.Headers, t.Body, t.Seq, @deliveries, DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())), @holder FROM @taken AS t WHERE t.Expires IS NULL OR t.Expires > GETUTCDATE();
 
 -- escaping: reclaim
-DECLARE @lease_ms bigint = @p1, @queue nvarchar(450) = @p2, @limit int = @p3; WITH lapsed AS (SELECT TOP (@limit) * FROM [sa]]les].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) UPDATE lapsed SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())) OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
+DECLARE @deliveries int = @p1, @lease_ms bigint = @p2, @holder nvarchar(400) = @p3, @queue nvarchar(450) = @p4, @limit int = @p5; WITH lapsed AS (SELECT TOP (@limit) * FROM [sa]]les].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) UPDATE lapsed SET Token = NEWID(), Deliveries = Deliveries + @deliveries, LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
+
+-- escaping: take
+DECLARE @lease_ms bigint = @p1, @holder nvarchar(400) = @p2, @tokens nvarchar(max) = @p3, @queue nvarchar(450) = @p4; WITH taken AS (SELECT * FROM [sa]]les].[sqlqueue_inflight] WITH (UPDLOCK, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq;
+
+-- escaping: adopt
+DECLARE @lease_ms bigint = @p1, @holder nvarchar(400) = @p2, @queue nvarchar(450) = @p3, @limit int = @p4; WITH taken AS (SELECT TOP (@limit) * FROM [sa]]les].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL ORDER BY Seq) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq;
 
 -- escaping: peek_with_claims
 SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (READPAST, READCOMMITTEDLOCK)) + (SELECT COUNT_BIG(*) FROM [sa]]les].[sqlqueue_inflight] WITH (READPAST) WHERE Queue = @p1 AND LeaseUntil <= SYSUTCDATETIME());
@@ -182,16 +197,13 @@ SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [sa]]les].[
 SELECT COUNT_BIG(*) FROM [sa]]les].[sqlqueue_inflight] WITH (READPAST) WHERE Queue = @p1;
 
 -- escaping: ack
-DELETE FROM [sa]]les].[sqlqueue_inflight] WHERE Token = @p1;
+DECLARE @tokens nvarchar(max) = @p1, @queue nvarchar(450) = @p2; WITH settled AS (SELECT * FROM [sa]]les].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) DELETE FROM settled OUTPUT deleted.Token;
 
 -- escaping: nack
-DECLARE @delay_ms bigint = @p1, @error nvarchar(max) = @p2, @token uniqueidentifier = @p3; UPDATE [sa]]les].[sqlqueue_inflight] SET LeaseUntil = DATEADD(millisecond, @delay_ms % 1000, DATEADD(second, @delay_ms / 1000, SYSUTCDATETIME())), LastError = @error WHERE Token = @token;
+DECLARE @delay_ms bigint = @p1, @error nvarchar(max) = @p2, @tokens nvarchar(max) = @p3, @queue nvarchar(450) = @p4; WITH given AS (SELECT * FROM [sa]]les].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE given SET LeaseUntil = DATEADD(millisecond, @delay_ms % 1000, DATEADD(second, @delay_ms / 1000, SYSUTCDATETIME())), LastError = @error OUTPUT inserted.Token;
 
 -- escaping: extend
-DECLARE @lease_ms bigint = @p1, @token uniqueidentifier = @p2; UPDATE [sa]]les].[sqlqueue_inflight] SET LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())) WHERE Token = @token AND LeaseUntil > SYSUTCDATETIME();
-
--- escaping: delete_claim
-DELETE FROM [sa]]les].[sqlqueue_inflight] WHERE Token = @p1;
+DECLARE @lease_ms bigint = @p1, @tokens nvarchar(max) = @p2, @queue nvarchar(450) = @p3; WITH held AS (SELECT * FROM [sa]]les].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE held SET LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())) OUTPUT inserted.Token;
 
 -- escaping: claim_to_error
 DECLARE @token uniqueidentifier = @p1, @headers nvarchar(max) = @p2; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [sa]]les].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [sa]]les].[error] (Id, Recoverable, Expires, Headers, Body) SELECT m.Id, 1, NULL, @headers, m.Body FROM @moved AS m;
@@ -212,12 +224,15 @@ IF COL_LENGTH(N'[Shop''s DB].[ops].[Sales.WORKER01]', N'BodyString') IS NULL ALT
 EXEC sp_getapplock @Resource = N'sqlqueue_03b4bfc992eeb26f35ca3162d7886b7890a79618', @LockMode = N'Exclusive', @LockOwner = N'Transaction';
 
 -- catalog: create_inflight[1]
-IF OBJECT_ID(N'[Shop''s DB].[ops].[sqlqueue_inflight]', N'U') IS NULL CREATE TABLE [Shop's DB].[ops].[sqlqueue_inflight] (Token uniqueidentifier NOT NULL, Queue nvarchar(450) NOT NULL, Id uniqueidentifier NOT NULL, Expires datetime NULL, Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, Seq bigint NOT NULL, Deliveries int NOT NULL, LeaseUntil datetime2 NOT NULL, LastError nvarchar(max) NULL);
+IF OBJECT_ID(N'[Shop''s DB].[ops].[sqlqueue_inflight]', N'U') IS NULL CREATE TABLE [Shop's DB].[ops].[sqlqueue_inflight] (Token uniqueidentifier NOT NULL, Queue nvarchar(450) NOT NULL, Id uniqueidentifier NOT NULL, Expires datetime NULL, Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, Seq bigint NOT NULL, Deliveries int NOT NULL, LeaseUntil datetime2 NOT NULL, LastError nvarchar(max) NULL, Holder nvarchar(400) NULL);
 
 -- catalog: create_inflight[2]
-IF NOT EXISTS (SELECT 1 FROM [Shop's DB].sys.indexes WHERE object_id = OBJECT_ID(N'[Shop''s DB].[ops].[sqlqueue_inflight]') AND name = N'Index_Token') CREATE UNIQUE NONCLUSTERED INDEX [Index_Token] ON [Shop's DB].[ops].[sqlqueue_inflight] (Token);
+IF COL_LENGTH(N'[Shop''s DB].[ops].[sqlqueue_inflight]', N'Holder') IS NULL ALTER TABLE [Shop's DB].[ops].[sqlqueue_inflight] ADD Holder nvarchar(400) NULL;
 
 -- catalog: create_inflight[3]
+IF NOT EXISTS (SELECT 1 FROM [Shop's DB].sys.indexes WHERE object_id = OBJECT_ID(N'[Shop''s DB].[ops].[sqlqueue_inflight]') AND name = N'Index_Token') CREATE UNIQUE NONCLUSTERED INDEX [Index_Token] ON [Shop's DB].[ops].[sqlqueue_inflight] (Token);
+
+-- catalog: create_inflight[4]
 IF NOT EXISTS (SELECT 1 FROM [Shop's DB].sys.indexes WHERE object_id = OBJECT_ID(N'[Shop''s DB].[ops].[sqlqueue_inflight]') AND name = N'Index_Lease') CREATE NONCLUSTERED INDEX [Index_Lease] ON [Shop's DB].[ops].[sqlqueue_inflight] (Queue, LeaseUntil);
 
 -- catalog: drop_queue
@@ -269,10 +284,16 @@ DELETE FROM [Shop's DB].[ops].[error] WHERE RowVersion = @p1;
 INSERT INTO [Shop's DB].[ops].[Sales.WORKER01] (Id, Recoverable, Expires, Headers, Body) VALUES (@p1, 1, NULL, @p2, @p3);
 
 -- catalog: claim
-DECLARE @limit int = @p1, @queue nvarchar(450) = @p2, @lease_ms bigint = @p3; DECLARE @taken TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); WITH message AS (SELECT TOP (@limit) * FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.RowVersion INTO @taken; INSERT INTO [Shop's DB].[ops].[sqlqueue_inflight] (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil) OUTPUT inserted.Token, inserted.Id, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq SELECT NEWID(), @queue, t.Id, t.Expires, t.Headers, t.Body, t.Seq, 1, DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())) FROM @taken AS t WHERE t.Expires IS NULL OR t.Expires > GETUTCDATE();
+DECLARE @limit int = @p1, @queue nvarchar(450) = @p2, @deliveries int = @p3, @lease_ms bigint = @p4, @holder nvarchar(400) = @p5; DECLARE @taken TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); WITH message AS (SELECT TOP (@limit) * FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.RowVersion INTO @taken; INSERT INTO [Shop's DB].[ops].[sqlqueue_inflight] (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil, Holder) OUTPUT inserted.Token, inserted.Id, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq SELECT NEWID(), @queue, t.Id, t.Expires, t.Headers, t.Body, t.Seq, @deliveries, DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())), @holder FROM @taken AS t WHERE t.Expires IS NULL OR t.Expires > GETUTCDATE();
 
 -- catalog: reclaim
-DECLARE @lease_ms bigint = @p1, @queue nvarchar(450) = @p2, @limit int = @p3; WITH lapsed AS (SELECT TOP (@limit) * FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) UPDATE lapsed SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())) OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
+DECLARE @deliveries int = @p1, @lease_ms bigint = @p2, @holder nvarchar(400) = @p3, @queue nvarchar(450) = @p4, @limit int = @p5; WITH lapsed AS (SELECT TOP (@limit) * FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) UPDATE lapsed SET Token = NEWID(), Deliveries = Deliveries + @deliveries, LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
+
+-- catalog: take
+DECLARE @lease_ms bigint = @p1, @holder nvarchar(400) = @p2, @tokens nvarchar(max) = @p3, @queue nvarchar(450) = @p4; WITH taken AS (SELECT * FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (UPDLOCK, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq;
+
+-- catalog: adopt
+DECLARE @lease_ms bigint = @p1, @holder nvarchar(400) = @p2, @queue nvarchar(450) = @p3, @limit int = @p4; WITH taken AS (SELECT TOP (@limit) * FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL ORDER BY Seq) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq;
 
 -- catalog: peek_with_claims
 SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (READPAST, READCOMMITTEDLOCK)) + (SELECT COUNT_BIG(*) FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (READPAST) WHERE Queue = @p1 AND LeaseUntil <= SYSUTCDATETIME());
@@ -281,16 +302,13 @@ SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [Shop's DB]
 SELECT COUNT_BIG(*) FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (READPAST) WHERE Queue = @p1;
 
 -- catalog: ack
-DELETE FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Token = @p1;
+DECLARE @tokens nvarchar(max) = @p1, @queue nvarchar(450) = @p2; WITH settled AS (SELECT * FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) DELETE FROM settled OUTPUT deleted.Token;
 
 -- catalog: nack
-DECLARE @delay_ms bigint = @p1, @error nvarchar(max) = @p2, @token uniqueidentifier = @p3; UPDATE [Shop's DB].[ops].[sqlqueue_inflight] SET LeaseUntil = DATEADD(millisecond, @delay_ms % 1000, DATEADD(second, @delay_ms / 1000, SYSUTCDATETIME())), LastError = @error WHERE Token = @token;
+DECLARE @delay_ms bigint = @p1, @error nvarchar(max) = @p2, @tokens nvarchar(max) = @p3, @queue nvarchar(450) = @p4; WITH given AS (SELECT * FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE given SET LeaseUntil = DATEADD(millisecond, @delay_ms % 1000, DATEADD(second, @delay_ms / 1000, SYSUTCDATETIME())), LastError = @error OUTPUT inserted.Token;
 
 -- catalog: extend
-DECLARE @lease_ms bigint = @p1, @token uniqueidentifier = @p2; UPDATE [Shop's DB].[ops].[sqlqueue_inflight] SET LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())) WHERE Token = @token AND LeaseUntil > SYSUTCDATETIME();
-
--- catalog: delete_claim
-DELETE FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Token = @p1;
+DECLARE @lease_ms bigint = @p1, @tokens nvarchar(max) = @p2, @queue nvarchar(450) = @p3; WITH held AS (SELECT * FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE held SET LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())) OUTPUT inserted.Token;
 
 -- catalog: claim_to_error
 DECLARE @token uniqueidentifier = @p1, @headers nvarchar(max) = @p2; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [Shop's DB].[ops].[error] (Id, Recoverable, Expires, Headers, Body) SELECT m.Id, 1, NULL, @headers, m.Body FROM @moved AS m;
@@ -311,12 +329,15 @@ IF COL_LENGTH(N'[ünï].[東京 queue]', N'BodyString') IS NULL ALTER TABLE [ün
 EXEC sp_getapplock @Resource = N'sqlqueue_b28c85b621ac042b1108502903940f98dc31346c', @LockMode = N'Exclusive', @LockOwner = N'Transaction';
 
 -- unicode: create_inflight[1]
-IF OBJECT_ID(N'[ünï].[sqlqueue_inflight]', N'U') IS NULL CREATE TABLE [ünï].[sqlqueue_inflight] (Token uniqueidentifier NOT NULL, Queue nvarchar(450) NOT NULL, Id uniqueidentifier NOT NULL, Expires datetime NULL, Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, Seq bigint NOT NULL, Deliveries int NOT NULL, LeaseUntil datetime2 NOT NULL, LastError nvarchar(max) NULL);
+IF OBJECT_ID(N'[ünï].[sqlqueue_inflight]', N'U') IS NULL CREATE TABLE [ünï].[sqlqueue_inflight] (Token uniqueidentifier NOT NULL, Queue nvarchar(450) NOT NULL, Id uniqueidentifier NOT NULL, Expires datetime NULL, Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, Seq bigint NOT NULL, Deliveries int NOT NULL, LeaseUntil datetime2 NOT NULL, LastError nvarchar(max) NULL, Holder nvarchar(400) NULL);
 
 -- unicode: create_inflight[2]
-IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[ünï].[sqlqueue_inflight]') AND name = N'Index_Token') CREATE UNIQUE NONCLUSTERED INDEX [Index_Token] ON [ünï].[sqlqueue_inflight] (Token);
+IF COL_LENGTH(N'[ünï].[sqlqueue_inflight]', N'Holder') IS NULL ALTER TABLE [ünï].[sqlqueue_inflight] ADD Holder nvarchar(400) NULL;
 
 -- unicode: create_inflight[3]
+IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[ünï].[sqlqueue_inflight]') AND name = N'Index_Token') CREATE UNIQUE NONCLUSTERED INDEX [Index_Token] ON [ünï].[sqlqueue_inflight] (Token);
+
+-- unicode: create_inflight[4]
 IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[ünï].[sqlqueue_inflight]') AND name = N'Index_Lease') CREATE NONCLUSTERED INDEX [Index_Lease] ON [ünï].[sqlqueue_inflight] (Queue, LeaseUntil);
 
 -- unicode: drop_queue
@@ -368,10 +389,16 @@ DELETE FROM [ünï].[error] WHERE RowVersion = @p1;
 INSERT INTO [ünï].[東京 queue] (Id, Recoverable, Expires, Headers, Body) VALUES (@p1, 1, NULL, @p2, @p3);
 
 -- unicode: claim
-DECLARE @limit int = @p1, @queue nvarchar(450) = @p2, @lease_ms bigint = @p3; DECLARE @taken TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); WITH message AS (SELECT TOP (@limit) * FROM [ünï].[東京 queue] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.RowVersion INTO @taken; INSERT INTO [ünï].[sqlqueue_inflight] (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil) OUTPUT inserted.Token, inserted.Id, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq SELECT NEWID(), @queue, t.Id, t.Expires, t.Headers, t.Body, t.Seq, 1, DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())) FROM @taken AS t WHERE t.Expires IS NULL OR t.Expires > GETUTCDATE();
+DECLARE @limit int = @p1, @queue nvarchar(450) = @p2, @deliveries int = @p3, @lease_ms bigint = @p4, @holder nvarchar(400) = @p5; DECLARE @taken TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); WITH message AS (SELECT TOP (@limit) * FROM [ünï].[東京 queue] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.RowVersion INTO @taken; INSERT INTO [ünï].[sqlqueue_inflight] (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil, Holder) OUTPUT inserted.Token, inserted.Id, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq SELECT NEWID(), @queue, t.Id, t.Expires, t.Headers, t.Body, t.Seq, @deliveries, DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())), @holder FROM @taken AS t WHERE t.Expires IS NULL OR t.Expires > GETUTCDATE();
 
 -- unicode: reclaim
-DECLARE @lease_ms bigint = @p1, @queue nvarchar(450) = @p2, @limit int = @p3; WITH lapsed AS (SELECT TOP (@limit) * FROM [ünï].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) UPDATE lapsed SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())) OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
+DECLARE @deliveries int = @p1, @lease_ms bigint = @p2, @holder nvarchar(400) = @p3, @queue nvarchar(450) = @p4, @limit int = @p5; WITH lapsed AS (SELECT TOP (@limit) * FROM [ünï].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) UPDATE lapsed SET Token = NEWID(), Deliveries = Deliveries + @deliveries, LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
+
+-- unicode: take
+DECLARE @lease_ms bigint = @p1, @holder nvarchar(400) = @p2, @tokens nvarchar(max) = @p3, @queue nvarchar(450) = @p4; WITH taken AS (SELECT * FROM [ünï].[sqlqueue_inflight] WITH (UPDLOCK, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq;
+
+-- unicode: adopt
+DECLARE @lease_ms bigint = @p1, @holder nvarchar(400) = @p2, @queue nvarchar(450) = @p3, @limit int = @p4; WITH taken AS (SELECT TOP (@limit) * FROM [ünï].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL ORDER BY Seq) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq;
 
 -- unicode: peek_with_claims
 SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [ünï].[東京 queue] WITH (READPAST, READCOMMITTEDLOCK)) + (SELECT COUNT_BIG(*) FROM [ünï].[sqlqueue_inflight] WITH (READPAST) WHERE Queue = @p1 AND LeaseUntil <= SYSUTCDATETIME());
@@ -380,16 +407,13 @@ SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [ünï].[�
 SELECT COUNT_BIG(*) FROM [ünï].[sqlqueue_inflight] WITH (READPAST) WHERE Queue = @p1;
 
 -- unicode: ack
-DELETE FROM [ünï].[sqlqueue_inflight] WHERE Token = @p1;
+DECLARE @tokens nvarchar(max) = @p1, @queue nvarchar(450) = @p2; WITH settled AS (SELECT * FROM [ünï].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) DELETE FROM settled OUTPUT deleted.Token;
 
 -- unicode: nack
-DECLARE @delay_ms bigint = @p1, @error nvarchar(max) = @p2, @token uniqueidentifier = @p3; UPDATE [ünï].[sqlqueue_inflight] SET LeaseUntil = DATEADD(millisecond, @delay_ms % 1000, DATEADD(second, @delay_ms / 1000, SYSUTCDATETIME())), LastError = @error WHERE Token = @token;
+DECLARE @delay_ms bigint = @p1, @error nvarchar(max) = @p2, @tokens nvarchar(max) = @p3, @queue nvarchar(450) = @p4; WITH given AS (SELECT * FROM [ünï].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE given SET LeaseUntil = DATEADD(millisecond, @delay_ms % 1000, DATEADD(second, @delay_ms / 1000, SYSUTCDATETIME())), LastError = @error OUTPUT inserted.Token;
 
 -- unicode: extend
-DECLARE @lease_ms bigint = @p1, @token uniqueidentifier = @p2; UPDATE [ünï].[sqlqueue_inflight] SET LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())) WHERE Token = @token AND LeaseUntil > SYSUTCDATETIME();
-
--- unicode: delete_claim
-DELETE FROM [ünï].[sqlqueue_inflight] WHERE Token = @p1;
+DECLARE @lease_ms bigint = @p1, @tokens nvarchar(max) = @p2, @queue nvarchar(450) = @p3; WITH held AS (SELECT * FROM [ünï].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE held SET LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())) OUTPUT inserted.Token;
 
 -- unicode: claim_to_error
 DECLARE @token uniqueidentifier = @p1, @headers nvarchar(max) = @p2; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [ünï].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [ünï].[error] (Id, Recoverable, Expires, Headers, Body) SELECT m.Id, 1, NULL, @headers, m.Body FROM @moved AS m;
