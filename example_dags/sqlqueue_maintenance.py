@@ -23,7 +23,7 @@ ERROR_QUEUE = f'error@"{SCHEMA}"'
 
 with DAG("sqlqueue_setup", schedule="@once", start_date=datetime(2026, 1, 1), catchup=False, tags=["sqlqueue"]):
     for name in QUEUES:
-        CreateQueueOperator(task_id=f"create_{name.split('@')[0]}", queue_name=name, error_queue=ERROR_QUEUE)
+        CreateQueueOperator(task_id=f"create_{name.split('@')[0]}", queue_name=name)  # + error@"SCHEMA"
 
 with DAG(
     "sqlqueue_maintenance",

@@ -3,11 +3,14 @@
 ``ingest`` --(dataset path)--> clean (Spark) --(clean data path)--> ``cleaned``
 ``cleaned`` --> summarise (Spark) --(report)--> ``reports``
 
-Each stage waits for one message (deferrable sensor, in the triggerer), runs its Spark job, sends
-its result as a message to the next queue and only then acknowledges the message it was given.
-If the job fails the message is given back at once; after 5 deliveries it moves to the error
-queue. Spark runs wherever the ``spark_default`` connection points (``local[*]`` when it has no
-host); change that connection, not these DAGs, to use a cluster. The queues are in the database
+Each stage waits for messages (a deferrable sensor: the wait runs in the triggerer), runs its
+Spark job on them while their claims are renewed, then sends the results to the next queue and
+acknowledges the messages in one transaction (``ForwardMessagesOperator``): a result is sent once
+per message even if a worker dies mid-job and the message is handled again. If the job fails the
+messages are given back with its exception at once; after 5 deliveries they move to the error
+queue, whose headers name the exception and the task. Spark runs wherever the ``spark_default``
+connection points (``local[*]`` when it has no host); change that connection, not these DAGs, to
+use a cluster. The queues are in the database
 of the ``sqlqueue_default`` connection (schema: ``SQLQUEUE_SCHEMA``, default ``public``); the
 ``sqlqueue_setup`` DAG creates them.
 
@@ -18,26 +21,22 @@ readable by the Spark cluster (a shared filesystem or object store once Spark is
 from __future__ import annotations
 
 import os
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from airflow.sdk import DAG, task
 
 from airflow_provider_sqlqueue.demo.spark_jobs import clean_message, summarise_message
-from airflow_provider_sqlqueue.operators.sqlqueue import (
-    AckMessagesOperator,
-    NackMessagesOperator,
-    SendMessageOperator,
-)
+from airflow_provider_sqlqueue.operators.sqlqueue import ForwardMessagesOperator, hold_messages
 from airflow_provider_sqlqueue.sensors.sqlqueue import SqlQueueSensor
 
 SCHEMA = os.environ.get("SQLQUEUE_SCHEMA", "public")
 INGEST, CLEANED, REPORTS = (f'{name}@"{SCHEMA}"' for name in ("ingest", "cleaned", "reports"))
 SPARK_CONN = "spark_default"
-LEASE = timedelta(hours=1)  # longer than a stage's Spark job takes
+BATCH = 10  # messages one run takes at most
 
 
 def stage(dag_id: str, task_id: str, source: str, target: str, job, message_type: str) -> DAG:
-    """One stage: wait for a message on ``source``, run ``job`` on it in Spark, send the result to ``target``, ack."""
+    """One stage: wait for messages on ``source``, run ``job`` on each in Spark, forward the results to ``target``."""
     with DAG(
         dag_id,
         schedule="@continuous",
@@ -48,16 +47,17 @@ def stage(dag_id: str, task_id: str, source: str, target: str, job, message_type
         tags=["sqlqueue", "spark"],
         doc_md=__doc__,
     ) as dag:
-        wait = SqlQueueSensor(task_id="wait", queue_name=source, max_messages=1, lease=LEASE)
+        wait = SqlQueueSensor(task_id="wait", queue_name=source, max_messages=BATCH, deferrable=True)
 
-        @task.pyspark(task_id=task_id, conn_id=SPARK_CONN)
-        def run_job(messages: list[dict], spark=None) -> list[dict]:
-            return [job(spark, message) for message in messages]
+        @task.pyspark(task_id=task_id, conn_id=SPARK_CONN, multiple_outputs=True)
+        def run_job(messages: list[dict], spark=None) -> dict:
+            with hold_messages(messages) as held:  # renewed while Spark works; given back if it fails
+                return {"claims": held, "results": [job(spark, message) for message in held]}
 
-        results = run_job(wait.output)
-        send = SendMessageOperator(task_id="send", queue_name=target, messages=results, message_type=message_type)
-        results >> send >> AckMessagesOperator(task_id="ack", messages=wait.output)
-        [results, send] >> NackMessagesOperator(task_id="give_back", messages=wait.output, trigger_rule="one_failed")
+        done = run_job(wait.output)
+        ForwardMessagesOperator(
+            task_id="forward", queue_name=target, messages=done["results"], claims=done["claims"], message_type=message_type
+        )
     return dag
 
 

@@ -3,9 +3,13 @@
 ``ingest_events`` --> clean (Spark) --> ``cleaned_events`` --> summarise (Spark) --> ``reports``
 
 No sensor and no continuously running DAG: the triggerer watches each queue
-(``MessageQueueTrigger(scheme="sqlqueue")``) and every message becomes an asset event that starts
-a run; the run reads its messages from the triggering asset events and acknowledges them at the
-end. A failed run gives them back, which starts a new run.
+(``MessageQueueTrigger(scheme="sqlqueue")``), reserves every message that arrives and turns it
+into an asset event. Airflow folds events that arrive together into one run (and attaches some to
+later runs), so a run does not rely on its own events: its Spark task takes every reservation
+waiting on the queue (``hold_messages()``), and a run whose messages an earlier run already took
+has nothing to do. Results are forwarded and the messages acknowledged in one transaction; a
+failed job gives its messages back with the exception, and the reservation that follows starts a
+new run.
 """
 
 from __future__ import annotations
@@ -17,12 +21,7 @@ from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTr
 from airflow.sdk import DAG, Asset, AssetWatcher, task
 
 from airflow_provider_sqlqueue.demo.spark_jobs import clean_message, summarise_message
-from airflow_provider_sqlqueue.operators.sqlqueue import (
-    AckMessagesOperator,
-    NackMessagesOperator,
-    SendMessageOperator,
-    claimed_messages,
-)
+from airflow_provider_sqlqueue.operators.sqlqueue import ForwardMessagesOperator, hold_messages
 
 SCHEMA = os.environ.get("SQLQUEUE_SCHEMA", "public")
 CONN, SPARK_CONN = "sqlqueue_default", "spark_default"
@@ -37,16 +36,14 @@ def watched(queue_name: str, name: str) -> Asset:
         watchers=[
             AssetWatcher(
                 name=f"{name}_watcher",
-                trigger=MessageQueueTrigger(
-                    scheme="sqlqueue", sqlqueue_conn_id=CONN, queue_name=queue_name, lease_seconds=3600
-                ),
+                trigger=MessageQueueTrigger(scheme="sqlqueue", sqlqueue_conn_id=CONN, queue_name=queue_name),
             )
         ],
     )
 
 
 def stage(dag_id: str, task_id: str, source: Asset, target: str, job) -> DAG:
-    """One stage: each run handles the messages that triggered it in Spark, sends the results on, acks."""
+    """One stage: each run takes the messages reserved on the queue, runs ``job`` on each in Spark, forwards the results."""
     with DAG(
         dag_id,
         schedule=[source],
@@ -56,14 +53,15 @@ def stage(dag_id: str, task_id: str, source: Asset, target: str, job) -> DAG:
         doc_md=__doc__,
     ) as dag:
 
-        @task.pyspark(task_id=task_id, conn_id=SPARK_CONN)
-        def run_job(spark=None, **context) -> list[dict]:
-            return [job(spark, message) for message in claimed_messages(None, context)]
+        @task.pyspark(task_id=task_id, conn_id=SPARK_CONN, multiple_outputs=True)
+        def run_job(spark=None) -> dict:
+            with hold_messages(sqlqueue_conn_id=CONN) as held:  # every reservation of the run's queue
+                return {"claims": held, "results": [job(spark, message) for message in held]}
 
-        results = run_job()
-        send = SendMessageOperator(task_id="send", queue_name=target, messages=results, sqlqueue_conn_id=CONN)
-        results >> send >> AckMessagesOperator(task_id="ack", sqlqueue_conn_id=CONN)
-        [results, send] >> NackMessagesOperator(task_id="give_back", sqlqueue_conn_id=CONN, trigger_rule="one_failed")
+        done = run_job()
+        ForwardMessagesOperator(
+            task_id="forward", queue_name=target, messages=done["results"], claims=done["claims"], sqlqueue_conn_id=CONN
+        )
     return dag
 
 

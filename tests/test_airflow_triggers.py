@@ -72,8 +72,9 @@ async def test_none_mode_deletes_on_receipt(conn_id, client, queue, schema):
 async def test_restart_neither_loses_nor_duplicates(conn_id, client, queue, schema):
     """A triggerer that dies after receiving (its event never stored) loses nothing: the lease brings the messages back.
 
-    While the lease holds, the restarted trigger does not see them again, so no message is handed
-    out twice; each id is delivered once more only because its first event was lost.
+    While the reservation holds, the restarted trigger does not see them again, so no message is
+    handed out twice; each id is reserved once more only because its first event was lost, and the
+    lost reservation spent none of the message's deliveries.
     """
     client.send(queue, [Message(f"m{n}") for n in range(4)])
     first = make_trigger(schema, max_messages=2, lease_seconds=1.5)
@@ -88,7 +89,7 @@ async def test_restart_neither_loses_nor_duplicates(conn_id, client, queue, sche
 
     third = await first_event(import_string(classpath)(**{**kwargs, "max_messages": 10}))  # after the lease
     redelivered = third.payload["messages"]
-    assert {m["id"] for m in redelivered} == lost_ids and all(m["deliveries"] == 2 for m in redelivered)
+    assert {m["id"] for m in redelivered} == lost_ids and all(m["deliveries"] == 0 for m in redelivered)
     assert client.depth(queue) == 0 and client.inflight(queue) == 4
 
 

@@ -46,7 +46,7 @@ def test_chain_end_to_end(pipeline, client, schema):
 
     clean, _ = run_dag("sqlqueue_spark_clean")
     assert clean.state == "success"
-    [cleaned] = task_output(clean, "clean")
+    [cleaned] = task_output(clean, "clean")["results"]
     assert cleaned["rows"] == expected["valid_orders"] and cleaned["rejected"] == expected["rows"] - expected["valid_orders"]
 
     summarise, _ = run_dag("sqlqueue_spark_summarise")
@@ -64,8 +64,14 @@ def test_first_spark_job_fails_once_then_the_chain_completes(pipeline, client, s
 
     failed, _ = run_dag("sqlqueue_spark_clean")
     assert failed.state == "failed"
-    assert {ti.task_id: ti.state for ti in failed.get_task_instances()}["give_back"] == "success"
+    assert {ti.task_id: ti.state for ti in failed.get_task_instances()}["clean"] == "failed"
     assert client.peek(QueueAddress("ingest", schema), include_claims=True) == 1  # given back, not lost
+    [stored] = client.session.connection.execute(
+        f'SELECT LastError FROM "{schema}".sqlqueue_inflight'
+    ).fetchone()
+    failure = json.loads(stored)  # what the error queue will say if the message ends there
+    assert failure["source"] == "sqlqueue_spark_clean.clean"
+    assert "PATH_NOT_FOUND" in failure["message"] and failure["type"].endswith("AnalysisException")
 
     expected = write_orders(dataset, rows=1500, seed=5)
     clean, _ = run_dag("sqlqueue_spark_clean")

@@ -38,12 +38,12 @@ def main() -> int:
 
             clean, seconds = run_dag("sqlqueue_spark_clean")
             print(f"\nStage 1 clean ({clean.state}, {seconds:.1f}s):")
-            for result in task_output(clean, "clean") or []:
+            for result in (task_output(clean, "clean") or {}).get("results", []):
                 print(f"  kept {result['rows']} rows, rejected {result['rejected']} -> {result['path']}")
 
             summarise, seconds = run_dag("sqlqueue_spark_summarise")
             print(f"\nStage 2 summarise ({summarise.state}, {seconds:.1f}s):")
-            for report in task_output(summarise, "summarise") or []:
+            for report in (task_output(summarise, "summarise") or {}).get("results", []):
                 print(f"  {report['orders']} orders, revenue {report['revenue']:.2f}, {report['customers']} customers")
                 countries = ", ".join(f"{row['country']} {row['revenue']:.2f}" for row in report["by_country"])
                 products = ", ".join(row["product"] for row in report["top_products"])

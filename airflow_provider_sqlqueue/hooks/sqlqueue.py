@@ -12,9 +12,9 @@ every call goes through the transport core.
 
 from __future__ import annotations
 
+import asyncio
 import json
-import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -25,8 +25,8 @@ from airflow.providers.odbc.hooks.odbc import OdbcHook
 from airflow.providers.postgres.hooks.postgres import PostgresHook
 from airflow.sdk import BaseHook
 
-from ..transport import AsyncQueueClient, Message, QueueClient, ReceivedMessage, TransactionMode
-from ..transport.client import DEFAULT_ERROR_QUEUE, DEFAULT_LEASE, DEFAULT_MAX_DELIVERIES, DEFAULT_PURGE_BATCH
+from ..transport import AsyncQueueClient, Failure, LeaseKeeper, Message, QueueClient, ReceivedMessage, TransactionMode, defaults
+from ..transport.client import Token
 from ..transport.dialects import get_dialect
 from ..transport.drivers import (
     AsyncPsycopgSession,
@@ -129,7 +129,7 @@ class SqlQueueHook(BaseHook):
 
     :param sqlqueue_conn_id: a ``postgres``, ``mssql``, ``odbc`` or ``sqlqueue`` connection.
     :param error_queue: where poison and failed messages go; defaults to the connection's
-        ``error_queue`` extra, else ``error``.
+        ``error_queue`` extra, else ``error``. Named without a schema, it is in the queue's schema.
     """
 
     conn_name_attr = "sqlqueue_conn_id"
@@ -168,8 +168,9 @@ class SqlQueueHook(BaseHook):
         return dialect_of(self.connection)
 
     @property
-    def error_queue(self) -> str:
-        return self._error_queue or self.connection.extra_dejson.get("error_queue") or DEFAULT_ERROR_QUEUE
+    def error_queue(self) -> str | None:
+        """The configured error queue, or None for the core's rule (``error`` in the queue's schema)."""
+        return self._error_queue or self.connection.extra_dejson.get("error_queue") or None
 
     def _postgres_kwargs(self, conn: Connection) -> dict[str, Any]:
         return _PostgresConnector(postgres_conn_id=conn.conn_id, connection=conn).connect_kwargs()
@@ -217,7 +218,8 @@ class SqlQueueHook(BaseHook):
         """
         conn = await self.aconnection()
         if dialect_of(conn) == "postgres":
-            session: AsyncSession = await AsyncPsycopgSession.connect("", **self._postgres_kwargs(conn))
+            kwargs = await asyncio.to_thread(self._postgres_kwargs, conn)  # may fetch an IAM token
+            session: AsyncSession = await AsyncPsycopgSession.connect("", **kwargs)
         else:
             session = await AsyncThreadSession.open(lambda: self._connect(conn))
         return AsyncQueueClient(session, self.error_queue)
@@ -288,13 +290,17 @@ class SqlQueueHook(BaseHook):
         max_messages: int = 1,
         *,
         mode: TransactionMode | str = TransactionMode.CLAIM,
-        lease: timedelta | float = DEFAULT_LEASE,
-        max_deliveries: int = DEFAULT_MAX_DELIVERIES,
+        lease: timedelta | float = defaults.LEASE,
+        max_deliveries: int = defaults.MAX_DELIVERIES,
         error_queue: str | None = None,
+        holder: str | None = None,
     ) -> list[ReceivedMessage]:
-        """Receive in ``claim`` mode (ack later) or ``none`` mode (gone at once). ``native`` needs :meth:`receive_native`."""
+        """Receive in ``claim`` mode (ack later; renew long work) or ``none`` mode (gone at once).
+
+        ``native`` needs :meth:`receive_native`.
+        """
         with self.client() as client:
-            return _receive(client, queue_name, max_messages, TransactionMode(mode), lease, max_deliveries, error_queue)
+            return _receive(client, queue_name, max_messages, TransactionMode(mode), lease, max_deliveries, error_queue, holder)
 
     def receive_dicts(
         self,
@@ -302,15 +308,31 @@ class SqlQueueHook(BaseHook):
         max_messages: int = 1,
         *,
         mode: TransactionMode | str = TransactionMode.CLAIM,
-        lease: timedelta | float = DEFAULT_LEASE,
-        max_deliveries: int = DEFAULT_MAX_DELIVERIES,
+        lease: timedelta | float = defaults.LEASE,
+        max_deliveries: int = defaults.MAX_DELIVERIES,
         error_queue: str | None = None,
+        holder: str | None = None,
     ) -> list[dict[str, Any]]:
         """:meth:`receive`, returning the JSON-safe dicts that XCom and trigger events carry."""
         with self.client() as client:
-            received = _receive(client, queue_name, max_messages, TransactionMode(mode), lease, max_deliveries, error_queue)
-            address = client.session.dialect.format_address(client.address(queue_name))
-        return [message.to_dict(address) for message in received]
+            received = _receive(
+                client, queue_name, max_messages, TransactionMode(mode), lease, max_deliveries, error_queue, holder
+            )
+            return _as_dicts(client, queue_name, received)
+
+    def take_dicts(
+        self,
+        queue_name: str,
+        tokens: Iterable[Token] | None = None,
+        *,
+        lease: timedelta | float = defaults.LEASE,
+        holder: str | None = None,
+        limit: int = defaults.ADOPT_LIMIT,
+    ) -> list[dict[str, Any]]:
+        """Take reserved messages (those of ``tokens``, or the queue's oldest reservations) as dicts with new tokens."""
+        with self.client() as client:
+            taken = client.take(queue_name, tokens, lease=lease, holder=holder, limit=limit)
+            return _as_dicts(client, queue_name, taken)
 
     @contextmanager
     def receive_native(self, queue_name: str, *, error_queue: str | None = None) -> Iterator[tuple[ReceivedMessage | None, Any]]:
@@ -322,22 +344,37 @@ class SqlQueueHook(BaseHook):
         with self.client() as client, client.receive_native(queue_name, error_queue=error_queue) as message:
             yield message, client.connection
 
-    def ack(self, queue_name: str, tokens: Sequence[uuid.UUID | str]) -> int:
-        """Acknowledge claims; returns how many were still held (the rest had run out and may come again)."""
+    def ack(self, queue_name: str, tokens: Iterable[Token]) -> int:
+        """Acknowledge claims in one statement; returns how many were still held (the rest may come again)."""
         with self.client() as client:
-            return sum(client.ack(queue_name, token) for token in tokens)
+            return len(client.ack(queue_name, list(tokens)))
 
     def nack(
         self,
         queue_name: str,
-        tokens: Sequence[uuid.UUID | str],
+        tokens: Iterable[Token],
         *,
-        error: str | None = None,
+        error: BaseException | str | Failure | None = None,
         delay: timedelta | float = 0,
     ) -> int:
-        """Give claims back for redelivery after ``delay``; returns how many were still held."""
+        """Give claims back for redelivery after ``delay``, recording why; returns how many were still held."""
         with self.client() as client:
-            return sum(client.nack(queue_name, token, error=error, delay=delay) for token in tokens)
+            return len(client.nack(queue_name, list(tokens), error=error, delay=delay))
+
+    def forward(
+        self,
+        claims: Mapping[str, Iterable[Token]],
+        sends: Mapping[str, Iterable[Message]],
+        *,
+        notify: bool = False,
+    ) -> int:
+        """Acknowledge ``claims`` and send ``sends`` in one transaction (see ``QueueClient.forward``); returns how many were sent."""
+        with self.client() as client:
+            return client.forward({q: list(t) for q, t in claims.items()}, {q: list(m) for q, m in sends.items()}, notify=notify)
+
+    def keep_claims(self, claims: Mapping[str, Iterable[Token]], lease: timedelta = defaults.LEASE) -> LeaseKeeper:
+        """A :class:`~airflow_provider_sqlqueue.transport.lease.LeaseKeeper` renewing ``claims`` on connections of this hook."""
+        return LeaseKeeper(self.get_conn, {queue: list(tokens) for queue, tokens in claims.items()}, lease)
 
     def peek(self, queue_name: str, *, include_claims: bool = False) -> int:
         with self.client() as client:
@@ -356,7 +393,7 @@ class SqlQueueHook(BaseHook):
         with self.client() as client:
             return client.inflight(queue_name)
 
-    def purge_expired(self, queue_name: str, batch_size: int = DEFAULT_PURGE_BATCH) -> int:
+    def purge_expired(self, queue_name: str, batch_size: int = defaults.PURGE_BATCH) -> int:
         with self.client() as client:
             return client.purge_expired(queue_name, batch_size)
 
@@ -384,9 +421,18 @@ def _receive(
     lease: timedelta | float,
     max_deliveries: int,
     error_queue: str | None,
+    holder: str | None,
 ) -> list[ReceivedMessage]:
     if mode is TransactionMode.CLAIM:
-        return client.claim(queue_name, max_messages, lease=lease, max_deliveries=max_deliveries, error_queue=error_queue)
+        return client.claim(
+            queue_name, max_messages, lease=lease, max_deliveries=max_deliveries, error_queue=error_queue, holder=holder
+        )
     if mode is TransactionMode.NONE:
         return client.receive(queue_name, max_messages, error_queue=error_queue)
     raise ValueError("native mode keeps a transaction open around the handler: use receive_native()")
+
+
+def _as_dicts(client: QueueClient, queue_name: str, messages: list[ReceivedMessage]) -> list[dict[str, Any]]:
+    """Messages as XCom dicts, each naming its queue by the canonical address (what settling needs)."""
+    address = client.session.dialect.format_address(client.address(queue_name))
+    return [message.to_dict(address) for message in messages]

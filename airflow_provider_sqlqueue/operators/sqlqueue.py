@@ -1,4 +1,4 @@
-"""Operators around queue tables: install, send, acknowledge, give back, purge, retry.
+"""Operators around queue tables: install, send, forward, acknowledge, give back, purge, retry.
 
 All of them work through :class:`~airflow_provider_sqlqueue.hooks.sqlqueue.SqlQueueHook`, so they
 accept the same connection types and never build SQL. The queue parameter is ``queue_name``
@@ -7,15 +7,17 @@ accept the same connection types and never build SQL. The queue parameter is ``q
 
 from __future__ import annotations
 
+import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
-from airflow.sdk import BaseOperator
+from airflow.sdk import BaseOperator, get_current_context
 
 from ..hooks.sqlqueue import SqlQueueHook
-from ..transport import Message
+from ..transport import Failure, LeaseLostError, Message, defaults
 from ..transport.message import ENCLOSED_MESSAGE_TYPES
 
 
@@ -63,7 +65,44 @@ class CreateQueueOperator(_QueueOperator):
         return created
 
 
-class SendMessageOperator(_QueueOperator):
+class _SendingOperator(_QueueOperator):
+    """Turns bodies into messages the same way for every operator that sends."""
+
+    def __init__(
+        self,
+        *,
+        queue_name: str,
+        headers: Mapping[str, str | None] | None = None,
+        message_type: str | None = None,
+        time_to_be_received: timedelta | float | None = None,
+        notify: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.queue_name = queue_name
+        self.headers = headers
+        self.message_type = message_type
+        self.time_to_be_received = time_to_be_received
+        self.notify = notify
+
+    def _message(self, value: Any) -> Message:
+        if isinstance(value, Message):
+            return value
+        headers = dict(self.headers or {})
+        if self.message_type:
+            headers.setdefault(ENCLOSED_MESSAGE_TYPES, self.message_type)
+        return Message.of(value, headers, self.time_to_be_received)
+
+    def _batch(self, bodies: Any) -> list[Message]:
+        if isinstance(bodies, (str, bytes, Mapping)):
+            raise TypeError(
+                f"messages must be a list of bodies, got {type(bodies).__name__}; pass a task's output "
+                "(XComArg) rather than a rendered template string, or use body= for a single message"
+            )
+        return [self._message(value) for value in bodies]
+
+
+class SendMessageOperator(_SendingOperator):
     """Send one message (``body``) or many (``messages``, e.g. another task's XCom) in one transaction.
 
     Bodies are serialised by type: bytes as they are, text as UTF-8 ``text/plain``, anything else
@@ -83,58 +122,82 @@ class SendMessageOperator(_QueueOperator):
     template_fields: Sequence[str] = ("queue_name", "body", "messages", "headers", "message_type", "sqlqueue_conn_id")
     template_fields_renderers = {"body": "json", "messages": "json", "headers": "json"}
 
-    def __init__(
-        self,
-        *,
-        queue_name: str,
-        body: Any = None,
-        messages: Iterable[Any] | None = None,
-        headers: Mapping[str, str | None] | None = None,
-        message_type: str | None = None,
-        time_to_be_received: timedelta | float | None = None,
-        notify: bool = False,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *, body: Any = None, messages: Iterable[Any] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if (body is None) == (messages is None):
             raise ValueError("give exactly one of body (one message) or messages (a list of bodies)")
-        self.queue_name = queue_name
         self.body = body
         self.messages = messages
-        self.headers = headers
-        self.message_type = message_type
-        self.time_to_be_received = time_to_be_received
-        self.notify = notify
-
-    def _message(self, value: Any) -> Message:
-        if isinstance(value, Message):
-            return value
-        headers = dict(self.headers or {})
-        if self.message_type:
-            headers.setdefault(ENCLOSED_MESSAGE_TYPES, self.message_type)
-        return Message.of(value, headers, self.time_to_be_received)
 
     def execute(self, context: Any) -> list[str]:
-        if self.messages is None:
-            values = [self.body]
-        elif isinstance(self.messages, (str, bytes, Mapping)):
-            raise TypeError(
-                f"messages must be a list of bodies, got {type(self.messages).__name__}; pass a task's output "
-                "(XComArg) rather than a rendered template string, or use body= for a single message"
-            )
-        else:
-            values = list(self.messages)
-        batch = [self._message(value) for value in values]
+        batch = [self._message(self.body)] if self.messages is None else self._batch(self.messages)
         ids = self.hook.send(self.queue_name, batch, notify=self.notify)
         self.log.info("Queue %s: sent %d message(s)", self.queue_name, len(ids))
         return ids
 
 
+class ForwardMessagesOperator(_SendingOperator):
+    """Send a stage's results and acknowledge the claims they came from, in one database transaction.
+
+    Either both happen or neither. If a claim's lease ran out before this runs (the task that did
+    the work died, or waited too long to be scheduled), another consumer may have the message and
+    will send its own result: nothing is sent or acknowledged and the task fails with
+    :class:`~airflow_provider_sqlqueue.transport.errors.LeaseLostError`. So between stages whose
+    queues share a database, each message's result is sent exactly once; work outside the
+    database (files a Spark job writes) must be idempotent per message id, as it may run twice.
+    A failure of the forward itself (not a lost lease) gives the claims back with that error.
+
+    :param queue_name: where the results go.
+    :param messages: the results, one message each (a task's output).
+    :param claims: the messages they came from (what :func:`hold_messages` yielded).
+    """
+
+    template_fields: Sequence[str] = ("queue_name", "messages", "claims", "headers", "message_type", "sqlqueue_conn_id")
+    template_fields_renderers = {"messages": "json", "headers": "json"}
+
+    def __init__(self, *, messages: Any, claims: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.messages = messages
+        self.claims = claims
+
+    def execute(self, context: Any) -> int:
+        claims = tokens_by_queue(claimed_messages(self.claims, context))
+        batch = self._batch(self.messages or [])
+        hook = self.hook
+        try:
+            sent = hook.forward(claims, {self.queue_name: batch}, notify=self.notify)
+        except LeaseLostError:
+            raise
+        except Exception as exc:
+            for queue, tokens in claims.items():
+                hook.nack(queue, tokens, error=Failure.of(exc, failure_source(context)))
+            raise
+        self.log.info(
+            "Queue %s: sent %d result(s) and acknowledged %d claim(s) in one transaction",
+            self.queue_name,
+            sent,
+            sum(map(len, claims.values())),
+        )
+        return sent
+
+
+def failure_source(context: Any) -> str:
+    """What failed, as the error queue's ``NServiceBus.ExceptionInfo.Source`` names it: ``dag_id.task_id``."""
+    ti = context["ti"]
+    return f"{ti.dag_id}.{ti.task_id}"
+
+
+def claim_holder(context: Any) -> str:
+    """Who holds a claim taken by a task: its DAG run, task and try."""
+    ti = context["ti"]
+    return f"{ti.dag_id}/{ti.run_id}/{ti.task_id}#{ti.try_number}"
+
+
 def claimed_messages(messages: Any, context: Any) -> list[Mapping[str, Any]]:
     """Message dicts to acknowledge or give back.
 
-    ``messages`` is a sensor's output (a list of message dicts, or a single one); None means the
-    messages that triggered this DAG run through an ``AssetWatcher`` (the asset events' payloads).
+    ``messages`` is a sensor's or :func:`hold_messages`' output (a list of message dicts, or a
+    single one); None means the payloads of the asset events that triggered this DAG run.
     """
     if messages is None:
         found: list[Mapping[str, Any]] = []
@@ -151,6 +214,63 @@ def claimed_messages(messages: Any, context: Any) -> list[Mapping[str, Any]]:
             "messages must be message dicts (a sensor's output, passed as XComArg), not a rendered string"
         )
     return list(messages)
+
+
+@contextmanager
+def hold_messages(
+    messages: Any = None,
+    *,
+    sqlqueue_conn_id: str = SqlQueueHook.default_conn_name,
+    lease: timedelta = defaults.LEASE,
+    limit: int = defaults.ADOPT_LIMIT,
+    context: Any = None,
+) -> Iterator[list[dict[str, Any]]]:
+    """The messages a task works on, kept claimed while it works; given back, with the error, if it fails.
+
+    ::
+
+        @task
+        def work(messages):
+            with hold_messages(messages) as held:
+                return {"claims": held, "results": [handle(m) for m in held]}
+
+    ``messages`` is a :class:`~airflow_provider_sqlqueue.sensors.sqlqueue.SqlQueueSensor`'s
+    output. With None, in a DAG run started by an ``AssetWatcher``, the task takes every
+    reservation waiting on the queues its triggering events came from (up to ``limit`` per queue):
+    Airflow may fold several events into one run and attach others to later runs, so a run
+    handles whatever is reserved when it starts, and a later run whose events name messages
+    already taken has nothing to do.
+
+    The leases are renewed every third of ``lease`` from a background thread while the block runs
+    (a SIGKILLed task stops renewing and its messages come back within one lease) and once more
+    when it ends, leaving the next task -- :class:`ForwardMessagesOperator` -- a full lease. Only
+    messages still held are yielded. If the block raises, the messages are given back at once
+    with the exception (type, message, traceback, ``dag_id.task_id``) as their failure, which is
+    what the error queue's headers show if they end there.
+    """
+    context = context or get_current_context()
+    hook = SqlQueueHook(sqlqueue_conn_id)
+    holder = claim_holder(context)
+    if messages is None:
+        queues = dict.fromkeys(str(m["queue"]) for m in claimed_messages(None, context))
+        taken: list[Mapping[str, Any]] = []
+        for queue in queues:
+            adopted = hook.take_dicts(queue, None, lease=lease, holder=holder, limit=limit)
+            hook.log.info("Queue %s: took %d reserved message(s) for %s", queue, len(adopted), holder)
+            taken.extend(adopted)
+    else:
+        taken = claimed_messages(messages, context)
+    with hook.keep_claims(tokens_by_queue(taken), lease) as keeper:
+        held = [dict(m) for m in taken if uuid.UUID(str(m["claim_token"])) in keeper.held.get(str(m["queue"]), ())]
+        try:
+            yield held
+        except BaseException as exc:
+            failure = Failure.of(exc, failure_source(context))
+            for queue, tokens in keeper.held.items():
+                if tokens:
+                    hook.nack(queue, tokens, error=failure)
+                    hook.log.warning("Queue %s: gave back %d message(s) after %s", queue, len(tokens), failure.type)
+            raise
 
 
 def tokens_by_queue(messages: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]:
@@ -222,7 +342,10 @@ class NackMessagesOperator(_QueueOperator):
 
     def execute(self, context: Any) -> int:
         grouped = tokens_by_queue(claimed_messages(self.messages, context))
-        reason = self.reason or f"downstream of {self.task_id} failed in run {context.get('run_id')}"
+        reason = Failure.of(
+            self.reason or f"a task upstream of {self.task_id} failed in run {context.get('run_id')}",
+            failure_source(context),
+        )
         hook = self.hook
         given_back = 0
         for queue, tokens in grouped.items():
@@ -265,5 +388,5 @@ class RetryErrorMessagesOperator(_QueueOperator):
     def execute(self, context: Any) -> int:
         hook = self.hook
         moved = hook.retry_errors(hook.error_queue, queue_name=self.queue_name, limit=self.limit)
-        self.log.info("Error queue %s: sent %d message(s) back for retry", hook.error_queue, moved)
+        self.log.info("Error queue %s: sent %d message(s) back for retry", hook.error_queue or "error", moved)
         return moved

@@ -10,23 +10,31 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
 from airflow.sdk.exceptions import AirflowException
 
 from ..hooks.sqlqueue import SqlQueueHook
-from ..transport import TransactionMode
-from ..triggers.sqlqueue import DEFAULT_LEASE_SECONDS, SqlQueueTrigger, lease_seconds, receiving_mode
+from ..operators.sqlqueue import claim_holder
+from ..transport import TransactionMode, defaults
+from ..triggers.sqlqueue import SqlQueueTrigger, lease_seconds, receiving_mode
 
 
 class SqlQueueSensor(BaseSensorOperator):
     """Succeed when messages arrive on ``queue_name``; their dicts become this task's XCom return value.
 
-    Deferrable by default when Airflow's ``[operators] default_deferrable`` says so: the wait then
-    runs in the triggerer (:class:`~airflow_provider_sqlqueue.triggers.sqlqueue.SqlQueueTrigger`)
-    and holds no worker slot. Either way the sensor first tries to receive at once, so a waiting
-    message never costs a deferral.
+    Pass ``deferrable=True``: the wait then runs in the triggerer
+    (:class:`~airflow_provider_sqlqueue.triggers.sqlqueue.SqlQueueTrigger`) and holds no worker
+    slot. The default is Airflow's ``[operators] default_deferrable``, which is False unless
+    configured, and a poking sensor holds a worker slot and receives only every ``poke_interval``.
+    Either way the sensor first tries to receive at once, so a waiting message never costs a
+    deferral.
 
-    In ``claim`` mode (default) the messages stay leased for ``lease`` until a downstream
-    :class:`~airflow_provider_sqlqueue.operators.sqlqueue.AckMessagesOperator` acknowledges them;
-    if the run fails they are delivered again when the lease runs out, and after
-    ``max_deliveries`` deliveries they move to the error queue. Make ``lease`` longer than the
-    downstream work takes.
+    In ``claim`` mode (default) the messages are this task's claims, with a ``lease`` (2 minutes
+    by default) that the task working on them renews
+    (:func:`~airflow_provider_sqlqueue.operators.sqlqueue.hold_messages`) until
+    :class:`~airflow_provider_sqlqueue.operators.sqlqueue.ForwardMessagesOperator` or
+    :class:`~airflow_provider_sqlqueue.operators.sqlqueue.AckMessagesOperator` settles them. While
+    deferred, the trigger only reserves what it receives; this task takes the reservations when
+    it resumes. If the DAG is paused meanwhile, or the triggerer dies before Airflow stored its
+    event, the reservation runs out within one lease and the messages go to other consumers, with
+    no delivery counted; the resumed sensor then waits again. A run that fails gives its messages
+    back; after ``max_deliveries`` deliveries they move to the error queue.
 
     Each message dict has ``queue``, ``id``, ``headers``, ``body`` (parsed JSON for JSON content,
     else text, else base64), ``body_encoding``, ``claim_token`` and ``deliveries``.
@@ -54,9 +62,9 @@ class SqlQueueSensor(BaseSensorOperator):
         sqlqueue_conn_id: str = SqlQueueHook.default_conn_name,
         max_messages: int = 10,
         transaction_mode: TransactionMode | str = TransactionMode.CLAIM,
-        lease: timedelta | float = DEFAULT_LEASE_SECONDS,
-        max_deliveries: int = 5,
-        peek_interval: float = 1.0,
+        lease: timedelta | float = defaults.LEASE,
+        max_deliveries: int = defaults.MAX_DELIVERIES,
+        peek_interval: float = defaults.PEEK_INTERVAL,
         error_queue: str | None = None,
         wake_on_notify: bool = False,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
@@ -76,29 +84,36 @@ class SqlQueueSensor(BaseSensorOperator):
         self.wake_on_notify = wake_on_notify
         self.deferrable = deferrable
 
-    def _receive(self) -> list[dict[str, Any]]:
-        hook = SqlQueueHook(self.sqlqueue_conn_id, error_queue=self.error_queue)
-        messages = hook.receive_dicts(
+    @property
+    def hook(self) -> SqlQueueHook:
+        return SqlQueueHook(self.sqlqueue_conn_id, error_queue=self.error_queue)
+
+    def _receive(self, context: Any) -> list[dict[str, Any]]:
+        messages = self.hook.receive_dicts(
             self.queue_name,
             self.max_messages,
             mode=self.transaction_mode,
             lease=self.lease_seconds,
             max_deliveries=self.max_deliveries,
+            holder=claim_holder(context),
         )
         if messages:
             self.log.info("Queue %s: received %d message(s)", messages[0]["queue"], len(messages))
         return messages
 
     def poke(self, context: Any) -> PokeReturnValue:
-        messages = self._receive()
+        messages = self._receive(context)
         return PokeReturnValue(is_done=bool(messages), xcom_value=messages or None)
 
     def execute(self, context: Any) -> Any:
         if not self.deferrable:
             return super().execute(context)
-        messages = self._receive()
+        messages = self._receive(context)
         if messages:
             return messages
+        self._defer()
+
+    def _defer(self) -> None:
         self.log.info("Queue %s: empty; deferring to the triggerer", self.queue_name)
         self.defer(
             trigger=SqlQueueTrigger(
@@ -117,9 +132,20 @@ class SqlQueueSensor(BaseSensorOperator):
         )
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> list[dict[str, Any]]:
-        """Resume after the trigger fired: return its messages (they become the XCom return value)."""
+        """Resume after the trigger fired: take its reservations (they become the XCom return value).
+
+        Reservations that ran out meanwhile (a paused DAG, a slow scheduler) may have gone to another
+        consumer; if none is left, the sensor waits again.
+        """
         if event.get("status") != "success":
             raise AirflowException(f"Queue {self.queue_name}: {event.get('message', event)}")
         messages = event["messages"]
-        self.log.info("Queue %s: resumed with %d message(s)", self.queue_name, len(messages))
+        if self.transaction_mode == TransactionMode.CLAIM.value and messages:
+            queue = messages[0]["queue"]
+            messages = self.hook.take_dicts(
+                queue, [m["claim_token"] for m in messages], lease=self.lease_seconds, holder=claim_holder(context)
+            )
+            self.log.info("Queue %s: took %d of %d reserved message(s)", queue, len(messages), len(event["messages"]))
+            if not messages:
+                self._defer()
         return messages

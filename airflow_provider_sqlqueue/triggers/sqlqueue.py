@@ -5,11 +5,15 @@ triggers of one triggerer on the same connection wait on one
 :class:`~airflow_provider_sqlqueue.transport.watch.Poller`, which holds one connection and peeks
 each waited-on queue every ``peek_interval`` seconds (and, with ``wake_on_notify``, wakes at once
 on a sender's NOTIFY), so a thousand deferred sensors cost the database one connection and one
-peek per queue per interval. In ``claim`` mode (the default) a received message is leased, not
-deleted: if the triggerer dies between the receive and Airflow storing the event, or a downstream
-task fails before acknowledging, the lease runs out and the message is delivered again, up to
-``max_deliveries`` times, then it goes to the error queue. Nothing is lost and nothing is handed
-out twice while a lease holds.
+peek per queue per interval.
+
+In ``claim`` mode (the default) a trigger *reserves* what it receives: the messages move to the
+in-flight store under a short hand-off lease (``lease_seconds``, 2 minutes by default) without
+counting a delivery, and the task that works on them *takes* them (a new token, a counted
+delivery) and renews the lease while it works. If the triggerer dies between its receive and
+Airflow storing the event, or nobody comes for the messages (a paused DAG), the reservation runs
+out within one lease and the messages are received again, with none of their ``max_deliveries``
+spent. Nothing is lost and a message has one owner at a time.
 
 * :class:`SqlQueueTrigger` fires once with a batch of up to ``max_messages`` messages; the
   deferrable :class:`~airflow_provider_sqlqueue.sensors.sqlqueue.SqlQueueSensor` waits on it.
@@ -21,20 +25,25 @@ out twice while a lease holds.
 from __future__ import annotations
 
 import asyncio
+import importlib
 from collections.abc import AsyncIterator
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
-from ..hooks.sqlqueue import SqlQueueHook
-from ..transport import AsyncQueueClient, TransactionMode
+from ..transport import AsyncQueueClient, TransactionMode, defaults
 from ..transport.drivers import close_quietly
 from ..transport.errors import SqlQueueError, TransportUnavailableError
 from ..transport.pump import CircuitBreaker, check_peek_interval
 from ..transport.watch import Poller, shared_poller
 
-DEFAULT_LEASE_SECONDS = 1800.0
+if TYPE_CHECKING:
+    from ..hooks.sqlqueue import SqlQueueHook
+
+#: The triggerer imports this module on its event loop: the hook (and the database providers and
+#: drivers it imports, about 0.7 s) is imported on a worker thread when a trigger starts instead.
+HOOK_MODULE = "airflow_provider_sqlqueue.hooks.sqlqueue"
 
 
 def lease_seconds(lease: timedelta | float) -> float:
@@ -69,7 +78,7 @@ class SqlQueueTrigger(BaseTrigger):
     :param max_messages: most messages received per event.
     :param transaction_mode: ``claim`` (leased until acknowledged) or ``none`` (deleted on receipt).
     :param peek_interval: seconds between peeks while the queue is empty.
-    :param lease_seconds: how long a claimed message stays reserved for the downstream tasks.
+    :param lease_seconds: how long a reservation waits for the task that takes it (claim mode).
     :param max_deliveries: deliveries of one message before it moves to the error queue (claim mode).
     :param error_queue: error queue; defaults to the connection's, else ``error``.
     :param wake_on_notify: also wake when a sender notifies (``SendMessageOperator(notify=True)``,
@@ -83,9 +92,9 @@ class SqlQueueTrigger(BaseTrigger):
         queue_name: str,
         max_messages: int = 10,
         transaction_mode: str = TransactionMode.CLAIM.value,
-        peek_interval: float = 1.0,
-        lease_seconds: float = DEFAULT_LEASE_SECONDS,
-        max_deliveries: int = 5,
+        peek_interval: float = defaults.PEEK_INTERVAL,
+        lease_seconds: float = defaults.LEASE.total_seconds(),
+        max_deliveries: int = defaults.MAX_DELIVERIES,
         error_queue: str | None = None,
         wake_on_notify: bool = False,
     ) -> None:
@@ -122,7 +131,7 @@ class SqlQueueTrigger(BaseTrigger):
 
     async def _receive(self, client: AsyncQueueClient) -> list[Any]:
         if self.transaction_mode == TransactionMode.CLAIM.value:
-            return await client.claim(
+            return await client.reserve(
                 self.queue_name,
                 self.max_messages,
                 lease=self.lease_seconds,
@@ -146,8 +155,13 @@ class SqlQueueTrigger(BaseTrigger):
         """
         for warning in check_peek_interval(self.peek_interval):
             self.log.warning("Queue %s: %s", self.queue_name, warning)
-        hook = SqlQueueHook(self.sqlqueue_conn_id, error_queue=self.error_queue)
-        breaker = CircuitBreaker(base_delay=min(self.peek_interval, 1.0), max_backoff=30.0, alarm_after=120.0)
+        hooks = await asyncio.to_thread(importlib.import_module, HOOK_MODULE)
+        hook: SqlQueueHook = hooks.SqlQueueHook(self.sqlqueue_conn_id, error_queue=self.error_queue)
+        breaker = CircuitBreaker(
+            base_delay=min(self.peek_interval, 1.0),
+            max_backoff=defaults.MAX_BACKOFF_SECONDS,
+            alarm_after=defaults.BREAKER_ALARM_SECONDS,
+        )
         self.log.info(
             "Queue %s: waiting for messages (mode=%s, up to %d per event, peek every %.3gs%s)",
             self.queue_name,
@@ -180,8 +194,9 @@ class SqlQueueTrigger(BaseTrigger):
                 self.log.debug("Queue %s: woken, but other consumers took the messages", address)
                 continue
             self.log.info(
-                "Queue %s: received %d message(s) (ids %s)",
+                "Queue %s: %s %d message(s) (ids %s)",
                 address,
+                "reserved" if self.transaction_mode == TransactionMode.CLAIM.value else "received",
                 len(received),
                 ", ".join(str(message.id) for message in received),
             )
@@ -201,10 +216,11 @@ class SqlQueueEventTrigger(SqlQueueTrigger, BaseEventTrigger):
     """Fire one event per message, forever: the trigger of an ``AssetWatcher``.
 
     Each event's payload is the message dict (it becomes the asset event's ``extra["payload"]``).
-    In ``claim`` mode acknowledge it at the end of the DAG run it started
-    (:class:`~airflow_provider_sqlqueue.operators.sqlqueue.AckMessagesOperator` with no
-    ``messages`` acknowledges the run's triggering messages); a run that fails leaves it to come
-    back when its lease runs out, starting a new run.
+    In ``claim`` mode the message is reserved, and the run takes it with
+    :func:`~airflow_provider_sqlqueue.operators.sqlqueue.hold_messages`: a run takes *every*
+    reservation waiting on the queue, not only those of its own events, because Airflow's
+    scheduler folds events that arrive together into one run and attaches others to later runs.
+    A run that finds its events' messages already taken by an earlier run has nothing to do.
     """
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
