@@ -51,8 +51,9 @@ def stage(dag_id: str, task_id: str, source: str, target: str, job, message_type
 
         @task.pyspark(task_id=task_id, conn_id=SPARK_CONN, multiple_outputs=True)
         def run_job(messages: list[dict], spark=None) -> dict:
-            with hold_messages(messages) as held:  # renewed while Spark works; given back if it fails
-                return {"claims": held, "results": [job(spark, message) for message in held]}
+            with hold_messages(messages) as held:  # claims renewed while Spark works
+                results = held.map(lambda message: job(spark, message))  # a failing one is given back alone
+                return {"claims": held.messages, "results": results}
 
         done = run_job(wait.output)
         ForwardMessagesOperator(

@@ -56,7 +56,8 @@ def stage(dag_id: str, task_id: str, source: Asset, target: str, job) -> DAG:
         @task.pyspark(task_id=task_id, conn_id=SPARK_CONN, multiple_outputs=True)
         def run_job(spark=None) -> dict:
             with hold_messages(sqlqueue_conn_id=CONN) as held:  # every reservation of the run's queue
-                return {"claims": held, "results": [job(spark, message) for message in held]}
+                results = held.map(lambda message: job(spark, message))  # a failing one is given back alone
+                return {"claims": held.messages, "results": results}
 
         done = run_job()
         ForwardMessagesOperator(

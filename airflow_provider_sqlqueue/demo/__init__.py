@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-LOCAL_SPARK = {"conn_type": "spark", "host": "local[*]", "extra": {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "8"}}
+from .services import LOCAL_SPARK, airflow_connection
 
 
 def example_dags_folder() -> Path:
@@ -53,24 +53,6 @@ def database() -> Iterator[str]:
             yield server.get_uri()
         finally:
             server.cleanup()
-
-
-def airflow_connection(uri: str, conn_type: str = "postgres", **extra: Any) -> str:
-    """An Airflow connection in the JSON form ``AIRFLOW_CONN_*`` takes, for a PostgreSQL URI (socket URIs included)."""
-    from psycopg.conninfo import conninfo_to_dict
-
-    params = conninfo_to_dict(uri)
-    return json.dumps(
-        {
-            "conn_type": conn_type,
-            "host": params.get("host"),
-            "port": int(params["port"]) if params.get("port") else None,
-            "login": params.get("user"),
-            "password": params.get("password"),
-            "schema": params.get("dbname"),
-            "extra": extra,
-        }
-    )
 
 
 def prepare_airflow(home: Path, pg_uri: str, schema: str = "public") -> None:

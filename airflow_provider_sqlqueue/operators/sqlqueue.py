@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
@@ -17,7 +17,7 @@ from typing import Any
 from airflow.sdk import BaseOperator, get_current_context
 
 from ..hooks.sqlqueue import SqlQueueHook
-from ..transport import Failure, LeaseLostError, Message, defaults
+from ..transport import Failure, LeaseKeeper, LeaseLostError, Message, defaults
 from ..transport.message import ENCLOSED_MESSAGE_TYPES
 
 
@@ -216,6 +216,53 @@ def claimed_messages(messages: Any, context: Any) -> list[Mapping[str, Any]]:
     return list(messages)
 
 
+class HeldMessages:
+    """The message dicts a task holds (:attr:`messages`), with :meth:`map` to work on them one by one.
+
+    Built by :func:`hold_messages`; its leases are renewed while the block runs. Iterating gives
+    the messages; pass :attr:`messages` on to :class:`ForwardMessagesOperator` as its claims.
+    """
+
+    def __init__(self, messages: Iterable[dict[str, Any]], hook: SqlQueueHook, keeper: LeaseKeeper, source: str) -> None:
+        self.messages = list(messages)
+        self._hook = hook
+        self._keeper = keeper
+        self._source = source
+
+    def map(self, function: Callable[[dict[str, Any]], Any]) -> list[Any]:
+        """``function`` of each message; a message it fails on is given back alone, with the exception.
+
+        The others go on: their results are returned and only they remain held (and forwarded).
+        The given-back message is delivered again, and after ``max_deliveries`` failures it moves to
+        the error queue with this exception and ``dag_id.task_id`` in its headers.
+        """
+        results, kept = [], []
+        for message in self.messages:
+            try:
+                results.append(function(message))
+            except Exception as exc:  # one message's failure is its own: recoverability, not a crashed batch
+                self.give_back([message], Failure.of(exc, self._source))
+            else:
+                kept.append(message)
+        self.messages = kept
+        return results
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self.messages)
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+    def give_back(self, messages: Iterable[Mapping[str, Any]], failure: Failure) -> None:
+        """Nack ``messages`` with ``failure`` and stop renewing them."""
+        for queue, tokens in tokens_by_queue(messages).items():
+            given = self._hook.nack(queue, tokens, error=failure)
+            self._keeper.release(queue, tokens)
+            self._hook.log.error(
+                "Queue %s: gave back %d message(s) after %s: %s", queue, given, failure.type, failure.message
+            )
+
+
 @contextmanager
 def hold_messages(
     messages: Any = None,
@@ -224,15 +271,16 @@ def hold_messages(
     lease: timedelta = defaults.LEASE,
     limit: int = defaults.ADOPT_LIMIT,
     context: Any = None,
-) -> Iterator[list[dict[str, Any]]]:
+) -> Iterator[HeldMessages]:
     """The messages a task works on, kept claimed while it works; given back, with the error, if it fails.
 
     ::
 
-        @task
+        @task(multiple_outputs=True)
         def work(messages):
             with hold_messages(messages) as held:
-                return {"claims": held, "results": [handle(m) for m in held]}
+                results = held.map(handle)      # a message handle() fails on is given back alone
+                return {"claims": held.messages, "results": results}
 
     ``messages`` is a :class:`~airflow_provider_sqlqueue.sensors.sqlqueue.SqlQueueSensor`'s
     output. With None, in a DAG run started by an ``AssetWatcher``, the task takes every
@@ -244,9 +292,9 @@ def hold_messages(
     The leases are renewed every third of ``lease`` from a background thread while the block runs
     (a SIGKILLed task stops renewing and its messages come back within one lease) and once more
     when it ends, leaving the next task -- :class:`ForwardMessagesOperator` -- a full lease. Only
-    messages still held are yielded. If the block raises, the messages are given back at once
-    with the exception (type, message, traceback, ``dag_id.task_id``) as their failure, which is
-    what the error queue's headers show if they end there.
+    messages still held are yielded. If the block raises, every message still held is given back
+    at once with the exception (type, message, traceback, ``dag_id.task_id``) as its failure,
+    which is what the error queue's headers show if it ends there.
     """
     context = context or get_current_context()
     hook = SqlQueueHook(sqlqueue_conn_id)
@@ -261,15 +309,16 @@ def hold_messages(
     else:
         taken = claimed_messages(messages, context)
     with hook.keep_claims(tokens_by_queue(taken), lease) as keeper:
-        held = [dict(m) for m in taken if uuid.UUID(str(m["claim_token"])) in keeper.held.get(str(m["queue"]), ())]
+        held = HeldMessages(
+            (dict(m) for m in taken if uuid.UUID(str(m["claim_token"])) in keeper.held.get(str(m["queue"]), ())),
+            hook,
+            keeper,
+            failure_source(context),
+        )
         try:
             yield held
         except BaseException as exc:
-            failure = Failure.of(exc, failure_source(context))
-            for queue, tokens in keeper.held.items():
-                if tokens:
-                    hook.nack(queue, tokens, error=failure)
-                    hook.log.warning("Queue %s: gave back %d message(s) after %s", queue, len(tokens), failure.type)
+            held.give_back(held.messages, Failure.of(exc, failure_source(context)))
             raise
 
 

@@ -72,6 +72,11 @@ class LeaseKeeper:
                     tokens -= gone
             self.renewals += 1
 
+    def release(self, queue: str, tokens: Iterable[Token]) -> None:
+        """Stop renewing claims the holder has settled or given back."""
+        with self._lock:
+            self.held.get(queue, set()).difference_update(as_tokens(tokens))
+
     def __enter__(self) -> LeaseKeeper:
         with self._open_client() as client:
             self.renew(client)

@@ -1,0 +1,253 @@
+"""Airflow's real services -- api-server, scheduler, dag-processor, triggerer -- run as separate processes.
+
+The demo and the end-to-end tests run the example pipelines the way a deployment does: a
+LocalExecutor scheduler whose task processes are its children, a triggerer running the sensors'
+and watchers' triggers, a dag-processor parsing ``example_dags/``, an api-server serving the UI
+and the execution API the tasks talk to, all on a PostgreSQL metadata database of their own.
+Each process logs to its own file; :class:`AirflowServices` starts, kills (SIGKILL, to prove
+recovery), restarts and stops them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+SERVICES = ("api-server", "scheduler", "dag-processor", "triggerer")
+
+#: Spark for the example DAGs when no ``spark_default`` is configured: local, with the UI off.
+LOCAL_SPARK = {
+    "conn_type": "spark",
+    "host": "local[2]",
+    "extra": {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4"},
+}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def airflow_connection(uri: str, conn_type: str = "postgres", **extra: Any) -> str:
+    """An Airflow connection in the JSON form ``AIRFLOW_CONN_*`` takes, for a PostgreSQL URI (socket URIs included)."""
+    params = conninfo_to_dict(uri)
+    return json.dumps(
+        {
+            "conn_type": conn_type,
+            "host": params.get("host"),
+            "port": int(params["port"]) if params.get("port") else None,
+            "login": params.get("user"),
+            "password": params.get("password"),
+            "schema": params.get("dbname"),
+            "extra": extra,
+        }
+    )
+
+
+@contextmanager
+def metadata_database(pg_uri: str) -> Iterator[str]:
+    """A fresh database for Airflow's metadata on the server of ``pg_uri``, dropped afterwards; yields its SQLAlchemy URI."""
+    import psycopg
+
+    name = f"sqlqueue_airflow_{secrets.token_hex(4)}"
+    with psycopg.connect(pg_uri, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    params = {**conninfo_to_dict(pg_uri), "dbname": name}
+    host = params.get("host") or "localhost"
+    port = params.get("port") or "5432"
+    user = params.get("user") or "postgres"
+    password = params.get("password")
+    login = user if not password else f"{user}:{password}"
+    if host.startswith("/"):  # a socket directory: SQLAlchemy takes it as a query parameter
+        uri = f"postgresql+psycopg2://{login}@/{name}?host={host}&port={port}"
+    else:
+        uri = f"postgresql+psycopg2://{login}@{host}:{port}/{name}"
+    try:
+        yield uri
+    finally:
+        with psycopg.connect(pg_uri, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+class AirflowServices:
+    """The four Airflow services over one AIRFLOW_HOME, metadata database and DAGs folder.
+
+    :param home: AIRFLOW_HOME (configuration, logs of tasks) and ``services/`` (each service's log).
+    :param metadata_uri: SQLAlchemy URI of the metadata database.
+    :param queue_uri: the queues' PostgreSQL, as the ``sqlqueue_default`` connection.
+    :param dags_folder: the DAGs to run (``example_dags/``).
+    :param env: more environment for every service (e.g. ``SQLQUEUE_SCHEMA``): DAG files read it
+        when the dag-processor parses them, tasks when the scheduler's LocalExecutor runs them.
+    """
+
+    def __init__(
+        self,
+        home: Path,
+        metadata_uri: str,
+        queue_uri: str,
+        dags_folder: Path,
+        *,
+        port: int | None = None,
+        env: Mapping[str, str] | None = None,
+        parallelism: int = 4,
+    ) -> None:
+        self.home = home
+        self.port = port or free_port()
+        self.logs = home / "services"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._log_files: dict[str, IO[bytes]] = {}
+        self.env = {
+            **os.environ,
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__PARALLELISM": str(parallelism),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": metadata_uri,
+            "AIRFLOW__CORE__DAGS_FOLDER": str(dags_folder),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+            "AIRFLOW__API__PORT": str(self.port),
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{self.port}/execution/",
+            "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
+            "AIRFLOW__API__SECRET_KEY": secrets.token_hex(32),
+            "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+            "AIRFLOW_CONN_SQLQUEUE_DEFAULT": airflow_connection(queue_uri),
+            "PYSPARK_PYTHON": sys.executable,
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            **(env or {}),
+        }
+        self.env.setdefault("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps(LOCAL_SPARK))
+        self.env.pop("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", None)  # parse the DAGs folder, nothing else
+        self.metadata_uri = metadata_uri
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def airflow(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        """Run an ``airflow`` command with the services' settings."""
+        return subprocess.run(
+            [sys.executable, "-m", "airflow", *args], env=self.env, capture_output=True, text=True, timeout=timeout, check=True
+        )
+
+    def migrate(self) -> None:
+        self.airflow("db", "migrate")
+
+    def start(self, name: str, *, suffix: str = "") -> subprocess.Popen[bytes]:
+        """Start one service (``suffix`` names a second instance, e.g. a second triggerer)."""
+        key = name + suffix
+        command = [sys.executable, "-m", "airflow", name]
+        if name == "api-server":
+            command += ["--workers", "1"]
+        log = self._log_files.get(key) or (self.logs / f"{key}.log").open("ab")
+        self._log_files[key] = log
+        log.write(f"\n===== starting {key} at {time.strftime('%H:%M:%S')} =====\n".encode())
+        log.flush()
+        # A session of its own: a kill reaches the service and what it started (LocalExecutor workers).
+        process = subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.processes[key] = process
+        return process
+
+    def start_all(self) -> None:
+        for name in SERVICES:
+            self.start(name)
+
+    def kill(self, key: str, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to a service and everything it started, and wait for it to end."""
+        process = self.processes[key]
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+
+    def stop(self) -> None:
+        """Stop every service: SIGTERM, then SIGKILL for what is still running after 20 s."""
+        for process in self.processes.values():
+            if process.poll() is None:
+                try:
+                    os.killpg(process.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 20
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                process.wait(timeout=30)
+        for log in self._log_files.values():
+            log.close()
+
+    def health(self) -> dict[str, Any]:
+        """The api-server's view of the services (``/api/v2/monitor/health``); {} while it is not answering."""
+        try:
+            with urllib.request.urlopen(f"{self.url}/api/v2/monitor/health", timeout=5) as answer:
+                return dict(json.load(answer))
+        except (urllib.error.URLError, OSError, ValueError):
+            return {}
+
+    def wait_healthy(self, timeout: float = 240) -> None:
+        """Wait until the api-server answers and reports the scheduler, dag-processor and triggerer healthy."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for key, process in self.processes.items():
+                if process.poll() is not None:
+                    raise RuntimeError(f"Airflow {key} exited with {process.returncode}; see {self.logs / (key + '.log')}")
+            state = self.health()
+            parts = ("metadatabase", "scheduler", "triggerer", "dag_processor")
+            if state and all((state.get(part) or {}).get("status") == "healthy" for part in parts):
+                return
+            time.sleep(1)
+        raise TimeoutError(f"Airflow services not healthy after {timeout:.0f}s: {self.health()}; logs in {self.logs}")
+
+    def metadata(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """Rows of a query on the metadata database (what the services recorded: runs, task instances, events)."""
+        import psycopg
+
+        uri = self.metadata_uri.replace("postgresql+psycopg2://", "postgresql://")
+        if "?host=" in uri:  # socket form
+            base, query = uri.split("?", 1)
+            options = dict(part.split("=", 1) for part in query.split("&"))
+            uri = make_conninfo(base, **options)
+        with psycopg.connect(uri, autocommit=True) as connection:
+            return connection.execute(sql, params).fetchall()
+
+    def wait_for_dags(self, dag_ids: list[str], timeout: float = 180) -> None:
+        """Wait until the dag-processor has parsed and stored these DAGs (unpaused, as configured)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            rows = self.metadata("SELECT dag_id FROM dag WHERE dag_id = ANY(%s) AND NOT is_paused", (dag_ids,))
+            if {row[0] for row in rows} == set(dag_ids):
+                return
+            time.sleep(1)
+        raise TimeoutError(f"DAGs {dag_ids} not parsed within {timeout:.0f}s; see {self.logs / 'dag-processor.log'}")
+
+    def log_lines(self, key: str, needle: str) -> list[str]:
+        """Lines of a service's log that contain ``needle``."""
+        text = (self.logs / f"{key}.log").read_text(errors="replace")
+        return [line for line in text.splitlines() if needle in line]
