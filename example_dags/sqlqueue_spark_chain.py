@@ -21,15 +21,18 @@ readable by the Spark cluster (a shared filesystem or object store once Spark is
 from __future__ import annotations
 
 import os
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, task
 
 from airflow_provider_sqlqueue.demo.spark_jobs import clean_message, summarise_message
 from airflow_provider_sqlqueue.operators.sqlqueue import ForwardMessagesOperator, hold_messages
+from airflow_provider_sqlqueue.transport import defaults
 from airflow_provider_sqlqueue.sensors.sqlqueue import SqlQueueSensor
 
 SCHEMA = os.environ.get("SQLQUEUE_SCHEMA", "public")
+#: The hand-off lease: how soon messages held by a process that died (a triggerer, a worker) come back.
+LEASE = timedelta(seconds=float(os.environ["SQLQUEUE_LEASE_SECONDS"])) if "SQLQUEUE_LEASE_SECONDS" in os.environ else defaults.LEASE
 INGEST, CLEANED, REPORTS = (f'{name}@"{SCHEMA}"' for name in ("ingest", "cleaned", "reports"))
 SPARK_CONN = "spark_default"
 BATCH = 10  # messages one run takes at most
@@ -47,11 +50,11 @@ def stage(dag_id: str, task_id: str, source: str, target: str, job, message_type
         tags=["sqlqueue", "spark"],
         doc_md=__doc__,
     ) as dag:
-        wait = SqlQueueSensor(task_id="wait", queue_name=source, max_messages=BATCH, deferrable=True)
+        wait = SqlQueueSensor(task_id="wait", queue_name=source, max_messages=BATCH, lease=LEASE, deferrable=True)
 
         @task.pyspark(task_id=task_id, conn_id=SPARK_CONN, multiple_outputs=True)
         def run_job(messages: list[dict], spark=None) -> dict:
-            with hold_messages(messages) as held:  # claims renewed while Spark works
+            with hold_messages(messages, lease=LEASE) as held:  # claims renewed while Spark works
                 results = held.map(lambda message: job(spark, message))  # a failing one is given back alone
                 return {"claims": held.messages, "results": results}
 

@@ -15,15 +15,18 @@ new run.
 from __future__ import annotations
 
 import os
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
 from airflow.sdk import DAG, Asset, AssetWatcher, task
 
 from airflow_provider_sqlqueue.demo.spark_jobs import clean_message, summarise_message
 from airflow_provider_sqlqueue.operators.sqlqueue import ForwardMessagesOperator, hold_messages
+from airflow_provider_sqlqueue.transport import defaults
 
 SCHEMA = os.environ.get("SQLQUEUE_SCHEMA", "public")
+#: The hand-off lease: how soon messages held by a process that died (a triggerer, a worker) come back.
+LEASE = timedelta(seconds=float(os.environ["SQLQUEUE_LEASE_SECONDS"])) if "SQLQUEUE_LEASE_SECONDS" in os.environ else defaults.LEASE
 CONN, SPARK_CONN = "sqlqueue_default", "spark_default"
 INGEST, CLEANED, REPORTS = (f'{name}@"{SCHEMA}"' for name in ("ingest_events", "cleaned_events", "reports"))
 
@@ -36,7 +39,9 @@ def watched(queue_name: str, name: str) -> Asset:
         watchers=[
             AssetWatcher(
                 name=f"{name}_watcher",
-                trigger=MessageQueueTrigger(scheme="sqlqueue", sqlqueue_conn_id=CONN, queue_name=queue_name),
+                trigger=MessageQueueTrigger(
+                    scheme="sqlqueue", sqlqueue_conn_id=CONN, queue_name=queue_name, lease_seconds=LEASE.total_seconds()
+                ),
             )
         ],
     )
@@ -55,7 +60,7 @@ def stage(dag_id: str, task_id: str, source: Asset, target: str, job) -> DAG:
 
         @task.pyspark(task_id=task_id, conn_id=SPARK_CONN, multiple_outputs=True)
         def run_job(spark=None) -> dict:
-            with hold_messages(sqlqueue_conn_id=CONN) as held:  # every reservation of the run's queue
+            with hold_messages(sqlqueue_conn_id=CONN, lease=LEASE) as held:  # every reservation of the run's queue
                 results = held.map(lambda message: job(spark, message))  # a failing one is given back alone
                 return {"claims": held.messages, "results": results}
 

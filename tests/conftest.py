@@ -51,7 +51,7 @@ if os.environ.get("CI"):
 
 from tests.backends import Backend, Raw, backend_for
 
-from airflow_provider_sqlqueue.demo import airflow_connection
+from airflow_provider_sqlqueue.demo.services import airflow_connection
 from airflow_provider_sqlqueue.transport import QueueAddress, QueueClient
 
 LOCAL_PG_URI = "postgresql://postgres@127.0.0.1:5432/test"

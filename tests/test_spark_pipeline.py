@@ -3,15 +3,37 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
+from typing import Any
 
 import pytest
 
-from airflow_provider_sqlqueue.demo import LOCAL_SPARK, airflow_connection, run_dag, task_output
 from airflow_provider_sqlqueue.demo.data import write_orders
+from airflow_provider_sqlqueue.demo.services import LOCAL_SPARK, airflow_connection
 from airflow_provider_sqlqueue.transport import Message, QueueAddress
 
 from .conftest import EXAMPLE_DAGS
+
+
+def run_dag(dag_id: str) -> tuple[Any, float]:
+    """Run one example DAG with ``dag.test()``; returns the run and its duration in seconds."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
+    if bag.import_errors:
+        raise RuntimeError(f"example DAGs failed to import: {bag.import_errors}")
+    started = time.perf_counter()
+    run = bag.dags[dag_id].test()
+    return run, time.perf_counter() - started
+
+
+def task_output(run: Any, task_id: str) -> Any:
+    """The XCom return value of one task of a finished run."""
+    [instance] = [ti for ti in run.get_task_instances() if ti.task_id == task_id]
+    return instance.xcom_pull(task_ids=task_id)
+
 
 QUEUES = ("ingest", "cleaned", "reports", "error")
 

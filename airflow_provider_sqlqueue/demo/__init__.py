@@ -1,30 +1,27 @@
-"""The demo: the example Spark chain end to end on a real PostgreSQL, with real Airflow and PySpark.
+"""The demo: both example Spark chains under Airflow's real services, on a real PostgreSQL, with real PySpark.
 
-``python -m airflow_provider_sqlqueue.demo`` (or ``bash .ci/demo``) generates a raw orders
-dataset, sends its path to the ``ingest`` queue and runs the two sensor-driven stages of
-``example_dags/sqlqueue_spark_chain.py`` with ``dag.test()``: clean (Spark) -> ``cleaned`` queue
--> summarise (Spark) -> ``reports`` queue. It prints what each stage produced and how long it took,
-then checks the report against figures computed without Spark and that every queue ended empty.
+``python -m airflow_provider_sqlqueue.demo`` (or ``bash .ci/demo``) creates the queues, starts
+Airflow's api-server, scheduler, dag-processor and triggerer (LocalExecutor, a metadata database
+of their own, ``example_dags/`` as the DAGs folder), generates two raw orders datasets and inserts
+one message per chain into its ``ingest`` queue by plain SQL, as an outside program would. It
+prints what the pipeline does (task states, queue depths) instead of Airflow's logs (each service
+logs to a file it names), checks both reports against figures computed without Spark and that
+every queue ended empty, and stops the services -- or, with ``--keep-running``, leaves them and
+the UI running.
 
 The database is ``SQLQUEUE_PG_URI`` when set, else an embedded PostgreSQL started for the demo.
 Spark is the ``spark_default`` Airflow connection when ``AIRFLOW_CONN_SPARK_DEFAULT`` is set, else
-``local[*]``.
+``local[2]``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
-
-from .services import LOCAL_SPARK, airflow_connection
 
 
 def example_dags_folder() -> Path:
@@ -53,36 +50,3 @@ def database() -> Iterator[str]:
             yield server.get_uri()
         finally:
             server.cleanup()
-
-
-def prepare_airflow(home: Path, pg_uri: str, schema: str = "public") -> None:
-    """Point Airflow at ``home`` and the example DAGs, define the connections, initialise the metadata DB.
-
-    Must run before anything imports Airflow in this process.
-    """
-    home.mkdir(parents=True, exist_ok=True)
-    os.environ["AIRFLOW_HOME"] = str(home)
-    os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(example_dags_folder())
-    os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
-    os.environ["AIRFLOW_CONN_SQLQUEUE_DEFAULT"] = airflow_connection(pg_uri)
-    os.environ.setdefault("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps(LOCAL_SPARK))
-    os.environ["SQLQUEUE_SCHEMA"] = schema
-    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True, timeout=300)
-
-
-def run_dag(dag_id: str) -> tuple[Any, float]:
-    """Run one example DAG with ``dag.test()``; returns the run and its duration in seconds."""
-    from airflow.dag_processing.dagbag import DagBag
-
-    bag = DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
-    if bag.import_errors:
-        raise RuntimeError(f"example DAGs failed to import: {bag.import_errors}")
-    started = time.perf_counter()
-    run = bag.dags[dag_id].test()
-    return run, time.perf_counter() - started
-
-
-def task_output(run: Any, task_id: str) -> Any:
-    """The XCom return value of one task of a finished run."""
-    [instance] = [ti for ti in run.get_task_instances() if ti.task_id == task_id]
-    return instance.xcom_pull(task_ids=task_id)

@@ -1,76 +1,146 @@
-"""``python -m airflow_provider_sqlqueue.demo``: see the package docstring."""
+"""``python -m airflow_provider_sqlqueue.demo [--keep-running]``: see the package docstring."""
 
 from __future__ import annotations
 
-import logging
+import argparse
+import json
+import socket
 import sys
 import time
+import uuid
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
-from . import database, prepare_airflow, run_dag, task_output
+from ..transport import QueueAddress, QueueClient
+from . import database, example_dags_folder
 from .data import write_orders
+from .services import AirflowServices, metadata_database
+
+SCHEMA = "sqlqueue_demo"
+QUEUES = ("ingest", "cleaned", "reports", "ingest_events", "cleaned_events")
+STAGES = ["sqlqueue_spark_clean", "sqlqueue_spark_summarise", "sqlqueue_spark_clean_events", "sqlqueue_spark_summarise_events"]
+UI_PORT = 8080
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) != 0
+
+
+class Progress:
+    """Concise lines about what the pipeline does, instead of Airflow's logs."""
+
+    def __init__(self, services: AirflowServices, client: QueueClient) -> None:
+        self.services = services
+        self.client = client
+        self.started = time.monotonic()
+        self.tasks: dict[tuple[str, str, str], str] = {}
+        self.queues: dict[str, tuple[int, int]] = {}
+
+    def say(self, text: str) -> None:
+        print(f"[{time.monotonic() - self.started:6.1f}s] {text}", flush=True)
+
+    def poll(self) -> None:
+        rows = self.services.metadata(
+            "SELECT dag_id, run_id, task_id, state FROM task_instance WHERE dag_id = ANY(%s) ORDER BY start_date NULLS LAST",
+            (STAGES,),
+        )
+        for dag_id, run_id, task_id, state in rows:
+            key = (dag_id, run_id, task_id)
+            if state and self.tasks.get(key) != state and state in ("deferred", "running", "success", "failed"):
+                self.tasks[key] = state
+                self.say(f"task {dag_id}.{task_id} {state}")
+        for name in QUEUES:
+            address = QueueAddress(name, SCHEMA)
+            figures = (self.client.depth(address), self.client.inflight(address))
+            if self.queues.get(name, (0, 0)) != figures:
+                self.queues[name] = figures
+                self.say(f"queue {name}: {figures[0]} waiting, {figures[1]} in flight")
+
+
+def insert_as_an_outside_sender(client: QueueClient, queue: str, body: dict[str, Any]) -> None:
+    """An INSERT such as an NServiceBus endpoint or any program writes: the provider is not involved."""
+    message_id = uuid.uuid4()
+    headers = {
+        "NServiceBus.MessageId": str(message_id),
+        "NServiceBus.ContentType": "application/json",
+        "NServiceBus.TimeSent": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S:%f Z"),
+    }
+    client.connection.execute(
+        f'INSERT INTO "{SCHEMA}"."{queue}" (Id, Expires, Headers, Body) VALUES (%s, NULL, %s, %s)',
+        (message_id, json.dumps(headers), json.dumps(body).encode()),
+    )
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description="The Spark chain under Airflow's real services")
+    parser.add_argument("--keep-running", action="store_true", help="leave the services and the UI running")
+    args = parser.parse_args()
     workdir = Path.cwd() / ".sqlqueue-demo"
-    with database() as pg_uri:
+    with database() as pg_uri, metadata_database(pg_uri) as metadata_uri, QueueClient.connect(pg_uri) as client:
+        client.connection.execute(f'DROP SCHEMA IF EXISTS "{SCHEMA}" CASCADE; CREATE SCHEMA "{SCHEMA}"')
+        for name in QUEUES:  # the installer's step (the sqlqueue_setup DAG does the same)
+            client.create_queue(QueueAddress(name, SCHEMA))
+        print(f"Queues {', '.join(QUEUES)} (and error) created in schema {SCHEMA}")
+
+        port = UI_PORT if port_free(UI_PORT) else None
+        services = AirflowServices(
+            workdir / "airflow", metadata_uri, pg_uri, example_dags_folder(), port=port, env={"SQLQUEUE_SCHEMA": SCHEMA}
+        )
         started = time.perf_counter()
-        prepare_airflow(workdir / "airflow", pg_uri)
-        print(f"Airflow initialised in {time.perf_counter() - started:.1f}s (home: {workdir / 'airflow'})")
-        logging.getLogger("airflow").setLevel(logging.WARNING)
+        services.migrate()
+        services.start_all()
+        try:
+            services.wait_healthy()
+            services.wait_for_dags(STAGES)
+            print(f"Airflow api-server, scheduler, dag-processor and triggerer up in {time.perf_counter() - started:.0f}s")
+            print(f"  UI: {services.url}   logs: {services.logs}")
 
-        from ..transport import Message, QueueClient
+            expected: dict[str, dict[str, Any]] = {}
+            for name, queue, seed in (("orders-2026-11", "ingest", 2026), ("orders-2026-11-events", "ingest_events", 7)):
+                dataset = workdir / "data" / f"{name}.csv"
+                expected[name] = write_orders(dataset, seed=seed)
+                body = {"dataset": name, "path": str(dataset), "output_root": str(workdir / "output")}
+                insert_as_an_outside_sender(client, queue, body)
+                print(f"Inserted into {queue} by plain SQL: {body['dataset']} ({expected[name]['rows']} raw order lines)")
 
-        dataset = workdir / "data" / "orders-2026-11.csv"
-        expected = write_orders(dataset)
-        print(f"Generated {dataset} ({expected['rows']} raw order lines)")
+            progress = Progress(services, client)
+            deadline = time.monotonic() + 900
+            while time.monotonic() < deadline and client.depth(QueueAddress("reports", SCHEMA)) < len(expected):
+                progress.poll()
+                time.sleep(2)
+            progress.poll()
+            reports = {m.json()["dataset"]: m.json() for m in client.receive(QueueAddress("reports", SCHEMA), 10)}
+            left = {name: client.depth(QueueAddress(name, SCHEMA)) + client.inflight(QueueAddress(name, SCHEMA)) for name in QUEUES}
+            left["error"] = client.depth(QueueAddress("error", SCHEMA))
 
-        setup, seconds = run_dag("sqlqueue_setup")
-        if setup.state != "success":
-            print(f"setup DAG {setup.state}", file=sys.stderr)
-            return 1
-        print(f"Queues created in {seconds:.1f}s")
-
-        with QueueClient.connect(pg_uri) as client:
-            body = {"dataset": "orders-2026-11", "path": str(dataset), "output_root": str(workdir / "output")}
-            client.send("ingest", Message.of(body))
-            print(f"Sent to ingest: {body}")
-
-            clean, seconds = run_dag("sqlqueue_spark_clean")
-            print(f"\nStage 1 clean ({clean.state}, {seconds:.1f}s):")
-            for result in (task_output(clean, "clean") or {}).get("results", []):
-                print(f"  kept {result['rows']} rows, rejected {result['rejected']} -> {result['path']}")
-
-            summarise, seconds = run_dag("sqlqueue_spark_summarise")
-            print(f"\nStage 2 summarise ({summarise.state}, {seconds:.1f}s):")
-            for report in (task_output(summarise, "summarise") or {}).get("results", []):
-                print(f"  {report['orders']} orders, revenue {report['revenue']:.2f}, {report['customers']} customers")
-                countries = ", ".join(f"{row['country']} {row['revenue']:.2f}" for row in report["by_country"])
-                products = ", ".join(row["product"] for row in report["top_products"])
-                print(f"  by country: {countries}")
-                print(f"  top products: {products}")
-
-            [final] = client.receive("reports") or [None]
-            queues = {name: client.depth(name) + client.inflight(name) for name in ("ingest", "cleaned", "reports", "error")}
-        print(f"\nReport message on the reports queue: {final.json() if final else None}")
-        print(f"Messages left (waiting + in flight): {queues}")
-
-        problems = []
-        if clean.state != "success" or summarise.state != "success":
-            problems.append("a stage failed")
-        report = final.json() if final else {}
-        if report.get("orders") != expected["valid_orders"]:
-            problems.append(f"report counts {report.get('orders')} orders, the data has {expected['valid_orders']}")
-        if abs((report.get("revenue") or 0) - expected["revenue"]) > 0.05:
-            problems.append(f"report revenue {report.get('revenue')} differs from {expected['revenue']}")
-        if any(queues.values()):
-            problems.append(f"queues not empty: {queues}")
-        if problems:
-            print("FAILED: " + "; ".join(problems), file=sys.stderr)
-            return 1
-        print(f"\nOK: the report matches the data ({expected['valid_orders']} orders, revenue {expected['revenue']:.2f}); "
-              f"every queue is empty. Total {time.perf_counter() - started:.1f}s")
-        return 0
+            problems = []
+            for name, figures in expected.items():
+                report = reports.get(name)
+                if report is None:
+                    problems.append(f"no report for {name}")
+                    continue
+                print(f"\nReport {name}: {report['orders']} orders, revenue {report['revenue']:.2f}, {report['customers']} customers")
+                print("  by country: " + ", ".join(f"{row['country']} {row['revenue']:.2f}" for row in report["by_country"]))
+                if report["orders"] != figures["valid_orders"] or abs(report["revenue"] - figures["revenue"]) > 0.05:
+                    problems.append(f"{name}: report {report['orders']}/{report['revenue']} != {figures}")
+            if any(left.values()):
+                problems.append(f"queues not empty: {left}")
+            if problems:
+                print("FAILED: " + "; ".join(problems) + f" (logs: {services.logs})", file=sys.stderr)
+                return 1
+            print(f"\nOK: both chains' reports match the data; every queue is empty. Total {time.perf_counter() - started:.0f}s")
+            if args.keep_running:
+                print(f"Services still running: open {services.url} (Ctrl-C stops them)")
+                try:
+                    while True:
+                        time.sleep(3600)
+                except KeyboardInterrupt:
+                    pass
+            return 0
+        finally:
+            services.stop()
 
 
 if __name__ == "__main__":

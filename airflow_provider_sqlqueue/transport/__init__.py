@@ -3,42 +3,63 @@
 It runs anywhere Python and a database driver run -- Airflow workers and triggerers, Spark
 executors, plain scripts. Start with :class:`QueueClient` (blocking) or :class:`MessagePump`
 (asyncio consumer loop).
+
+The names below are imported on first use, so that importing one small module of the package
+(:mod:`.defaults`, :mod:`.message`) does not load the rest: the Airflow triggerer imports trigger
+modules on its event loop, where every millisecond of import blocks every trigger.
 """
 
-from .addressing import QueueAddress
-from .client import AsyncQueueClient, QueueClient
-from .drivers import AsyncPsycopgPool, AsyncPsycopgSession, PsycopgSession
-from .errors import (
-    InvalidHeadersError,
-    InvalidQueueNameError,
-    LeaseLostError,
-    PermissionDeniedError,
-    QueueNotFoundError,
-    SqlQueueError,
-    TransportUnavailableError,
-)
-from .lease import LeaseKeeper
-from .message import Failure, Message, ReceivedMessage, TransactionMode
-from .pump import MessagePump
+from __future__ import annotations
 
-__all__ = [
-    "AsyncPsycopgPool",
-    "AsyncPsycopgSession",
-    "AsyncQueueClient",
-    "InvalidHeadersError",
-    "Failure",
-    "InvalidQueueNameError",
-    "LeaseKeeper",
-    "LeaseLostError",
-    "Message",
-    "MessagePump",
-    "PermissionDeniedError",
-    "PsycopgSession",
-    "QueueAddress",
-    "QueueClient",
-    "QueueNotFoundError",
-    "ReceivedMessage",
-    "SqlQueueError",
-    "TransactionMode",
-    "TransportUnavailableError",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .addressing import QueueAddress
+    from .client import AsyncQueueClient, QueueClient
+    from .drivers import AsyncPsycopgPool, AsyncPsycopgSession, PsycopgSession
+    from .errors import (
+        InvalidHeadersError,
+        InvalidQueueNameError,
+        LeaseLostError,
+        PermissionDeniedError,
+        QueueNotFoundError,
+        SqlQueueError,
+        TransportUnavailableError,
+    )
+    from .lease import LeaseKeeper
+    from .message import Failure, Message, ReceivedMessage, TransactionMode
+    from .pump import MessagePump
+
+_HOMES = {
+    "QueueAddress": ".addressing",
+    "AsyncQueueClient": ".client",
+    "QueueClient": ".client",
+    "AsyncPsycopgPool": ".drivers",
+    "AsyncPsycopgSession": ".drivers",
+    "PsycopgSession": ".drivers",
+    "InvalidHeadersError": ".errors",
+    "InvalidQueueNameError": ".errors",
+    "LeaseLostError": ".errors",
+    "PermissionDeniedError": ".errors",
+    "QueueNotFoundError": ".errors",
+    "SqlQueueError": ".errors",
+    "TransportUnavailableError": ".errors",
+    "LeaseKeeper": ".lease",
+    "Failure": ".message",
+    "Message": ".message",
+    "ReceivedMessage": ".message",
+    "TransactionMode": ".message",
+    "MessagePump": ".pump",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home, __name__), name)
+    globals()[name] = value
+    return value

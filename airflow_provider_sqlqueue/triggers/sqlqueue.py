@@ -32,18 +32,30 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
-from ..transport import AsyncQueueClient, TransactionMode, defaults
-from ..transport.drivers import close_quietly
-from ..transport.errors import SqlQueueError, TransportUnavailableError
-from ..transport.pump import CircuitBreaker, check_peek_interval
-from ..transport.watch import Poller, shared_poller
+from ..transport import defaults
+from ..transport.errors import SqlQueueError
+from ..transport.message import TransactionMode
 
 if TYPE_CHECKING:
     from ..hooks.sqlqueue import SqlQueueHook
+    from ..transport.client import AsyncQueueClient
+    from ..transport.watch import Poller
 
-#: The triggerer imports this module on its event loop: the hook (and the database providers and
-#: drivers it imports, about 0.7 s) is imported on a worker thread when a trigger starts instead.
-HOOK_MODULE = "airflow_provider_sqlqueue.hooks.sqlqueue"
+#: The triggerer imports this module on its event loop, so it imports only what the trigger
+#: classes need to exist. The hook with the database providers and drivers, and the transport's
+#: loop machinery (together 0.3-0.8 s on a busy machine) are imported on a worker thread when a
+#: trigger starts.
+RUNTIME_MODULES = (
+    "airflow_provider_sqlqueue.hooks.sqlqueue",
+    "airflow_provider_sqlqueue.transport.watch",
+    "airflow_provider_sqlqueue.transport.pump",
+    "airflow_provider_sqlqueue.transport.drivers",
+)
+
+
+def _import_runtime() -> None:
+    for name in RUNTIME_MODULES:
+        importlib.import_module(name)
 
 
 def lease_seconds(lease: timedelta | float) -> float:
@@ -141,6 +153,8 @@ class SqlQueueTrigger(BaseTrigger):
         return await client.receive(self.queue_name, self.max_messages, error_queue=self.error_queue)
 
     def _poller(self, hook: SqlQueueHook) -> Poller:
+        from ..transport.watch import Poller, shared_poller
+
         key = (self.sqlqueue_conn_id, self.peek_interval, self.wake_on_notify)  # peeking needs nothing else
         return shared_poller(
             key, lambda: Poller(hook.get_async_client, interval=self.peek_interval, listen=self.wake_on_notify)
@@ -153,10 +167,15 @@ class SqlQueueTrigger(BaseTrigger):
         from; anything else (missing table, bad connection) propagates. The trigger holds a
         connection only while receiving: waiting is the shared poller's.
         """
+        await asyncio.to_thread(_import_runtime)
+        from ..hooks.sqlqueue import SqlQueueHook
+        from ..transport.drivers import close_quietly
+        from ..transport.errors import TransportUnavailableError
+        from ..transport.pump import CircuitBreaker, check_peek_interval
+
         for warning in check_peek_interval(self.peek_interval):
             self.log.warning("Queue %s: %s", self.queue_name, warning)
-        hooks = await asyncio.to_thread(importlib.import_module, HOOK_MODULE)
-        hook: SqlQueueHook = hooks.SqlQueueHook(self.sqlqueue_conn_id, error_queue=self.error_queue)
+        hook = SqlQueueHook(self.sqlqueue_conn_id, error_queue=self.error_queue)
         breaker = CircuitBreaker(
             base_delay=min(self.peek_interval, 1.0),
             max_backoff=defaults.MAX_BACKOFF_SECONDS,
