@@ -194,26 +194,28 @@ def assert_triggers_never_blocked_the_loop(services: AirflowServices, key: str =
             assert not late, late
 
 
-def inflight_rows(pipeline: Pipeline, ids: list[uuid.UUID] | None = None) -> dict[uuid.UUID, tuple[uuid.UUID, str | None]]:
-    """Claims in flight (message id -> (token, holder)), of ``ids`` or all."""
+def inflight_rows(pipeline: Pipeline, ids: list[uuid.UUID] | None = None) -> dict[uuid.UUID, tuple[uuid.UUID, str | None, bool]]:
+    """Claims in flight (message id -> (token, holder, lease still running)), of ``ids`` or all."""
     with psycopg.connect(pipeline.pg_uri, autocommit=True) as connection:
         rows = connection.execute(
-            f'SELECT Id, Token, Holder FROM "{pipeline.schema}".sqlqueue_inflight '
+            f"SELECT Id, Token, Holder, LeaseUntil > (now() AT TIME ZONE 'UTC') FROM \"{pipeline.schema}\".sqlqueue_inflight "
             "WHERE %s::uuid[] IS NULL OR Id = ANY(%s::uuid[])",
             (ids, ids),
         ).fetchall()
-    return {row[0]: (row[1], row[2]) for row in rows}
+    return {row[0]: (row[1], row[2], row[3]) for row in rows}
 
 
-def wait_recovered(pipeline: Pipeline, before: dict[uuid.UUID, tuple[uuid.UUID, str | None]], timeout: float) -> float:
-    """Seconds until no claim in ``before`` is held by its old token any more: settled, or someone else's."""
+def wait_recovered(pipeline: Pipeline, before: dict[uuid.UUID, tuple[uuid.UUID, str | None, bool]], timeout: float) -> float:
+    """Seconds until no message in ``before`` is held for its dead holder: its lease ran out (anyone may
+    receive it), someone else has it (a new token), or it was settled."""
     started = time.monotonic()
     while time.monotonic() - started < timeout:
         now = inflight_rows(pipeline, list(before))
-        if all(message_id not in now or now[message_id][0] != token for message_id, (token, _) in before.items()):
+        stuck = {m: now[m] for m, (token, _, _) in before.items() if m in now and now[m][0] == token and now[m][2]}
+        if not stuck:
             return time.monotonic() - started
         time.sleep(0.25)
-    raise AssertionError(f"claims {list(before)} still held by a dead process after {timeout:.0f}s")
+    raise AssertionError(f"still held for a dead process after {timeout:.0f}s: {stuck}")
 
 
 def new_log_line(services: AirflowServices, keys: list[str], needle: str, seen: int, timeout: float = 120) -> tuple[str, str, int]:

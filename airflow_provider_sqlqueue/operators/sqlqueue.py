@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import BaseOperator, get_current_context
+from airflow.sdk.exceptions import AirflowSkipException
 
 from ..hooks.sqlqueue import SqlQueueHook
 from ..transport import Failure, LeaseKeeper, LeaseLostError, Message, defaults
@@ -298,16 +299,7 @@ def hold_messages(
     """
     context = context or get_current_context()
     hook = SqlQueueHook(sqlqueue_conn_id)
-    holder = claim_holder(context)
-    if messages is None:
-        queues = dict.fromkeys(str(m["queue"]) for m in claimed_messages(None, context))
-        taken: list[Mapping[str, Any]] = []
-        for queue in queues:
-            adopted = hook.take_dicts(queue, None, lease=lease, holder=holder, limit=limit)
-            hook.log.info("Queue %s: took %d reserved message(s) for %s", queue, len(adopted), holder)
-            taken.extend(adopted)
-    else:
-        taken = claimed_messages(messages, context)
+    taken = take_reserved(hook, context, lease, limit) if messages is None else claimed_messages(messages, context)
     with hook.keep_claims(tokens_by_queue(taken), lease) as keeper:
         held = HeldMessages(
             (dict(m) for m in taken if uuid.UUID(str(m["claim_token"])) in keeper.held.get(str(m["queue"]), ())),
@@ -320,6 +312,47 @@ def hold_messages(
         except BaseException as exc:
             held.give_back(held.messages, Failure.of(exc, failure_source(context)))
             raise
+
+
+def take_reserved(hook: SqlQueueHook, context: Any, lease: timedelta, limit: int) -> list[dict[str, Any]]:
+    """Take every reservation waiting on the queues the run's triggering asset events came from.
+
+    Not only the events' own messages: Airflow folds events into runs as they arrive, so this run
+    may be the only one coming for messages whose events it was not given.
+    """
+    holder = claim_holder(context)
+    queues = dict.fromkeys(str(m["queue"]) for m in claimed_messages(None, context))
+    taken: list[dict[str, Any]] = []
+    for queue in queues:
+        adopted = hook.take_dicts(queue, None, lease=lease, holder=holder, limit=limit)
+        hook.log.info("Queue %s: took %d reserved message(s) for %s", queue, len(adopted), holder)
+        taken.extend(adopted)
+    return taken
+
+
+class TakeMessagesOperator(_QueueOperator):
+    """In a DAG run started by an ``AssetWatcher``: take the reserved messages, first thing, before slow work starts.
+
+    Takes every reservation waiting on the queues of the run's triggering events (see
+    :func:`take_reserved`) and returns them as its XCom, like a sensor; the task that works on
+    them holds them with :func:`hold_messages`. Taking early matters when the next task is slow to
+    start (a Spark session): a reservation left too long runs out and goes to another run. When
+    earlier runs took everything, downstream tasks are skipped.
+
+    :param lease: the hand-off lease the messages are taken with.
+    :param limit: most messages taken per queue.
+    """
+
+    def __init__(self, *, lease: timedelta = defaults.LEASE, limit: int = defaults.ADOPT_LIMIT, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.lease = lease
+        self.limit = limit
+
+    def execute(self, context: Any) -> list[dict[str, Any]]:
+        taken = take_reserved(self.hook, context, self.lease, self.limit)
+        if not taken:
+            raise AirflowSkipException("earlier runs took every message this run's events named")
+        return taken
 
 
 def tokens_by_queue(messages: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]:
