@@ -14,7 +14,7 @@ import pytest
 import airflow
 from airflow_provider_sqlqueue.get_provider_info import get_provider_info
 from airflow_provider_sqlqueue.hooks.sqlqueue import SqlQueueHook, UnsupportedConnectionError
-from airflow_provider_sqlqueue.transport import Message, QueueAddress, QueueNotFoundError
+from airflow_provider_sqlqueue.transport import Message, QueueNotFoundError
 
 from .conftest import airflow_connection
 

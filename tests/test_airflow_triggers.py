@@ -12,7 +12,7 @@ from airflow.sdk.module_loading import import_string
 from airflow_provider_sqlqueue.transport import Message
 from airflow_provider_sqlqueue.triggers.sqlqueue import SqlQueueEventTrigger, SqlQueueTrigger
 
-from .conftest import airflow_connection, load_dag
+from .conftest import airflow_connection
 
 
 def make_trigger(schema: str, cls=SqlQueueTrigger, **kwargs) -> SqlQueueTrigger:

@@ -17,7 +17,6 @@ import multiprocessing
 import os
 import random
 import signal
-import subprocess
 import tempfile
 import time
 from collections import Counter

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import json
 import socket
 import sys
 import time
-import uuid
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from psycopg import sql
+
 from ..transport import QueueAddress, QueueClient
 from . import database, example_dags_folder
-from .data import write_orders
+from .data import insert_like_an_outside_sender, write_orders
 from .services import AirflowServices, metadata_database
 
 SCHEMA = "sqlqueue_demo"
@@ -59,27 +58,15 @@ class Progress:
                 self.say(f"queue {name}: {figures[0]} waiting, {figures[1]} in flight")
 
 
-def insert_as_an_outside_sender(client: QueueClient, queue: str, body: dict[str, Any]) -> None:
-    """An INSERT such as an NServiceBus endpoint or any program writes: the provider is not involved."""
-    message_id = uuid.uuid4()
-    headers = {
-        "NServiceBus.MessageId": str(message_id),
-        "NServiceBus.ContentType": "application/json",
-        "NServiceBus.TimeSent": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S:%f Z"),
-    }
-    client.connection.execute(
-        f'INSERT INTO "{SCHEMA}"."{queue}" (Id, Expires, Headers, Body) VALUES (%s, NULL, %s, %s)',
-        (message_id, json.dumps(headers), json.dumps(body).encode()),
-    )
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description="The Spark chain under Airflow's real services")
     parser.add_argument("--keep-running", action="store_true", help="leave the services and the UI running")
     args = parser.parse_args()
     workdir = Path.cwd() / ".sqlqueue-demo"
     with database() as pg_uri, metadata_database(pg_uri) as metadata_uri, QueueClient.connect(pg_uri) as client:
-        client.connection.execute(f'DROP SCHEMA IF EXISTS "{SCHEMA}" CASCADE; CREATE SCHEMA "{SCHEMA}"')
+        schema = sql.Identifier(SCHEMA)
+        client.connection.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(schema))
+        client.connection.execute(sql.SQL("CREATE SCHEMA {}").format(schema))
         for name in QUEUES:  # the installer's step (the sqlqueue_setup DAG does the same)
             client.create_queue(QueueAddress(name, SCHEMA))
         print(f"Queues {', '.join(QUEUES)} (and error) created in schema {SCHEMA}")
@@ -102,7 +89,7 @@ def main() -> int:
                 dataset = workdir / "data" / f"{name}.csv"
                 expected[name] = write_orders(dataset, seed=seed)
                 body = {"dataset": name, "path": str(dataset), "output_root": str(workdir / "output")}
-                insert_as_an_outside_sender(client, queue, body)
+                insert_like_an_outside_sender(client.connection, SCHEMA, queue, body)
                 print(f"Inserted into {queue} by plain SQL: {body['dataset']} ({expected[name]['rows']} raw order lines)")
 
             progress = Progress(services, client)

@@ -9,9 +9,11 @@ Spark's answer instead of trusting it.
 from __future__ import annotations
 
 import csv
+import json
 import random
+import uuid
 from collections import Counter
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -65,3 +67,24 @@ def write_orders(path: Path, rows: int = 20_000, seed: int = 2026) -> dict[str, 
         "revenue": round(sum(revenue for _, revenue in valid.values()), 2),
         "top_country": revenue_by_country.most_common(1)[0][0],
     }
+
+
+def insert_like_an_outside_sender(connection: Any, schema: str, queue: str, body: dict[str, Any]) -> uuid.UUID:
+    """Put a message on a PostgreSQL queue the way an NServiceBus endpoint, or any program, writes a row.
+
+    Plain SQL on a psycopg connection, without this package: the pipelines are fed from outside.
+    """
+    from psycopg import sql
+
+    message_id = uuid.uuid4()
+    headers = {
+        "NServiceBus.MessageId": str(message_id),
+        "NServiceBus.ContentType": "application/json",
+        "NServiceBus.EnclosedMessageTypes": "Shop.Exports.DatasetLanded, Shop.Messages",
+        "NServiceBus.TimeSent": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S:%f Z"),
+    }
+    statement = sql.SQL("INSERT INTO {}.{} (Id, Expires, Headers, Body) VALUES (%s, NULL, %s, %s)").format(
+        sql.Identifier(schema), sql.Identifier(queue)
+    )
+    connection.execute(statement, (message_id, json.dumps(headers), json.dumps(body).encode()))
+    return message_id

@@ -14,22 +14,26 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from .addressing import QueueAddress
-    from .client import AsyncQueueClient, QueueClient
-    from .drivers import AsyncPsycopgPool, AsyncPsycopgSession, PsycopgSession
-    from .errors import (
-        InvalidHeadersError,
-        InvalidQueueNameError,
-        LeaseLostError,
-        PermissionDeniedError,
-        QueueNotFoundError,
-        SqlQueueError,
-        TransportUnavailableError,
-    )
-    from .lease import LeaseKeeper
-    from .message import Failure, Message, ReceivedMessage, TransactionMode
-    from .pump import MessagePump
+if TYPE_CHECKING:  # the same names, for type checkers (re-exported)
+    from .addressing import QueueAddress as QueueAddress
+    from .client import AsyncQueueClient as AsyncQueueClient
+    from .client import QueueClient as QueueClient
+    from .drivers import AsyncPsycopgPool as AsyncPsycopgPool
+    from .drivers import AsyncPsycopgSession as AsyncPsycopgSession
+    from .drivers import PsycopgSession as PsycopgSession
+    from .errors import InvalidHeadersError as InvalidHeadersError
+    from .errors import InvalidQueueNameError as InvalidQueueNameError
+    from .errors import LeaseLostError as LeaseLostError
+    from .errors import PermissionDeniedError as PermissionDeniedError
+    from .errors import QueueNotFoundError as QueueNotFoundError
+    from .errors import SqlQueueError as SqlQueueError
+    from .errors import TransportUnavailableError as TransportUnavailableError
+    from .lease import LeaseKeeper as LeaseKeeper
+    from .message import Failure as Failure
+    from .message import Message as Message
+    from .message import ReceivedMessage as ReceivedMessage
+    from .message import TransactionMode as TransactionMode
+    from .pump import MessagePump as MessagePump
 
 _HOMES = {
     "QueueAddress": ".addressing",

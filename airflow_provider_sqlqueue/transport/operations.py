@@ -261,37 +261,8 @@ def claim(
     target = d.qualified_name(address)
     queue_key = d.format_address(address)
     counted = 1 if holder is not None else 0
-    claimed: list[ReceivedMessage] = []
     rows = yield Step(d.reclaim(address), (counted, lease_ms, holder, queue_key, limit), Fetch.ALL, target)
-    rows.sort(key=lambda row: row[7])
-    expired_tokens: list[uuid.UUID] = []
-    for token, message_id, expired, headers_text, body, deliveries, last_error, _seq in rows:
-        if expired:
-            log.debug("Dropped expired claimed message %s from %s", message_id, target)
-            expired_tokens.append(as_uuid(token))
-            continue
-        try:
-            headers = decode_headers(headers_text)
-        except InvalidHeadersError as exc:
-            yield from _claim_poison_to_error(d, address, error_address, token, message_id, headers_text, exc)
-            continue
-        delivered = deliveries - counted  # deliveries before this claim
-        if delivered >= max_deliveries:
-            log.error(
-                "Message %s in %s was delivered %d times without being acknowledged; moving it to %s",
-                message_id,
-                target,
-                delivered,
-                d.qualified_name(error_address),
-            )
-            failure = Failure.from_text(last_error) or f"lease expired {delivered} times without acknowledgement"
-            failed = failure_headers(headers, queue_key, failure)
-            failed[DELIVERY_COUNT] = str(delivered)
-            yield Step(d.claim_to_error(address, error_address), (token, encode_headers(failed)), Fetch.NONE, target)
-            continue
-        claimed.append(ReceivedMessage(as_uuid(message_id), headers, bytes(body or b""), as_uuid(token), deliveries))
-    if expired_tokens:
-        yield Step(d.ack(address), (d.token_list(expired_tokens), queue_key), Fetch.ALL, target)
+    claimed = yield from _hand_out(d, address, error_address, rows, counted, max_deliveries)
     while len(claimed) < limit:
         wanted = limit - len(claimed)
         rows = yield Step(d.claim(address), (wanted, queue_key, counted, lease_ms, holder), Fetch.ALL, target)
@@ -308,6 +279,53 @@ def claim(
         if not rows:
             break
     return claimed
+
+
+def _hand_out(
+    d: Dialect,
+    address: QueueAddress,
+    error_address: QueueAddress,
+    rows: list[Any],
+    counted: int,
+    max_deliveries: int | None,
+) -> Operation[list[ReceivedMessage]]:
+    """The messages of claim rows (token, id, expired, headers, body, deliveries, last_error, seq) in send order.
+
+    Expired messages are dropped, unreadable ones moved to the error queue, and -- given
+    ``max_deliveries`` -- those already delivered that often moved there with their last failure.
+    """
+    target = d.qualified_name(address)
+    rows.sort(key=lambda row: row[7])
+    handed: list[ReceivedMessage] = []
+    expired_tokens: list[uuid.UUID] = []
+    for token, message_id, expired, headers_text, body, deliveries, last_error, _seq in rows:
+        if expired:
+            log.debug("Dropped expired claimed message %s from %s", message_id, target)
+            expired_tokens.append(as_uuid(token))
+            continue
+        try:
+            headers = decode_headers(headers_text)
+        except InvalidHeadersError as exc:
+            yield from _claim_poison_to_error(d, address, error_address, token, message_id, headers_text, exc)
+            continue
+        delivered = deliveries - counted  # deliveries before this one
+        if max_deliveries is not None and delivered >= max_deliveries:
+            log.error(
+                "Message %s in %s was delivered %d times without being acknowledged; moving it to %s",
+                message_id,
+                target,
+                delivered,
+                d.qualified_name(error_address),
+            )
+            failure = Failure.from_text(last_error) or f"lease expired {delivered} times without acknowledgement"
+            failed = failure_headers(headers, d.format_address(address), failure)
+            failed[DELIVERY_COUNT] = str(delivered)
+            yield Step(d.claim_to_error(address, error_address), (token, encode_headers(failed)), Fetch.NONE, target)
+            continue
+        handed.append(ReceivedMessage(as_uuid(message_id), headers, bytes(body or b""), as_uuid(token), deliveries))
+    if expired_tokens:
+        yield Step(d.ack(address), (d.token_list(expired_tokens), d.format_address(address)), Fetch.ALL, target)
+    return handed
 
 
 def _claim_poison_to_error(
@@ -347,23 +365,7 @@ def take(
         rows = yield Step(d.take(address), (lease_ms, holder, d.token_list(tokens), queue_key), Fetch.ALL, target)
     else:
         return []
-    rows.sort(key=lambda row: row[6])
-    taken: list[ReceivedMessage] = []
-    expired_tokens: list[uuid.UUID] = []
-    for token, message_id, expired, headers_text, body, deliveries, _seq in rows:
-        if expired:
-            expired_tokens.append(as_uuid(token))
-            continue
-        try:
-            headers = decode_headers(headers_text)
-        except InvalidHeadersError as exc:
-            yield from _claim_poison_to_error(d, address, error_address, token, message_id, headers_text, exc)
-            continue
-        taken.append(ReceivedMessage(as_uuid(message_id), headers, bytes(body or b""), as_uuid(token), deliveries))
-    if expired_tokens:
-        log.debug("Dropped %d expired reserved message(s) from %s", len(expired_tokens), target)
-        yield Step(d.ack(address), (d.token_list(expired_tokens), queue_key), Fetch.ALL, target)
-    return taken
+    return (yield from _hand_out(d, address, error_address, rows, 1, None))
 
 
 def ack(d: Dialect, address: QueueAddress, tokens: Sequence[uuid.UUID]) -> Operation[set[uuid.UUID]]:

@@ -195,7 +195,7 @@ class Dialect(ABC):
     def take(self, address: QueueAddress) -> str:
         """Params (lease_ms, holder, tokens, queue key): hand reservations (holder NULL) to ``holder``.
 
-        A delivery is counted and the token replaced. Rows: (token, id, expired, headers, body, deliveries, seq).
+        A delivery is counted and the token replaced. Rows as :meth:`reclaim`.
         """
 
     @abstractmethod

@@ -293,7 +293,7 @@ class PostgresDialect(Dialect):
             f"LeaseUntil = {_UTC_NOW} + %s::bigint * interval '1 millisecond', Holder = %s "
             "WHERE c.Token = ANY(%s::uuid[]) AND c.Queue = %s AND c.Holder IS NULL "
             f"RETURNING c.Token, c.Id, c.Expires IS NOT NULL AND c.Expires <= {_UTC_NOW}, c.Headers, c.Body, "
-            "c.Deliveries, c.Seq"
+            "c.Deliveries, c.LastError, c.Seq"
         )
 
     def adopt(self, address: QueueAddress) -> str:
@@ -304,7 +304,7 @@ class PostgresDialect(Dialect):
             f"WHERE c.Token = ANY(ARRAY(SELECT Token FROM {f} WHERE Queue = %s AND Holder IS NULL "
             "ORDER BY Seq LIMIT %s FOR UPDATE SKIP LOCKED)) "
             f"RETURNING c.Token, c.Id, c.Expires IS NOT NULL AND c.Expires <= {_UTC_NOW}, c.Headers, c.Body, "
-            "c.Deliveries, c.Seq"
+            "c.Deliveries, c.LastError, c.Seq"
         )
 
     def peek_with_claims(self, address: QueueAddress) -> str:

@@ -398,7 +398,7 @@ class SqlServerDialect(Dialect):
             "UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, "
             f"LeaseUntil = {_after_ms('@lease_ms', _LEASE_NOW)}, Holder = @holder "
             f"OUTPUT inserted.Token, inserted.Id, {self._expired('inserted')}, inserted.Headers, inserted.Body, "
-            "inserted.Deliveries, inserted.Seq"
+            "inserted.Deliveries, inserted.LastError, inserted.Seq"
         )
 
     def take(self, address: QueueAddress) -> str:
