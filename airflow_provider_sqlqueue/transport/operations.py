@@ -177,11 +177,14 @@ def receive(d: Dialect, address: QueueAddress, error_address: QueueAddress, limi
     Expired rows are deleted and never returned. Rows whose headers NServiceBus could not read are
     moved, unchanged, to the error queue in the same transaction. When rows are dropped this way
     the receive asks again for the shortfall, so a run of expired messages cannot make a non-empty
-    queue look empty.
+    queue look empty -- except on a queue that is its own error queue, where a moved row goes to
+    the back of the same queue: then the receive returns what it has, so it never meets that row
+    again within one call.
     """
     target = d.qualified_name(address)
     received: list[ReceivedMessage] = []
-    while len(received) < limit:
+    requeued = False
+    while len(received) < limit and not requeued:
         wanted = limit - len(received)
         rows = yield Step(d.receive(address), (wanted,), Fetch.ALL, target)
         rows.sort(key=lambda row: row[4])
@@ -199,6 +202,7 @@ def receive(d: Dialect, address: QueueAddress, error_address: QueueAddress, limi
                     Fetch.NONE,
                     d.qualified_name(error_address),
                 )
+                requeued = requeued or d.qualified_name(error_address) == target
                 continue
             received.append(ReceivedMessage(as_uuid(message_id), headers, bytes(body or b"")))
         if len(rows) < wanted:
@@ -263,20 +267,23 @@ def claim(
     counted = 1 if holder is not None else 0
     rows = yield Step(d.reclaim(address), (counted, lease_ms, holder, queue_key, limit), Fetch.ALL, target)
     claimed = yield from _hand_out(d, address, error_address, rows, counted, max_deliveries)
-    while len(claimed) < limit:
+    requeued = False  # a poison row moved into this very queue (its own error queue): do not meet it again
+    while len(claimed) < limit and not requeued:
         wanted = limit - len(claimed)
         rows = yield Step(d.claim(address), (wanted, queue_key, counted, lease_ms, holder), Fetch.ALL, target)
         rows.sort(key=lambda row: row[5])
         for token, message_id, headers_text, body, deliveries, _seq in rows:
+            if token is None:  # expired: deleted by the statement, reported so the shortfall is asked again
+                log.debug("Dropped expired message %s from %s", message_id, target)
+                continue
             try:
                 headers = decode_headers(headers_text)
             except InvalidHeadersError as exc:
                 yield from _claim_poison_to_error(d, address, error_address, token, message_id, headers_text, exc)
+                requeued = requeued or d.qualified_name(error_address) == target
                 continue
             claimed.append(ReceivedMessage(as_uuid(message_id), headers, bytes(body or b""), as_uuid(token), deliveries))
-        # The statement deletes expired rows without returning them, so a short answer only proves
-        # the queue is drained when it came back empty.
-        if not rows:
+        if len(rows) < wanted:
             break
     return claimed
 

@@ -179,7 +179,8 @@ class Dialect(ABC):
         """Params (limit, queue key, deliveries, lease_ms, holder): move up to limit oldest unexpired rows in flight.
 
         ``deliveries`` is 1 for a claim handed to a handler, 0 for a reservation (``holder`` NULL)
-        that a task takes later. Expired rows met on the way are deleted.
+        that a task takes later. Expired rows met on the way are deleted and returned with a NULL
+        token, so the caller can tell a drained queue from a run of expired messages.
         Rows: (token, id, headers, body, deliveries, seq).
         """
 

@@ -272,7 +272,9 @@ class PostgresDialect(Dialect):
             f"{_UTC_NOW} + %s::bigint * interval '1 millisecond', %s FROM taken "
             f"WHERE Expires IS NULL OR Expires > {_UTC_NOW} "
             "RETURNING Token, Id, Headers, Body, Deliveries, Seq) "
-            "SELECT Token, Id, Headers, Body, Deliveries, Seq FROM claimed ORDER BY Seq"
+            "SELECT Token, Id, Headers, Body, Deliveries, Seq FROM claimed "
+            "UNION ALL SELECT NULL::uuid, Id, NULL, NULL, 0, Seq FROM taken "
+            f"WHERE Expires IS NOT NULL AND Expires <= {_UTC_NOW} ORDER BY Seq"
         )
 
     def reclaim(self, address: QueueAddress) -> str:

@@ -361,21 +361,28 @@ class SqlServerDialect(Dialect):
     def claim(self, address: QueueAddress) -> str:
         q = self.qualified_name(address)
         f = self.qualified_name(self.inflight_address(address))
-        # One batch: delete the oldest unlocked rows into a table variable, then move the
-        # unexpired ones into the in-flight table and return them (expired ones are just gone).
+        # One batch: delete the oldest unlocked rows into a table variable, move the unexpired ones
+        # into the in-flight table, and return them together with the ids of the expired ones
+        # (token NULL), which are just gone; one clock reading decides which is which.
         return (
             "DECLARE @limit int = %s, @queue nvarchar(450) = %s, @deliveries int = %s, @lease_ms bigint = %s, "
-            "@holder nvarchar(400) = %s; "
+            f"@holder nvarchar(400) = %s, @now datetime = {_UTC_NOW}; "
             "DECLARE @taken TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), "
             "Body varbinary(max), Seq bigint); "
+            "DECLARE @claimed TABLE (Token uniqueidentifier, Id uniqueidentifier, Headers nvarchar(max), "
+            "Body varbinary(max), Deliveries int, Seq bigint); "
             f"WITH message AS (SELECT TOP (@limit) * FROM {q} WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) "
             "DELETE FROM message OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, "
             "deleted.RowVersion INTO @taken; "
             f"INSERT INTO {f} (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil, Holder) "
             "OUTPUT inserted.Token, inserted.Id, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq "
+            "INTO @claimed "
             "SELECT NEWID(), @queue, t.Id, t.Expires, t.Headers, t.Body, t.Seq, @deliveries, "
             f"{_after_ms('@lease_ms', _LEASE_NOW)}, @holder FROM @taken AS t "
-            f"WHERE t.Expires IS NULL OR t.Expires > {_UTC_NOW}"
+            "WHERE t.Expires IS NULL OR t.Expires > @now; "
+            "SELECT c.Token, c.Id, c.Headers, c.Body, c.Deliveries, c.Seq FROM @claimed AS c "
+            "UNION ALL SELECT NULL, t.Id, NULL, NULL, 0, t.Seq FROM @taken AS t "
+            "WHERE t.Expires IS NOT NULL AND t.Expires <= @now"
         )
 
     def reclaim(self, address: QueueAddress) -> str:
