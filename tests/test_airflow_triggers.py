@@ -120,6 +120,16 @@ async def test_unreachable_database_is_retried_not_fatal(airflow_db, pg_uri, sch
     assert len(retries) >= 2 and "retrying in" in retries[-1].getMessage()
 
 
+async def test_unknown_database_fails_the_sensor_instead_of_retrying(airflow_db, pg_uri, schema, monkeypatch):
+    """A connection to a database that does not exist is a configuration error: an error event, at once."""
+    from psycopg.conninfo import make_conninfo
+
+    monkeypatch.setenv("AIRFLOW_CONN_NO_DB", airflow_connection(make_conninfo(pg_uri, dbname="no_such_database")))
+    event = await first_event(make_trigger(schema, sqlqueue_conn_id="no_db"), timeout=15)
+    assert event.payload["status"] == "error"
+    assert "TransportMisconfiguredError" in event.payload["message"] and "no_such_database" in event.payload["message"]
+
+
 async def test_event_trigger_fires_one_event_per_message_and_keeps_running(conn_id, client, queue, schema):
     client.send(queue, [Message(f"m{n}") for n in range(3)])
     events = make_trigger(schema, SqlQueueEventTrigger, max_messages=2).run()

@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 import uuid
+from collections import Counter
+from datetime import timedelta
 
 import pytest
+from psycopg.conninfo import make_conninfo
 
-from airflow_provider_sqlqueue.transport import Message, QueueAddress, QueueClient
+from airflow_provider_sqlqueue.transport import (
+    AsyncPsycopgPool,
+    Message,
+    MessagePump,
+    QueueAddress,
+    QueueClient,
+    TransportMisconfiguredError,
+    TransportUnavailableError,
+    defaults,
+)
 
 pytestmark = pytest.mark.every_dialect
 
@@ -50,3 +64,126 @@ def test_a_token_settles_only_in_its_own_queue(client, queue, schema):
     assert client.nack(other, claimed.claim_token) is False
     assert client.extend(other, claimed.claim_token) is False
     assert client.ack(queue, claimed.claim_token) is True
+
+
+def test_one_client_shared_by_threads_loses_nothing(backend, client, queue):
+    """D2: concurrent use of one client interleaved transactions and lost sent messages."""
+    senders, per_sender, received = 4, 250, []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+    done_sending = threading.Event()
+
+    def send(n: int) -> None:
+        try:
+            for i in range(per_sender):
+                client.send(queue, Message(f"{n}-{i}"))
+        except BaseException as exc:  # recorded: the assertion below names it
+            errors.append(exc)
+
+    def receive() -> None:
+        try:
+            while True:
+                got = client.receive(queue, 7)
+                with lock:
+                    received.extend(m.text for m in got)
+                if not got and done_sending.is_set():
+                    return
+        except BaseException as exc:
+            errors.append(exc)
+
+    receivers = [threading.Thread(target=receive) for _ in range(2)]
+    sending = [threading.Thread(target=send, args=(n,)) for n in range(senders)]
+    for thread in [*receivers, *sending]:
+        thread.start()
+    for thread in sending:
+        thread.join()
+    done_sending.set()
+    for thread in receivers:
+        thread.join()
+    assert not errors
+    counts = Counter(received)
+    assert len(counts) == senders * per_sender and max(counts.values()) == 1
+    assert client.depth(queue) == 0
+
+
+@pytest.mark.postgres_only
+def test_a_server_that_never_answers_is_unavailable_after_the_connect_timeout(pg_uri):
+    """D6: with no connect_timeout in the URI, connecting to a silent socket blocked for minutes."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the kernel accepts the TCP connection; nobody ever answers
+        port = silent.getsockname()[1]
+        started = time.monotonic()
+        with pytest.raises(TransportUnavailableError):
+            QueueClient.connect(f"postgresql://postgres@127.0.0.1:{port}/test")
+        assert time.monotonic() - started < 3 * defaults.CONNECT_TIMEOUT_SECONDS
+
+
+@pytest.mark.postgres_only
+def test_a_failed_commit_leaves_the_session_usable(client, queue, raw, schema):
+    """D7: a COMMIT that failed left the connection in an aborted transaction."""
+    raw.execute(
+        f'CREATE FUNCTION "{schema}".refuse() RETURNS trigger LANGUAGE plpgsql AS '
+        "$$ BEGIN RAISE EXCEPTION 'refused at commit'; END $$"
+    )
+    raw.execute(
+        f'CREATE CONSTRAINT TRIGGER refuse AFTER INSERT ON "{schema}"."orders" DEFERRABLE INITIALLY DEFERRED '
+        f'FOR EACH ROW EXECUTE FUNCTION "{schema}".refuse()'
+    )
+    with pytest.raises(Exception, match="refused at commit"):
+        client.send(queue, [Message("a"), Message("b")])  # two messages: BEGIN ... COMMIT
+    from psycopg.pq import TransactionStatus
+
+    assert client.session.connection.info.transaction_status == TransactionStatus.IDLE
+    raw.execute(f'DROP TRIGGER refuse ON "{schema}"."orders"')
+    assert client.send(queue, [Message("c"), Message("d")]) == 2
+    assert [m.text for m in client.receive(queue, 5)] == ["c", "d"]  # a and b were rolled back
+
+
+@pytest.mark.postgres_only
+@pytest.mark.parametrize("change", [{"user": "no_such_role"}, {"dbname": "no_such_database"}])
+def test_unknown_role_or_database_is_a_configuration_error_not_retry_later(pg_uri, change):
+    """D8: these were TransportUnavailableError, so triggers and pumps retried them forever."""
+    uri = make_conninfo(pg_uri, **change)
+    with pytest.raises(TransportMisconfiguredError, match="retrying will not help") as caught:
+        QueueClient.connect(uri)
+    assert not isinstance(caught.value, TransportUnavailableError)
+
+
+@pytest.mark.parametrize(
+    "lease, error",
+    [(0, ValueError), ("5", TypeError), (True, TypeError), (float("nan"), ValueError),
+     (float("inf"), ValueError), (timedelta(days=10**6), ValueError), (-1, ValueError)],
+)
+def test_bad_leases_are_refused_before_anything_is_sent(client, queue, lease, error):
+    """D13: lease=0 became 1 ms; text, booleans and absurd spans were accepted."""
+    client.send(queue, Message("m"))
+    with pytest.raises(error, match="lease"):
+        client.claim(queue, lease=lease)
+    with pytest.raises(error, match="lease"):
+        client.reserve(queue, lease=lease)
+    assert client.depth(queue) == 1 and client.inflight(queue) == 0
+
+
+def test_time_to_be_received_is_bounded_to_what_nservicebus_can_read():
+    """D12: a TTBR of 10,000 years stored an Expires no client could read."""
+    with pytest.raises(ValueError, match="at most"):
+        Message("m", time_to_be_received=timedelta(days=365 * 10_000))
+    with pytest.raises(ValueError, match="finite"):
+        Message("m", time_to_be_received=float("nan"))
+    with pytest.raises(ValueError, match="at most"):
+        Message("m", time_to_be_received=1e15)
+    assert Message("m", time_to_be_received=defaults.MAX_TIME_TO_BE_RECEIVED).time_to_be_received
+
+
+@pytest.mark.postgres_only
+@pytest.mark.parametrize("interval", [float("nan"), 0, -1, float("inf"), "1"])
+def test_pump_refuses_a_peek_interval_it_could_not_honour(pg_uri, interval):
+    """D14: peek_interval=nan was accepted and the pump stopped peeking."""
+    pool = AsyncPsycopgPool(pg_uri, max_size=1)
+
+    async def handler(message, connection):
+        return None
+
+    with pytest.raises((ValueError, TypeError), match="peek_interval"):
+        MessagePump(pool, QueueAddress("orders"), handler, peek_interval=interval)

@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # the same names, for type checkers (re-exported)
     from .errors import PermissionDeniedError as PermissionDeniedError
     from .errors import QueueNotFoundError as QueueNotFoundError
     from .errors import SqlQueueError as SqlQueueError
+    from .errors import TransportMisconfiguredError as TransportMisconfiguredError
     from .errors import TransportUnavailableError as TransportUnavailableError
     from .lease import LeaseKeeper as LeaseKeeper
     from .message import Failure as Failure
@@ -48,6 +49,7 @@ _HOMES = {
     "PermissionDeniedError": ".errors",
     "QueueNotFoundError": ".errors",
     "SqlQueueError": ".errors",
+    "TransportMisconfiguredError": ".errors",
     "TransportUnavailableError": ".errors",
     "LeaseKeeper": ".lease",
     "Failure": ".message",

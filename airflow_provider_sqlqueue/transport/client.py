@@ -10,28 +10,33 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from datetime import timedelta
-from typing import Any, Union, overload
+from typing import Any, TypeVar, Union, overload
 
 from . import defaults
 from . import operations as ops
 from .addressing import QueueAddress
 from .drivers import AsyncSession, Session, open_async_session, open_session
-from .message import Failure, Message, ReceivedMessage
+from .message import Failure, Message, ReceivedMessage, duration
+
+T = TypeVar("T")
 
 #: A claim token as the caller has it: the UUID, or its text from XCom or an event payload.
 Token = Union[uuid.UUID, str]
 
 
-def milliseconds(span: timedelta | float | int) -> int:
-    """Whole milliseconds of a duration given as a timedelta or seconds."""
-    seconds = span.total_seconds() if isinstance(span, timedelta) else float(span)
-    if seconds < 0:
-        raise ValueError(f"duration must not be negative, got {span}")
-    return round(seconds * 1000)
+def lease_ms(lease: timedelta | float) -> int:
+    """A lease in whole milliseconds, checked (positive, finite, at most ``defaults.MAX_LEASE``)."""
+    return max(1, round(duration("lease", lease, maximum=defaults.MAX_LEASE) / timedelta(milliseconds=1)))
+
+
+def delay_ms(delay: timedelta | float) -> int:
+    """A give-back delay in whole milliseconds; zero means at once."""
+    return round(duration("delay", delay, minimum=timedelta(0), maximum=defaults.MAX_LEASE) / timedelta(milliseconds=1))
 
 
 def as_messages(messages: Message | Iterable[Message]) -> list[Message]:
@@ -120,7 +125,7 @@ class _Addressing:
             address,
             self.error_address(error_queue, address),
             max_messages,
-            max(1, milliseconds(lease)),
+            lease_ms(lease),
             max_deliveries,
             holder,
         )
@@ -141,7 +146,7 @@ class _Addressing:
             address,
             self.error_address(error_queue, address),
             None if tokens is None else as_tokens(tokens),
-            max(1, milliseconds(lease)),
+            lease_ms(lease),
             holder,
             limit,
         )
@@ -154,7 +159,7 @@ class _Addressing:
         delay: timedelta | float,
     ) -> ops.Operation[set[uuid.UUID]]:
         failure = None if error is None else Failure.of(error)
-        return ops.nack(self.session.dialect, self.address(queue), as_tokens(tokens), failure, milliseconds(delay))
+        return ops.nack(self.session.dialect, self.address(queue), as_tokens(tokens), failure, delay_ms(delay))
 
     def _forward_op(
         self,
@@ -189,11 +194,21 @@ class QueueClient(_Addressing):
     ``mssql://`` for pymssql, ``mssql+pyodbc://`` or an ODBC connection string for pyodbc);
     ``QueueClient.connect(connection)`` borrows a DB-API connection of one of those drivers. Use it
     as a context manager to close what it owns.
+
+    A client may be shared by threads: its calls take turns on its one connection (a
+    :meth:`receive_native` block holds it until the block ends). For calls in parallel, give each
+    thread a client of its own.
     """
 
     def __init__(self, session: Session, error_queue: str | QueueAddress | None = None) -> None:
         self.session = session
         self.error_queue = error_queue
+        self._lock = threading.RLock()
+
+    def _run(self, op: ops.Operation[T], *, single_statement: bool = False) -> T:
+        """Run an operation, one caller at a time: threads sharing the client take turns on its connection."""
+        with self._lock:
+            return self.session.run(op, single_statement=single_statement)
 
     @classmethod
     def connect(cls, target: Any, error_queue: str | QueueAddress | None = None) -> QueueClient:
@@ -234,16 +249,16 @@ class QueueClient(_Addressing):
         if secondary is not None:
             addresses.append(address.secondary(secondary))
         for each in addresses:
-            self.session.run(ops.create_queue(self.session.dialect, each, body_string))
-        self.session.run(ops.create_inflight(self.session.dialect, address))
+            self._run(ops.create_queue(self.session.dialect, each, body_string))
+        self._run(ops.create_inflight(self.session.dialect, address))
         return addresses
 
     def drop_queue(self, queue: str | QueueAddress) -> None:
-        self.session.run(ops.drop_queue(self.session.dialect, self.address(queue)), single_statement=True)
+        self._run(ops.drop_queue(self.session.dialect, self.address(queue)), single_statement=True)
 
     def check_queue(self, queue: str | QueueAddress) -> None:
         """Raise QueueNotFoundError if the table is missing; log a warning if Index_Expires is."""
-        self.session.run(ops.check_queue(self.session.dialect, self.address(queue)))
+        self._run(ops.check_queue(self.session.dialect, self.address(queue)))
 
     # -- sending -----------------------------------------------------------------------------
 
@@ -257,7 +272,7 @@ class QueueClient(_Addressing):
         if not batch:
             return 0
         op = ops.send(self.session.dialect, self.address(queue), batch, notify)
-        return self.session.run(op, single_statement=len(batch) == 1 and not notify)
+        return self._run(op, single_statement=len(batch) == 1 and not notify)
 
     # -- receiving ---------------------------------------------------------------------------
 
@@ -265,7 +280,7 @@ class QueueClient(_Addressing):
         self, queue: str | QueueAddress, max_messages: int = 1, *, error_queue: str | QueueAddress | None = None
     ) -> list[ReceivedMessage]:
         """Receive in ``none`` mode: the messages are gone from the queue when this returns (at-most-once)."""
-        return self.session.run(self._receive_op(queue, max_messages, error_queue))
+        return self._run(self._receive_op(queue, max_messages, error_queue))
 
     @contextmanager
     def receive_native(
@@ -277,7 +292,7 @@ class QueueClient(_Addressing):
         :attr:`connection`; an exception rolls both back and the message stays in the queue.
         Yields None when the queue is empty.
         """
-        with self.session.transaction():
+        with self._lock, self.session.transaction():
             received = ops.drive(self._receive_op(queue, 1, error_queue), self.session.execute)
             yield received[0] if received else None
 
@@ -296,7 +311,7 @@ class QueueClient(_Addressing):
         Renew the lease while working (:meth:`extend`, or :class:`~.lease.LeaseKeeper`); ``holder``
         says who holds the claims (default: this host and process).
         """
-        return self.session.run(
+        return self._run(
             self._claim_op(queue, max_messages, lease, max_deliveries, error_queue, holder or default_holder())
         )
 
@@ -314,7 +329,7 @@ class QueueClient(_Addressing):
         What a waiter that hands messages on uses (an Airflow trigger): if it dies before handing
         them over, they are back after one lease with no delivery spent.
         """
-        return self.session.run(self._claim_op(queue, max_messages, lease, max_deliveries, error_queue, None))
+        return self._run(self._claim_op(queue, max_messages, lease, max_deliveries, error_queue, None))
 
     def take(
         self,
@@ -331,7 +346,7 @@ class QueueClient(_Addressing):
         Counts a delivery and gives each message a new token; reservations someone else took first
         are skipped, so a message has one owner.
         """
-        return self.session.run(self._take_op(queue, tokens, lease, holder or default_holder(), limit, error_queue))
+        return self._run(self._take_op(queue, tokens, lease, holder or default_holder(), limit, error_queue))
 
     @overload
     def ack(self, queue: str | QueueAddress, tokens: Token) -> bool: ...
@@ -343,7 +358,7 @@ class QueueClient(_Addressing):
         For one token: False means the lease ran out and someone else took the message. For many:
         the tokens that were still held.
         """
-        held = self.session.run(ops.ack(self.session.dialect, self.address(queue), as_tokens(tokens)), single_statement=True)
+        held = self._run(ops.ack(self.session.dialect, self.address(queue), as_tokens(tokens)), single_statement=True)
         return one_or_many(tokens, held)
 
     @overload
@@ -365,7 +380,7 @@ class QueueClient(_Addressing):
         delay: timedelta | float = 0,
     ) -> bool | set[uuid.UUID]:
         """Give claims back: delivered again after ``delay``; ``error`` is what the error queue will say if they end there."""
-        held = self.session.run(self._nack_op(queue, tokens, error, delay), single_statement=True)
+        held = self._run(self._nack_op(queue, tokens, error, delay), single_statement=True)
         return one_or_many(tokens, held)
 
     @overload
@@ -376,8 +391,8 @@ class QueueClient(_Addressing):
         self, queue: str | QueueAddress, tokens: Token | Iterable[Token], lease: timedelta | float = defaults.LEASE
     ) -> bool | set[uuid.UUID]:
         """Renew claims for another ``lease``. False (or a missing token) means someone else has the message."""
-        op = ops.extend(self.session.dialect, self.address(queue), as_tokens(tokens), max(1, milliseconds(lease)))
-        return one_or_many(tokens, self.session.run(op, single_statement=True))
+        op = ops.extend(self.session.dialect, self.address(queue), as_tokens(tokens), lease_ms(lease))
+        return one_or_many(tokens, self._run(op, single_statement=True))
 
     def forward(
         self,
@@ -393,7 +408,7 @@ class QueueClient(_Addressing):
         sent. Between stages in one database this makes the hand-off exactly-once. Returns how many
         messages were sent.
         """
-        return self.session.run(self._forward_op(claims, sends, notify))
+        return self._run(self._forward_op(claims, sends, notify))
 
     def fail(
         self,
@@ -408,7 +423,7 @@ class QueueClient(_Addressing):
             raise ValueError("fail() takes a claimed message; use move_to_error() for one received in none mode")
         address = self.address(queue)
         op = ops.fail_claim(self.session.dialect, address, self.error_address(error_queue, address), message, error)
-        return self.session.run(op)
+        return self._run(op)
 
     def move_to_error(
         self,
@@ -419,7 +434,7 @@ class QueueClient(_Addressing):
         error_queue: str | QueueAddress | None = None,
     ) -> None:
         """Put a message received in ``none`` mode into the error queue with NServiceBus failure headers."""
-        self.session.run(self._move_to_error_op(queue, message, error, error_queue))
+        self._run(self._move_to_error_op(queue, message, error, error_queue))
 
     def retry_errors(
         self, error_queue: str | QueueAddress | None = None, *, queue: str | QueueAddress | None = None, limit: int = 1000
@@ -431,7 +446,7 @@ class QueueClient(_Addressing):
         """
         check_positive("limit", limit)
         only = self.address(queue) if queue is not None else None
-        return self.session.run(
+        return self._run(
             ops.retry_from_error(self.session.dialect, self.error_address(error_queue, only), limit, only)
         )
 
@@ -439,20 +454,20 @@ class QueueClient(_Addressing):
 
     def peek(self, queue: str | QueueAddress, *, include_claims: bool = False) -> int:
         """Cheap estimate of waiting messages (plus claims whose lease ran out, when asked)."""
-        return self.session.run(ops.peek(self.session.dialect, self.address(queue), include_claims), single_statement=True)
+        return self._run(ops.peek(self.session.dialect, self.address(queue), include_claims), single_statement=True)
 
     def depth(self, queue: str | QueueAddress) -> int:
         """Exact count of waiting messages (scans the table)."""
-        return self.session.run(ops.depth(self.session.dialect, self.address(queue)), single_statement=True)
+        return self._run(ops.depth(self.session.dialect, self.address(queue)), single_statement=True)
 
     def browse(self, queue: str | QueueAddress, limit: int = 1000) -> list[ReceivedMessage]:
         """Waiting, unexpired messages in send order, without removing or locking them."""
         check_positive("limit", limit)
-        return self.session.run(ops.browse(self.session.dialect, self.address(queue), limit), single_statement=True)
+        return self._run(ops.browse(self.session.dialect, self.address(queue), limit), single_statement=True)
 
     def inflight(self, queue: str | QueueAddress) -> int:
         """Claimed, unacknowledged messages of the queue."""
-        return self.session.run(ops.inflight(self.session.dialect, self.address(queue)), single_statement=True)
+        return self._run(ops.inflight(self.session.dialect, self.address(queue)), single_statement=True)
 
     def purge_expired(self, queue: str | QueueAddress, batch_size: int = defaults.PURGE_BATCH) -> int:
         """Delete expired messages in batches of ``batch_size``, each in its own short transaction."""
@@ -460,14 +475,14 @@ class QueueClient(_Addressing):
         address = self.address(queue)
         total = 0
         while True:
-            count = self.session.run(ops.purge_expired_batch(self.session.dialect, address, batch_size), single_statement=True)
+            count = self._run(ops.purge_expired_batch(self.session.dialect, address, batch_size), single_statement=True)
             total += count
             if count < batch_size:
                 return total
 
     def purge(self, queue: str | QueueAddress) -> int:
         """Delete every message in the queue; returns how many."""
-        return self.session.run(ops.purge_all(self.session.dialect, self.address(queue)), single_statement=True)
+        return self._run(ops.purge_all(self.session.dialect, self.address(queue)), single_statement=True)
 
 
 class AsyncQueueClient(_Addressing):
@@ -571,7 +586,7 @@ class AsyncQueueClient(_Addressing):
         self, queue: str | QueueAddress, tokens: Token | Iterable[Token], lease: timedelta | float = defaults.LEASE
     ) -> set[uuid.UUID]:
         """Renew claims; returns the tokens still held."""
-        op = ops.extend(self.session.dialect, self.address(queue), as_tokens(tokens), max(1, milliseconds(lease)))
+        op = ops.extend(self.session.dialect, self.address(queue), as_tokens(tokens), lease_ms(lease))
         return await self.session.run(op, single_statement=True)
 
     async def move_to_error(

@@ -17,14 +17,23 @@ ERROR_QUEUE = "error"
 #: How long a claim stays reserved without being renewed (the hand-off lease).
 LEASE = timedelta(minutes=2)
 
+#: Longest lease or give-back delay accepted: claims are renewed, so a longer one only hides a dead holder.
+MAX_LEASE = timedelta(days=7)
+
+#: Longest time-to-be-received accepted. ``Expires`` must stay a date that NServiceBus (.NET
+#: ``DateTime``), SQL Server's ``datetime`` and Python can all read (before the year 10000).
+MAX_TIME_TO_BE_RECEIVED = timedelta(days=365 * 1000)
+
 #: Deliveries of one message to a handler (or an Airflow task) before it moves to the error queue.
 MAX_DELIVERIES = 5
 
 #: Expired messages deleted per transaction by ``purge_expired``.
 PURGE_BATCH = 10_000
 
-#: Seconds between peeks of an empty queue (pump, triggers, shared pollers).
+#: Seconds between peeks of an empty queue (pump, triggers, shared pollers), and the longest accepted
+#: (more than 10 s is warned about: a queue peeked that rarely is slow to notice messages).
 PEEK_INTERVAL = 1.0
+MAX_PEEK_INTERVAL = timedelta(hours=1)
 
 #: Circuit breaker of every loop (pump, pollers, triggers): longest back-off, and when a lasting
 #: outage is logged as an error rather than a warning.
@@ -34,3 +43,7 @@ BREAKER_ALARM_SECONDS = 120.0
 #: Most reservations an Airflow run adopts at once (event-driven DAGs).
 ADOPT_LIMIT = 100
 
+
+#: Seconds a PostgreSQL connection attempt may take before the database counts as unreachable
+#: (when the connection string does not set ``connect_timeout``).
+CONNECT_TIMEOUT_SECONDS = 10

@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import Any, NoReturn, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+from . import defaults
 from .dialects import Dialect, get_dialect
 from .dialects import sqlserver as tsql
 from .errors import SqlQueueError, TransportUnavailableError
@@ -214,7 +215,7 @@ class PsycopgSession(Session):
         import psycopg
 
         try:
-            connection = psycopg.connect(conninfo, autocommit=True, **kwargs)
+            connection = psycopg.connect(conninfo, autocommit=True, **with_connect_timeout(conninfo, kwargs))
         except psycopg.Error as exc:
             _raise_translated(get_dialect("postgres"), exc, _ANY_STEP)
         return cls(connection, owned=True)
@@ -245,12 +246,13 @@ class PsycopgSession(Session):
 
         try:
             result = drive(op, execute)
+            if began:
+                self._command("COMMIT")
         except BaseException:
+            # Also after a failed COMMIT: the session must not stay in an aborted transaction.
             if began:
                 self._command("ROLLBACK", quietly=True)
             raise
-        if began:
-            self._command("COMMIT")
         return result
 
     def _begin_with(self, step: Step) -> Any:
@@ -299,6 +301,19 @@ class PsycopgSession(Session):
             _raise_translated(self.dialect, exc, step)
 
 
+def with_connect_timeout(conninfo: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Connection arguments with ``connect_timeout`` set unless the caller set it.
+
+    libpq waits for a server that accepts the TCP connection but never answers as long as the
+    operating system lets it (minutes); a bounded wait makes such a database "unavailable".
+    """
+    from psycopg.conninfo import conninfo_to_dict
+
+    if "connect_timeout" in kwargs or "connect_timeout" in conninfo_to_dict(conninfo):
+        return kwargs
+    return {**kwargs, "connect_timeout": defaults.CONNECT_TIMEOUT_SECONDS}
+
+
 def _psycopg_autocommits(connection: Any) -> bool:
     """An autocommit psycopg connection with no transaction open (sync or async alike)."""
     from psycopg.pq import TransactionStatus
@@ -333,7 +348,9 @@ class AsyncPsycopgSession(AsyncSession):
         import psycopg
 
         try:
-            connection = await psycopg.AsyncConnection.connect(conninfo, autocommit=True, **kwargs)
+            connection = await psycopg.AsyncConnection.connect(
+                conninfo, autocommit=True, **with_connect_timeout(conninfo, kwargs)
+            )
         except psycopg.Error as exc:
             _raise_translated(get_dialect("postgres"), exc, _ANY_STEP)
         return cls(connection, owned=True)
@@ -381,12 +398,13 @@ class AsyncPsycopgSession(AsyncSession):
 
         try:
             result = await drive_async(op, execute)
+            if began:
+                await self._command("COMMIT")
         except BaseException:
+            # Also after a failed COMMIT: the session must not stay in an aborted transaction.
             if began:
                 await self._command("ROLLBACK", quietly=True)
             raise
-        if began:
-            await self._command("COMMIT")
         return result
 
     async def _begin_with(self, step: Step) -> Any:
@@ -468,7 +486,7 @@ class AsyncPsycopgPool(AsyncSessionPool):
             conninfo,
             min_size=min(min_size, max_size),
             max_size=max_size,
-            kwargs={"autocommit": True, **kwargs},
+            kwargs={"autocommit": True, **with_connect_timeout(conninfo, kwargs)},
             check=AsyncConnectionPool.check_connection,
             open=False,
             name="sqlqueue",

@@ -35,6 +35,14 @@ class PermissionDeniedError(SqlQueueError):
     """The database refused the statement for lack of privileges."""
 
 
+class TransportMisconfiguredError(SqlQueueError):
+    """The database refused the connection settings (unknown role or database, wrong password).
+
+    Retrying cannot help: fix the connection. Pumps stop and sensors fail with this error rather
+    than backing off forever.
+    """
+
+
 class TransportUnavailableError(SqlQueueError):
     """The database could not be reached or dropped the connection; the operation may be retried."""
 

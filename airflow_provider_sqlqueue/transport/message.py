@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import traceback
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from enum import Enum
 
+from . import defaults
 from .errors import InvalidHeadersError
 
 Headers = dict[str, "str | None"]
@@ -156,18 +158,32 @@ def encode_value(value: object) -> tuple[bytes, str | None]:
     return text.encode("utf-8"), JSON_CONTENT_TYPE
 
 
+def duration(name: str, value: object, *, maximum: timedelta, minimum: timedelta = timedelta(milliseconds=1)) -> timedelta:
+    """A duration given as a timedelta or seconds, checked before anything is sent.
+
+    Refuses what is not a number of seconds (text, booleans), NaN and infinities, and spans
+    outside [minimum, maximum], saying which bound and why.
+    """
+    if isinstance(value, bool) or not isinstance(value, (timedelta, int, float)):
+        raise TypeError(f"{name} must be a timedelta or a number of seconds, got {type(value).__name__} {value!r:.40}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number of seconds, got {value}")
+    try:
+        span = value if isinstance(value, timedelta) else timedelta(seconds=value)
+    except OverflowError:
+        raise ValueError(f"{name} must be at most {maximum}, got {value} seconds") from None
+    if span < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {span}")
+    if span > maximum:
+        raise ValueError(f"{name} must be at most {maximum}, got {span}")
+    return span
+
+
 def coerce_ttbr(ttbr: timedelta | float | int | None) -> timedelta | None:
     """Normalise a time-to-be-received; zero or negative would make a message born expired, so refuse it."""
     if ttbr is None:
         return None
-    if isinstance(ttbr, bool) or not isinstance(ttbr, (timedelta, int, float)):
-        raise TypeError(f"time_to_be_received must be a timedelta or seconds, got {type(ttbr).__name__}")
-    span = ttbr if isinstance(ttbr, timedelta) else timedelta(seconds=ttbr)
-    if span <= timedelta(0):
-        raise ValueError(f"time_to_be_received must be positive, got {span}")
-    if span < timedelta(milliseconds=1):
-        raise ValueError(f"time_to_be_received must be at least 1 ms, got {span}")
-    return span
+    return duration("time_to_be_received", ttbr, maximum=defaults.MAX_TIME_TO_BE_RECEIVED)
 
 
 @dataclass

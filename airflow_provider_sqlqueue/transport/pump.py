@@ -26,10 +26,10 @@ from typing import Any
 from . import defaults
 from . import operations as ops
 from .addressing import QueueAddress
-from .client import default_holder
+from .client import default_holder, lease_ms
 from .drivers import AsyncSessionPool
-from .errors import QueueNotFoundError
-from .message import TIME_TO_BE_RECEIVED, Failure, ReceivedMessage, TransactionMode
+from .errors import QueueNotFoundError, TransportMisconfiguredError
+from .message import TIME_TO_BE_RECEIVED, Failure, ReceivedMessage, TransactionMode, duration
 
 log = logging.getLogger("airflow_provider_sqlqueue.pump")
 
@@ -165,8 +165,7 @@ class MessagePump:
             raise ValueError(f"max_concurrency must be at least 1, got {max_concurrency}")
         if peek_batch_size < 1:
             raise ValueError(f"peek_batch_size must be at least 1, got {peek_batch_size}")
-        if peek_interval <= 0:
-            raise ValueError(f"peek_interval must be positive, got {peek_interval}")
+        peek_interval = duration("peek_interval", peek_interval, maximum=defaults.MAX_PEEK_INTERVAL).total_seconds()
         self.pool = pool
         self.dialect = pool.dialect
         self.dialect.validate_address(queue)
@@ -178,7 +177,7 @@ class MessagePump:
         self.peek_interval = peek_interval
         self.peek_batch_size = peek_batch_size
         self.lease = lease
-        self.lease_ms = max(1, round(lease.total_seconds() * 1000))
+        self.lease_ms = lease_ms(lease)
         self.holder = default_holder()
         self.max_deliveries = max_deliveries
         self.breaker = CircuitBreaker(min(peek_interval, 1.0), max_backoff, breaker_alarm)
@@ -213,7 +212,10 @@ class MessagePump:
                         ops.peek(self.dialect, self.queue, include_reclaimable=self.mode is TransactionMode.CLAIM),
                         single_statement=True,
                     )
-            except Exception as exc:  # any database failure: back off, never crash the loop
+            except TransportMisconfiguredError as exc:  # retrying cannot fix the connection's settings
+                log.error("Queue %s: pump stopped: %s", self.name, exc)
+                raise
+            except Exception as exc:  # any other database failure: back off, never crash the loop
                 if isinstance(exc, QueueNotFoundError):
                     log.error("Queue %s: %s", self.name, exc)
                 await self._sleep(self.breaker.failure(exc, self.name))

@@ -34,7 +34,7 @@ from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
 from ..transport import defaults
 from ..transport.errors import SqlQueueError
-from ..transport.message import TransactionMode
+from ..transport.message import TransactionMode, duration
 
 if TYPE_CHECKING:
     from ..hooks.sqlqueue import SqlQueueHook
@@ -59,11 +59,8 @@ def _import_runtime() -> None:
 
 
 def lease_seconds(lease: timedelta | float) -> float:
-    """A lease as seconds (what serialises into trigger kwargs)."""
-    seconds = lease.total_seconds() if isinstance(lease, timedelta) else float(lease)
-    if seconds <= 0:
-        raise ValueError(f"lease must be positive, got {lease}")
-    return seconds
+    """A lease as seconds (what serialises into trigger kwargs), checked as the core checks leases."""
+    return duration("lease", lease, maximum=defaults.MAX_LEASE).total_seconds()
 
 
 def receiving_mode(mode: TransactionMode | str) -> TransactionMode:
@@ -113,14 +110,13 @@ class SqlQueueTrigger(BaseTrigger):
         super().__init__()
         if max_messages < 1:
             raise ValueError(f"max_messages must be at least 1, got {max_messages}")
-        if peek_interval <= 0:
-            raise ValueError(f"peek_interval must be positive, got {peek_interval}")
+        peek_interval = duration("peek_interval", peek_interval, maximum=defaults.MAX_PEEK_INTERVAL).total_seconds()
         self.sqlqueue_conn_id = sqlqueue_conn_id
         self.queue_name = queue_name
         self.max_messages = max_messages
         self.transaction_mode = receiving_mode(transaction_mode).value
         self.peek_interval = float(peek_interval)
-        self.lease_seconds = float(lease_seconds)
+        self.lease_seconds = duration("lease_seconds", lease_seconds, maximum=defaults.MAX_LEASE).total_seconds()
         self.max_deliveries = max_deliveries
         self.error_queue = error_queue
         self.wake_on_notify = bool(wake_on_notify)

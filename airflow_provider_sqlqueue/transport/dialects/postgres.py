@@ -22,6 +22,7 @@ from ..errors import (
     PermissionDeniedError,
     QueueNotFoundError,
     SqlQueueError,
+    TransportMisconfiguredError,
     TransportUnavailableError,
 )
 from . import Dialect
@@ -31,6 +32,21 @@ MAX_TABLE_BYTES = 55
 MAX_IDENTIFIER_BYTES = 63
 
 _UTC_NOW = "(now() AT TIME ZONE 'UTC')"
+#: Connection errors that retrying cannot fix, by SQLSTATE.
+_MISCONFIGURED = {
+    "28000": "invalid authorization: unknown role, or not allowed by pg_hba.conf",
+    "28P01": "wrong password",
+    "3D000": "unknown database",
+}
+#: The same, recognised in the server's FATAL message: libpq reports no SQLSTATE for a refused
+#: connection. These are the server's English texts; with other lc_messages the error stays
+#: "unavailable" (retried), as before.
+_MISCONFIGURED_TEXT = (
+    (re.compile(r'FATAL:\s+role "[^"]*" does not exist'), "28000"),
+    (re.compile(r"FATAL:\s+no pg_hba\.conf entry"), "28000"),
+    (re.compile(r"FATAL:\s+password authentication failed"), "28P01"),
+    (re.compile(r'FATAL:\s+database "[^"]*" does not exist'), "3D000"),
+)
 _CANONICAL = re.compile(r'^(?P<table>.+)@(?P<schema>"(?:[^"]|"")+")$', re.DOTALL)
 
 
@@ -349,7 +365,9 @@ class PostgresDialect(Dialect):
     # -- errors --------------------------------------------------------------------------------
 
     def translate_error(self, exc: BaseException, address: str) -> SqlQueueError | None:
-        sqlstate = getattr(exc, "sqlstate", None)
+        sqlstate = getattr(exc, "sqlstate", None) or next(
+            (code for pattern, code in _MISCONFIGURED_TEXT if pattern.search(str(exc))), None
+        )
         if sqlstate == "42P01":  # undefined_table
             return QueueNotFoundError(address, str(exc).strip())
         if sqlstate == "3F000":  # invalid_schema_name
@@ -360,12 +378,18 @@ class PostgresDialect(Dialect):
                 "(the installer's rights); sending and receiving need USAGE on the schema and its sequences and SELECT, "
                 "INSERT, UPDATE and DELETE on the queue tables and on the schema's sqlqueue_inflight table"
             )
+        detail = str(exc).strip()
+        if sqlstate in _MISCONFIGURED:
+            return TransportMisconfiguredError(
+                f"the database refused the connection ({_MISCONFIGURED[sqlstate]}): {detail}; fix the connection's "
+                "settings, retrying will not help"
+            )
         if sqlstate is not None and (sqlstate.startswith("08") or sqlstate in ("57P01", "57P02", "57P03")):
-            return TransportUnavailableError(f"database connection lost while working on {address}: {exc}")
+            return TransportUnavailableError(f"database connection lost while working on {address}: {detail}")
         try:
             import psycopg
         except ImportError:  # pragma: no cover - psycopg is a dependency
             return None
         if isinstance(exc, psycopg.OperationalError):
-            return TransportUnavailableError(f"database unavailable while working on {address}: {exc}")
+            return TransportUnavailableError(f"database unavailable ({address}): {detail}")
         return None
