@@ -18,6 +18,7 @@ from airflow_provider_sqlqueue.transport import (
     MessagePump,
     QueueAddress,
     QueueClient,
+    SqlQueueError,
     TransportMisconfiguredError,
     TransportUnavailableError,
     defaults,
@@ -187,3 +188,41 @@ def test_pump_refuses_a_peek_interval_it_could_not_honour(pg_uri, interval):
 
     with pytest.raises((ValueError, TypeError), match="peek_interval"):
         MessagePump(pool, QueueAddress("orders"), handler, peek_interval=interval)
+
+
+def test_retry_errors_skips_rows_it_cannot_route_and_retries_the_rest(client, queue, raw, schema, backend):
+    """D4: one error row naming a dropped queue, a.b.c or another dialect's address made retry_errors fail whole."""
+    import json
+
+    error = QueueAddress("error", schema)
+    for failed_q in ('gone@"' + schema + '"', "a.b.c", "orders@[dbo]@[MyDb]"):
+        headers = {"NServiceBus.FailedQ": failed_q, "NServiceBus.MessageId": str(uuid.uuid4())}
+        backend.nservicebus_send(raw, schema, "error", uuid.uuid4(), json.dumps(headers), b"unroutable")
+    client.send(queue, Message("routable"))
+    [message] = client.receive(queue)
+    client.move_to_error(queue, message, ValueError("boom"))
+    assert client.retry_errors(error) == 1
+    assert client.retry_errors(error, queue=queue) == 0  # already moved
+    assert [m.text for m in client.receive(queue)] == ["routable"]
+    assert client.depth(error) == 3  # the unroutable rows stay
+
+
+@pytest.mark.postgres_only
+def test_claim_moves_a_null_headers_row_to_the_error_queue(client, queue, raw, schema):
+    """D5: a hand-made table allowing NULL headers blocked every claim with a NotNullViolation."""
+    raw.execute(f'ALTER TABLE "{schema}"."orders" ALTER COLUMN Headers DROP NOT NULL')
+    raw.execute(f'INSERT INTO "{schema}"."orders" (Id, Headers, Body) VALUES (%s, NULL, %s)', (uuid.uuid4(), b"x"))
+    client.send(queue, Message("after"))
+    assert [m.text for m in client.claim(queue, 2)] == ["after"]
+    assert client.depth(QueueAddress("error", schema)) == 1
+
+
+@pytest.mark.postgres_only
+def test_quoted_mixed_case_columns_are_not_a_queue_table(client, raw, schema):
+    """D9: check_queue approved "Id", "Seq"... and receive then failed with UndefinedColumn."""
+    raw.execute(
+        f'CREATE TABLE "{schema}"."lookalike" ("Id" uuid PRIMARY KEY, "Expires" timestamp, "Headers" text NOT NULL, '
+        '"Body" bytea, "Seq" serial)'
+    )
+    with pytest.raises(SqlQueueError, match='not a queue table as NServiceBus defines it.*lacks column.*body.*quoted names'):
+        client.check_queue(QueueAddress("lookalike", schema))

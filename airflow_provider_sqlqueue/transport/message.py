@@ -172,6 +172,8 @@ def duration(name: str, value: object, *, maximum: timedelta, minimum: timedelta
         span = value if isinstance(value, timedelta) else timedelta(seconds=value)
     except OverflowError:
         raise ValueError(f"{name} must be at most {maximum}, got {value} seconds") from None
+    if span <= timedelta(0) < minimum:
+        raise ValueError(f"{name} must be positive, got {span}")
     if span < minimum:
         raise ValueError(f"{name} must be at least {minimum}, got {span}")
     if span > maximum:

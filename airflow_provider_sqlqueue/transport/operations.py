@@ -114,10 +114,14 @@ def check_columns(d: Dialect, address: QueueAddress) -> Operation[None]:
     rows = yield Step(d.queue_columns(address), key, Fetch.ALL, target)
     if not rows:
         raise QueueNotFoundError(target)
-    missing = set(d.required_columns) - {name for name, _ in rows}
+    names = {name for name, _ in rows}
+    missing = set(d.required_columns) - names
     if missing:
+        near = sorted(name for name in names if name.lower() in missing)
+        hint = f" (it has {', '.join(near)}: quoted names of another case are other columns)" if near else ""
         raise SqlQueueError(
-            f"table {target} exists but is not a queue table: it lacks column(s) {', '.join(sorted(missing))}"
+            f"table {target} exists but is not a queue table as NServiceBus defines it: it lacks column(s) "
+            f"{', '.join(sorted(missing))}{hint}"
         )
 
 
@@ -497,22 +501,35 @@ def retry_from_error(
 ) -> Operation[int]:
     """Send messages among the ``limit`` oldest of the error queue back to the queue in ``NServiceBus.FailedQ``.
 
-    Failure headers are removed. Rows with unreadable headers or no FailedQ stay where they are:
-    there is no way to know where they belong.
+    Failure headers are removed. Rows that cannot be routed stay where they are, each logged with
+    the reason: unreadable headers, no FailedQ, a FailedQ this database cannot address (another
+    dialect's form, too many parts), or a queue that no longer exists. The rest are retried.
     """
     target = d.qualified_name(error_address)
     rows = yield Step(d.peek_error_rows(error_address), (limit,), Fetch.ALL, target)
+    wanted = None if only_queue is None else _routing_key(d, only_queue)
+    exists: dict[tuple[str, str, str | None], bool] = {}
     moved = 0
     for seq, message_id, headers_text, body in rows:
         try:
             headers = decode_headers(headers_text)
-        except InvalidHeadersError:
+            failed_q = headers.get(FAILED_QUEUE)
+            if not failed_q:
+                raise SqlQueueError("no NServiceBus.FailedQ header")
+            destination = d.parse_address(failed_q)
+        except SqlQueueError as exc:
+            log.warning("Error queue %s: leaving message %s, it cannot be routed: %s", target, message_id, exc)
             continue
-        failed_q = headers.get(FAILED_QUEUE)
-        if not failed_q:
+        key = _routing_key(d, destination)
+        if wanted is not None and key != wanted:
             continue
-        destination = d.parse_address(failed_q)
-        if only_queue is not None and d.format_address(destination) != d.format_address(only_queue):
+        if key not in exists:
+            columns = yield Step(d.queue_columns(destination), key[:2], Fetch.ALL, d.qualified_name(destination))
+            exists[key] = bool(columns)
+        if not exists[key]:
+            log.warning(
+                "Error queue %s: leaving message %s, its queue %s does not exist", target, message_id, failed_q
+            )
             continue
         yield Step(
             d.send_raw(destination),
@@ -523,3 +540,8 @@ def retry_from_error(
         yield Step(d.delete_by_seq(error_address), (seq,), Fetch.NONE, target)
         moved += 1
     return moved
+
+
+def _routing_key(d: Dialect, address: QueueAddress) -> tuple[str, str, str | None]:
+    """(schema, table, catalog) with the default schema filled in: one queue, however its address was written."""
+    return (address.schema or d.default_schema, address.table, address.catalog)

@@ -167,7 +167,8 @@ class PostgresDialect(Dialect):
 
     def queue_columns(self, address: QueueAddress) -> str:
         return (
-            "SELECT lower(a.attname), format_type(a.atttypid, a.atttypmod) "
+            # Exact names: NServiceBus's unquoted columns are folded to lower case, so a quoted "Id" is another column.
+            "SELECT a.attname, format_type(a.atttypid, a.atttypmod) "
             "FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
             "JOIN pg_namespace n ON n.oid = c.relnamespace "
             "WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped "
@@ -284,7 +285,7 @@ class PostgresDialect(Dialect):
             f"WHERE rs.Seq = ANY(ARRAY(SELECT Seq FROM {q} ORDER BY Seq LIMIT %s FOR UPDATE SKIP LOCKED)) "
             "RETURNING rs.Id, rs.Expires, rs.Headers, rs.Body, rs.Seq), "
             f"claimed AS (INSERT INTO {f} (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil, Holder) "
-            f"SELECT gen_random_uuid(), %s, Id, Expires, Headers, Body, Seq, %s, "
+            f"SELECT gen_random_uuid(), %s, Id, Expires, COALESCE(Headers, ''), Body, Seq, %s, "
             f"{_UTC_NOW} + %s::bigint * interval '1 millisecond', %s FROM taken "
             f"WHERE Expires IS NULL OR Expires > {_UTC_NOW} "
             "RETURNING Token, Id, Headers, Body, Deliveries, Seq) "

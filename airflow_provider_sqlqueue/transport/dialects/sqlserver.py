@@ -377,7 +377,7 @@ class SqlServerDialect(Dialect):
             f"INSERT INTO {f} (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil, Holder) "
             "OUTPUT inserted.Token, inserted.Id, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq "
             "INTO @claimed "
-            "SELECT NEWID(), @queue, t.Id, t.Expires, t.Headers, t.Body, t.Seq, @deliveries, "
+            "SELECT NEWID(), @queue, t.Id, t.Expires, COALESCE(t.Headers, N''), t.Body, t.Seq, @deliveries, "
             f"{_after_ms('@lease_ms', _LEASE_NOW)}, @holder FROM @taken AS t "
             "WHERE t.Expires IS NULL OR t.Expires > @now; "
             "SELECT c.Token, c.Id, c.Headers, c.Body, c.Deliveries, c.Seq FROM @claimed AS c "
