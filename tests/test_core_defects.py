@@ -14,6 +14,8 @@ from psycopg.conninfo import make_conninfo
 
 from airflow_provider_sqlqueue.transport import (
     AsyncPsycopgPool,
+    DuplicateMessageError,
+    InvalidHeadersError,
     Message,
     MessagePump,
     QueueAddress,
@@ -226,3 +228,23 @@ def test_quoted_mixed_case_columns_are_not_a_queue_table(client, raw, schema):
     )
     with pytest.raises(SqlQueueError, match='not a queue table as NServiceBus defines it.*lacks column.*body.*quoted names'):
         client.check_queue(QueueAddress("lookalike", schema))
+
+
+def test_odd_inputs_get_the_librarys_own_errors_before_anything_is_sent(client, queue):
+    """D11: these reached the driver and came back as raw UnicodeEncodeError, UniqueViolation, ProgrammingError..."""
+    with pytest.raises(InvalidHeadersError, match="not valid Unicode"):
+        Message("m", {"note": "half a pair \ud800"})
+    with pytest.raises(ValueError, match="at most"):
+        Message("m", time_to_be_received=timedelta.max)
+    with pytest.raises(ValueError, match="at most 100,000"):
+        client.claim(queue, 2**63)
+    client.send(queue, Message("m"))
+    [claimed] = client.claim(queue)
+    with pytest.raises(TypeError, match="exception, a text or a Failure"):
+        client.nack(queue, claimed.claim_token, error={"why": "structured"})
+    assert client.ack(queue, claimed.claim_token) is True
+    again = Message("first")
+    client.send(queue, again)
+    with pytest.raises(DuplicateMessageError, match="already in"):
+        client.send(queue, Message("second", id=again.id))
+    assert [m.text for m in client.receive(queue, 5)] == ["first"]

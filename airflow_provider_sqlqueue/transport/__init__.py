@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # the same names, for type checkers (re-exported)
     from .drivers import AsyncPsycopgPool as AsyncPsycopgPool
     from .drivers import AsyncPsycopgSession as AsyncPsycopgSession
     from .drivers import PsycopgSession as PsycopgSession
+    from .errors import DuplicateMessageError as DuplicateMessageError
     from .errors import InvalidHeadersError as InvalidHeadersError
     from .errors import InvalidQueueNameError as InvalidQueueNameError
     from .errors import LeaseLostError as LeaseLostError
@@ -43,6 +44,7 @@ _HOMES = {
     "AsyncPsycopgPool": ".drivers",
     "AsyncPsycopgSession": ".drivers",
     "PsycopgSession": ".drivers",
+    "DuplicateMessageError": ".errors",
     "InvalidHeadersError": ".errors",
     "InvalidQueueNameError": ".errors",
     "LeaseLostError": ".errors",

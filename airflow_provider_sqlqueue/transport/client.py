@@ -67,8 +67,11 @@ def one_or_many(tokens: Token | Iterable[Token], held: set[uuid.UUID]) -> bool |
 
 
 def check_positive(name: str, value: int) -> int:
+    """A count of messages or rows: a positive integer no larger than one statement can take."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if value > defaults.MAX_BATCH:
+        raise ValueError(f"{name} must be at most {defaults.MAX_BATCH:,}, got {value:,}; work in batches")
     return value
 
 

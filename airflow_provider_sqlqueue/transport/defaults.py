@@ -40,6 +40,9 @@ MAX_PEEK_INTERVAL = timedelta(hours=1)
 MAX_BACKOFF_SECONDS = 30.0
 BREAKER_ALARM_SECONDS = 120.0
 
+#: Most messages or rows one call receives, claims, browses or purges (a statement's LIMIT / TOP).
+MAX_BATCH = 100_000
+
 #: Most reservations an Airflow run adopts at once (event-driven DAGs).
 ADOPT_LIMIT = 100
 

@@ -31,6 +31,10 @@ class QueueNotFoundError(SqlQueueError):
         super().__init__(message)
 
 
+class DuplicateMessageError(SqlQueueError, ValueError):
+    """A message with the same id is already in the queue (ids are the table's primary key)."""
+
+
 class PermissionDeniedError(SqlQueueError):
     """The database refused the statement for lack of privileges."""
 

@@ -102,6 +102,14 @@ def validate_headers(headers: object) -> Headers:
                 f"header {key!r} must be a string or null, got {type(value).__name__}; "
                 "NServiceBus headers are a flat string map, serialise structured values yourself"
             )
+        for text in (key, value or ""):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidHeadersError(
+                    f"header {key!r:.80} holds text that is not valid Unicode (a lone surrogate); "
+                    "decode it with errors='replace' or send it as bytes in the body"
+                ) from None
     return dict(headers)
 
 
@@ -317,6 +325,8 @@ class Failure:
         if isinstance(error, Failure):
             return error if source is None else cls(error.type, error.message, source, error.stack_trace)
         default_source = source or cls.source
+        if error is not None and not isinstance(error, (BaseException, str)):
+            raise TypeError(f"a failure is an exception, a text or a Failure, got {type(error).__name__}")
         if isinstance(error, BaseException):
             return cls(
                 f"{type(error).__module__}.{type(error).__qualname__}",

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from ..addressing import QueueAddress, split_outside, unquote
 from ..errors import (
+    DuplicateMessageError,
     InvalidQueueNameError,
     PermissionDeniedError,
     QueueNotFoundError,
@@ -369,6 +370,11 @@ class PostgresDialect(Dialect):
         sqlstate = getattr(exc, "sqlstate", None) or next(
             (code for pattern, code in _MISCONFIGURED_TEXT if pattern.search(str(exc))), None
         )
+        if sqlstate == "23505":  # unique_violation: the only unique keys are Id (and Seq, which the database sets)
+            return DuplicateMessageError(
+                f"a message with this id is already in {address}: ids are unique per queue; send a new Message "
+                f"(a new id) unless it is the same message resent ({str(exc).strip()})"
+            )
         if sqlstate == "42P01":  # undefined_table
             return QueueNotFoundError(address, str(exc).strip())
         if sqlstate == "3F000":  # invalid_schema_name

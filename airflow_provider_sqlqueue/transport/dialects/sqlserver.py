@@ -26,6 +26,7 @@ from collections.abc import Sequence
 
 from ..addressing import QueueAddress, split_outside, unquote
 from ..errors import (
+    DuplicateMessageError,
     InvalidQueueNameError,
     PermissionDeniedError,
     QueueNotFoundError,
@@ -491,6 +492,11 @@ class SqlServerDialect(Dialect):
             return QueueNotFoundError(address, text)
         if number == 2760:  # the schema does not exist (or is not visible to this login)
             return QueueNotFoundError(address, text)
+        if number in (2627, 2601):  # duplicate key: the message id is the queue's key
+            return DuplicateMessageError(
+                f"a message with this id is already in {address}: ids are unique per queue; send a new Message "
+                f"(a new id) unless it is the same message resent ({text})"
+            )
         if number in _PERMISSION_NUMBERS:
             return PermissionDeniedError(
                 f"permission denied on {address}: {text}. Creating queues needs CREATE TABLE and ALTER on the "
