@@ -1,0 +1,314 @@
+"""A model-based test of the transport core on a real PostgreSQL.
+
+Hypothesis drives random sequences of operations -- sends with and without TTBR, receive, claim,
+reserve, take and adopt, ack, nack, extend, leases running out, messages expiring, poison rows
+inserted by SQL, purge, retry from the error queue, atomic forwards -- across three queues in two
+schemas, and after every step compares what the database holds with a plain in-memory model of
+what each queue, the in-flight store and each error queue must hold. Time is not waited for: a
+lease running out or a message expiring is a step that moves the row's clock into the past.
+
+CI runs it derandomized with a fixed budget; ``SQLQUEUE_MODEL_EXAMPLES=500`` runs it longer.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass, field
+
+import psycopg
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+
+from airflow_provider_sqlqueue.transport import LeaseLostError, Message, QueueAddress, QueueClient, defaults
+
+SCHEMAS = ("m_a", "m_b")
+QUEUES = (QueueAddress("orders", "m_a"), QueueAddress("invoices", "m_a"), QueueAddress("orders", "m_b"))
+LONG = 600.0  # seconds: a lease that does not run out unless a step says so
+
+
+@dataclass
+class Item:
+    """A message as the model sees it."""
+
+    id: uuid.UUID
+    body: str
+    expiring: bool = False  # sent with a TTBR
+    expired: bool = False
+    poison: bool = False
+
+
+@dataclass
+class Claim:
+    queue: QueueAddress
+    item: Item
+    deliveries: int
+    reserved: bool  # held for a taker (no holder)
+    lapsed: bool = False
+
+
+@dataclass
+class Model:
+    waiting: dict[QueueAddress, list[Item]] = field(default_factory=lambda: {q: [] for q in QUEUES})
+    claims: dict[uuid.UUID, Claim] = field(default_factory=dict)  # by token
+    errors: dict[str, list[uuid.UUID]] = field(default_factory=lambda: {s: [] for s in SCHEMAS})
+    retryable: dict[uuid.UUID, tuple[QueueAddress, Item]] = field(default_factory=dict)  # error rows with a FailedQ
+
+
+queues = st.sampled_from(QUEUES)
+
+
+class QueueMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.uri = URI
+        self.raw = psycopg.connect(self.uri, autocommit=True)
+        for schema in SCHEMAS:
+            self.raw.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            self.raw.execute(f'CREATE SCHEMA "{schema}"')
+        self.client = QueueClient.connect(self.uri)
+        for queue in QUEUES:
+            self.client.create_queue(queue)
+        self.model = Model()
+        self.counter = 0
+
+    def teardown(self) -> None:
+        self.client.close()
+        self.raw.close()
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def key(self, queue: QueueAddress) -> str:
+        return self.client.session.dialect.format_address(queue)
+
+    def walk(self, queue: QueueAddress, wanted: int) -> list[Item]:
+        """What a receive or claim takes from the queue: the first ``wanted`` good messages; poison and
+        expired rows met on the way are consumed (poison to the error queue of the schema)."""
+        taken: list[Item] = []
+        line = self.model.waiting[queue]
+        while line and len(taken) < wanted:
+            item = line.pop(0)
+            if item.poison:
+                self.model.errors[queue.schema].append(item.id)
+            elif not item.expired:
+                taken.append(item)
+        return taken
+
+    def lapsed_claims(self, queue: QueueAddress, limit: int) -> list[tuple[uuid.UUID, Claim]]:
+        lapsed = [(t, c) for t, c in self.model.claims.items() if c.queue == queue and c.lapsed]
+        return sorted(lapsed, key=lambda pair: self.seq_of(pair[1].item.id))[:limit]
+
+    def seq_of(self, message_id: uuid.UUID) -> int:
+        return self.sequence[message_id]
+
+    # -- rules -----------------------------------------------------------------------------------
+
+    @rule(queue=queues, count=st.integers(1, 3), ttbr=st.booleans())
+    def send(self, queue: QueueAddress, count: int, ttbr: bool) -> None:
+        messages = []
+        for _ in range(count):
+            self.counter += 1
+            messages.append(Message(f"m{self.counter}", time_to_be_received=3600 if ttbr else None))
+        self.client.send(queue, messages)
+        self.model.waiting[queue].extend(Item(m.id, m.body.decode(), ttbr) for m in messages)
+
+    @rule(queue=queues)
+    def insert_poison(self, queue: QueueAddress) -> None:
+        message_id = uuid.uuid4()
+        self.raw.execute(
+            f'INSERT INTO "{queue.schema}"."{queue.table}" (Id, Headers, Body) VALUES (%s, %s, %s)',
+            (message_id, "not json", b"poison"),
+        )
+        self.model.waiting[queue].append(Item(message_id, "poison", poison=True))
+
+    @rule(queue=queues)
+    def expire_messages(self, queue: QueueAddress) -> None:
+        """Every message of the queue sent with a TTBR expires (in the queue and in flight)."""
+        past = "(now() AT TIME ZONE 'UTC') - interval '1 second'"
+        self.raw.execute(f'UPDATE "{queue.schema}"."{queue.table}" SET Expires = {past} WHERE Expires IS NOT NULL')
+        self.raw.execute(
+            f'UPDATE "{queue.schema}".sqlqueue_inflight SET Expires = {past} WHERE Queue = %s AND Expires IS NOT NULL',
+            (self.key(queue),),
+        )
+        for item in self.model.waiting[queue]:
+            item.expired = item.expired or item.expiring
+        for claim in self.model.claims.values():
+            if claim.queue == queue:
+                claim.item.expired = claim.item.expired or claim.item.expiring
+
+    @rule(queue=queues)
+    def purge_expired(self, queue: QueueAddress) -> None:
+        self.client.purge_expired(queue)
+        self.model.waiting[queue] = [i for i in self.model.waiting[queue] if not i.expired]
+
+    @rule(queue=queues, count=st.integers(1, 4))
+    def receive(self, queue: QueueAddress, count: int) -> None:
+        got = self.client.receive(queue, count)
+        expected = self.walk(queue, count)
+        assert [m.id for m in got] == [i.id for i in expected]
+
+    @rule(queue=queues, count=st.integers(1, 3), reserve=st.booleans())
+    def claim(self, queue: QueueAddress, count: int, reserve: bool) -> None:
+        if reserve:
+            got = self.client.reserve(queue, count, lease=LONG)
+        else:
+            got = self.client.claim(queue, count, lease=LONG)
+        counted = 0 if reserve else 1
+        expected: list[tuple[Item, int]] = []
+        for token, claim in self.lapsed_claims(queue, count):
+            del self.model.claims[token]
+            if claim.item.expired:
+                continue
+            if claim.deliveries >= defaults.MAX_DELIVERIES:
+                self.model.errors[queue.schema].append(claim.item.id)
+                self.model.retryable[claim.item.id] = (queue, claim.item)
+                continue
+            expected.append((claim.item, claim.deliveries + counted))
+        for item in self.walk(queue, count - len(expected)):
+            expected.append((item, counted))
+        assert [(m.id, m.deliveries) for m in got] == [(i.id, d) for i, d in expected]
+        for message, (item, deliveries) in zip(got, expected):
+            self.model.claims[message.claim_token] = Claim(queue, item, deliveries, reserved=reserve)
+
+    @rule(queue=queues, limit=st.integers(1, 3))
+    def adopt(self, queue: QueueAddress, limit: int) -> None:
+        got = self.client.take(queue, lease=LONG, limit=limit)
+        reserved = sorted(
+            ((t, c) for t, c in self.model.claims.items() if c.queue == queue and c.reserved),
+            key=lambda pair: self.seq_of(pair[1].item.id),
+        )[:limit]
+        self.apply_take(got, reserved)
+
+    @rule(queue=queues)
+    def take_by_token(self, queue: QueueAddress) -> None:
+        mine = [t for t, c in self.model.claims.items() if c.queue == queue and c.reserved][:2]
+        stale = [uuid.uuid4()]
+        got = self.client.take(queue, mine + stale, lease=LONG)
+        reserved = sorted(((t, self.model.claims[t]) for t in mine), key=lambda pair: self.seq_of(pair[1].item.id))
+        self.apply_take(got, reserved)
+
+    def apply_take(self, got, reserved) -> None:
+        expected = []
+        for token, claim in reserved:
+            del self.model.claims[token]
+            if not claim.item.expired:
+                expected.append((claim.item, claim.deliveries + 1, claim.queue))
+        assert [(m.id, m.deliveries) for m in got] == [(i.id, d) for i, d, _ in expected]
+        for message, (item, deliveries, queue) in zip(got, expected):
+            self.model.claims[message.claim_token] = Claim(queue, item, deliveries, reserved=False)
+
+    def pick(self, data: st.DataObject) -> uuid.UUID:
+        """A claim the model holds (the rules that call this run only when there is one).
+
+        Chosen by the message's name, not its token: tokens are random, and a replayed example
+        must pick the same claim.
+        """
+        by_name = sorted(self.model.claims, key=lambda token: self.model.claims[token].item.body)
+        return data.draw(st.sampled_from(by_name))
+
+    @precondition(lambda self: self.model.claims)
+    @rule(data=st.data())
+    def ack(self, data) -> None:
+        token = self.pick(data)
+        claim = self.model.claims.pop(token)
+        assert self.client.ack(claim.queue, token) is True
+
+    @precondition(lambda self: self.model.claims)
+    @rule(data=st.data())
+    def nack(self, data) -> None:
+        token = self.pick(data)
+        claim = self.model.claims[token]
+        assert self.client.nack(claim.queue, token, error=ValueError("model says no")) is True
+        claim.lapsed = True
+
+    @precondition(lambda self: self.model.claims)
+    @rule(data=st.data())
+    def lease_runs_out(self, data) -> None:
+        token = self.pick(data)
+        claim = self.model.claims[token]
+        self.raw.execute(
+            f"UPDATE \"{claim.queue.schema}\".sqlqueue_inflight SET LeaseUntil = (now() AT TIME ZONE 'UTC') "
+            "- interval '1 second' WHERE Token = %s",
+            (token,),
+        )
+        claim.lapsed = True
+
+    @precondition(lambda self: self.model.claims)
+    @rule(data=st.data())
+    def extend(self, data) -> None:
+        token = self.pick(data)
+        claim = self.model.claims[token]
+        assert self.client.extend(claim.queue, token, LONG) is True
+        claim.lapsed = False
+
+    @precondition(lambda self: self.model.claims)
+    @rule(data=st.data(), target_queue=queues, lose_one=st.booleans())
+    def forward(self, data, target_queue: QueueAddress, lose_one: bool) -> None:
+        token = self.pick(data)
+        claim = self.model.claims[token]
+        tokens = [token, uuid.uuid4()] if lose_one else [token]
+        self.counter += 1
+        result = Message(f"r{self.counter}")
+        if lose_one:
+            try:
+                self.client.forward({claim.queue: tokens}, {target_queue: [result]})
+            except LeaseLostError:
+                return
+            raise AssertionError("a forward with a claim that is not held went through")
+        assert self.client.forward({claim.queue: tokens}, {target_queue: [result]}) == 1
+        del self.model.claims[token]
+        self.model.waiting[target_queue].append(Item(result.id, f"r{self.counter}"))
+
+    @rule(schema=st.sampled_from(SCHEMAS))
+    def retry_errors(self, schema: str) -> None:
+        moved = self.client.retry_errors(QueueAddress("error", schema))
+        back = [m for m in self.model.errors[schema] if m in self.model.retryable]
+        assert moved == len(back)
+        for message_id in back:
+            self.model.errors[schema].remove(message_id)
+            queue, item = self.model.retryable.pop(message_id)
+            self.model.waiting[queue].append(item)
+
+    # -- what the database must hold -----------------------------------------------------------
+
+    @property
+    def sequence(self) -> dict[uuid.UUID, int]:
+        rows = []
+        for schema in SCHEMAS:
+            rows += self.raw.execute(f'SELECT Id, Seq FROM "{schema}".sqlqueue_inflight').fetchall()
+        return dict(rows)
+
+    @invariant()
+    def database_matches_the_model(self) -> None:
+        for queue in QUEUES:
+            rows = self.raw.execute(f'SELECT Id FROM "{queue.schema}"."{queue.table}" ORDER BY Seq').fetchall()
+            assert [row[0] for row in rows] == [i.id for i in self.model.waiting[queue]], queue
+        for schema in SCHEMAS:
+            rows = self.raw.execute(f'SELECT Id FROM "{schema}"."error" ORDER BY Seq').fetchall()
+            assert sorted(row[0] for row in rows) == sorted(self.model.errors[schema]), schema
+            held = self.raw.execute(
+                f'SELECT Token, Id, Deliveries, Holder IS NULL FROM "{schema}".sqlqueue_inflight'
+            ).fetchall()
+            expected = {
+                (t, c.item.id, c.deliveries, c.reserved) for t, c in self.model.claims.items() if c.queue.schema == schema
+            }
+            assert set(held) == expected, schema
+
+
+URI = ""
+
+
+@pytest.mark.postgres_only
+def test_queues_behave_like_the_model(pg_uri: str) -> None:
+    global URI
+    URI = pg_uri
+    examples = int(os.environ.get("SQLQUEUE_MODEL_EXAMPLES", "25"))
+    budget = settings(max_examples=examples, stateful_step_count=40, deadline=None, derandomize=bool(os.environ.get("CI")))
+    try:
+        run_state_machine_as_test(QueueMachine, settings=budget)
+    finally:
+        with psycopg.connect(pg_uri, autocommit=True) as connection:
+            for schema in SCHEMAS:
+                connection.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
