@@ -248,3 +248,45 @@ def test_odd_inputs_get_the_librarys_own_errors_before_anything_is_sent(client, 
     with pytest.raises(DuplicateMessageError, match="already in"):
         client.send(queue, Message("second", id=again.id))
     assert [m.text for m in client.receive(queue, 5)] == ["first"]
+
+
+@pytest.mark.postgres_only
+async def test_pumps_are_back_soon_after_a_storm_of_killed_sessions(pg_uri, client, queue, raw):
+    """D16: killed connections stayed in the pool and its reconnect back-off kept pumps idle 9-30 s."""
+    import asyncio
+
+    pool = AsyncPsycopgPool(pg_uri, max_size=4, application_name="sqlqueue-d16")
+    await pool.open()
+    handled: list[str] = []
+
+    async def handler(message, connection):
+        handled.append(message.text)
+
+    pumps = [MessagePump(pool, queue, handler, max_concurrency=2, peek_interval=0.1) for _ in range(2)]
+    tasks = [asyncio.create_task(pump.run()) for pump in pumps]
+    try:
+        await asyncio.to_thread(client.send, queue, [Message(f"before {n}") for n in range(20)])
+        while len(handled) < 20:
+            await asyncio.sleep(0.05)
+        storm_ends = time.monotonic() + 5
+        killed = 0
+        while time.monotonic() < storm_ends:  # every session of the pool is killed as soon as it appears
+            rows = raw.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'sqlqueue-d16'"
+            ).fetchall()
+            killed += len(rows)
+            await asyncio.sleep(0.05)
+        answered = time.monotonic()
+        await asyncio.to_thread(client.send, queue, Message("after"))
+        while "after" not in handled:
+            await asyncio.sleep(0.02)
+        recovery = time.monotonic() - answered
+    finally:
+        for pump in pumps:
+            pump.stop()
+        await asyncio.wait_for(asyncio.gather(*tasks), 30)
+        await pool.close()
+    print(f"killed {killed} sessions; first message after the storm handled {recovery:.2f}s after it ended")
+    assert killed > 0
+    assert recovery < 5  # the pumps' own back-off after 5 s of failures; the pool adds none
+    assert sorted(handled) == sorted([f"before {n}" for n in range(20)] + ["after"])

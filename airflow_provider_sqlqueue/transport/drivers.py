@@ -472,42 +472,65 @@ class AsyncSessionPool(ABC):
 
 
 class AsyncPsycopgPool(AsyncSessionPool):
-    """A psycopg_pool pool of autocommit connections, each checked before it is handed out.
+    """Up to ``max_size`` autocommit psycopg connections for asyncio callers, reopened as soon as they fail.
 
-    Checking on checkout is what lets a pump recover by itself after the database restarted or
-    killed its sessions: a dead connection is replaced instead of failing the next receive.
+    A connection that fails (the server restarted, ``pg_terminate_backend`` killed its session) is
+    closed, and so is every idle one: they were most likely cut by the same event. The next session
+    opens a new connection at once, so a pump is back at full speed as soon as the database
+    answers again, with no reconnection back-off of the pool's own between it and the database --
+    the pump's circuit breaker already paces retries while the database is down.
+
+    :param min_size: connections opened by :meth:`open` (best effort: a database that is down
+        does not fail it).
     """
 
     def __init__(self, conninfo: str, max_size: int, min_size: int = 1, **kwargs: Any) -> None:
-        from psycopg_pool import AsyncConnectionPool
-
+        if max_size < 1:
+            raise ValueError(f"max_size must be at least 1, got {max_size}")
         self.dialect = get_dialect("postgres")
-        self._pool = AsyncConnectionPool(
-            conninfo,
-            min_size=min(min_size, max_size),
-            max_size=max_size,
-            kwargs={"autocommit": True, **with_connect_timeout(conninfo, kwargs)},
-            check=AsyncConnectionPool.check_connection,
-            open=False,
-            name="sqlqueue",
-        )
+        self._conninfo = conninfo
+        self._kwargs = kwargs
+        self._min_size = min(min_size, max_size)
+        self._slots = asyncio.Semaphore(max_size)
+        self._idle: list[Any] = []
+        self._closed = False
+
+    async def _connect(self) -> Any:
+        return (await AsyncPsycopgSession.connect(self._conninfo, **self._kwargs)).connection
 
     async def open(self) -> None:
-        await self._pool.open(wait=False)
+        for _ in range(self._min_size - len(self._idle)):
+            try:
+                self._idle.append(await self._connect())
+            except TransportUnavailableError:
+                return
 
     async def close(self) -> None:
-        await self._pool.close()
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for connection in idle:
+            await close_quietly(connection)
 
     @asynccontextmanager
     async def session(self) -> AsyncIterator[AsyncSession]:
-        import psycopg
-        from psycopg_pool import PoolTimeout
-
-        try:
-            async with self._pool.connection() as connection:
+        if self._closed:
+            raise TransportUnavailableError("the session pool is closed")
+        async with self._slots:
+            connection = self._idle.pop() if self._idle else await self._connect()
+            cut = False
+            try:
                 yield AsyncPsycopgSession(connection)
-        except (PoolTimeout, psycopg.OperationalError) as exc:
-            raise self.dialect.translate_error(psycopg.OperationalError(str(exc)), "the database") or exc from exc
+            except TransportUnavailableError:
+                cut = True
+                idle, self._idle = self._idle, []  # cut by the same event, most likely
+                for other in idle:
+                    await close_quietly(other)
+                raise
+            finally:
+                if cut or self._closed or connection.broken or not _psycopg_autocommits(connection):
+                    await close_quietly(connection)
+                else:
+                    self._idle.append(connection)
 
 
 # -- SQL Server: pymssql and pyodbc ------------------------------------------------------------
