@@ -290,3 +290,17 @@ async def test_pumps_are_back_soon_after_a_storm_of_killed_sessions(pg_uri, clie
     assert killed > 0
     assert recovery < 5  # the pumps' own back-off after 5 s of failures; the pool adds none
     assert sorted(handled) == sorted([f"before {n}" for n in range(20)] + ["after"])
+
+
+@pytest.mark.postgres_only
+def test_a_native_handler_outliving_the_idle_transaction_timeout_gets_a_clear_error(pg_uri, queue, schema):
+    """D11: the server's IdleInTransactionSessionTimeout came back raw from receive_native."""
+    uri = make_conninfo(pg_uri, options="-c idle_in_transaction_session_timeout=200")
+    with QueueClient.connect(uri) as client:
+        client.send(queue, Message("slow work"))
+        with pytest.raises(TransportUnavailableError, match="idle_in_transaction_session_timeout"):
+            with client.receive_native(queue) as message:
+                assert message is not None
+                time.sleep(0.6)  # the handler takes longer than the server allows an idle transaction
+    with QueueClient.connect(pg_uri) as check:
+        assert [m.text for m in check.receive(queue)] == ["slow work"]  # rolled back: still queued

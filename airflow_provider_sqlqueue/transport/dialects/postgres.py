@@ -370,10 +370,17 @@ class PostgresDialect(Dialect):
         sqlstate = getattr(exc, "sqlstate", None) or next(
             (code for pattern, code in _MISCONFIGURED_TEXT if pattern.search(str(exc))), None
         )
+        detail = str(exc).strip()
         if sqlstate == "23505":  # unique_violation: the only unique keys are Id (and Seq, which the database sets)
             return DuplicateMessageError(
                 f"a message with this id is already in {address}: ids are unique per queue; send a new Message "
                 f"(a new id) unless it is the same message resent ({str(exc).strip()})"
+            )
+        if sqlstate == "25P03":  # idle_in_transaction_session_timeout: the server ended the session
+            return TransportUnavailableError(
+                f"the server ended the session working on {address}: its transaction stayed idle longer than "
+                "idle_in_transaction_session_timeout; a native-mode handler must finish within it (or the role's "
+                f"setting must be raised). The transaction was rolled back ({detail})"
             )
         if sqlstate == "42P01":  # undefined_table
             return QueueNotFoundError(address, str(exc).strip())
@@ -385,7 +392,6 @@ class PostgresDialect(Dialect):
                 "(the installer's rights); sending and receiving need USAGE on the schema and its sequences and SELECT, "
                 "INSERT, UPDATE and DELETE on the queue tables and on the schema's sqlqueue_inflight table"
             )
-        detail = str(exc).strip()
         if sqlstate in _MISCONFIGURED:
             return TransportMisconfiguredError(
                 f"the database refused the connection ({_MISCONFIGURED[sqlstate]}): {detail}; fix the connection's "
