@@ -304,3 +304,22 @@ def test_a_native_handler_outliving_the_idle_transaction_timeout_gets_a_clear_er
                 time.sleep(0.6)  # the handler takes longer than the server allows an idle transaction
     with QueueClient.connect(pg_uri) as check:
         assert [m.text for m in check.receive(queue)] == ["slow work"]  # rolled back: still queued
+
+
+@pytest.mark.postgres_only
+def test_a_borrowed_connection_in_the_callers_transaction_makes_calls_part_of_it(pg_uri, queue):
+    """D15: what README promises for a borrowed connection inside the caller's transaction."""
+    import psycopg
+
+    with QueueClient.connect(pg_uri) as owner:
+        owner.send(queue, Message("m"))
+        with psycopg.connect(pg_uri) as connection:  # not autocommit: the caller's transaction
+            borrowed = QueueClient.connect(connection)
+            with connection.transaction(force_rollback=True):
+                assert [m.text for m in borrowed.receive(queue)] == ["m"]
+                borrowed.send(queue, Message("sent inside"))
+                assert owner.depth(queue) == 1  # nothing committed yet: the owner still sees "m" only
+            assert [m.text for m in owner.browse(queue)] == ["m"]  # rolled back: received one is back, send undone
+            with connection.transaction():
+                borrowed.send(queue, Message("committed"))
+            assert [m.text for m in owner.browse(queue)] == ["m", "committed"]
