@@ -5,9 +5,9 @@
 No sensor and no continuously running DAG: the triggerer watches each queue
 (``MessageQueueTrigger(scheme="sqlqueue")``), reserves every message that arrives and turns it
 into an asset event. Airflow folds events that arrive together into one run (and attaches some to
-later runs), so a run does not rely on its own events: its first task takes every reservation
-waiting on the queue (``TakeMessagesOperator``), and a run whose messages an earlier run already
-took skips its Spark task. Results are forwarded and the messages acknowledged in one transaction; a
+later runs), so a run does not rely on its own events: its Spark task takes every reservation
+waiting on the queue (``hold_messages()``), and a run whose messages an earlier run already took
+has nothing to do. Results are forwarded and the messages acknowledged in one transaction; a
 failed job gives its messages back with the exception, and the reservation that follows starts a
 new run.
 """
@@ -21,7 +21,7 @@ from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTr
 from airflow.sdk import DAG, Asset, AssetWatcher, task
 
 from airflow_provider_sqlqueue.demo.spark_jobs import clean_message, summarise_message
-from airflow_provider_sqlqueue.operators.sqlqueue import ForwardMessagesOperator, TakeMessagesOperator, hold_messages
+from airflow_provider_sqlqueue.operators.sqlqueue import ForwardMessagesOperator, hold_messages
 from airflow_provider_sqlqueue.transport import defaults
 
 SCHEMA = os.environ.get("SQLQUEUE_SCHEMA", "public")
@@ -58,15 +58,15 @@ def stage(dag_id: str, task_id: str, source: Asset, target: str, job) -> DAG:
         doc_md=__doc__,
     ) as dag:
 
-        take = TakeMessagesOperator(task_id="take", lease=LEASE, sqlqueue_conn_id=CONN)  # before Spark starts
-
         @task.pyspark(task_id=task_id, conn_id=SPARK_CONN, multiple_outputs=True)
-        def run_job(messages: list[dict], spark=None) -> dict:
-            with hold_messages(messages, sqlqueue_conn_id=CONN, lease=LEASE) as held:  # claims renewed while Spark works
+        def run_job(spark=None) -> dict:
+            # Takes every reservation waiting on the run's queue. Until then the messages are only
+            # reserved: if this task waits long for a worker slot, they go to another run for free.
+            with hold_messages(sqlqueue_conn_id=CONN, lease=LEASE) as held:
                 results = held.map(lambda message: job(spark, message))  # a failing one is given back alone
                 return {"claims": held.messages, "results": results}
 
-        done = run_job(take.output)
+        done = run_job()
         ForwardMessagesOperator(
             task_id="forward", queue_name=target, messages=done["results"], claims=done["claims"], sqlqueue_conn_id=CONN
         )

@@ -15,7 +15,6 @@ from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import BaseOperator, get_current_context
-from airflow.sdk.exceptions import AirflowSkipException
 
 from ..hooks.sqlqueue import SqlQueueHook
 from ..transport import Failure, LeaseKeeper, LeaseLostError, Message, defaults
@@ -328,31 +327,6 @@ def take_reserved(hook: SqlQueueHook, context: Any, lease: timedelta, limit: int
         hook.log.info("Queue %s: took %d reserved message(s) for %s", queue, len(adopted), holder)
         taken.extend(adopted)
     return taken
-
-
-class TakeMessagesOperator(_QueueOperator):
-    """In a DAG run started by an ``AssetWatcher``: take the reserved messages, first thing, before slow work starts.
-
-    Takes every reservation waiting on the queues of the run's triggering events (see
-    :func:`take_reserved`) and returns them as its XCom, like a sensor; the task that works on
-    them holds them with :func:`hold_messages`. Taking early matters when the next task is slow to
-    start (a Spark session): a reservation left too long runs out and goes to another run. When
-    earlier runs took everything, downstream tasks are skipped.
-
-    :param lease: the hand-off lease the messages are taken with.
-    :param limit: most messages taken per queue.
-    """
-
-    def __init__(self, *, lease: timedelta = defaults.LEASE, limit: int = defaults.ADOPT_LIMIT, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.lease = lease
-        self.limit = limit
-
-    def execute(self, context: Any) -> list[dict[str, Any]]:
-        taken = take_reserved(self.hook, context, self.lease, self.limit)
-        if not taken:
-            raise AirflowSkipException("earlier runs took every message this run's events named")
-        return taken
 
 
 def tokens_by_queue(messages: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]:
