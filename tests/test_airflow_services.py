@@ -97,13 +97,9 @@ def pipeline(pg_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     try:
         with metadata_database(pg_uri) as metadata_uri:
             services = AirflowServices(home, metadata_uri, pg_uri, Path(EXAMPLE_DAGS), env=SETTINGS | {"SQLQUEUE_SCHEMA": schema})
-            started = time.perf_counter()
-            services.migrate()
-            services.start_all()
             try:
-                services.wait_healthy()
-                services.wait_for_dags(STAGE_DAGS)
-                print(f"\nAirflow services up in {time.perf_counter() - started:.0f}s (logs: {services.logs})")
+                seconds = services.start_all(STAGE_DAGS)
+                print(f"\nAirflow services up in {seconds:.0f}s (logs: {services.logs})")
                 yield Pipeline(services, pg_uri, schema, home / "data")
             finally:
                 services.stop()
@@ -168,11 +164,15 @@ def log_time(line: str) -> float:
 
 
 def assert_triggers_never_blocked_the_loop(services: AirflowServices, key: str = "triggerer") -> None:
-    """No "async thread was blocked" warning once triggers run, in any run of the triggerer.
+    """No long "async thread was blocked" warning once triggers run, in any run of the triggerer.
 
-    Airflow's triggerer blocks its loop for 0.3-0.5 s when it creates its first trigger, whatever
-    the trigger (seen with the standard provider's FileDeleteTrigger alone); that one warning, at
-    the first trigger's start, is Airflow's. Any later one would be a trigger of ours.
+    Airflow's triggerer blocks its loop for 0.3-0.6 s when it creates its first trigger, whatever
+    the trigger (seen with the standard provider's FileDeleteTrigger alone); that warning, at the
+    first trigger's start, is Airflow's. Later, on two cores shared with four Spark JVMs, the loop
+    is sometimes reported late by just over Airflow's 0.2 s threshold with no trigger doing
+    anything, which this cannot tell from CPU starvation; the defect this guards against blocked it
+    0.5-0.7 s. ``test_a_trigger_never_blocks_the_event_loop`` measures our triggers' own lateness
+    in a quiet process.
     """
     text = (services.logs / f"{key}.log").read_text(errors="replace")
     for incarnation in text.split("===== starting")[1:]:
@@ -181,7 +181,8 @@ def assert_triggers_never_blocked_the_loop(services: AirflowServices, key: str =
         blocked = [line for line in lines if "was blocked for" in line]
         if starts:
             late = [line for line in blocked if log_time(line) > min(starts) + 3]
-            assert not late, late
+            print("\n".join(f"{key}: {line[:110]}" for line in late))
+            assert not [line for line in late if float(line.split("blocked for ")[1].split()[0]) >= 0.5], late
 
 
 def inflight_rows(pipeline: Pipeline, ids: list[uuid.UUID] | None = None) -> dict[uuid.UUID, tuple[uuid.UUID, str | None, bool]]:

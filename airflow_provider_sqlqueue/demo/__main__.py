@@ -76,12 +76,9 @@ def main() -> int:
             workdir / "airflow", metadata_uri, pg_uri, example_dags_folder(), port=port, env={"SQLQUEUE_SCHEMA": SCHEMA}
         )
         started = time.perf_counter()
-        services.migrate()
-        services.start_all()
         try:
-            services.wait_healthy()
-            services.wait_for_dags(STAGES)
-            print(f"Airflow api-server, scheduler, dag-processor and triggerer up in {time.perf_counter() - started:.0f}s")
+            seconds = services.start_all(STAGES)
+            print(f"Airflow api-server, scheduler, dag-processor and triggerer up in {seconds:.0f}s")
             print(f"  UI: {services.url}   logs: {services.logs}")
 
             expected: dict[str, dict[str, Any]] = {}

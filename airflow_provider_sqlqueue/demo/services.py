@@ -165,9 +165,16 @@ class AirflowServices:
         self.processes[key] = process
         return process
 
-    def start_all(self) -> None:
+    def start_all(self, dag_ids: list[str]) -> float:
+        """Migrate the metadata database, start the four services and wait until they are healthy and
+        have parsed ``dag_ids``; returns how long that took, in seconds."""
+        started = time.perf_counter()
+        self.migrate()
         for name in SERVICES:
             self.start(name)
+        self.wait_healthy()
+        self.wait_for_dags(dag_ids)
+        return time.perf_counter() - started
 
     def kill(self, key: str, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` to a service and everything it started, and wait for it to end."""
