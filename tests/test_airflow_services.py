@@ -222,26 +222,33 @@ def new_log_line(services: AirflowServices, keys: list[str], needle: str, seen: 
     raise AssertionError(f"no new {needle!r} line in {keys} within {timeout:.0f}s")
 
 
-def running_task(pipeline: Pipeline, timeout: float = 180) -> tuple[str, str, str, int, int]:
-    """A Spark task that has been running for a few seconds: (dag_id, run_id, task_id, try_number, pid)."""
+def running_holder(pipeline: Pipeline, timeout: float = 180) -> tuple[str, int, dict[uuid.UUID, tuple[uuid.UUID, str | None, bool]]]:
+    """A Spark task running now whose run holds claims: (dag_id.task_id, pid, the claims its run holds).
+
+    The claims were taken by the run's sensor (sensor chain) or by the Spark task itself (event
+    chain); this task renews them while its job runs.
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         rows = pipeline.services.metadata(
-            "SELECT dag_id, run_id, task_id, try_number, pid FROM task_instance "
+            "SELECT dag_id, run_id, task_id, pid FROM task_instance "
             "WHERE state = 'running' AND task_id IN ('clean', 'summarise') AND pid IS NOT NULL "
             "AND start_date < now() - interval '3 seconds'"
         )
-        if rows:
-            return rows[0]
+        claims = inflight_rows(pipeline)
+        for dag_id, run_id, task_id, pid in rows:
+            held = {k: v for k, v in claims.items() if (v[1] or "").startswith(f"{dag_id}/{run_id}/")}
+            if held:
+                return f"{dag_id}.{task_id}", pid, held
         time.sleep(0.5)
-    raise AssertionError("no Spark task ran")
+    raise AssertionError("no running Spark task held claims")
 
 
 def test_sigkilled_services_lose_nothing_and_send_nothing_twice(pipeline: Pipeline) -> None:
     """SIGKILL a triggerer right after it reserved (three times, with a second triggerer running), a
-    worker in the middle of a Spark job, the scheduler with its workers, then one triggerer for good:
-    every dataset is still reported exactly once per chain, and each dead process's messages were
-    someone else's again within the hand-off lease."""
+    worker in the middle of a Spark job, the scheduler (then restart it), then one triggerer for
+    good: every dataset is still reported exactly once per chain, and each dead holder's messages
+    were free for someone else within the hand-off lease."""
     services = pipeline.services
     already = Counter(report.json()["dataset"] for report in pipeline.reports())
     services.start("triggerer", suffix="-2")  # Airflow's HA setup: triggers spread over two triggerers
@@ -275,21 +282,19 @@ def test_sigkilled_services_lose_nothing_and_send_nothing_twice(pipeline: Pipeli
 
     # 2. A worker killed in the middle of a Spark job: its claims stop being renewed.
     send(3)
-    dag_id, run_id, task_id, _, pid = running_task(pipeline)
-    run = f"{dag_id}/{run_id}/"  # the claims were taken by the run's sensor or take task; this task renews them
-    held = {k: v for k, v in inflight_rows(pipeline).items() if (v[1] or "").startswith(run)}
+    task, pid, held = running_holder(pipeline)
     os.kill(pid, signal.SIGKILL)
-    if held:
-        recoveries.append((f"{dag_id}.{task_id} worker killed holding {len(held)}", wait_recovered(pipeline, held, limit)))
+    recoveries.append((f"{task} worker killed holding {len(held)}", wait_recovered(pipeline, held, limit)))
 
-    # 3. The scheduler killed with its LocalExecutor workers, then started again.
+    # 3. The scheduler killed and started again. Its task processes run in sessions of their own and
+    # go on renewing what they hold, so there is no dead holder to wait for: the pipeline just moves on.
     send(3)
-    running_task(pipeline)
-    held = {k: v for k, v in inflight_rows(pipeline).items() if v[1] is not None}
+    reports_before = len(pipeline.reports())
     services.kill("scheduler")
+    restarted = time.monotonic()
     services.start("scheduler")
-    if held:
-        recoveries.append((f"scheduler killed while tasks held {len(held)}", wait_recovered(pipeline, held, limit)))
+    pipeline.wait_until(lambda: len(pipeline.reports()) > reports_before, 600, "a report after the scheduler restart")
+    print(f"first report {time.monotonic() - restarted:.1f}s after the scheduler restarted")
 
     # 4. One of the two triggerers dies for good: the other takes its triggers over.
     services.kill("triggerer-2")
@@ -304,7 +309,7 @@ def test_sigkilled_services_lose_nothing_and_send_nothing_twice(pipeline: Pipeli
     assert pipeline.left()["error"] == 0
     for what, seconds in recoveries:
         print(f"recovered in {seconds:.1f}s: {what}")
-    assert len(recoveries) == 5 and all(seconds <= limit for _, seconds in recoveries)
+    assert len(recoveries) == 4 and all(seconds <= limit for _, seconds in recoveries)
     for key in triggerers:
         assert_triggers_never_blocked_the_loop(services, key)
 
