@@ -306,25 +306,29 @@ class PostgresDialect(Dialect):
             "c.Deliveries, c.LastError, c.Seq"
         )
 
-    def take(self, address: QueueAddress) -> str:
+    def _take(self, address: QueueAddress, candidates: str) -> str:
+        """Hand the claims ``candidates`` selects to a holder: a new token, a counted delivery, a lease.
+
+        Params (lease_ms, holder, then those of ``candidates``).
+        """
         f = self.qualified_name(self.inflight_address(address))
         return (
             f"UPDATE {f} AS c SET Token = gen_random_uuid(), Deliveries = c.Deliveries + 1, "
             f"LeaseUntil = {_UTC_NOW} + %s::bigint * interval '1 millisecond', Holder = %s "
-            "WHERE c.Token = ANY(%s::uuid[]) AND c.Queue = %s AND c.Holder IS NULL "
+            f"WHERE {candidates} "
             f"RETURNING c.Token, c.Id, c.Expires IS NOT NULL AND c.Expires <= {_UTC_NOW}, c.Headers, c.Body, "
             "c.Deliveries, c.LastError, c.Seq"
         )
 
+    def take(self, address: QueueAddress) -> str:
+        return self._take(address, "c.Token = ANY(%s::uuid[]) AND c.Queue = %s AND c.Holder IS NULL")
+
     def adopt(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
-        return (
-            f"UPDATE {f} AS c SET Token = gen_random_uuid(), Deliveries = c.Deliveries + 1, "
-            f"LeaseUntil = {_UTC_NOW} + %s::bigint * interval '1 millisecond', Holder = %s "
-            f"WHERE c.Token = ANY(ARRAY(SELECT Token FROM {f} WHERE Queue = %s AND Holder IS NULL "
-            "ORDER BY Seq LIMIT %s FOR UPDATE SKIP LOCKED)) "
-            f"RETURNING c.Token, c.Id, c.Expires IS NOT NULL AND c.Expires <= {_UTC_NOW}, c.Headers, c.Body, "
-            "c.Deliveries, c.LastError, c.Seq"
+        return self._take(
+            address,
+            f"c.Token = ANY(ARRAY(SELECT Token FROM {f} WHERE Queue = %s AND Holder IS NULL "
+            "ORDER BY Seq LIMIT %s FOR UPDATE SKIP LOCKED))",
         )
 
     def peek_with_claims(self, address: QueueAddress) -> str:
