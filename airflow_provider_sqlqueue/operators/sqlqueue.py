@@ -250,9 +250,6 @@ class HeldMessages:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(self.messages)
 
-    def __len__(self) -> int:
-        return len(self.messages)
-
     def give_back(self, messages: Iterable[Mapping[str, Any]], failure: Failure) -> None:
         """Nack ``messages`` with ``failure`` and stop renewing them."""
         for queue, tokens in tokens_by_queue(messages).items():

@@ -153,7 +153,7 @@ class MessagePump:
         mode: TransactionMode | str = TransactionMode.CLAIM,
         error_queue: QueueAddress | None = None,
         max_concurrency: int = 1,
-        peek_interval: float = 1.0,
+        peek_interval: float = defaults.PEEK_INTERVAL,
         peek_batch_size: int = 50,
         lease: timedelta = defaults.LEASE,
         max_deliveries: int = defaults.MAX_DELIVERIES,

@@ -16,6 +16,7 @@ import logging
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 
+from . import defaults
 from .client import AsyncQueueClient
 from .drivers import close_quietly
 from .errors import TransportUnavailableError
@@ -87,7 +88,11 @@ class Poller:
             raise watch.error
 
     async def _run(self) -> None:
-        breaker = CircuitBreaker(base_delay=min(self.interval, 1.0), max_backoff=30.0, alarm_after=120.0)
+        breaker = CircuitBreaker(
+            base_delay=min(self.interval, 1.0),
+            max_backoff=defaults.MAX_BACKOFF_SECONDS,
+            alarm_after=defaults.BREAKER_ALARM_SECONDS,
+        )
         client: AsyncQueueClient | None = None
         idle_since: float | None = None
         try:
