@@ -93,6 +93,7 @@ MSSQL_SKIP_REASON = (
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "every_dialect: run each test on PostgreSQL and on SQL Server")
     config.addinivalue_line("markers", "postgres_only: in an every_dialect module, a PostgreSQL-specific check")
+    config.addinivalue_line("markers", "sqlserver_only: in an every_dialect module, a SQL Server-specific check")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -100,7 +101,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     every = metafunc.definition.get_closest_marker("every_dialect") is not None
     only_pg = metafunc.definition.get_closest_marker("postgres_only") is not None
+    only_mssql = metafunc.definition.get_closest_marker("sqlserver_only") is not None
     names = ["postgres", "sqlserver"] if every and not only_pg else ["postgres"]
+    if only_mssql:
+        names = ["sqlserver"]
     metafunc.parametrize("backend", names, indirect=True, scope="session")
 
 

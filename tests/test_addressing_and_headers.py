@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airflow_provider_sqlqueue.transport import InvalidHeadersError, InvalidQueueNameError, QueueAddress
+from airflow_provider_sqlqueue.transport import InvalidHeadersError, InvalidQueueNameError, Message, QueueAddress
 from airflow_provider_sqlqueue.transport.dialects.postgres import PostgresDialect, quote_ident
 from airflow_provider_sqlqueue.transport.message import decode_headers, encode_headers, wire_timespan
 
@@ -83,7 +83,11 @@ def test_headers_read_with_ascii_escapes_and_escaped_slashes(headers):
     assert decode_headers(escaped) == headers
 
 
-@pytest.mark.parametrize("text", ["", "nope", "[]", '"str"', "1", '{"a": 1}', '{"a": {"b": "c"}}', '{"a": ["x"]}', None])
+def test_empty_headers_text_is_no_headers():
+    assert decode_headers("") == {}
+
+
+@pytest.mark.parametrize("text", [" ", "nope", "[]", '"str"', "1", '{"a": 1}', '{"a": {"b": "c"}}', '{"a": ["x"]}', None])
 def test_malformed_headers_are_rejected(text):
     with pytest.raises(InvalidHeadersError):
         decode_headers(text)
@@ -112,3 +116,25 @@ def test_transport_imports_without_airflow():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok QueueClient"
+
+
+def test_ascii_only_headers_are_the_same_json_in_ascii():
+    headers = {"city": "Zürich 東京", "emoji": "\U0001f600"}
+    text = encode_headers(headers, ascii_only=True)
+    assert text.isascii() and decode_headers(text) == headers
+    assert Message(b"", headers).wire_headers(ascii_only=True).isascii()
+
+
+def test_a_varchar_headers_table_is_written_ascii_and_warned_about(caplog):
+    import logging
+
+    from airflow_provider_sqlqueue.transport.dialects import get_dialect
+
+    dialect = get_dialect("sqlserver")
+    address = QueueAddress("legacy")
+    assert dialect.table_shape(address) is None  # unknown until the catalog was read
+    with caplog.at_level(logging.WARNING, logger="airflow_provider_sqlqueue"):
+        shape = dialect.learn_table_shape(address, [("id", "uniqueidentifier"), ("headers", "varchar"), ("body", "varbinary")])
+    assert (shape.recoverable, shape.ascii_headers) == (False, True)
+    assert dialect.table_shape(address) == shape
+    assert "varchar Headers column" in caplog.text

@@ -323,3 +323,49 @@ def test_a_borrowed_connection_in_the_callers_transaction_makes_calls_part_of_it
             with connection.transaction():
                 borrowed.send(queue, Message("committed"))
             assert [m.text for m in owner.browse(queue)] == ["m", "committed"]
+
+
+def test_retry_errors_matches_failedq_as_nservicebus_writes_it(client, queue, raw, schema, backend):
+    """NServiceBus writes FailedQ with the catalog (orders@[dbo]@[MyDb]); retry by the plain name still matches it."""
+    import json
+
+    if backend.name == "sqlserver":
+        database = raw.execute("SELECT DB_NAME()").fetchone()[0]
+        failed_q = f"orders@[{schema}]@[{database.upper()}]"  # the catalog as a connection string may spell it
+    else:
+        failed_q = f'orders@"{schema}"'
+    headers = {"NServiceBus.FailedQ": failed_q, "NServiceBus.MessageId": str(uuid.uuid4())}
+    backend.nservicebus_send(raw, schema, "error", uuid.uuid4(), json.dumps(headers), b"from NServiceBus")
+    assert client.retry_errors(QueueAddress("error", schema), queue=QueueAddress("orders", schema)) == 1
+    assert [m.body for m in client.receive(queue)] == [b"from NServiceBus"]
+
+
+@pytest.mark.sqlserver_only
+def test_a_claim_is_one_queue_however_its_address_is_written(client, queue, raw, schema):
+    """The claim key leaves out the catalog: claimed through orders@[s]@[Db], acked through orders@[s]."""
+    database = raw.execute("SELECT DB_NAME()").fetchone()[0]
+    client.send(queue, Message("x"))
+    [claim] = client.claim(QueueAddress("orders", schema, database))
+    assert client.inflight(QueueAddress("orders", schema)) == 1
+    assert client.ack(QueueAddress("orders", schema), claim.claim_token) is True
+
+
+@pytest.mark.sqlserver_only
+def test_an_older_nservicebus_table_without_recoverable_and_with_varchar_headers(client, raw, schema, caplog):
+    """NServiceBus reads and writes such tables; non-ASCII headers must survive the varchar column."""
+    import logging
+
+    raw.execute(
+        f"CREATE TABLE [{schema}].[legacy] (Id uniqueidentifier NOT NULL, CorrelationId varchar(255), "
+        "ReplyToAddress varchar(255), Expires datetime, Headers varchar(max) NOT NULL, Body varbinary(max), "
+        "RowVersion bigint IDENTITY(1,1) NOT NULL)"
+    )
+    queue = QueueAddress("legacy", schema)
+    with caplog.at_level(logging.WARNING, logger="airflow_provider_sqlqueue"):
+        client.send(queue, [Message(b"a", {"city": "Zürich 東京"}), Message(b'{"ascii":1}')])
+    assert "varchar Headers column" in caplog.text
+    received = client.receive(queue, 10)
+    assert [(m.headers["city"] if "city" in m.headers else None, m.body) for m in received] == [
+        ("Zürich 東京", b"a"),
+        (None, b'{"ascii":1}'),
+    ]

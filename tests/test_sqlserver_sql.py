@@ -22,10 +22,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlglot import exp
 
-from airflow_provider_sqlqueue.transport import InvalidQueueNameError, QueueAddress
-from airflow_provider_sqlqueue.transport.dialects import Dialect, get_dialect
+from tests import tsql_types
+
+from airflow_provider_sqlqueue.transport import InvalidQueueNameError, QueueAddress, defaults
+from airflow_provider_sqlqueue.transport.dialects import Dialect, TableShape, get_dialect
 from airflow_provider_sqlqueue.transport.dialects import sqlserver as tsql
-from airflow_provider_sqlqueue.transport.drivers import _odbc_string, _placeholders, pymssql_text
+from airflow_provider_sqlqueue.transport.drivers import _odbc_string, _placeholders, pymssql_text, pyodbc_statement
 
 SNAPSHOT = Path(__file__).parent / "snapshots" / "sqlserver_statements.sql"
 
@@ -40,7 +42,13 @@ ADDRESSES = {
 Statement = Callable[[Dialect, QueueAddress, QueueAddress], "str | list[str]"]
 
 #: Every statement-producing method of the dialect interface, called as the operations call it.
+#: The layout NServiceBus creates today, and the older one without Recoverable and with varchar Headers.
+SHAPE = TableShape()
+LEGACY_SHAPE = TableShape(recoverable=False, ascii_headers=True)
+
 STATEMENTS: dict[str, Statement] = {
+    "install_lock": lambda d, a, e: d.install_lock(a),
+    "current_catalog": lambda d, a, e: d.current_catalog(),
     "create_queue": lambda d, a, e: list(d.create_queue(a)),
     "add_body_string": lambda d, a, e: d.add_body_string(a),
     "create_inflight": lambda d, a, e: list(d.create_inflight(a)),
@@ -48,18 +56,19 @@ STATEMENTS: dict[str, Statement] = {
     "queue_columns": lambda d, a, e: d.queue_columns(a),
     "has_expires_index": lambda d, a, e: d.has_expires_index(a),
     "expires_index_ddl": lambda d, a, e: d.expires_index_ddl(a),
-    "send": lambda d, a, e: d.send(a),
-    "send_batch": lambda d, a, e: d.send_batch(a, 3)[0],
+    "send": lambda d, a, e: d.send(a, SHAPE),
+    "send_legacy": lambda d, a, e: d.send(a, LEGACY_SHAPE),
+    "send_batch": lambda d, a, e: d.send_batch(a, 3, SHAPE),
     "receive": lambda d, a, e: d.receive(a),
     "peek": lambda d, a, e: d.peek(a),
     "depth": lambda d, a, e: d.depth(a),
     "purge_expired": lambda d, a, e: d.purge_expired(a),
     "purge_all": lambda d, a, e: d.purge_all(a),
-    "insert_error": lambda d, a, e: d.insert_error(e),
+    "insert_error": lambda d, a, e: d.insert_error(e, SHAPE),
+    "insert_error_legacy": lambda d, a, e: d.insert_error(e, LEGACY_SHAPE),
     "browse": lambda d, a, e: d.browse(a),
     "peek_error_rows": lambda d, a, e: d.peek_error_rows(e),
     "delete_by_seq": lambda d, a, e: d.delete_by_seq(e),
-    "send_raw": lambda d, a, e: d.send_raw(a),
     "claim": lambda d, a, e: d.claim(a),
     "reclaim": lambda d, a, e: d.reclaim(a),
     "take": lambda d, a, e: d.take(a),
@@ -69,14 +78,18 @@ STATEMENTS: dict[str, Statement] = {
     "ack": lambda d, a, e: d.ack(a),
     "nack": lambda d, a, e: d.nack(a),
     "extend": lambda d, a, e: d.extend(a),
-    "claim_to_error": lambda d, a, e: d.claim_to_error(a, e),
+    "claim_to_error": lambda d, a, e: d.claim_to_error(a, e, SHAPE),
+    "claim_to_error_legacy": lambda d, a, e: d.claim_to_error(a, e, LEGACY_SHAPE),
 }
+#: Dialect methods that return no statement, and statement variants tested under another name.
 NOT_STATEMENTS = {"validate_address", "parse_address", "format_address", "qualified_name", "translate_error", "send_batch_params", "token_list"}
+VARIANTS = {"send_legacy", "insert_error_legacy", "claim_to_error_legacy"}
 SESSION_STATEMENTS = {
+    "setup": tsql.SESSION_SETUP,
+    "open_transactions": tsql.OPEN_TRANSACTIONS,
     "begin": tsql.BEGIN_TRANSACTION,
     "commit": tsql.COMMIT_TRANSACTION,
     "rollback": tsql.ROLLBACK_TRANSACTION,
-    **{f"setup_{n}": sql for n, sql in enumerate(tsql.SESSION_SETUP)},
 }
 
 dialect = get_dialect("sqlserver")
@@ -107,7 +120,7 @@ def parse(sql: str) -> list[exp.Expression]:
 
 def test_every_dialect_method_is_covered():
     abstract = set(Dialect.__abstractmethods__)
-    assert abstract == set(STATEMENTS) | NOT_STATEMENTS
+    assert abstract == (set(STATEMENTS) - VARIANTS) | NOT_STATEMENTS
 
 
 @pytest.mark.parametrize("label", ADDRESSES)
@@ -125,8 +138,8 @@ def test_every_statement_parses_as_tsql_and_names_exactly_the_queue_tables(label
         assert tables <= expected_tables, (name, tables)
         catalog_views = {t.catalog for p in parsed for t in p.find_all(exp.Table) if t.db == "sys"}
         assert catalog_views <= {address.catalog or ""}, (name, catalog_views)  # the queue's database's views
-        # Besides the application lock, every statement reads a queue table or a catalog view.
-        assert tables or catalog_views or isinstance(parsed[0], exp.Execute), name
+        # Besides the application lock and DB_NAME(), every statement reads a queue table or a catalog view.
+        assert tables or catalog_views or name in ("install_lock", "current_catalog"), name
         # Names passed as strings (OBJECT_ID) must, read back as T-SQL, name the same table.
         for literal in (n for p in parsed for n in p.find_all(exp.National) if n.this.startswith("[")):
             table = sqlglot.parse_one(f"SELECT 1 FROM {literal.this}", read="tsql").find(exp.Table)
@@ -142,10 +155,10 @@ def test_placeholders_count_matches_the_parameters_the_operations_pass():
     address = ADDRESSES["escaping"]
     error = address.sibling("error")
     expected = {  # parameters per statement, from the Dialect docstrings the operations follow
-        "send": 4, "send_batch": 12, "receive": 1, "purge_expired": 1, "insert_error": 3, "browse": 1,
-        "peek_error_rows": 1, "delete_by_seq": 1, "send_raw": 3, "claim": 5, "reclaim": 5, "take": 4, "adopt": 4,
+        "send": 4, "send_legacy": 4, "send_batch": 12, "receive": 1, "purge_expired": 1, "insert_error": 3,
+        "insert_error_legacy": 3, "browse": 1, "peek_error_rows": 1, "delete_by_seq": 1, "claim": 5, "reclaim": 5, "take": 4, "adopt": 4,
         "peek_with_claims": 1, "count_inflight": 1, "ack": 2, "nack": 4, "extend": 3,
-        "claim_to_error": 2, "queue_columns": 2, "has_expires_index": 2, "peek": 0, "depth": 0, "purge_all": 0,
+        "claim_to_error": 2, "claim_to_error_legacy": 2, "queue_columns": 2, "install_lock": 0, "current_catalog": 0, "has_expires_index": 2, "peek": 0, "depth": 0, "purge_all": 0,
         "drop_queue": 0, "add_body_string": 0, "expires_index_ddl": 0,
     }
     for name, count in expected.items():
@@ -183,22 +196,48 @@ def test_receive_is_nservicebus_receive_for_an_escaped_name():
 
 
 def test_send_writes_recoverable_and_server_clock_expiry():
-    sql = as_tsql(dialect.send(ADDRESSES["plain"]))
+    sql = as_tsql(dialect.send(ADDRESSES["plain"], SHAPE))
     assert sql == (
         "INSERT INTO [dbo].[orders] (Id, Recoverable, Expires, Headers, Body) "
-        "SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 1000, DATEADD(second, v.Ttbr / 1000, GETUTCDATE())), "
+        "SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 86400000, DATEADD(day, v.Ttbr / 86400000, GETUTCDATE())), "
         "v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4)) AS v(Ord, Id, Ttbr, Headers, Body) "
         "ORDER BY v.Ord"
     )
 
 
+def test_send_to_a_table_without_recoverable_leaves_the_column_out():
+    """NServiceBus's SendTextWithoutRecoverable: older tables have no Recoverable column."""
+    sql = as_tsql(dialect.send(ADDRESSES["plain"], LEGACY_SHAPE))
+    assert sql.startswith("INSERT INTO [dbo].[orders] (Id, Expires, Headers, Body) SELECT v.Id, DATEADD(")
+
+
+def test_durations_up_to_the_longest_ttbr_fit_dateadds_int():
+    """DATEADD takes an int: 1000 years in seconds would overflow it (8115); in days it does not."""
+    longest = int(defaults.MAX_TIME_TO_BE_RECEIVED.total_seconds() * 1000)
+    assert longest // 86_400_000 < 2**31 and 86_400_000 < 2**31
+    assert longest // 1000 >= 2**31  # what the seconds form could not hold
+
+
 def test_batches_stay_under_sql_servers_parameter_limit():
-    sql, rows = dialect.send_batch(ADDRESSES["plain"], 10_000)
-    assert rows == 500 and sql.count("%s") == 2000 < 2100
+    row = (uuid.uuid4(), None, "{}", b"x")
+    assert dialect.batch_size([row] * 10_000) == 500
+    assert dialect.send_batch(ADDRESSES["plain"], 500, SHAPE).count("%s") == 2000 < 2100
+
+
+def test_batches_are_capped_by_the_bytes_pymssql_inlines():
+    """pymssql inlines bodies as hex (twice their size): a batch stops at BYTES_PER_INSERT, one large message goes alone."""
+    body = b"\x01" * (1024 * 1024)
+    rows = [(uuid.uuid4(), None, "{}", body)] * 10
+    count = dialect.batch_size(rows)
+    assert 1 <= count < 10
+    assert sum(2 * len(r[3]) + 2 * len(r[2]) for r in rows[:count]) <= tsql.BYTES_PER_INSERT
+    huge = [(uuid.uuid4(), None, "{}", b"\x01" * (tsql.BYTES_PER_INSERT * 2))] * 3
+    assert dialect.batch_size(huge) == 1
 
 
 def test_create_table_matches_the_nservicebus_layout():
-    create = parse(dialect.create_queue(ADDRESSES["plain"])[1])[0]
+    [block] = dialect.create_queue(ADDRESSES["plain"])
+    create = parse(block)[0]
     table = create.find(exp.Create)
     columns = [(c.name, c.args["kind"].sql("tsql")) for c in table.find_all(exp.ColumnDef)]
     assert columns == [
@@ -211,6 +250,41 @@ def test_create_table_matches_the_nservicebus_layout():
         ("Body", "VARBINARY(MAX)"),
         ("RowVersion", "BIGINT"),
     ]
+    # NServiceBus's installer: table and both indexes together, only when the table is new.
+    assert block.startswith("IF OBJECT_ID(N'[dbo].[orders]', N'U') IS NULL BEGIN CREATE TABLE")
+    assert "CREATE NONCLUSTERED INDEX [Index_RowVersion]" in block and "CREATE NONCLUSTERED INDEX [Index_Expires]" in block
+
+
+def resource_of(install_lock: str, database: str) -> str:
+    """Evaluate the lock statement's resource expression as SQL Server would (QUOTENAME, +, DB_NAME())."""
+    declare = sqlglot.parse(install_lock, read="tsql")[0]
+    value = declare.find(exp.DeclareItem).args["default"]
+
+    def evaluate(node: exp.Expression) -> str:
+        if isinstance(node, exp.Add):
+            return evaluate(node.this) + evaluate(node.expression)
+        if isinstance(node, exp.National):
+            return node.this
+        if isinstance(node, exp.Anonymous) and node.name.upper() == "QUOTENAME":
+            return "[" + evaluate(node.expressions[0]).replace("]", "]]") + "]"
+        if isinstance(node, exp.Anonymous) and node.name.upper() == "DB_NAME":
+            return database
+        raise AssertionError(f"unexpected {node.sql('tsql')}")
+
+    return evaluate(value)
+
+
+@pytest.mark.parametrize(
+    ("address", "expected"),
+    [
+        (QueueAddress("orders"), "[MyDb].[dbo].[orders]_lock"),
+        (QueueAddress("we]ird", "sa]les"), "[MyDb].[sa]]les].[we]]ird]_lock"),
+        (QueueAddress("orders", "ops", "Shop's DB"), "[Shop's DB].[ops].[orders]_lock"),
+    ],
+)
+def test_installers_take_nservicebus_lock(address, expected):
+    """NServiceBus's QueueCreator locks '{CanonicalQueueAddress.QualifiedTableName}_lock': the same resource."""
+    assert resource_of(as_tsql(dialect.install_lock(address)), "MyDb") == expected
 
 
 @pytest.mark.parametrize(
@@ -298,7 +372,7 @@ SAMPLE_PARAMS = {
     "browse": (100,),
     "peek_error_rows": (100,),
     "delete_by_seq": (42,),
-    "send_raw": (uuid.uuid4(), "{}", b"x"),
+    "insert_error_legacy": (uuid.uuid4(), "{}", b"x"),
     "claim": (5, "orders@[dbo]", 1, 120_000, "host's worker:42"),
     "reclaim": (0, 120_000, None, "orders@[dbo]", 5),
     "take": (120_000, "dag/run/task#1", dialect.token_list([uuid.uuid4(), uuid.uuid4()]), "orders@[dbo]"),
@@ -333,3 +407,146 @@ def test_pymssql_text_refuses_a_parameter_count_mismatch():
         pymssql_text("SELECT %s", (1, 2))
     with pytest.raises(ValueError, match="fewer parameters"):
         pymssql_text("SELECT %s, %s", (1,))
+
+
+# -- what each driver sends, type-checked against the tables' column types -------------------------
+
+#: Bodies of every shape: pymssql used to send the ASCII ones as varchar literals (error 257).
+BODIES = {
+    "empty": b"",
+    "ascii": b'{"a":1}',
+    "binary": b"\x00\xff\x10",
+    "utf8": "héllo 東京".encode(),
+    "large": bytes(range(256)) * 400,
+}
+HEADERS = {"empty": "{}", "ascii": '{"k":"v"}', "unicode": '{"k":"välue 東京"}', "quote": '{"k":"it\'s 100%"}'}
+
+
+def sample_params(name: str, body: bytes | None, headers: str) -> tuple[object, ...]:
+    """Parameters as the operations pass them, with the body and headers under test."""
+    if name in ("send", "send_legacy"):
+        return (uuid.uuid4(), 60_000, headers, body)
+    if name == "send_batch":  # one batch mixing shapes: one ASCII body used to fail the whole batch
+        return dialect.send_batch_params([(uuid.uuid4(), None, headers, body), (uuid.uuid4(), 5, "{}", b"\x00"),
+                                          (uuid.uuid4(), 2**40, HEADERS["unicode"], b"")])
+    if name in ("insert_error", "insert_error_legacy"):
+        return (uuid.uuid4(), headers, body)
+    if name in ("claim_to_error", "claim_to_error_legacy"):
+        return (uuid.uuid4(), headers)
+    return SAMPLE_PARAMS.get(name, ())
+
+
+def checker_tables(address: QueueAddress, legacy: bool) -> dict[str, dict[str, str]]:
+    """The tables a statement may touch, with the column types of the dialect's own DDL."""
+    queue = tsql_types.table_columns(dialect.create_queue(address)[0])
+    if legacy:  # an older NServiceBus table: no Recoverable, varchar Headers
+        queue = {name: ("varchar" if name == "headers" else kind) for name, kind in queue.items() if name != "recoverable"}
+    inflight = tsql_types.table_columns(dialect.create_inflight(address)[0])
+    return {address.table.lower(): queue, "error": queue, "sqlqueue_inflight": inflight}
+
+
+def pyodbc_types(values: tuple[object, ...]) -> dict[str, tsql_types.Typed]:
+    """How pyodbc binds each value: str as nvarchar, bytes as varbinary, ints by size, None untyped (varchar)."""
+    typed = {}
+    for n, value in enumerate(values, start=1):
+        if value is None:
+            kind = tsql_types.Typed("varchar", null=True)
+        elif isinstance(value, bool):
+            kind = tsql_types.Typed("bit")
+        elif isinstance(value, int):
+            kind = tsql_types.Typed("int" if -(2**31) <= value < 2**31 else "bigint")
+        elif isinstance(value, (bytes, bytearray)):
+            kind = tsql_types.Typed("varbinary")
+        elif isinstance(value, str):
+            kind = tsql_types.Typed("nvarchar")
+        else:
+            raise AssertionError(f"pyodbc would bind {type(value).__name__}")
+        typed[f"@__p{n}"] = kind
+    return typed
+
+
+def as_pyodbc_checkable(text: str) -> str:
+    numbers = iter(range(1, 10_000))
+    return re.sub(r"\?", lambda _: f"@__p{next(numbers)}", text)
+
+
+def type_problems(text: str, tables: dict[str, dict[str, str]], parameters: dict[str, tsql_types.Typed] | None = None) -> list[str]:
+    parsed = sqlglot.parse(text, read="tsql", error_level=sqlglot.ErrorLevel.RAISE)
+    assert not [node for p in parsed for node in p.walk() if isinstance(node, exp.Command)], text[:200]
+    return tsql_types.Checker(tables, parameters or {}).check([p for p in parsed if p is not None])
+
+
+RENDERED = [name for name in STATEMENTS if name in SAMPLE_PARAMS or name.startswith(("send", "insert_error", "claim_to_error"))]
+
+
+def rendering_cases() -> Iterator[tuple[str, str, str, bool]]:
+    """(statement, body, headers, legacy table): every shape for statements that carry them, once for the rest."""
+    for name in RENDERED:
+        if name.startswith(("send", "insert_error", "claim_to_error")):
+            legacy = name.endswith("_legacy")
+            for body in BODIES:
+                for headers in HEADERS:
+                    yield name, body, headers, legacy
+        else:
+            yield name, "empty", "empty", False
+            yield name, "empty", "empty", True
+
+
+@pytest.mark.parametrize(("name", "body", "headers", "legacy"), list(rendering_cases()))
+def test_what_each_driver_sends_type_checks_against_the_table(name, body, headers, legacy):
+    """Every statement, rendered exactly as pymssql (values inlined) and pyodbc (``?`` + bound values)
+    send it, with bodies and headers of every shape, puts only values SQL Server converts into each column."""
+    address = ADDRESSES["plain"]
+    sql = STATEMENTS[name](dialect, address, address.sibling("error"))
+    params = sample_params(name, BODIES[body], HEADERS[headers])
+    tables = checker_tables(address, legacy)
+    assert type_problems(pymssql_text(sql, params), tables) == []
+    text, values = pyodbc_statement(sql, params)
+    assert type_problems(as_pyodbc_checkable(text), tables, pyodbc_types(values)) == []
+
+
+@pytest.mark.parametrize("body", [None, b"", b"x"])
+def test_a_null_body_is_typed_for_both_drivers(body):
+    """NServiceBus allows a NULL Body; moved to the error queue it must still be a varbinary."""
+    address = ADDRESSES["plain"]
+    sql = dialect.insert_error(address.sibling("error"), SHAPE)
+    tables = checker_tables(address, False)
+    params = (uuid.uuid4(), "{}", body)
+    assert type_problems(pymssql_text(sql, params), tables) == []
+    text, values = pyodbc_statement(sql, params)
+    assert type_problems(as_pyodbc_checkable(text), tables, pyodbc_types(values)) == []
+
+
+def test_the_checker_catches_pymssqls_own_rendering_of_an_ascii_body():
+    """What the checker is for: pymssql's quoting sends b'{"a":1}' as '{"a":1}', which SQL Server refuses."""
+    from pymssql._mssql import quote_simple_value
+
+    address = ADDRESSES["plain"]
+    sql = dialect.send(address, SHAPE)
+    params = (uuid.uuid4(), None, "{}", b'{"a":1}')
+    own = _placeholders(sql, lambda it=iter(params): quote_simple_value(next(it)).decode())
+    problems = type_problems(own, checker_tables(address, False))
+    assert any("varchar -> varbinary is refused (error 257)" in p for p in problems), problems
+    assert "0x7b2261223a317d" in pymssql_text(sql, params)  # the transport's rendering: a binary literal
+
+
+def test_the_checker_catches_an_untyped_null_body_from_pyodbc():
+    """Without the CAST, pyodbc's NULL (bound as varchar where the driver cannot describe parameters) fails."""
+    address = ADDRESSES["plain"]
+    tables = checker_tables(address, False)
+    bare = "INSERT INTO [dbo].[error] (Id, Recoverable, Expires, Headers, Body) VALUES (?, 1, NULL, ?, ?)"
+    values = (str(uuid.uuid4()), "{}", None)
+    problems = type_problems(as_pyodbc_checkable(bare), tables, pyodbc_types(values))
+    assert any("error 257" in p for p in problems), problems
+
+
+def test_the_checker_catches_a_text_count_and_a_column_that_does_not_exist():
+    tables = checker_tables(ADDRESSES["plain"], True)
+    assert any("TOP" in p for p in type_problems(pymssql_text(dialect.browse(ADDRESSES["plain"]), ("10",)), tables))
+    wrong = pymssql_text(dialect.send(ADDRESSES["plain"], SHAPE), (uuid.uuid4(), None, "{}", b""))
+    assert any("no column recoverable" in p for p in type_problems(wrong, tables))  # the legacy table has none
+
+
+def test_claim_key_is_the_same_for_every_form_of_one_address():
+    forms = ["orders", "orders@[dbo]", "orders@[dbo]@[Shop]", "[Shop].[dbo].[orders]", "dbo.orders"]
+    assert {dialect.claim_key(dialect.parse_address(form)) for form in forms} == {"orders@[dbo]"}

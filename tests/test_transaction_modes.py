@@ -201,7 +201,7 @@ def test_retry_errors_sends_messages_back_without_failure_headers(client, queue,
 # -- poison rows -------------------------------------------------------------------------------------
 
 
-POISON_HEADERS = ["not json at all", '["a", "list"]', '{"nested": {"x": 1}}', '{"number": 5}', "", "null"]
+POISON_HEADERS = ["not json at all", '["a", "list"]', '{"nested": {"x": 1}}', '{"number": 5}', "null"]
 
 
 def insert_poison(raw, schema, backend, headers_text):
@@ -228,6 +228,21 @@ def test_poison_row_goes_to_error_queue_unchanged_and_never_blocks(client, queue
     assert error_rows(raw, schema, backend) == [(poison_id, headers_text, b"\xde\xad")]
     assert client.depth(queue) == 0
     assert inflight_rows(raw, schema) == (1 if mode == "claim" else 0)
+
+
+@pytest.mark.parametrize("mode", ["none", "native", "claim"])
+def test_empty_headers_are_no_headers_as_nservicebus_reads_them(client, queue, raw, schema, mode, backend):
+    """An empty Headers text is a message without headers to NServiceBus; it is delivered, not dead-lettered."""
+    message_id = insert_poison(raw, schema, backend, "")
+    if mode == "none":
+        got = client.receive(queue, 1)
+    elif mode == "native":
+        with client.receive_native(queue) as message:
+            got = [message]
+    else:
+        got = client.claim(queue, 1)
+    assert [(m.id, m.headers, m.body) for m in got] == [(message_id, {}, b"\xde\xad")]
+    assert error_rows(raw, schema, backend) == []
 
 
 def test_poison_row_found_on_reclaim_goes_to_error_queue(client, queue, raw, schema, backend):

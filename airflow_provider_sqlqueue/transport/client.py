@@ -8,11 +8,12 @@ the receive transaction open while the caller handles the message.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
 import uuid
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from datetime import timedelta
 from typing import Any, TypeVar, Union, overload
@@ -21,9 +22,12 @@ from . import defaults
 from . import operations as ops
 from .addressing import QueueAddress
 from .drivers import AsyncSession, Session, open_async_session, open_session
+from .errors import ObjectExistsError
 from .message import Failure, Message, ReceivedMessage, duration
 
 T = TypeVar("T")
+
+log = logging.getLogger("airflow_provider_sqlqueue.transport")
 
 #: A claim token as the caller has it: the UUID, or its text from XCom or an event payload.
 Token = Union[uuid.UUID, str]
@@ -251,10 +255,20 @@ class QueueClient(_Addressing):
         addresses = [address, self.error_address(error_queue, address)]
         if secondary is not None:
             addresses.append(address.secondary(secondary))
+        dialect = self.session.dialect
         for each in addresses:
-            self._run(ops.create_queue(self.session.dialect, each, body_string))
-        self._run(ops.create_inflight(self.session.dialect, address))
+            self._install(lambda each=each: ops.create_queue(dialect, each, body_string))
+        self._install(lambda: ops.create_inflight(dialect, address))
         return addresses
+
+    def _install(self, make: Callable[[], ops.Operation[None]]) -> None:
+        """Run an installer; run it once more if another installer, one that does not take the same
+        lock, created the table or an index at the same moment: it then finds the table and checks it."""
+        try:
+            self._run(make())
+        except ObjectExistsError as exc:
+            log.info("Another installer created an object at the same time (%s); checking what it created", exc)
+            self._run(make())
 
     def drop_queue(self, queue: str | QueueAddress) -> None:
         self._run(ops.drop_queue(self.session.dialect, self.address(queue)), single_statement=True)

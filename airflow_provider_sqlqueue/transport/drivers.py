@@ -21,7 +21,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from . import defaults
 from .dialects import Dialect, get_dialect
 from .dialects import sqlserver as tsql
-from .errors import SqlQueueError, TransportUnavailableError
+from .errors import SqlQueueError, TransportMisconfiguredError, TransportUnavailableError
 from .operations import Fetch, Operation, Step, drive, drive_async
 
 T = TypeVar("T")
@@ -577,17 +577,29 @@ def _fetch_results(cursor: Any, step: Step) -> Any:
     return result
 
 
-def pymssql_text(sql: str, params: tuple[Any, ...]) -> str:
-    """Dialect text with every value quoted by pymssql's own quoting: what goes to the server."""
+def pymssql_literal(value: Any) -> str:
+    """One value as pymssql sends it, except bytes, which are always a binary literal.
+
+    pymssql itself renders bytes that happen to be ASCII as a varchar literal ('{"a":1}'), and
+    SQL Server refuses to convert varchar to varbinary implicitly (error 257): every body must
+    travel as ``0x...`` (``0x`` when empty), whatever its bytes.
+    """
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return "0x" + bytes(value).hex()
     from pymssql._mssql import quote_simple_value
 
+    return str(quote_simple_value(value).decode("utf-8"))
+
+
+def pymssql_text(sql: str, params: tuple[Any, ...]) -> str:
+    """Dialect text with every value inlined (:func:`pymssql_literal`): exactly what goes to the server."""
     values = iter(params)
 
     def quoted() -> str:
         value = next(values, _NO_MORE)
         if value is _NO_MORE:
             raise ValueError(f"fewer parameters than placeholders in {sql[:80]!r}")
-        return quote_simple_value(value).decode("utf-8")
+        return pymssql_literal(value)
 
     text = _placeholders(sql, quoted)
     if next(values, _NO_MORE) is not _NO_MORE:
@@ -603,11 +615,19 @@ def execute_pymssql(cursor: Any, sql: str, params: tuple[Any, ...]) -> None:
     cursor.execute(pymssql_text(sql, params))
 
 
+def pyodbc_statement(sql: str, params: tuple[Any, ...]) -> tuple[str, tuple[Any, ...]]:
+    """Dialect text as pyodbc sends it: ``?`` markers, and the values the ODBC driver binds to them.
+
+    uniqueidentifier values travel as text (every ODBC driver converts that); bytes bind as
+    varbinary and str as nvarchar.
+    """
+    values = tuple(str(value) if type(value).__name__ == "UUID" else value for value in params)
+    return _placeholders(sql, lambda: "?"), values
+
+
 def execute_pyodbc(cursor: Any, sql: str, params: tuple[Any, ...]) -> None:
     """Run dialect text on a pyodbc cursor with ``?`` parameters bound by the ODBC driver."""
-    # uniqueidentifier parameters travel as text: every ODBC driver converts that.
-    values = tuple(str(value) if type(value).__name__ == "UUID" else value for value in params)
-    cursor.execute(_placeholders(sql, lambda: "?"), values)
+    cursor.execute(*pyodbc_statement(sql, params))
 
 
 class _SqlServerSession(Session):
@@ -620,12 +640,39 @@ class _SqlServerSession(Session):
     """
 
     driver: str
+    _autocommit_hint: str
 
     def __init__(self, connection: Any, owned: bool = False) -> None:
         super().__init__(get_dialect("sqlserver"), connection, owned)
         self._depth = 0
-        for sql in tsql.SESSION_SETUP:
-            self.execute(Step(sql, (), Fetch.NONE, "the database"))
+        if not owned:
+            self._check_borrowed()
+        self.execute(Step(tsql.SESSION_SETUP, (), Fetch.NONE, "the database"))
+
+    @abstractmethod
+    def _driver_autocommits(self) -> bool:
+        """Whether the driver connection is in autocommit mode."""
+
+    def _check_borrowed(self) -> None:
+        """Refuse a caller's connection that is not in autocommit mode or has a transaction open.
+
+        Sessions run single statements without a transaction and end every transaction they
+        open; on a connection whose driver keeps a transaction open (pymssql does from connect
+        unless ``autocommit=True``) nothing would ever commit, and with XACT_ABORT an error would
+        roll back the caller's own work too.
+        """
+        if not self._driver_autocommits():
+            raise TransportMisconfiguredError(
+                f"the {self.driver} connection given is not in autocommit mode: open it with autocommit=True "
+                f"or switch it ({self._autocommit_hint}) before handing it to the transport, which opens and ends "
+                "its own transactions"
+            )
+        row = self.execute(Step(tsql.OPEN_TRANSACTIONS, (), Fetch.ONE, "the database"))
+        if row and row[0]:
+            raise TransportMisconfiguredError(
+                f"the {self.driver} connection given has {row[0]} transaction(s) open: commit or roll back first; "
+                "the transport runs its own transactions and would otherwise join (and on an error roll back) yours"
+            )
 
     @abstractmethod
     def _execute(self, cursor: Any, sql: str, params: tuple[Any, ...]) -> None:
@@ -683,6 +730,10 @@ class PymssqlSession(_SqlServerSession):
     """
 
     driver = "pymssql"
+    _autocommit_hint = "connection.autocommit(True)"
+
+    def _driver_autocommits(self) -> bool:
+        return bool(self.connection.autocommit_state)
 
     @classmethod
     def connect(cls, uri: str, **kwargs: Any) -> PymssqlSession:
@@ -716,6 +767,10 @@ class PyodbcSession(_SqlServerSession):
     """A pyodbc connection (the odbc provider's driver), e.g. with FreeTDS or Microsoft's ODBC driver."""
 
     driver = "pyodbc"
+    _autocommit_hint = "connection.autocommit = True"
+
+    def _driver_autocommits(self) -> bool:
+        return bool(self.connection.autocommit)
 
     @classmethod
     def connect(cls, target: str, **kwargs: Any) -> PyodbcSession:

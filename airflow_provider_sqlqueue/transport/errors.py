@@ -40,11 +40,27 @@ class PermissionDeniedError(SqlQueueError):
 
 
 class TransportMisconfiguredError(SqlQueueError):
-    """The database refused the connection settings (unknown role or database, wrong password).
+    """The connection cannot work as configured: the database refused its settings (unknown role
+    or database, wrong password), or a borrowed connection is not in the mode the transport needs.
 
     Retrying cannot help: fix the connection. Pumps stop and sensors fail with this error rather
     than backing off forever.
     """
+
+
+class StatementRejectedError(SqlQueueError):
+    """The database refused a statement for a reason that retrying cannot fix.
+
+    ``number`` is the database's own error number (SQL Server's native error), when it gave one.
+    """
+
+    def __init__(self, message: str, number: int | None = None) -> None:
+        self.number = number
+        super().__init__(message)
+
+
+class ObjectExistsError(StatementRejectedError):
+    """Another installer created the same table or index a moment earlier (the installer re-checks)."""
 
 
 class TransportUnavailableError(SqlQueueError):

@@ -113,9 +113,13 @@ def validate_headers(headers: object) -> Headers:
     return dict(headers)
 
 
-def encode_headers(headers: Headers) -> str:
-    """Serialise headers to the JSON text stored in the Headers column."""
-    return json.dumps(validate_headers(headers), ensure_ascii=False, separators=(",", ":"))
+def encode_headers(headers: Headers, *, ascii_only: bool = False) -> str:
+    """Serialise headers to the JSON text stored in the Headers column.
+
+    ``ascii_only`` escapes every non-ASCII character (``\\u00e9``): for a legacy ``varchar``
+    Headers column, which would otherwise store it as ``?``. Both spellings are the same JSON.
+    """
+    return json.dumps(validate_headers(headers), ensure_ascii=ascii_only, separators=(",", ":"))
 
 
 def decode_headers(text: str | None) -> Headers:
@@ -126,6 +130,8 @@ def decode_headers(text: str | None) -> Headers:
     """
     if text is None:
         raise InvalidHeadersError("headers column is NULL")
+    if text == "":  # NServiceBus reads an empty Headers column as no headers
+        return {}
     try:
         parsed = json.loads(text)
     except (ValueError, TypeError) as exc:
@@ -232,17 +238,18 @@ class Message:
             merged.setdefault(CONTENT_TYPE, content_type)
         return cls(body, merged, time_to_be_received=time_to_be_received)
 
-    def wire_headers(self, time_sent: str | None = None) -> str:
+    def wire_headers(self, time_sent: str | None = None, *, ascii_only: bool = False) -> str:
         """The Headers column for this message, with the NServiceBus defaults filled in.
 
         ``time_sent`` is the wire timestamp of the send; a batch passes one for all its messages.
+        ``ascii_only`` as in :func:`encode_headers`.
         """
         headers = dict(self.headers)
         headers.setdefault(MESSAGE_ID, str(self.id))
         headers.setdefault(TIME_SENT, time_sent or wire_timestamp(datetime.now(timezone.utc)))
         if self.time_to_be_received is not None:
             headers.setdefault(TIME_TO_BE_RECEIVED, wire_timespan(self.time_to_be_received))
-        return encode_headers(headers)
+        return encode_headers(headers, ascii_only=ascii_only)
 
     def ttbr_ms(self) -> int | None:
         """TTBR in whole milliseconds for the database to add to its clock (None: never expires)."""

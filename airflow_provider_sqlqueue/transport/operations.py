@@ -19,7 +19,7 @@ from enum import Enum
 from typing import Any, TypeVar
 
 from .addressing import QueueAddress
-from .dialects import Dialect
+from .dialects import Dialect, TableShape
 from .errors import InvalidHeadersError, LeaseLostError, QueueNotFoundError, SqlQueueError
 from .message import (
     FAILED_QUEUE,
@@ -90,19 +90,43 @@ def as_uuid(value: Any) -> uuid.UUID:
 
 
 def create_queue(d: Dialect, address: QueueAddress, body_string: bool = False) -> Operation[None]:
-    """Create the queue table (idempotent, safe concurrently) and check an existing one is a queue table."""
+    """Create the queue table with its indexes (idempotent, safe concurrently), or check the existing one.
+
+    An existing table is never altered for indexes: building one on a live queue locks it. A
+    missing Index_Expires is warned about, with the statement to create it at a quiet time.
+    """
     target = d.qualified_name(address)
-    for sql in d.create_queue(address):
-        yield Step(sql, (), Fetch.NONE, target)
-    yield from check_columns(d, address)
-    yield Step(d.expires_index_ddl(address), (), Fetch.NONE, target)
+    yield Step(d.install_lock(address), (), Fetch.NONE, target)
+    existing = yield Step(d.queue_columns(address), _table_key(d, address), Fetch.ALL, target)
+    if not existing:
+        for sql in d.create_queue(address):
+            yield Step(sql, (), Fetch.NONE, target)
+    yield from check_queue(d, address)
     if body_string:
         yield Step(d.add_body_string(address), (), Fetch.NONE, target)
+
+
+def _table_key(d: Dialect, address: QueueAddress) -> tuple[str, str]:
+    """The (schema, table) parameters of the catalog queries."""
+    return (address.schema or d.default_schema, address.table)
+
+
+def table_shape(d: Dialect, address: QueueAddress) -> Operation[TableShape]:
+    """The layout of the table at ``address``, read from the catalog the first time a session writes to it."""
+    shape = d.table_shape(address)
+    if shape is None:
+        target = d.qualified_name(address)
+        columns = yield Step(d.queue_columns(address), _table_key(d, address), Fetch.ALL, target)
+        if not columns:
+            raise QueueNotFoundError(target)
+        shape = d.learn_table_shape(address, columns)
+    return shape
 
 
 def create_inflight(d: Dialect, address: QueueAddress) -> Operation[None]:
     """Create the in-flight table that claim mode needs in ``address``'s schema."""
     target = d.qualified_name(d.inflight_address(address))
+    yield Step(d.install_lock(d.inflight_address(address)), (), Fetch.NONE, target)
     for sql in d.create_inflight(address):
         yield Step(sql, (), Fetch.NONE, target)
 
@@ -110,10 +134,10 @@ def create_inflight(d: Dialect, address: QueueAddress) -> Operation[None]:
 def check_columns(d: Dialect, address: QueueAddress) -> Operation[None]:
     """Fail clearly when the table is missing or lacks the columns every queue table has."""
     target = d.qualified_name(address)
-    key = (address.schema or d.default_schema, address.table)
-    rows = yield Step(d.queue_columns(address), key, Fetch.ALL, target)
+    rows = yield Step(d.queue_columns(address), _table_key(d, address), Fetch.ALL, target)
     if not rows:
         raise QueueNotFoundError(target)
+    d.learn_table_shape(address, rows)
     names = {name for name, _ in rows}
     missing = set(d.required_columns) - names
     if missing:
@@ -129,8 +153,7 @@ def check_queue(d: Dialect, address: QueueAddress) -> Operation[None]:
     """Fail clearly when the table is missing or not a queue table; warn when Index_Expires is missing."""
     yield from check_columns(d, address)
     target = d.qualified_name(address)
-    key = (address.schema or d.default_schema, address.table)
-    indexed = yield Step(d.has_expires_index(address), key, Fetch.ONE, target)
+    indexed = yield Step(d.has_expires_index(address), _table_key(d, address), Fetch.ONE, target)
     if not indexed[0]:
         log.warning(
             "Queue %s has no index on Expires, so purging expired messages scans the whole table. Create it with: %s",
@@ -153,19 +176,18 @@ def send(d: Dialect, address: QueueAddress, messages: Sequence[Message], notify:
     the transaction commits, once per send however many messages it holds.
     """
     target = d.qualified_name(address)
+    shape = yield from table_shape(d, address)
     sent_at = wire_timestamp(datetime.now(timezone.utc))
-    rows = [(m.id, m.ttbr_ms(), m.wire_headers(sent_at), m.body) for m in messages]
+    rows = [(m.id, m.ttbr_ms(), m.wire_headers(sent_at, ascii_only=shape.ascii_headers), m.body) for m in messages]
     if len(rows) == 1:
-        yield Step(d.send(address), rows[0], Fetch.NONE, target)
+        yield Step(d.send(address, shape), rows[0], Fetch.NONE, target)
     else:
         sent = 0
         while sent < len(rows):
-            sql, per_statement = d.send_batch(address, len(rows) - sent)
-            chunk = rows[sent : sent + per_statement]
-            if len(chunk) != per_statement:
-                sql, per_statement = d.send_batch(address, len(chunk))
-            yield Step(sql, d.send_batch_params(chunk), Fetch.NONE, target)
-            sent += len(chunk)
+            count = d.batch_size(rows[sent:])
+            chunk = rows[sent : sent + count]
+            yield Step(d.send_batch(address, count, shape), d.send_batch_params(chunk), Fetch.NONE, target)
+            sent += count
     notify_sql = d.notify(address) if notify else None
     if notify_sql is not None:
         yield Step(notify_sql, (d.notify_channel(address),), Fetch.ONE, target)
@@ -200,8 +222,9 @@ def receive(d: Dialect, address: QueueAddress, error_address: QueueAddress, limi
                 headers = decode_headers(headers_text)
             except InvalidHeadersError as exc:
                 _log_poison(d, address, error_address, message_id, exc)
+                error_shape = yield from table_shape(d, error_address)
                 yield Step(
-                    d.insert_error(error_address),
+                    d.insert_error(error_address, error_shape),
                     (message_id, headers_text or "", body),
                     Fetch.NONE,
                     d.qualified_name(error_address),
@@ -236,9 +259,10 @@ def move_to_error(
 ) -> Operation[None]:
     """Put a message that was already removed from its queue into the error queue with failure headers."""
     headers = failure_headers(message.headers, d.format_address(address), error)
+    shape = yield from table_shape(d, error_address)
     yield Step(
-        d.insert_error(error_address),
-        (message.id, encode_headers(headers), message.body),
+        d.insert_error(error_address, shape),
+        (message.id, encode_headers(headers, ascii_only=shape.ascii_headers), message.body),
         Fetch.NONE,
         d.qualified_name(error_address),
     )
@@ -267,7 +291,7 @@ def claim(
     queue instead of being handed out again, with the failure its last holder reported.
     """
     target = d.qualified_name(address)
-    queue_key = d.format_address(address)
+    queue_key = d.claim_key(address)
     counted = 1 if holder is not None else 0
     rows = yield Step(d.reclaim(address), (counted, lease_ms, holder, queue_key, limit), Fetch.ALL, target)
     claimed = yield from _hand_out(d, address, error_address, rows, counted, max_deliveries)
@@ -331,11 +355,17 @@ def _hand_out(
             failure = Failure.from_text(last_error) or f"lease expired {delivered} times without acknowledgement"
             failed = failure_headers(headers, d.format_address(address), failure)
             failed[DELIVERY_COUNT] = str(delivered)
-            yield Step(d.claim_to_error(address, error_address), (token, encode_headers(failed)), Fetch.NONE, target)
+            shape = yield from table_shape(d, error_address)
+            yield Step(
+                d.claim_to_error(address, error_address, shape),
+                (token, encode_headers(failed, ascii_only=shape.ascii_headers)),
+                Fetch.NONE,
+                target,
+            )
             continue
         handed.append(ReceivedMessage(as_uuid(message_id), headers, bytes(body or b""), as_uuid(token), deliveries))
     if expired_tokens:
-        yield Step(d.ack(address), (d.token_list(expired_tokens), d.format_address(address)), Fetch.ALL, target)
+        yield Step(d.ack(address), (d.token_list(expired_tokens), d.claim_key(address)), Fetch.ALL, target)
     return handed
 
 
@@ -349,7 +379,10 @@ def _claim_poison_to_error(
     exc: InvalidHeadersError,
 ) -> Operation[None]:
     _log_poison(d, address, error_address, message_id, exc)
-    yield Step(d.claim_to_error(address, error_address), (token, headers_text or ""), Fetch.NONE, d.qualified_name(address))
+    shape = yield from table_shape(d, error_address)
+    yield Step(
+        d.claim_to_error(address, error_address, shape), (token, headers_text or ""), Fetch.NONE, d.qualified_name(address)
+    )
 
 
 def take(
@@ -369,7 +402,7 @@ def take(
     expired messages are dropped.
     """
     target = d.qualified_name(address)
-    queue_key = d.format_address(address)
+    queue_key = d.claim_key(address)
     if tokens is None:
         rows = yield Step(d.adopt(address), (lease_ms, holder, queue_key, limit), Fetch.ALL, target)
     elif tokens:
@@ -382,7 +415,7 @@ def take(
 def ack(d: Dialect, address: QueueAddress, tokens: Sequence[uuid.UUID]) -> Operation[set[uuid.UUID]]:
     """Finish claims; returns the tokens that were still held (a missing one may be with someone else)."""
     rows = yield Step(
-        d.ack(address), (d.token_list(tokens), d.format_address(address)), Fetch.ALL, d.qualified_name(address)
+        d.ack(address), (d.token_list(tokens), d.claim_key(address)), Fetch.ALL, d.qualified_name(address)
     )
     return {as_uuid(row[0]) for row in rows}
 
@@ -391,14 +424,14 @@ def nack(
     d: Dialect, address: QueueAddress, tokens: Sequence[uuid.UUID], failure: Failure | None, delay_ms: int
 ) -> Operation[set[uuid.UUID]]:
     """Give claims back for redelivery after ``delay_ms``, keeping why; returns the tokens still held."""
-    params = (delay_ms, None if failure is None else failure.to_text(), d.token_list(tokens), d.format_address(address))
+    params = (delay_ms, None if failure is None else failure.to_text(), d.token_list(tokens), d.claim_key(address))
     rows = yield Step(d.nack(address), params, Fetch.ALL, d.qualified_name(address))
     return {as_uuid(row[0]) for row in rows}
 
 
 def extend(d: Dialect, address: QueueAddress, tokens: Sequence[uuid.UUID], lease_ms: int) -> Operation[set[uuid.UUID]]:
     """Renew leases; returns the tokens still held."""
-    params = (lease_ms, d.token_list(tokens), d.format_address(address))
+    params = (lease_ms, d.token_list(tokens), d.claim_key(address))
     rows = yield Step(d.extend(address), params, Fetch.ALL, d.qualified_name(address))
     return {as_uuid(row[0]) for row in rows}
 
@@ -433,9 +466,10 @@ def fail_claim(
     """Move a claimed message straight to the error queue (the handler knows it can never succeed)."""
     headers = failure_headers(message.headers, d.format_address(address), error)
     headers[DELIVERY_COUNT] = str(message.deliveries)
+    shape = yield from table_shape(d, error_address)
     count = yield Step(
-        d.claim_to_error(address, error_address),
-        (message.claim_token, encode_headers(headers)),
+        d.claim_to_error(address, error_address, shape),
+        (message.claim_token, encode_headers(headers, ascii_only=shape.ascii_headers)),
         Fetch.ROWCOUNT,
         d.qualified_name(address),
     )
@@ -452,7 +486,7 @@ def peek(d: Dialect, address: QueueAddress, include_reclaimable: bool = False) -
     """
     target = d.qualified_name(address)
     if include_reclaimable:
-        row = yield Step(d.peek_with_claims(address), (d.format_address(address),), Fetch.ONE, target)
+        row = yield Step(d.peek_with_claims(address), (d.claim_key(address),), Fetch.ONE, target)
     else:
         row = yield Step(d.peek(address), (), Fetch.ONE, target)
     return int(row[0] or 0)
@@ -481,7 +515,7 @@ def browse(d: Dialect, address: QueueAddress, limit: int) -> Operation[list[Rece
 
 def inflight(d: Dialect, address: QueueAddress) -> Operation[int]:
     """Number of claimed, unacknowledged messages of the queue."""
-    row = yield Step(d.count_inflight(address), (d.format_address(address),), Fetch.ONE, d.qualified_name(address))
+    row = yield Step(d.count_inflight(address), (d.claim_key(address),), Fetch.ONE, d.qualified_name(address))
     return int(row[0])
 
 
@@ -504,11 +538,18 @@ def retry_from_error(
     Failure headers are removed. Rows that cannot be routed stay where they are, each logged with
     the reason: unreadable headers, no FailedQ, a FailedQ this database cannot address (another
     dialect's form, too many parts), or a queue that no longer exists. The rest are retried.
+    Addresses are compared as queues, not as text: ``orders``, ``orders@[dbo]`` and
+    ``orders@[dbo]@[MyDb]`` (as NServiceBus writes FailedQ) are one queue when the connection's
+    database is MyDb.
     """
     target = d.qualified_name(error_address)
     rows = yield Step(d.peek_error_rows(error_address), (limit,), Fetch.ALL, target)
-    wanted = None if only_queue is None else _routing_key(d, only_queue)
-    exists: dict[tuple[str, str, str | None], bool] = {}
+    if not rows:
+        return 0
+    current = yield Step(d.current_catalog(), (), Fetch.ONE, target)
+    catalog = str(current[0])
+    wanted = None if only_queue is None else _routing_key(d, only_queue, catalog)
+    exists: dict[tuple[str, str, str], TableShape | None] = {}
     moved = 0
     for seq, message_id, headers_text, body in rows:
         try:
@@ -520,20 +561,23 @@ def retry_from_error(
         except SqlQueueError as exc:
             log.warning("Error queue %s: leaving message %s, it cannot be routed: %s", target, message_id, exc)
             continue
-        key = _routing_key(d, destination)
+        key = _routing_key(d, destination, catalog)
         if wanted is not None and key != wanted:
             continue
         if key not in exists:
-            columns = yield Step(d.queue_columns(destination), key[:2], Fetch.ALL, d.qualified_name(destination))
-            exists[key] = bool(columns)
-        if not exists[key]:
+            columns = yield Step(
+                d.queue_columns(destination), _table_key(d, destination), Fetch.ALL, d.qualified_name(destination)
+            )
+            exists[key] = d.learn_table_shape(destination, columns) if columns else None
+        shape = exists[key]
+        if shape is None:
             log.warning(
                 "Error queue %s: leaving message %s, its queue %s does not exist", target, message_id, failed_q
             )
             continue
         yield Step(
-            d.send_raw(destination),
-            (message_id, encode_headers(without_failure_headers(headers)), body),
+            d.insert_error(destination, shape),
+            (message_id, encode_headers(without_failure_headers(headers), ascii_only=shape.ascii_headers), body),
             Fetch.NONE,
             d.qualified_name(destination),
         )
@@ -542,6 +586,10 @@ def retry_from_error(
     return moved
 
 
-def _routing_key(d: Dialect, address: QueueAddress) -> tuple[str, str, str | None]:
-    """(schema, table, catalog) with the default schema filled in: one queue, however its address was written."""
-    return (address.schema or d.default_schema, address.table, address.catalog)
+def _routing_key(d: Dialect, address: QueueAddress, current_catalog: str) -> tuple[str, str, str]:
+    """(schema, table, catalog) with the default schema and the connection's database filled in.
+
+    One queue, however its address was written; database names compare without case, as SQL
+    Server's catalog does by default.
+    """
+    return (address.schema or d.default_schema, address.table, (address.catalog or current_catalog).casefold())

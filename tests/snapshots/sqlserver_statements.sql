@@ -1,29 +1,20 @@
+-- plain: install_lock
+DECLARE @resource nvarchar(255) = QUOTENAME(DB_NAME()) + N'.' + QUOTENAME(N'dbo') + N'.' + QUOTENAME(N'orders') + N'_lock'; EXEC sp_getapplock @Resource = @resource, @LockMode = N'Exclusive', @LockOwner = N'Transaction';
+
+-- plain: current_catalog
+SELECT DB_NAME();
+
 -- plain: create_queue[0]
-EXEC sp_getapplock @Resource = N'sqlqueue_82aacd3aaf9565078636e604a53d718aa2977ae9', @LockMode = N'Exclusive', @LockOwner = N'Transaction';
-
--- plain: create_queue[1]
-IF OBJECT_ID(N'[dbo].[orders]', N'U') IS NULL CREATE TABLE [dbo].[orders] (Id uniqueidentifier NOT NULL, CorrelationId varchar(255) NULL, ReplyToAddress varchar(255) NULL, Recoverable bit NOT NULL, Expires datetime NULL, Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, RowVersion bigint IDENTITY(1,1) NOT NULL);
-
--- plain: create_queue[2]
-IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[dbo].[orders]') AND name = N'Index_RowVersion') CREATE NONCLUSTERED INDEX [Index_RowVersion] ON [dbo].[orders] (RowVersion);
+IF OBJECT_ID(N'[dbo].[orders]', N'U') IS NULL BEGIN CREATE TABLE [dbo].[orders] (Id uniqueidentifier NOT NULL, CorrelationId varchar(255) NULL, ReplyToAddress varchar(255) NULL, Recoverable bit NOT NULL, Expires datetime NULL, Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, RowVersion bigint IDENTITY(1,1) NOT NULL); CREATE NONCLUSTERED INDEX [Index_RowVersion] ON [dbo].[orders] (RowVersion); CREATE NONCLUSTERED INDEX [Index_Expires] ON [dbo].[orders] (Expires) INCLUDE (Id, RowVersion) WHERE Expires IS NOT NULL; END;
 
 -- plain: add_body_string
 IF COL_LENGTH(N'[dbo].[orders]', N'BodyString') IS NULL ALTER TABLE [dbo].[orders] ADD BodyString AS CAST(Body AS nvarchar(max));
 
 -- plain: create_inflight[0]
-EXEC sp_getapplock @Resource = N'sqlqueue_2001e3c8a9ae7f225bec95ee24837f3e62255ae3', @LockMode = N'Exclusive', @LockOwner = N'Transaction';
+IF OBJECT_ID(N'[dbo].[sqlqueue_inflight]', N'U') IS NULL BEGIN CREATE TABLE [dbo].[sqlqueue_inflight] (Token uniqueidentifier NOT NULL, Queue nvarchar(450) NOT NULL, Id uniqueidentifier NOT NULL, Expires datetime NULL, Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, Seq bigint NOT NULL, Deliveries int NOT NULL, LeaseUntil datetime2 NOT NULL, LastError nvarchar(max) NULL, Holder nvarchar(400) NULL); CREATE UNIQUE NONCLUSTERED INDEX [Index_Token] ON [dbo].[sqlqueue_inflight] (Token); CREATE NONCLUSTERED INDEX [Index_Lease] ON [dbo].[sqlqueue_inflight] (Queue, LeaseUntil); END;
 
 -- plain: create_inflight[1]
-IF OBJECT_ID(N'[dbo].[sqlqueue_inflight]', N'U') IS NULL CREATE TABLE [dbo].[sqlqueue_inflight] (Token uniqueidentifier NOT NULL, Queue nvarchar(450) NOT NULL, Id uniqueidentifier NOT NULL, Expires datetime NULL, Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, Seq bigint NOT NULL, Deliveries int NOT NULL, LeaseUntil datetime2 NOT NULL, LastError nvarchar(max) NULL, Holder nvarchar(400) NULL);
-
--- plain: create_inflight[2]
 IF COL_LENGTH(N'[dbo].[sqlqueue_inflight]', N'Holder') IS NULL ALTER TABLE [dbo].[sqlqueue_inflight] ADD Holder nvarchar(400) NULL;
-
--- plain: create_inflight[3]
-IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[dbo].[sqlqueue_inflight]') AND name = N'Index_Token') CREATE UNIQUE NONCLUSTERED INDEX [Index_Token] ON [dbo].[sqlqueue_inflight] (Token);
-
--- plain: create_inflight[4]
-IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[dbo].[sqlqueue_inflight]') AND name = N'Index_Lease') CREATE NONCLUSTERED INDEX [Index_Lease] ON [dbo].[sqlqueue_inflight] (Queue, LeaseUntil);
 
 -- plain: drop_queue
 DROP TABLE IF EXISTS [dbo].[orders];
@@ -35,13 +26,16 @@ SELECT LOWER(col.name), typ.name FROM sys.columns AS col JOIN sys.types AS typ O
 SELECT CASE WHEN EXISTS (SELECT 1 FROM sys.index_columns AS ic JOIN sys.columns AS col ON col.object_id = ic.object_id AND col.column_id = ic.column_id JOIN sys.tables AS tab ON tab.object_id = ic.object_id JOIN sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE sch.name = @p1 AND tab.name = @p2 AND ic.key_ordinal = 1 AND col.name = N'Expires') THEN 1 ELSE 0 END;
 
 -- plain: expires_index_ddl
-IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[dbo].[orders]') AND name = N'Index_Expires') CREATE NONCLUSTERED INDEX [Index_Expires] ON [dbo].[orders] (Expires) INCLUDE (Id, RowVersion) WHERE Expires IS NOT NULL;
+CREATE NONCLUSTERED INDEX [Index_Expires] ON [dbo].[orders] (Expires) INCLUDE (Id, RowVersion) WHERE Expires IS NOT NULL;
 
 -- plain: send
-INSERT INTO [dbo].[orders] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 1000, DATEADD(second, v.Ttbr / 1000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
+INSERT INTO [dbo].[orders] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 86400000, DATEADD(day, v.Ttbr / 86400000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
+
+-- plain: send_legacy
+INSERT INTO [dbo].[orders] (Id, Expires, Headers, Body) SELECT v.Id, DATEADD(millisecond, v.Ttbr % 86400000, DATEADD(day, v.Ttbr / 86400000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
 
 -- plain: send_batch
-INSERT INTO [dbo].[orders] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 1000, DATEADD(second, v.Ttbr / 1000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4), (2, @p5, CAST(@p6 AS bigint), @p7, @p8), (3, @p9, CAST(@p10 AS bigint), @p11, @p12)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
+INSERT INTO [dbo].[orders] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 86400000, DATEADD(day, v.Ttbr / 86400000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4), (2, @p5, CAST(@p6 AS bigint), @p7, @p8), (3, @p9, CAST(@p10 AS bigint), @p11, @p12)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
 
 -- plain: receive
 WITH message AS (SELECT TOP (@p1) * FROM [dbo].[orders] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, CASE WHEN deleted.Expires IS NOT NULL AND deleted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, deleted.Headers, deleted.Body, deleted.RowVersion;
@@ -50,7 +44,7 @@ WITH message AS (SELECT TOP (@p1) * FROM [dbo].[orders] WITH (UPDLOCK, READPAST,
 SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [dbo].[orders] WITH (READPAST, READCOMMITTEDLOCK);
 
 -- plain: depth
-SELECT COUNT_BIG(*) FROM [dbo].[orders] WITH (READPAST);
+SELECT COUNT_BIG(*) FROM [dbo].[orders] WITH (READPAST, READCOMMITTEDLOCK);
 
 -- plain: purge_expired
 WITH expired AS (SELECT TOP (@p1) * FROM [dbo].[orders] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Expires < GETUTCDATE()) DELETE FROM expired;
@@ -59,10 +53,13 @@ WITH expired AS (SELECT TOP (@p1) * FROM [dbo].[orders] WITH (UPDLOCK, READPAST,
 DELETE FROM [dbo].[orders];
 
 -- plain: insert_error
-INSERT INTO [dbo].[error] (Id, Recoverable, Expires, Headers, Body) VALUES (@p1, 1, NULL, @p2, @p3);
+INSERT INTO [dbo].[error] (Id, Recoverable, Expires, Headers, Body) VALUES (@p1, 1, NULL, @p2, CAST(@p3 AS varbinary(max)));
+
+-- plain: insert_error_legacy
+INSERT INTO [dbo].[error] (Id, Expires, Headers, Body) VALUES (@p1, NULL, @p2, CAST(@p3 AS varbinary(max)));
 
 -- plain: browse
-SELECT TOP (@p1) Id, Headers, Body FROM [dbo].[orders] WITH (READPAST) WHERE Expires IS NULL OR Expires > GETUTCDATE() ORDER BY RowVersion;
+SELECT TOP (@p1) Id, Headers, Body FROM [dbo].[orders] WITH (READPAST, READCOMMITTEDLOCK) WHERE Expires IS NULL OR Expires > GETUTCDATE() ORDER BY RowVersion;
 
 -- plain: peek_error_rows
 SELECT TOP (@p1) RowVersion, Id, Headers, Body FROM [dbo].[error] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion;
@@ -70,65 +67,56 @@ SELECT TOP (@p1) RowVersion, Id, Headers, Body FROM [dbo].[error] WITH (UPDLOCK,
 -- plain: delete_by_seq
 DELETE FROM [dbo].[error] WHERE RowVersion = @p1;
 
--- plain: send_raw
-INSERT INTO [dbo].[orders] (Id, Recoverable, Expires, Headers, Body) VALUES (@p1, 1, NULL, @p2, @p3);
-
 -- plain: claim
-DECLARE @limit int = @p1, @queue nvarchar(450) = @p2, @deliveries int = @p3, @lease_ms bigint = @p4, @holder nvarchar(400) = @p5, @now datetime = GETUTCDATE(); DECLARE @taken TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); DECLARE @claimed TABLE (Token uniqueidentifier, Id uniqueidentifier, Headers nvarchar(max), Body varbinary(max), Deliveries int, Seq bigint); WITH message AS (SELECT TOP (@limit) * FROM [dbo].[orders] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.RowVersion INTO @taken; INSERT INTO [dbo].[sqlqueue_inflight] (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil, Holder) OUTPUT inserted.Token, inserted.Id, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq INTO @claimed SELECT NEWID(), @queue, t.Id, t.Expires, COALESCE(t.Headers, N''), t.Body, t.Seq, @deliveries, DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())), @holder FROM @taken AS t WHERE t.Expires IS NULL OR t.Expires > @now; SELECT c.Token, c.Id, c.Headers, c.Body, c.Deliveries, c.Seq FROM @claimed AS c UNION ALL SELECT NULL, t.Id, NULL, NULL, 0, t.Seq FROM @taken AS t WHERE t.Expires IS NOT NULL AND t.Expires <= @now;
+DECLARE @limit int = @p1, @queue nvarchar(450) = @p2, @deliveries int = @p3, @lease_ms bigint = @p4, @holder nvarchar(400) = @p5, @now datetime = GETUTCDATE(); DECLARE @taken TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); DECLARE @claimed TABLE (Token uniqueidentifier, Id uniqueidentifier, Headers nvarchar(max), Body varbinary(max), Deliveries int, Seq bigint); WITH message AS (SELECT TOP (@limit) * FROM [dbo].[orders] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.RowVersion INTO @taken; INSERT INTO [dbo].[sqlqueue_inflight] (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil, Holder) OUTPUT inserted.Token, inserted.Id, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq INTO @claimed SELECT NEWID(), @queue, t.Id, t.Expires, COALESCE(t.Headers, N'null'), t.Body, t.Seq, @deliveries, DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), @holder FROM @taken AS t WHERE t.Expires IS NULL OR t.Expires > @now; SELECT c.Token, c.Id, c.Headers, c.Body, c.Deliveries, c.Seq FROM @claimed AS c UNION ALL SELECT NULL, t.Id, NULL, NULL, 0, t.Seq FROM @taken AS t WHERE t.Expires IS NOT NULL AND t.Expires <= @now;
 
 -- plain: reclaim
-DECLARE @deliveries int = @p1, @lease_ms bigint = @p2, @holder nvarchar(400) = @p3, @queue nvarchar(450) = @p4, @limit int = @p5; WITH lapsed AS (SELECT TOP (@limit) * FROM [dbo].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) UPDATE lapsed SET Token = NEWID(), Deliveries = Deliveries + @deliveries, LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
+DECLARE @deliveries int = @p1, @lease_ms bigint = @p2, @holder nvarchar(400) = @p3, @queue nvarchar(450) = @p4, @limit int = @p5; WITH lapsed AS (SELECT TOP (@limit) * FROM [dbo].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) UPDATE lapsed SET Token = NEWID(), Deliveries = Deliveries + @deliveries, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
 
 -- plain: take
-DECLARE @lease_ms bigint = @p1, @holder nvarchar(400) = @p2, @tokens nvarchar(max) = @p3, @queue nvarchar(450) = @p4; WITH taken AS (SELECT * FROM [dbo].[sqlqueue_inflight] WITH (UPDLOCK, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
+DECLARE @lease_ms bigint = @p1, @holder nvarchar(400) = @p2, @tokens nvarchar(max) = @p3, @queue nvarchar(450) = @p4; WITH taken AS (SELECT * FROM [dbo].[sqlqueue_inflight] WITH (UPDLOCK, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
 
 -- plain: adopt
-DECLARE @lease_ms bigint = @p1, @holder nvarchar(400) = @p2, @queue nvarchar(450) = @p3, @limit int = @p4; WITH taken AS (SELECT TOP (@limit) * FROM [dbo].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL ORDER BY Seq) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
+DECLARE @lease_ms bigint = @p1, @holder nvarchar(400) = @p2, @queue nvarchar(450) = @p3, @limit int = @p4; WITH taken AS (SELECT TOP (@limit) * FROM [dbo].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL ORDER BY Seq) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
 
 -- plain: peek_with_claims
-SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [dbo].[orders] WITH (READPAST, READCOMMITTEDLOCK)) + (SELECT COUNT_BIG(*) FROM [dbo].[sqlqueue_inflight] WITH (READPAST) WHERE Queue = @p1 AND LeaseUntil <= SYSUTCDATETIME());
+SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [dbo].[orders] WITH (READPAST, READCOMMITTEDLOCK)) + (SELECT COUNT_BIG(*) FROM [dbo].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p1 AND LeaseUntil <= SYSUTCDATETIME());
 
 -- plain: count_inflight
-SELECT COUNT_BIG(*) FROM [dbo].[sqlqueue_inflight] WITH (READPAST) WHERE Queue = @p1;
+SELECT COUNT_BIG(*) FROM [dbo].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p1;
 
 -- plain: ack
 DECLARE @tokens nvarchar(max) = @p1, @queue nvarchar(450) = @p2; WITH settled AS (SELECT * FROM [dbo].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) DELETE FROM settled OUTPUT deleted.Token;
 
 -- plain: nack
-DECLARE @delay_ms bigint = @p1, @error nvarchar(max) = @p2, @tokens nvarchar(max) = @p3, @queue nvarchar(450) = @p4; WITH given AS (SELECT * FROM [dbo].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE given SET LeaseUntil = DATEADD(millisecond, @delay_ms % 1000, DATEADD(second, @delay_ms / 1000, SYSUTCDATETIME())), LastError = @error OUTPUT inserted.Token;
+DECLARE @delay_ms bigint = @p1, @error nvarchar(max) = @p2, @tokens nvarchar(max) = @p3, @queue nvarchar(450) = @p4; WITH given AS (SELECT * FROM [dbo].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE given SET LeaseUntil = DATEADD(millisecond, @delay_ms % 86400000, DATEADD(day, @delay_ms / 86400000, SYSUTCDATETIME())), LastError = @error OUTPUT inserted.Token;
 
 -- plain: extend
-DECLARE @lease_ms bigint = @p1, @tokens nvarchar(max) = @p2, @queue nvarchar(450) = @p3; WITH held AS (SELECT * FROM [dbo].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE held SET LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())) OUTPUT inserted.Token;
+DECLARE @lease_ms bigint = @p1, @tokens nvarchar(max) = @p2, @queue nvarchar(450) = @p3; WITH held AS (SELECT * FROM [dbo].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE held SET LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())) OUTPUT inserted.Token;
 
 -- plain: claim_to_error
 DECLARE @token uniqueidentifier = @p1, @headers nvarchar(max) = @p2; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [dbo].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [dbo].[error] (Id, Recoverable, Expires, Headers, Body) SELECT m.Id, 1, NULL, @headers, m.Body FROM @moved AS m;
 
+-- plain: claim_to_error_legacy
+DECLARE @token uniqueidentifier = @p1, @headers nvarchar(max) = @p2; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [dbo].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [dbo].[error] (Id, Expires, Headers, Body) SELECT m.Id, NULL, @headers, m.Body FROM @moved AS m;
+
+-- escaping: install_lock
+DECLARE @resource nvarchar(255) = QUOTENAME(DB_NAME()) + N'.' + QUOTENAME(N'sa]les') + N'.' + QUOTENAME(N'we]ird [name]; DROP TABLE x--''%s') + N'_lock'; EXEC sp_getapplock @Resource = @resource, @LockMode = N'Exclusive', @LockOwner = N'Transaction';
+
+-- escaping: current_catalog
+SELECT DB_NAME();
+
 -- escaping: create_queue[0]
-EXEC sp_getapplock @Resource = N'sqlqueue_af075d3a95b151d503c7cd9b8a55f08071df66b2', @LockMode = N'Exclusive', @LockOwner = N'Transaction';
-
--- escaping: create_queue[1]
-IF OBJECT_ID(N'[sa]]les].[we]]ird [name]]; DROP TABLE x--''%s]', N'U') IS NULL CREATE TABLE [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] (Id uniqueidentifier NOT NULL, CorrelationId varchar(255) NULL, ReplyToAddress varchar(255) NULL, Recoverable bit NOT NULL, Expires datetime NULL, Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, RowVersion bigint IDENTITY(1,1) NOT NULL);
-
--- escaping: create_queue[2]
-IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[sa]]les].[we]]ird [name]]; DROP TABLE x--''%s]') AND name = N'Index_RowVersion') CREATE NONCLUSTERED INDEX [Index_RowVersion] ON [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] (RowVersion);
+IF OBJECT_ID(N'[sa]]les].[we]]ird [name]]; DROP TABLE x--''%s]', N'U') IS NULL BEGIN CREATE TABLE [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] (Id uniqueidentifier NOT NULL, CorrelationId varchar(255) NULL, ReplyToAddress varchar(255) NULL, Recoverable bit NOT NULL, Expires datetime NULL, Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, RowVersion bigint IDENTITY(1,1) NOT NULL); CREATE NONCLUSTERED INDEX [Index_RowVersion] ON [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] (RowVersion); CREATE NONCLUSTERED INDEX [Index_Expires] ON [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] (Expires) INCLUDE (Id, RowVersion) WHERE Expires IS NOT NULL; END;
 
 -- escaping: add_body_string
 IF COL_LENGTH(N'[sa]]les].[we]]ird [name]]; DROP TABLE x--''%s]', N'BodyString') IS NULL ALTER TABLE [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] ADD BodyString AS CAST(Body AS nvarchar(max));
 
 -- escaping: create_inflight[0]
-EXEC sp_getapplock @Resource = N'sqlqueue_5346707c8b22d62f3a8f0430654cdead8160191b', @LockMode = N'Exclusive', @LockOwner = N'Transaction';
+IF OBJECT_ID(N'[sa]]les].[sqlqueue_inflight]', N'U') IS NULL BEGIN CREATE TABLE [sa]]les].[sqlqueue_inflight] (Token uniqueidentifier NOT NULL, Queue nvarchar(450) NOT NULL, Id uniqueidentifier NOT NULL, Expires datetime NULL, Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, Seq bigint NOT NULL, Deliveries int NOT NULL, LeaseUntil datetime2 NOT NULL, LastError nvarchar(max) NULL, Holder nvarchar(400) NULL); CREATE UNIQUE NONCLUSTERED INDEX [Index_Token] ON [sa]]les].[sqlqueue_inflight] (Token); CREATE NONCLUSTERED INDEX [Index_Lease] ON [sa]]les].[sqlqueue_inflight] (Queue, LeaseUntil); END;
 
 -- escaping: create_inflight[1]
-IF OBJECT_ID(N'[sa]]les].[sqlqueue_inflight]', N'U') IS NULL CREATE TABLE [sa]]les].[sqlqueue_inflight] (Token uniqueidentifier NOT NULL, Queue nvarchar(450) NOT NULL, Id uniqueidentifier NOT NULL, Expires datetime NULL, Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, Seq bigint NOT NULL, Deliveries int NOT NULL, LeaseUntil datetime2 NOT NULL, LastError nvarchar(max) NULL, Holder nvarchar(400) NULL);
-
--- escaping: create_inflight[2]
 IF COL_LENGTH(N'[sa]]les].[sqlqueue_inflight]', N'Holder') IS NULL ALTER TABLE [sa]]les].[sqlqueue_inflight] ADD Holder nvarchar(400) NULL;
-
--- escaping: create_inflight[3]
-IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[sa]]les].[sqlqueue_inflight]') AND name = N'Index_Token') CREATE UNIQUE NONCLUSTERED INDEX [Index_Token] ON [sa]]les].[sqlqueue_inflight] (Token);
-
--- escaping: create_inflight[4]
-IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[sa]]les].[sqlqueue_inflight]') AND name = N'Index_Lease') CREATE NONCLUSTERED INDEX [Index_Lease] ON [sa]]les].[sqlqueue_inflight] (Queue, LeaseUntil);
 
 -- escaping: drop_queue
 DROP TABLE IF EXISTS [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s];
@@ -140,13 +128,16 @@ SELECT LOWER(col.name), typ.name FROM sys.columns AS col JOIN sys.types AS typ O
 SELECT CASE WHEN EXISTS (SELECT 1 FROM sys.index_columns AS ic JOIN sys.columns AS col ON col.object_id = ic.object_id AND col.column_id = ic.column_id JOIN sys.tables AS tab ON tab.object_id = ic.object_id JOIN sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE sch.name = @p1 AND tab.name = @p2 AND ic.key_ordinal = 1 AND col.name = N'Expires') THEN 1 ELSE 0 END;
 
 -- escaping: expires_index_ddl
-IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[sa]]les].[we]]ird [name]]; DROP TABLE x--''%s]') AND name = N'Index_Expires') CREATE NONCLUSTERED INDEX [Index_Expires] ON [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] (Expires) INCLUDE (Id, RowVersion) WHERE Expires IS NOT NULL;
+CREATE NONCLUSTERED INDEX [Index_Expires] ON [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] (Expires) INCLUDE (Id, RowVersion) WHERE Expires IS NOT NULL;
 
 -- escaping: send
-INSERT INTO [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 1000, DATEADD(second, v.Ttbr / 1000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
+INSERT INTO [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 86400000, DATEADD(day, v.Ttbr / 86400000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
+
+-- escaping: send_legacy
+INSERT INTO [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] (Id, Expires, Headers, Body) SELECT v.Id, DATEADD(millisecond, v.Ttbr % 86400000, DATEADD(day, v.Ttbr / 86400000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
 
 -- escaping: send_batch
-INSERT INTO [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 1000, DATEADD(second, v.Ttbr / 1000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4), (2, @p5, CAST(@p6 AS bigint), @p7, @p8), (3, @p9, CAST(@p10 AS bigint), @p11, @p12)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
+INSERT INTO [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 86400000, DATEADD(day, v.Ttbr / 86400000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4), (2, @p5, CAST(@p6 AS bigint), @p7, @p8), (3, @p9, CAST(@p10 AS bigint), @p11, @p12)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
 
 -- escaping: receive
 WITH message AS (SELECT TOP (@p1) * FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, CASE WHEN deleted.Expires IS NOT NULL AND deleted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, deleted.Headers, deleted.Body, deleted.RowVersion;
@@ -155,7 +146,7 @@ WITH message AS (SELECT TOP (@p1) * FROM [sa]]les].[we]]ird [name]]; DROP TABLE 
 SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (READPAST, READCOMMITTEDLOCK);
 
 -- escaping: depth
-SELECT COUNT_BIG(*) FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (READPAST);
+SELECT COUNT_BIG(*) FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (READPAST, READCOMMITTEDLOCK);
 
 -- escaping: purge_expired
 WITH expired AS (SELECT TOP (@p1) * FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Expires < GETUTCDATE()) DELETE FROM expired;
@@ -164,10 +155,13 @@ WITH expired AS (SELECT TOP (@p1) * FROM [sa]]les].[we]]ird [name]]; DROP TABLE 
 DELETE FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s];
 
 -- escaping: insert_error
-INSERT INTO [sa]]les].[error] (Id, Recoverable, Expires, Headers, Body) VALUES (@p1, 1, NULL, @p2, @p3);
+INSERT INTO [sa]]les].[error] (Id, Recoverable, Expires, Headers, Body) VALUES (@p1, 1, NULL, @p2, CAST(@p3 AS varbinary(max)));
+
+-- escaping: insert_error_legacy
+INSERT INTO [sa]]les].[error] (Id, Expires, Headers, Body) VALUES (@p1, NULL, @p2, CAST(@p3 AS varbinary(max)));
 
 -- escaping: browse
-SELECT TOP (@p1) Id, Headers, Body FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (READPAST) WHERE Expires IS NULL OR Expires > GETUTCDATE() ORDER BY RowVersion;
+SELECT TOP (@p1) Id, Headers, Body FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (READPAST, READCOMMITTEDLOCK) WHERE Expires IS NULL OR Expires > GETUTCDATE() ORDER BY RowVersion;
 
 -- escaping: peek_error_rows
 SELECT TOP (@p1) RowVersion, Id, Headers, Body FROM [sa]]les].[error] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion;
@@ -175,65 +169,56 @@ SELECT TOP (@p1) RowVersion, Id, Headers, Body FROM [sa]]les].[error] WITH (UPDL
 -- escaping: delete_by_seq
 DELETE FROM [sa]]les].[error] WHERE RowVersion = @p1;
 
--- escaping: send_raw
-INSERT INTO [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] (Id, Recoverable, Expires, Headers, Body) VALUES (@p1, 1, NULL, @p2, @p3);
-
 -- escaping: claim
-DECLARE @limit int = @p1, @queue nvarchar(450) = @p2, @deliveries int = @p3, @lease_ms bigint = @p4, @holder nvarchar(400) = @p5, @now datetime = GETUTCDATE(); DECLARE @taken TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); DECLARE @claimed TABLE (Token uniqueidentifier, Id uniqueidentifier, Headers nvarchar(max), Body varbinary(max), Deliveries int, Seq bigint); WITH message AS (SELECT TOP (@limit) * FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.RowVersion INTO @taken; INSERT INTO [sa]]les].[sqlqueue_inflight] (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil, Holder) OUTPUT inserted.Token, inserted.Id, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq INTO @claimed SELECT NEWID(), @queue, t.Id, t.Expires, COALESCE(t.Headers, N''), t.Body, t.Seq, @deliveries, DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())), @holder FROM @taken AS t WHERE t.Expires IS NULL OR t.Expires > @now; SELECT c.Token, c.Id, c.Headers, c.Body, c.Deliveries, c.Seq FROM @claimed AS c UNION ALL SELECT NULL, t.Id, NULL, NULL, 0, t.Seq FROM @taken AS t WHERE t.Expires IS NOT NULL AND t.Expires <= @now;
+DECLARE @limit int = @p1, @queue nvarchar(450) = @p2, @deliveries int = @p3, @lease_ms bigint = @p4, @holder nvarchar(400) = @p5, @now datetime = GETUTCDATE(); DECLARE @taken TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); DECLARE @claimed TABLE (Token uniqueidentifier, Id uniqueidentifier, Headers nvarchar(max), Body varbinary(max), Deliveries int, Seq bigint); WITH message AS (SELECT TOP (@limit) * FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.RowVersion INTO @taken; INSERT INTO [sa]]les].[sqlqueue_inflight] (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil, Holder) OUTPUT inserted.Token, inserted.Id, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq INTO @claimed SELECT NEWID(), @queue, t.Id, t.Expires, COALESCE(t.Headers, N'null'), t.Body, t.Seq, @deliveries, DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), @holder FROM @taken AS t WHERE t.Expires IS NULL OR t.Expires > @now; SELECT c.Token, c.Id, c.Headers, c.Body, c.Deliveries, c.Seq FROM @claimed AS c UNION ALL SELECT NULL, t.Id, NULL, NULL, 0, t.Seq FROM @taken AS t WHERE t.Expires IS NOT NULL AND t.Expires <= @now;
 
 -- escaping: reclaim
-DECLARE @deliveries int = @p1, @lease_ms bigint = @p2, @holder nvarchar(400) = @p3, @queue nvarchar(450) = @p4, @limit int = @p5; WITH lapsed AS (SELECT TOP (@limit) * FROM [sa]]les].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) UPDATE lapsed SET Token = NEWID(), Deliveries = Deliveries + @deliveries, LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
+DECLARE @deliveries int = @p1, @lease_ms bigint = @p2, @holder nvarchar(400) = @p3, @queue nvarchar(450) = @p4, @limit int = @p5; WITH lapsed AS (SELECT TOP (@limit) * FROM [sa]]les].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) UPDATE lapsed SET Token = NEWID(), Deliveries = Deliveries + @deliveries, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
 
 -- escaping: take
-DECLARE @lease_ms bigint = @p1, @holder nvarchar(400) = @p2, @tokens nvarchar(max) = @p3, @queue nvarchar(450) = @p4; WITH taken AS (SELECT * FROM [sa]]les].[sqlqueue_inflight] WITH (UPDLOCK, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
+DECLARE @lease_ms bigint = @p1, @holder nvarchar(400) = @p2, @tokens nvarchar(max) = @p3, @queue nvarchar(450) = @p4; WITH taken AS (SELECT * FROM [sa]]les].[sqlqueue_inflight] WITH (UPDLOCK, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
 
 -- escaping: adopt
-DECLARE @lease_ms bigint = @p1, @holder nvarchar(400) = @p2, @queue nvarchar(450) = @p3, @limit int = @p4; WITH taken AS (SELECT TOP (@limit) * FROM [sa]]les].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL ORDER BY Seq) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
+DECLARE @lease_ms bigint = @p1, @holder nvarchar(400) = @p2, @queue nvarchar(450) = @p3, @limit int = @p4; WITH taken AS (SELECT TOP (@limit) * FROM [sa]]les].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL ORDER BY Seq) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
 
 -- escaping: peek_with_claims
-SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (READPAST, READCOMMITTEDLOCK)) + (SELECT COUNT_BIG(*) FROM [sa]]les].[sqlqueue_inflight] WITH (READPAST) WHERE Queue = @p1 AND LeaseUntil <= SYSUTCDATETIME());
+SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (READPAST, READCOMMITTEDLOCK)) + (SELECT COUNT_BIG(*) FROM [sa]]les].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p1 AND LeaseUntil <= SYSUTCDATETIME());
 
 -- escaping: count_inflight
-SELECT COUNT_BIG(*) FROM [sa]]les].[sqlqueue_inflight] WITH (READPAST) WHERE Queue = @p1;
+SELECT COUNT_BIG(*) FROM [sa]]les].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p1;
 
 -- escaping: ack
 DECLARE @tokens nvarchar(max) = @p1, @queue nvarchar(450) = @p2; WITH settled AS (SELECT * FROM [sa]]les].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) DELETE FROM settled OUTPUT deleted.Token;
 
 -- escaping: nack
-DECLARE @delay_ms bigint = @p1, @error nvarchar(max) = @p2, @tokens nvarchar(max) = @p3, @queue nvarchar(450) = @p4; WITH given AS (SELECT * FROM [sa]]les].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE given SET LeaseUntil = DATEADD(millisecond, @delay_ms % 1000, DATEADD(second, @delay_ms / 1000, SYSUTCDATETIME())), LastError = @error OUTPUT inserted.Token;
+DECLARE @delay_ms bigint = @p1, @error nvarchar(max) = @p2, @tokens nvarchar(max) = @p3, @queue nvarchar(450) = @p4; WITH given AS (SELECT * FROM [sa]]les].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE given SET LeaseUntil = DATEADD(millisecond, @delay_ms % 86400000, DATEADD(day, @delay_ms / 86400000, SYSUTCDATETIME())), LastError = @error OUTPUT inserted.Token;
 
 -- escaping: extend
-DECLARE @lease_ms bigint = @p1, @tokens nvarchar(max) = @p2, @queue nvarchar(450) = @p3; WITH held AS (SELECT * FROM [sa]]les].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE held SET LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())) OUTPUT inserted.Token;
+DECLARE @lease_ms bigint = @p1, @tokens nvarchar(max) = @p2, @queue nvarchar(450) = @p3; WITH held AS (SELECT * FROM [sa]]les].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE held SET LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())) OUTPUT inserted.Token;
 
 -- escaping: claim_to_error
 DECLARE @token uniqueidentifier = @p1, @headers nvarchar(max) = @p2; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [sa]]les].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [sa]]les].[error] (Id, Recoverable, Expires, Headers, Body) SELECT m.Id, 1, NULL, @headers, m.Body FROM @moved AS m;
 
+-- escaping: claim_to_error_legacy
+DECLARE @token uniqueidentifier = @p1, @headers nvarchar(max) = @p2; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [sa]]les].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [sa]]les].[error] (Id, Expires, Headers, Body) SELECT m.Id, NULL, @headers, m.Body FROM @moved AS m;
+
+-- catalog: install_lock
+DECLARE @resource nvarchar(255) = QUOTENAME(N'Shop''s DB') + N'.' + QUOTENAME(N'ops') + N'.' + QUOTENAME(N'Sales.WORKER01') + N'_lock'; EXEC sp_getapplock @Resource = @resource, @LockMode = N'Exclusive', @LockOwner = N'Transaction';
+
+-- catalog: current_catalog
+SELECT DB_NAME();
+
 -- catalog: create_queue[0]
-EXEC sp_getapplock @Resource = N'sqlqueue_47fdaf11398c650217775bdfb73344d82f0a80ce', @LockMode = N'Exclusive', @LockOwner = N'Transaction';
-
--- catalog: create_queue[1]
-IF OBJECT_ID(N'[Shop''s DB].[ops].[Sales.WORKER01]', N'U') IS NULL CREATE TABLE [Shop's DB].[ops].[Sales.WORKER01] (Id uniqueidentifier NOT NULL, CorrelationId varchar(255) NULL, ReplyToAddress varchar(255) NULL, Recoverable bit NOT NULL, Expires datetime NULL, Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, RowVersion bigint IDENTITY(1,1) NOT NULL);
-
--- catalog: create_queue[2]
-IF NOT EXISTS (SELECT 1 FROM [Shop's DB].sys.indexes WHERE object_id = OBJECT_ID(N'[Shop''s DB].[ops].[Sales.WORKER01]') AND name = N'Index_RowVersion') CREATE NONCLUSTERED INDEX [Index_RowVersion] ON [Shop's DB].[ops].[Sales.WORKER01] (RowVersion);
+IF OBJECT_ID(N'[Shop''s DB].[ops].[Sales.WORKER01]', N'U') IS NULL BEGIN CREATE TABLE [Shop's DB].[ops].[Sales.WORKER01] (Id uniqueidentifier NOT NULL, CorrelationId varchar(255) NULL, ReplyToAddress varchar(255) NULL, Recoverable bit NOT NULL, Expires datetime NULL, Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, RowVersion bigint IDENTITY(1,1) NOT NULL); CREATE NONCLUSTERED INDEX [Index_RowVersion] ON [Shop's DB].[ops].[Sales.WORKER01] (RowVersion); CREATE NONCLUSTERED INDEX [Index_Expires] ON [Shop's DB].[ops].[Sales.WORKER01] (Expires) INCLUDE (Id, RowVersion) WHERE Expires IS NOT NULL; END;
 
 -- catalog: add_body_string
 IF COL_LENGTH(N'[Shop''s DB].[ops].[Sales.WORKER01]', N'BodyString') IS NULL ALTER TABLE [Shop's DB].[ops].[Sales.WORKER01] ADD BodyString AS CAST(Body AS nvarchar(max));
 
 -- catalog: create_inflight[0]
-EXEC sp_getapplock @Resource = N'sqlqueue_03b4bfc992eeb26f35ca3162d7886b7890a79618', @LockMode = N'Exclusive', @LockOwner = N'Transaction';
+IF OBJECT_ID(N'[Shop''s DB].[ops].[sqlqueue_inflight]', N'U') IS NULL BEGIN CREATE TABLE [Shop's DB].[ops].[sqlqueue_inflight] (Token uniqueidentifier NOT NULL, Queue nvarchar(450) NOT NULL, Id uniqueidentifier NOT NULL, Expires datetime NULL, Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, Seq bigint NOT NULL, Deliveries int NOT NULL, LeaseUntil datetime2 NOT NULL, LastError nvarchar(max) NULL, Holder nvarchar(400) NULL); CREATE UNIQUE NONCLUSTERED INDEX [Index_Token] ON [Shop's DB].[ops].[sqlqueue_inflight] (Token); CREATE NONCLUSTERED INDEX [Index_Lease] ON [Shop's DB].[ops].[sqlqueue_inflight] (Queue, LeaseUntil); END;
 
 -- catalog: create_inflight[1]
-IF OBJECT_ID(N'[Shop''s DB].[ops].[sqlqueue_inflight]', N'U') IS NULL CREATE TABLE [Shop's DB].[ops].[sqlqueue_inflight] (Token uniqueidentifier NOT NULL, Queue nvarchar(450) NOT NULL, Id uniqueidentifier NOT NULL, Expires datetime NULL, Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, Seq bigint NOT NULL, Deliveries int NOT NULL, LeaseUntil datetime2 NOT NULL, LastError nvarchar(max) NULL, Holder nvarchar(400) NULL);
-
--- catalog: create_inflight[2]
 IF COL_LENGTH(N'[Shop''s DB].[ops].[sqlqueue_inflight]', N'Holder') IS NULL ALTER TABLE [Shop's DB].[ops].[sqlqueue_inflight] ADD Holder nvarchar(400) NULL;
-
--- catalog: create_inflight[3]
-IF NOT EXISTS (SELECT 1 FROM [Shop's DB].sys.indexes WHERE object_id = OBJECT_ID(N'[Shop''s DB].[ops].[sqlqueue_inflight]') AND name = N'Index_Token') CREATE UNIQUE NONCLUSTERED INDEX [Index_Token] ON [Shop's DB].[ops].[sqlqueue_inflight] (Token);
-
--- catalog: create_inflight[4]
-IF NOT EXISTS (SELECT 1 FROM [Shop's DB].sys.indexes WHERE object_id = OBJECT_ID(N'[Shop''s DB].[ops].[sqlqueue_inflight]') AND name = N'Index_Lease') CREATE NONCLUSTERED INDEX [Index_Lease] ON [Shop's DB].[ops].[sqlqueue_inflight] (Queue, LeaseUntil);
 
 -- catalog: drop_queue
 DROP TABLE IF EXISTS [Shop's DB].[ops].[Sales.WORKER01];
@@ -245,13 +230,16 @@ SELECT LOWER(col.name), typ.name FROM [Shop's DB].sys.columns AS col JOIN [Shop'
 SELECT CASE WHEN EXISTS (SELECT 1 FROM [Shop's DB].sys.index_columns AS ic JOIN [Shop's DB].sys.columns AS col ON col.object_id = ic.object_id AND col.column_id = ic.column_id JOIN [Shop's DB].sys.tables AS tab ON tab.object_id = ic.object_id JOIN [Shop's DB].sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE sch.name = @p1 AND tab.name = @p2 AND ic.key_ordinal = 1 AND col.name = N'Expires') THEN 1 ELSE 0 END;
 
 -- catalog: expires_index_ddl
-IF NOT EXISTS (SELECT 1 FROM [Shop's DB].sys.indexes WHERE object_id = OBJECT_ID(N'[Shop''s DB].[ops].[Sales.WORKER01]') AND name = N'Index_Expires') CREATE NONCLUSTERED INDEX [Index_Expires] ON [Shop's DB].[ops].[Sales.WORKER01] (Expires) INCLUDE (Id, RowVersion) WHERE Expires IS NOT NULL;
+CREATE NONCLUSTERED INDEX [Index_Expires] ON [Shop's DB].[ops].[Sales.WORKER01] (Expires) INCLUDE (Id, RowVersion) WHERE Expires IS NOT NULL;
 
 -- catalog: send
-INSERT INTO [Shop's DB].[ops].[Sales.WORKER01] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 1000, DATEADD(second, v.Ttbr / 1000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
+INSERT INTO [Shop's DB].[ops].[Sales.WORKER01] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 86400000, DATEADD(day, v.Ttbr / 86400000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
+
+-- catalog: send_legacy
+INSERT INTO [Shop's DB].[ops].[Sales.WORKER01] (Id, Expires, Headers, Body) SELECT v.Id, DATEADD(millisecond, v.Ttbr % 86400000, DATEADD(day, v.Ttbr / 86400000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
 
 -- catalog: send_batch
-INSERT INTO [Shop's DB].[ops].[Sales.WORKER01] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 1000, DATEADD(second, v.Ttbr / 1000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4), (2, @p5, CAST(@p6 AS bigint), @p7, @p8), (3, @p9, CAST(@p10 AS bigint), @p11, @p12)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
+INSERT INTO [Shop's DB].[ops].[Sales.WORKER01] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 86400000, DATEADD(day, v.Ttbr / 86400000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4), (2, @p5, CAST(@p6 AS bigint), @p7, @p8), (3, @p9, CAST(@p10 AS bigint), @p11, @p12)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
 
 -- catalog: receive
 WITH message AS (SELECT TOP (@p1) * FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, CASE WHEN deleted.Expires IS NOT NULL AND deleted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, deleted.Headers, deleted.Body, deleted.RowVersion;
@@ -260,7 +248,7 @@ WITH message AS (SELECT TOP (@p1) * FROM [Shop's DB].[ops].[Sales.WORKER01] WITH
 SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (READPAST, READCOMMITTEDLOCK);
 
 -- catalog: depth
-SELECT COUNT_BIG(*) FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (READPAST);
+SELECT COUNT_BIG(*) FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (READPAST, READCOMMITTEDLOCK);
 
 -- catalog: purge_expired
 WITH expired AS (SELECT TOP (@p1) * FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Expires < GETUTCDATE()) DELETE FROM expired;
@@ -269,10 +257,13 @@ WITH expired AS (SELECT TOP (@p1) * FROM [Shop's DB].[ops].[Sales.WORKER01] WITH
 DELETE FROM [Shop's DB].[ops].[Sales.WORKER01];
 
 -- catalog: insert_error
-INSERT INTO [Shop's DB].[ops].[error] (Id, Recoverable, Expires, Headers, Body) VALUES (@p1, 1, NULL, @p2, @p3);
+INSERT INTO [Shop's DB].[ops].[error] (Id, Recoverable, Expires, Headers, Body) VALUES (@p1, 1, NULL, @p2, CAST(@p3 AS varbinary(max)));
+
+-- catalog: insert_error_legacy
+INSERT INTO [Shop's DB].[ops].[error] (Id, Expires, Headers, Body) VALUES (@p1, NULL, @p2, CAST(@p3 AS varbinary(max)));
 
 -- catalog: browse
-SELECT TOP (@p1) Id, Headers, Body FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (READPAST) WHERE Expires IS NULL OR Expires > GETUTCDATE() ORDER BY RowVersion;
+SELECT TOP (@p1) Id, Headers, Body FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (READPAST, READCOMMITTEDLOCK) WHERE Expires IS NULL OR Expires > GETUTCDATE() ORDER BY RowVersion;
 
 -- catalog: peek_error_rows
 SELECT TOP (@p1) RowVersion, Id, Headers, Body FROM [Shop's DB].[ops].[error] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion;
@@ -280,65 +271,56 @@ SELECT TOP (@p1) RowVersion, Id, Headers, Body FROM [Shop's DB].[ops].[error] WI
 -- catalog: delete_by_seq
 DELETE FROM [Shop's DB].[ops].[error] WHERE RowVersion = @p1;
 
--- catalog: send_raw
-INSERT INTO [Shop's DB].[ops].[Sales.WORKER01] (Id, Recoverable, Expires, Headers, Body) VALUES (@p1, 1, NULL, @p2, @p3);
-
 -- catalog: claim
-DECLARE @limit int = @p1, @queue nvarchar(450) = @p2, @deliveries int = @p3, @lease_ms bigint = @p4, @holder nvarchar(400) = @p5, @now datetime = GETUTCDATE(); DECLARE @taken TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); DECLARE @claimed TABLE (Token uniqueidentifier, Id uniqueidentifier, Headers nvarchar(max), Body varbinary(max), Deliveries int, Seq bigint); WITH message AS (SELECT TOP (@limit) * FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.RowVersion INTO @taken; INSERT INTO [Shop's DB].[ops].[sqlqueue_inflight] (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil, Holder) OUTPUT inserted.Token, inserted.Id, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq INTO @claimed SELECT NEWID(), @queue, t.Id, t.Expires, COALESCE(t.Headers, N''), t.Body, t.Seq, @deliveries, DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())), @holder FROM @taken AS t WHERE t.Expires IS NULL OR t.Expires > @now; SELECT c.Token, c.Id, c.Headers, c.Body, c.Deliveries, c.Seq FROM @claimed AS c UNION ALL SELECT NULL, t.Id, NULL, NULL, 0, t.Seq FROM @taken AS t WHERE t.Expires IS NOT NULL AND t.Expires <= @now;
+DECLARE @limit int = @p1, @queue nvarchar(450) = @p2, @deliveries int = @p3, @lease_ms bigint = @p4, @holder nvarchar(400) = @p5, @now datetime = GETUTCDATE(); DECLARE @taken TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); DECLARE @claimed TABLE (Token uniqueidentifier, Id uniqueidentifier, Headers nvarchar(max), Body varbinary(max), Deliveries int, Seq bigint); WITH message AS (SELECT TOP (@limit) * FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.RowVersion INTO @taken; INSERT INTO [Shop's DB].[ops].[sqlqueue_inflight] (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil, Holder) OUTPUT inserted.Token, inserted.Id, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq INTO @claimed SELECT NEWID(), @queue, t.Id, t.Expires, COALESCE(t.Headers, N'null'), t.Body, t.Seq, @deliveries, DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), @holder FROM @taken AS t WHERE t.Expires IS NULL OR t.Expires > @now; SELECT c.Token, c.Id, c.Headers, c.Body, c.Deliveries, c.Seq FROM @claimed AS c UNION ALL SELECT NULL, t.Id, NULL, NULL, 0, t.Seq FROM @taken AS t WHERE t.Expires IS NOT NULL AND t.Expires <= @now;
 
 -- catalog: reclaim
-DECLARE @deliveries int = @p1, @lease_ms bigint = @p2, @holder nvarchar(400) = @p3, @queue nvarchar(450) = @p4, @limit int = @p5; WITH lapsed AS (SELECT TOP (@limit) * FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) UPDATE lapsed SET Token = NEWID(), Deliveries = Deliveries + @deliveries, LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
+DECLARE @deliveries int = @p1, @lease_ms bigint = @p2, @holder nvarchar(400) = @p3, @queue nvarchar(450) = @p4, @limit int = @p5; WITH lapsed AS (SELECT TOP (@limit) * FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) UPDATE lapsed SET Token = NEWID(), Deliveries = Deliveries + @deliveries, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
 
 -- catalog: take
-DECLARE @lease_ms bigint = @p1, @holder nvarchar(400) = @p2, @tokens nvarchar(max) = @p3, @queue nvarchar(450) = @p4; WITH taken AS (SELECT * FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (UPDLOCK, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
+DECLARE @lease_ms bigint = @p1, @holder nvarchar(400) = @p2, @tokens nvarchar(max) = @p3, @queue nvarchar(450) = @p4; WITH taken AS (SELECT * FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (UPDLOCK, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
 
 -- catalog: adopt
-DECLARE @lease_ms bigint = @p1, @holder nvarchar(400) = @p2, @queue nvarchar(450) = @p3, @limit int = @p4; WITH taken AS (SELECT TOP (@limit) * FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL ORDER BY Seq) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
+DECLARE @lease_ms bigint = @p1, @holder nvarchar(400) = @p2, @queue nvarchar(450) = @p3, @limit int = @p4; WITH taken AS (SELECT TOP (@limit) * FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL ORDER BY Seq) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
 
 -- catalog: peek_with_claims
-SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (READPAST, READCOMMITTEDLOCK)) + (SELECT COUNT_BIG(*) FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (READPAST) WHERE Queue = @p1 AND LeaseUntil <= SYSUTCDATETIME());
+SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (READPAST, READCOMMITTEDLOCK)) + (SELECT COUNT_BIG(*) FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p1 AND LeaseUntil <= SYSUTCDATETIME());
 
 -- catalog: count_inflight
-SELECT COUNT_BIG(*) FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (READPAST) WHERE Queue = @p1;
+SELECT COUNT_BIG(*) FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p1;
 
 -- catalog: ack
 DECLARE @tokens nvarchar(max) = @p1, @queue nvarchar(450) = @p2; WITH settled AS (SELECT * FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) DELETE FROM settled OUTPUT deleted.Token;
 
 -- catalog: nack
-DECLARE @delay_ms bigint = @p1, @error nvarchar(max) = @p2, @tokens nvarchar(max) = @p3, @queue nvarchar(450) = @p4; WITH given AS (SELECT * FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE given SET LeaseUntil = DATEADD(millisecond, @delay_ms % 1000, DATEADD(second, @delay_ms / 1000, SYSUTCDATETIME())), LastError = @error OUTPUT inserted.Token;
+DECLARE @delay_ms bigint = @p1, @error nvarchar(max) = @p2, @tokens nvarchar(max) = @p3, @queue nvarchar(450) = @p4; WITH given AS (SELECT * FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE given SET LeaseUntil = DATEADD(millisecond, @delay_ms % 86400000, DATEADD(day, @delay_ms / 86400000, SYSUTCDATETIME())), LastError = @error OUTPUT inserted.Token;
 
 -- catalog: extend
-DECLARE @lease_ms bigint = @p1, @tokens nvarchar(max) = @p2, @queue nvarchar(450) = @p3; WITH held AS (SELECT * FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE held SET LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())) OUTPUT inserted.Token;
+DECLARE @lease_ms bigint = @p1, @tokens nvarchar(max) = @p2, @queue nvarchar(450) = @p3; WITH held AS (SELECT * FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE held SET LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())) OUTPUT inserted.Token;
 
 -- catalog: claim_to_error
 DECLARE @token uniqueidentifier = @p1, @headers nvarchar(max) = @p2; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [Shop's DB].[ops].[error] (Id, Recoverable, Expires, Headers, Body) SELECT m.Id, 1, NULL, @headers, m.Body FROM @moved AS m;
 
+-- catalog: claim_to_error_legacy
+DECLARE @token uniqueidentifier = @p1, @headers nvarchar(max) = @p2; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [Shop's DB].[ops].[error] (Id, Expires, Headers, Body) SELECT m.Id, NULL, @headers, m.Body FROM @moved AS m;
+
+-- unicode: install_lock
+DECLARE @resource nvarchar(255) = QUOTENAME(DB_NAME()) + N'.' + QUOTENAME(N'ünï') + N'.' + QUOTENAME(N'東京 queue') + N'_lock'; EXEC sp_getapplock @Resource = @resource, @LockMode = N'Exclusive', @LockOwner = N'Transaction';
+
+-- unicode: current_catalog
+SELECT DB_NAME();
+
 -- unicode: create_queue[0]
-EXEC sp_getapplock @Resource = N'sqlqueue_0e14a037cff2857b635a02164dc1a78db450e187', @LockMode = N'Exclusive', @LockOwner = N'Transaction';
-
--- unicode: create_queue[1]
-IF OBJECT_ID(N'[ünï].[東京 queue]', N'U') IS NULL CREATE TABLE [ünï].[東京 queue] (Id uniqueidentifier NOT NULL, CorrelationId varchar(255) NULL, ReplyToAddress varchar(255) NULL, Recoverable bit NOT NULL, Expires datetime NULL, Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, RowVersion bigint IDENTITY(1,1) NOT NULL);
-
--- unicode: create_queue[2]
-IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[ünï].[東京 queue]') AND name = N'Index_RowVersion') CREATE NONCLUSTERED INDEX [Index_RowVersion] ON [ünï].[東京 queue] (RowVersion);
+IF OBJECT_ID(N'[ünï].[東京 queue]', N'U') IS NULL BEGIN CREATE TABLE [ünï].[東京 queue] (Id uniqueidentifier NOT NULL, CorrelationId varchar(255) NULL, ReplyToAddress varchar(255) NULL, Recoverable bit NOT NULL, Expires datetime NULL, Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, RowVersion bigint IDENTITY(1,1) NOT NULL); CREATE NONCLUSTERED INDEX [Index_RowVersion] ON [ünï].[東京 queue] (RowVersion); CREATE NONCLUSTERED INDEX [Index_Expires] ON [ünï].[東京 queue] (Expires) INCLUDE (Id, RowVersion) WHERE Expires IS NOT NULL; END;
 
 -- unicode: add_body_string
 IF COL_LENGTH(N'[ünï].[東京 queue]', N'BodyString') IS NULL ALTER TABLE [ünï].[東京 queue] ADD BodyString AS CAST(Body AS nvarchar(max));
 
 -- unicode: create_inflight[0]
-EXEC sp_getapplock @Resource = N'sqlqueue_b28c85b621ac042b1108502903940f98dc31346c', @LockMode = N'Exclusive', @LockOwner = N'Transaction';
+IF OBJECT_ID(N'[ünï].[sqlqueue_inflight]', N'U') IS NULL BEGIN CREATE TABLE [ünï].[sqlqueue_inflight] (Token uniqueidentifier NOT NULL, Queue nvarchar(450) NOT NULL, Id uniqueidentifier NOT NULL, Expires datetime NULL, Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, Seq bigint NOT NULL, Deliveries int NOT NULL, LeaseUntil datetime2 NOT NULL, LastError nvarchar(max) NULL, Holder nvarchar(400) NULL); CREATE UNIQUE NONCLUSTERED INDEX [Index_Token] ON [ünï].[sqlqueue_inflight] (Token); CREATE NONCLUSTERED INDEX [Index_Lease] ON [ünï].[sqlqueue_inflight] (Queue, LeaseUntil); END;
 
 -- unicode: create_inflight[1]
-IF OBJECT_ID(N'[ünï].[sqlqueue_inflight]', N'U') IS NULL CREATE TABLE [ünï].[sqlqueue_inflight] (Token uniqueidentifier NOT NULL, Queue nvarchar(450) NOT NULL, Id uniqueidentifier NOT NULL, Expires datetime NULL, Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, Seq bigint NOT NULL, Deliveries int NOT NULL, LeaseUntil datetime2 NOT NULL, LastError nvarchar(max) NULL, Holder nvarchar(400) NULL);
-
--- unicode: create_inflight[2]
 IF COL_LENGTH(N'[ünï].[sqlqueue_inflight]', N'Holder') IS NULL ALTER TABLE [ünï].[sqlqueue_inflight] ADD Holder nvarchar(400) NULL;
-
--- unicode: create_inflight[3]
-IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[ünï].[sqlqueue_inflight]') AND name = N'Index_Token') CREATE UNIQUE NONCLUSTERED INDEX [Index_Token] ON [ünï].[sqlqueue_inflight] (Token);
-
--- unicode: create_inflight[4]
-IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[ünï].[sqlqueue_inflight]') AND name = N'Index_Lease') CREATE NONCLUSTERED INDEX [Index_Lease] ON [ünï].[sqlqueue_inflight] (Queue, LeaseUntil);
 
 -- unicode: drop_queue
 DROP TABLE IF EXISTS [ünï].[東京 queue];
@@ -350,13 +332,16 @@ SELECT LOWER(col.name), typ.name FROM sys.columns AS col JOIN sys.types AS typ O
 SELECT CASE WHEN EXISTS (SELECT 1 FROM sys.index_columns AS ic JOIN sys.columns AS col ON col.object_id = ic.object_id AND col.column_id = ic.column_id JOIN sys.tables AS tab ON tab.object_id = ic.object_id JOIN sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE sch.name = @p1 AND tab.name = @p2 AND ic.key_ordinal = 1 AND col.name = N'Expires') THEN 1 ELSE 0 END;
 
 -- unicode: expires_index_ddl
-IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[ünï].[東京 queue]') AND name = N'Index_Expires') CREATE NONCLUSTERED INDEX [Index_Expires] ON [ünï].[東京 queue] (Expires) INCLUDE (Id, RowVersion) WHERE Expires IS NOT NULL;
+CREATE NONCLUSTERED INDEX [Index_Expires] ON [ünï].[東京 queue] (Expires) INCLUDE (Id, RowVersion) WHERE Expires IS NOT NULL;
 
 -- unicode: send
-INSERT INTO [ünï].[東京 queue] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 1000, DATEADD(second, v.Ttbr / 1000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
+INSERT INTO [ünï].[東京 queue] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 86400000, DATEADD(day, v.Ttbr / 86400000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
+
+-- unicode: send_legacy
+INSERT INTO [ünï].[東京 queue] (Id, Expires, Headers, Body) SELECT v.Id, DATEADD(millisecond, v.Ttbr % 86400000, DATEADD(day, v.Ttbr / 86400000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
 
 -- unicode: send_batch
-INSERT INTO [ünï].[東京 queue] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 1000, DATEADD(second, v.Ttbr / 1000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4), (2, @p5, CAST(@p6 AS bigint), @p7, @p8), (3, @p9, CAST(@p10 AS bigint), @p11, @p12)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
+INSERT INTO [ünï].[東京 queue] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 86400000, DATEADD(day, v.Ttbr / 86400000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4), (2, @p5, CAST(@p6 AS bigint), @p7, @p8), (3, @p9, CAST(@p10 AS bigint), @p11, @p12)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
 
 -- unicode: receive
 WITH message AS (SELECT TOP (@p1) * FROM [ünï].[東京 queue] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, CASE WHEN deleted.Expires IS NOT NULL AND deleted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, deleted.Headers, deleted.Body, deleted.RowVersion;
@@ -365,7 +350,7 @@ WITH message AS (SELECT TOP (@p1) * FROM [ünï].[東京 queue] WITH (UPDLOCK, R
 SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [ünï].[東京 queue] WITH (READPAST, READCOMMITTEDLOCK);
 
 -- unicode: depth
-SELECT COUNT_BIG(*) FROM [ünï].[東京 queue] WITH (READPAST);
+SELECT COUNT_BIG(*) FROM [ünï].[東京 queue] WITH (READPAST, READCOMMITTEDLOCK);
 
 -- unicode: purge_expired
 WITH expired AS (SELECT TOP (@p1) * FROM [ünï].[東京 queue] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Expires < GETUTCDATE()) DELETE FROM expired;
@@ -374,10 +359,13 @@ WITH expired AS (SELECT TOP (@p1) * FROM [ünï].[東京 queue] WITH (UPDLOCK, R
 DELETE FROM [ünï].[東京 queue];
 
 -- unicode: insert_error
-INSERT INTO [ünï].[error] (Id, Recoverable, Expires, Headers, Body) VALUES (@p1, 1, NULL, @p2, @p3);
+INSERT INTO [ünï].[error] (Id, Recoverable, Expires, Headers, Body) VALUES (@p1, 1, NULL, @p2, CAST(@p3 AS varbinary(max)));
+
+-- unicode: insert_error_legacy
+INSERT INTO [ünï].[error] (Id, Expires, Headers, Body) VALUES (@p1, NULL, @p2, CAST(@p3 AS varbinary(max)));
 
 -- unicode: browse
-SELECT TOP (@p1) Id, Headers, Body FROM [ünï].[東京 queue] WITH (READPAST) WHERE Expires IS NULL OR Expires > GETUTCDATE() ORDER BY RowVersion;
+SELECT TOP (@p1) Id, Headers, Body FROM [ünï].[東京 queue] WITH (READPAST, READCOMMITTEDLOCK) WHERE Expires IS NULL OR Expires > GETUTCDATE() ORDER BY RowVersion;
 
 -- unicode: peek_error_rows
 SELECT TOP (@p1) RowVersion, Id, Headers, Body FROM [ünï].[error] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion;
@@ -385,47 +373,50 @@ SELECT TOP (@p1) RowVersion, Id, Headers, Body FROM [ünï].[error] WITH (UPDLOC
 -- unicode: delete_by_seq
 DELETE FROM [ünï].[error] WHERE RowVersion = @p1;
 
--- unicode: send_raw
-INSERT INTO [ünï].[東京 queue] (Id, Recoverable, Expires, Headers, Body) VALUES (@p1, 1, NULL, @p2, @p3);
-
 -- unicode: claim
-DECLARE @limit int = @p1, @queue nvarchar(450) = @p2, @deliveries int = @p3, @lease_ms bigint = @p4, @holder nvarchar(400) = @p5, @now datetime = GETUTCDATE(); DECLARE @taken TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); DECLARE @claimed TABLE (Token uniqueidentifier, Id uniqueidentifier, Headers nvarchar(max), Body varbinary(max), Deliveries int, Seq bigint); WITH message AS (SELECT TOP (@limit) * FROM [ünï].[東京 queue] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.RowVersion INTO @taken; INSERT INTO [ünï].[sqlqueue_inflight] (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil, Holder) OUTPUT inserted.Token, inserted.Id, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq INTO @claimed SELECT NEWID(), @queue, t.Id, t.Expires, COALESCE(t.Headers, N''), t.Body, t.Seq, @deliveries, DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())), @holder FROM @taken AS t WHERE t.Expires IS NULL OR t.Expires > @now; SELECT c.Token, c.Id, c.Headers, c.Body, c.Deliveries, c.Seq FROM @claimed AS c UNION ALL SELECT NULL, t.Id, NULL, NULL, 0, t.Seq FROM @taken AS t WHERE t.Expires IS NOT NULL AND t.Expires <= @now;
+DECLARE @limit int = @p1, @queue nvarchar(450) = @p2, @deliveries int = @p3, @lease_ms bigint = @p4, @holder nvarchar(400) = @p5, @now datetime = GETUTCDATE(); DECLARE @taken TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); DECLARE @claimed TABLE (Token uniqueidentifier, Id uniqueidentifier, Headers nvarchar(max), Body varbinary(max), Deliveries int, Seq bigint); WITH message AS (SELECT TOP (@limit) * FROM [ünï].[東京 queue] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.RowVersion INTO @taken; INSERT INTO [ünï].[sqlqueue_inflight] (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil, Holder) OUTPUT inserted.Token, inserted.Id, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq INTO @claimed SELECT NEWID(), @queue, t.Id, t.Expires, COALESCE(t.Headers, N'null'), t.Body, t.Seq, @deliveries, DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), @holder FROM @taken AS t WHERE t.Expires IS NULL OR t.Expires > @now; SELECT c.Token, c.Id, c.Headers, c.Body, c.Deliveries, c.Seq FROM @claimed AS c UNION ALL SELECT NULL, t.Id, NULL, NULL, 0, t.Seq FROM @taken AS t WHERE t.Expires IS NOT NULL AND t.Expires <= @now;
 
 -- unicode: reclaim
-DECLARE @deliveries int = @p1, @lease_ms bigint = @p2, @holder nvarchar(400) = @p3, @queue nvarchar(450) = @p4, @limit int = @p5; WITH lapsed AS (SELECT TOP (@limit) * FROM [ünï].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) UPDATE lapsed SET Token = NEWID(), Deliveries = Deliveries + @deliveries, LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
+DECLARE @deliveries int = @p1, @lease_ms bigint = @p2, @holder nvarchar(400) = @p3, @queue nvarchar(450) = @p4, @limit int = @p5; WITH lapsed AS (SELECT TOP (@limit) * FROM [ünï].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) UPDATE lapsed SET Token = NEWID(), Deliveries = Deliveries + @deliveries, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
 
 -- unicode: take
-DECLARE @lease_ms bigint = @p1, @holder nvarchar(400) = @p2, @tokens nvarchar(max) = @p3, @queue nvarchar(450) = @p4; WITH taken AS (SELECT * FROM [ünï].[sqlqueue_inflight] WITH (UPDLOCK, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
+DECLARE @lease_ms bigint = @p1, @holder nvarchar(400) = @p2, @tokens nvarchar(max) = @p3, @queue nvarchar(450) = @p4; WITH taken AS (SELECT * FROM [ünï].[sqlqueue_inflight] WITH (UPDLOCK, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
 
 -- unicode: adopt
-DECLARE @lease_ms bigint = @p1, @holder nvarchar(400) = @p2, @queue nvarchar(450) = @p3, @limit int = @p4; WITH taken AS (SELECT TOP (@limit) * FROM [ünï].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL ORDER BY Seq) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
+DECLARE @lease_ms bigint = @p1, @holder nvarchar(400) = @p2, @queue nvarchar(450) = @p3, @limit int = @p4; WITH taken AS (SELECT TOP (@limit) * FROM [ünï].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL ORDER BY Seq) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
 
 -- unicode: peek_with_claims
-SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [ünï].[東京 queue] WITH (READPAST, READCOMMITTEDLOCK)) + (SELECT COUNT_BIG(*) FROM [ünï].[sqlqueue_inflight] WITH (READPAST) WHERE Queue = @p1 AND LeaseUntil <= SYSUTCDATETIME());
+SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [ünï].[東京 queue] WITH (READPAST, READCOMMITTEDLOCK)) + (SELECT COUNT_BIG(*) FROM [ünï].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p1 AND LeaseUntil <= SYSUTCDATETIME());
 
 -- unicode: count_inflight
-SELECT COUNT_BIG(*) FROM [ünï].[sqlqueue_inflight] WITH (READPAST) WHERE Queue = @p1;
+SELECT COUNT_BIG(*) FROM [ünï].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p1;
 
 -- unicode: ack
 DECLARE @tokens nvarchar(max) = @p1, @queue nvarchar(450) = @p2; WITH settled AS (SELECT * FROM [ünï].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) DELETE FROM settled OUTPUT deleted.Token;
 
 -- unicode: nack
-DECLARE @delay_ms bigint = @p1, @error nvarchar(max) = @p2, @tokens nvarchar(max) = @p3, @queue nvarchar(450) = @p4; WITH given AS (SELECT * FROM [ünï].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE given SET LeaseUntil = DATEADD(millisecond, @delay_ms % 1000, DATEADD(second, @delay_ms / 1000, SYSUTCDATETIME())), LastError = @error OUTPUT inserted.Token;
+DECLARE @delay_ms bigint = @p1, @error nvarchar(max) = @p2, @tokens nvarchar(max) = @p3, @queue nvarchar(450) = @p4; WITH given AS (SELECT * FROM [ünï].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE given SET LeaseUntil = DATEADD(millisecond, @delay_ms % 86400000, DATEADD(day, @delay_ms / 86400000, SYSUTCDATETIME())), LastError = @error OUTPUT inserted.Token;
 
 -- unicode: extend
-DECLARE @lease_ms bigint = @p1, @tokens nvarchar(max) = @p2, @queue nvarchar(450) = @p3; WITH held AS (SELECT * FROM [ünï].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE held SET LeaseUntil = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME())) OUTPUT inserted.Token;
+DECLARE @lease_ms bigint = @p1, @tokens nvarchar(max) = @p2, @queue nvarchar(450) = @p3; WITH held AS (SELECT * FROM [ünï].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE held SET LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())) OUTPUT inserted.Token;
 
 -- unicode: claim_to_error
 DECLARE @token uniqueidentifier = @p1, @headers nvarchar(max) = @p2; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [ünï].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [ünï].[error] (Id, Recoverable, Expires, Headers, Body) SELECT m.Id, 1, NULL, @headers, m.Body FROM @moved AS m;
+
+-- unicode: claim_to_error_legacy
+DECLARE @token uniqueidentifier = @p1, @headers nvarchar(max) = @p2; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [ünï].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [ünï].[error] (Id, Expires, Headers, Body) SELECT m.Id, NULL, @headers, m.Body FROM @moved AS m;
+
+-- session: setup
+SET ANSI_NULLS ON; SET ANSI_PADDING ON; SET ANSI_WARNINGS ON; SET ARITHABORT ON; SET CONCAT_NULL_YIELDS_NULL ON; SET QUOTED_IDENTIFIER ON; SET NUMERIC_ROUNDABORT OFF; SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SET XACT_ABORT ON;
+
+-- session: open_transactions
+SELECT @@TRANCOUNT;
 
 -- session: begin
 BEGIN TRANSACTION;
 
 -- session: commit
-COMMIT TRANSACTION;
+IF XACT_STATE() = -1 BEGIN ROLLBACK TRANSACTION; END; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'sqlqueue: the transaction was rolled back by an error inside it (SET XACT_ABORT ON); nothing of it was committed, and statements run after that error ran on their own', 16, 1); RETURN; END; COMMIT TRANSACTION;
 
 -- session: rollback
-ROLLBACK TRANSACTION;
-
--- session: setup_0
-SET XACT_ABORT ON;
+IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;

@@ -15,9 +15,24 @@ from __future__ import annotations
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ..addressing import QueueAddress
 from ..errors import SqlQueueError
+
+
+@dataclass(frozen=True)
+class TableShape:
+    """What a writer must know of an existing queue table to write to it as NServiceBus does.
+
+    NServiceBus reads tables of older layouts too: without the ``Recoverable`` column, or with
+    ``varchar`` Headers. Writers must match the table they write to.
+    """
+
+    #: The table has ``Recoverable`` (NOT NULL, written 1); older tables do not.
+    recoverable: bool = True
+    #: Headers is ``varchar``: non-ASCII characters must travel \\u-escaped or they become ``?``.
+    ascii_headers: bool = False
 
 
 class Dialect(ABC):
@@ -54,15 +69,38 @@ class Dialect(ABC):
         """Where claims on ``address`` are kept: the in-flight table of the queue's schema."""
         return QueueAddress(self.inflight_table, address.schema or self.default_schema, address.catalog)
 
+    def claim_key(self, address: QueueAddress) -> str:
+        """How the in-flight table names the queue of a claim: one key however the address was written.
+
+        The in-flight table lives in the queue's own catalog and schema, so the key is the table
+        and schema alone (``orders``, ``orders@[dbo]`` and ``orders@[dbo]@[Shop]`` are one queue).
+        """
+        return self.format_address(QueueAddress(address.table, address.schema or self.default_schema))
+
+    # -- table layouts -------------------------------------------------------------------------
+
+    def table_shape(self, address: QueueAddress) -> TableShape | None:
+        """The layout of the table at ``address`` if known without asking the database, else None."""
+        return TableShape()
+
+    def learn_table_shape(self, address: QueueAddress, columns: Sequence[tuple[str, str]]) -> TableShape:
+        """Remember the layout from :meth:`queue_columns` rows (name lower-cased, type name)."""
+        return TableShape()
+
+    @abstractmethod
+    def current_catalog(self) -> str:
+        """No params -> one row: the database the connection works in (an address without catalog names it)."""
+
     # -- installation (needs CREATE rights) ----------------------------------------------------
 
     @abstractmethod
-    def create_queue(self, address: QueueAddress) -> Sequence[str]:
-        """Statements, run in one transaction, that create the queue table if absent.
+    def install_lock(self, address: QueueAddress) -> str:
+        """Serialise installers of ``address`` until the transaction ends (NServiceBus's lock where it has one)."""
 
-        Safe when several processes run them at once (the first statement serialises creators).
-        Indexes follow once the table is known to be a queue table (:meth:`expires_index_ddl`).
-        """
+    @abstractmethod
+    def create_queue(self, address: QueueAddress) -> Sequence[str]:
+        """Statements that create the queue table with its indexes, run after :meth:`install_lock`
+        and only when the table does not exist yet: indexes are never built on a live queue."""
 
     @abstractmethod
     def add_body_string(self, address: QueueAddress) -> str:
@@ -70,7 +108,7 @@ class Dialect(ABC):
 
     @abstractmethod
     def create_inflight(self, address: QueueAddress) -> Sequence[str]:
-        """Statements, run in one transaction, that create the in-flight table of ``address``'s schema."""
+        """Statements, run after :meth:`install_lock` of the in-flight table, that create it (or bring it up to date)."""
 
     @abstractmethod
     def drop_queue(self, address: QueueAddress) -> str:
@@ -96,15 +134,16 @@ class Dialect(ABC):
     # -- runtime (read/write/delete rights only) ------------------------------------------------
 
     @abstractmethod
-    def send(self, address: QueueAddress) -> str:
+    def send(self, address: QueueAddress, shape: TableShape) -> str:
         """Params (id, ttbr_ms or None, headers, body): insert one message."""
 
-    @abstractmethod
-    def send_batch(self, address: QueueAddress, count: int) -> tuple[str, int]:
-        """Insert ``count`` messages in one statement.
+    def batch_size(self, rows: Sequence[tuple[object, ...]]) -> int:
+        """How many of ``rows`` (id, ttbr_ms, headers, body) the next :meth:`send_batch` statement takes."""
+        return len(rows)
 
-        Returns (sql, rows per statement); params are :meth:`send_batch_params` of the messages.
-        """
+    @abstractmethod
+    def send_batch(self, address: QueueAddress, count: int, shape: TableShape) -> str:
+        """Insert ``count`` messages in one statement; params are :meth:`send_batch_params` of the messages."""
 
     @abstractmethod
     def send_batch_params(self, rows: Sequence[tuple[object, ...]]) -> tuple[object, ...]:
@@ -134,8 +173,8 @@ class Dialect(ABC):
         """Delete every message; rowcount is the number deleted."""
 
     @abstractmethod
-    def insert_error(self, error_address: QueueAddress) -> str:
-        """Params (id, headers, body): put a failed message in the error queue (never expires)."""
+    def insert_error(self, error_address: QueueAddress, shape: TableShape) -> str:
+        """Params (id, headers, body): insert a row that never expires (into an error queue, or back from one)."""
 
     @abstractmethod
     def browse(self, address: QueueAddress) -> str:
@@ -148,10 +187,6 @@ class Dialect(ABC):
     @abstractmethod
     def delete_by_seq(self, address: QueueAddress) -> str:
         """Params (seq,): delete one row by its sequence value."""
-
-    @abstractmethod
-    def send_raw(self, address: QueueAddress) -> str:
-        """Params (id, headers, body): insert a row without expiry (used to send back from the error queue)."""
 
     # -- wake-up notifications (optional) --------------------------------------------------------
 
@@ -166,7 +201,7 @@ class Dialect(ABC):
         """The notification channel of a queue: derived from its canonical address, safe as an identifier."""
         import hashlib
 
-        return "sqlqueue_" + hashlib.sha256(self.format_address(address).encode("utf-8")).hexdigest()[:40]
+        return "sqlqueue_" + hashlib.sha256(self.claim_key(address).encode("utf-8")).hexdigest()[:40]
 
     def listen(self, channel: str) -> str | None:
         """Statement that subscribes a session to a channel; None if the database has no notifications."""
@@ -238,7 +273,7 @@ class Dialect(ABC):
         """
 
     @abstractmethod
-    def claim_to_error(self, address: QueueAddress, error_address: QueueAddress) -> str:
+    def claim_to_error(self, address: QueueAddress, error_address: QueueAddress, shape: TableShape) -> str:
         """Params (token, headers): move a claimed message, with new headers, to the error queue."""
 
     # -- errors --------------------------------------------------------------------------------

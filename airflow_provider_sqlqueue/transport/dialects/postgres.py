@@ -20,13 +20,14 @@ from ..addressing import QueueAddress, split_outside, unquote
 from ..errors import (
     DuplicateMessageError,
     InvalidQueueNameError,
+    ObjectExistsError,
     PermissionDeniedError,
     QueueNotFoundError,
     SqlQueueError,
     TransportMisconfiguredError,
     TransportUnavailableError,
 )
-from . import Dialect
+from . import Dialect, TableShape
 
 #: NServiceBus refuses longer table names so that derived names (``<table>_seq_seq``) fit in 63 bytes.
 MAX_TABLE_BYTES = 55
@@ -116,12 +117,17 @@ class PostgresDialect(Dialect):
 
     # -- installation --------------------------------------------------------------------------
 
+    def install_lock(self, address: QueueAddress) -> str:
+        # Serialise concurrent installers of the same table: CREATE ... IF NOT EXISTS alone can
+        # still fail with a unique violation in pg_type when two sessions race.
+        return f"SELECT pg_advisory_xact_lock(hashtext('sqlqueue'), hashtext({quote_literal(self.qualified_name(address))}))"
+
+    def current_catalog(self) -> str:
+        return "SELECT current_database()"
+
     def create_queue(self, address: QueueAddress) -> Sequence[str]:
         q = self.qualified_name(address)
         return [
-            # Serialise concurrent installers of the same table: CREATE ... IF NOT EXISTS alone can
-            # still fail with a unique violation in pg_type when two sessions race.
-            f"SELECT pg_advisory_xact_lock(hashtext('sqlqueue'), hashtext({quote_literal(q)}))",
             f"""CREATE TABLE IF NOT EXISTS {q} (
     Id uuid NOT NULL PRIMARY KEY,
     Expires timestamp,
@@ -129,6 +135,7 @@ class PostgresDialect(Dialect):
     Body bytea,
     Seq serial NOT NULL UNIQUE
 )""",
+            self.expires_index_ddl(address),
         ]
 
     def add_body_string(self, address: QueueAddress) -> str:
@@ -142,7 +149,6 @@ class PostgresDialect(Dialect):
         f = self.qualified_name(inflight)
         lease_index = quote_ident(inflight.table + "_lease")
         return [
-            f"SELECT pg_advisory_xact_lock(hashtext('sqlqueue'), hashtext({quote_literal(f)}))",
             f"""CREATE TABLE IF NOT EXISTS {f} (
     Token uuid NOT NULL PRIMARY KEY,
     Queue text NOT NULL,
@@ -193,13 +199,13 @@ class PostgresDialect(Dialect):
 
     # -- runtime -------------------------------------------------------------------------------
 
-    def send(self, address: QueueAddress) -> str:
+    def send(self, address: QueueAddress, shape: TableShape) -> str:
         return (
             f"INSERT INTO {self.qualified_name(address)} (Id, Expires, Headers, Body) "
             f"VALUES (%s, {_UTC_NOW} + %s::bigint * interval '1 millisecond', %s, %s)"
         )
 
-    def send_batch(self, address: QueueAddress, count: int) -> tuple[str, int]:
+    def send_batch(self, address: QueueAddress, count: int, shape: TableShape) -> str:
         # One statement for any number of rows: arrays are unnested server side, in order, so Seq
         # follows the order of the batch. The arrays travel in binary (%b): text-format arrays of
         # JSON headers cost more to escape on the client than the insert costs the server.
@@ -209,7 +215,7 @@ class PostgresDialect(Dialect):
             "FROM unnest(%b::uuid[], %b::bigint[], %b::text[], %b::bytea[]) "
             "WITH ORDINALITY AS m(id, ttbr, headers, body, ord) ORDER BY m.ord"
         )
-        return sql, count
+        return sql
 
     def send_batch_params(self, rows: Sequence[tuple[object, ...]]) -> tuple[object, ...]:
         ids, ttbrs, headers, bodies = (list(column) for column in zip(*rows))
@@ -247,7 +253,7 @@ class PostgresDialect(Dialect):
     def purge_all(self, address: QueueAddress) -> str:
         return f"DELETE FROM {self.qualified_name(address)}"
 
-    def insert_error(self, error_address: QueueAddress) -> str:
+    def insert_error(self, error_address: QueueAddress, shape: TableShape) -> str:
         return f"INSERT INTO {self.qualified_name(error_address)} (Id, Expires, Headers, Body) VALUES (%s, NULL, %s, %s)"
 
     def browse(self, address: QueueAddress) -> str:
@@ -262,9 +268,6 @@ class PostgresDialect(Dialect):
 
     def delete_by_seq(self, address: QueueAddress) -> str:
         return f"DELETE FROM {self.qualified_name(address)} WHERE Seq = %s"
-
-    def send_raw(self, address: QueueAddress) -> str:
-        return f"INSERT INTO {self.qualified_name(address)} (Id, Expires, Headers, Body) VALUES (%s, NULL, %s, %s)"
 
     # -- wake-up notifications ----------------------------------------------------------------
 
@@ -286,7 +289,9 @@ class PostgresDialect(Dialect):
             f"WHERE rs.Seq = ANY(ARRAY(SELECT Seq FROM {q} ORDER BY Seq LIMIT %s FOR UPDATE SKIP LOCKED)) "
             "RETURNING rs.Id, rs.Expires, rs.Headers, rs.Body, rs.Seq), "
             f"claimed AS (INSERT INTO {f} (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil, Holder) "
-            f"SELECT gen_random_uuid(), %s, Id, Expires, COALESCE(Headers, ''), Body, Seq, %s, "
+            # NULL Headers (a hand-made table) are kept as the JSON text null: still poison, where
+            # '' would read as no headers.
+            f"SELECT gen_random_uuid(), %s, Id, Expires, COALESCE(Headers, 'null'), Body, Seq, %s, "
             f"{_UTC_NOW} + %s::bigint * interval '1 millisecond', %s FROM taken "
             f"WHERE Expires IS NULL OR Expires > {_UTC_NOW} "
             "RETURNING Token, Id, Headers, Body, Deliveries, Seq) "
@@ -360,7 +365,7 @@ class PostgresDialect(Dialect):
             "WHERE Token = ANY(%s::uuid[]) AND Queue = %s RETURNING Token"
         )
 
-    def claim_to_error(self, address: QueueAddress, error_address: QueueAddress) -> str:
+    def claim_to_error(self, address: QueueAddress, error_address: QueueAddress, shape: TableShape) -> str:
         f = self.qualified_name(self.inflight_address(address))
         e = self.qualified_name(error_address)
         return (
@@ -386,6 +391,8 @@ class PostgresDialect(Dialect):
                 "idle_in_transaction_session_timeout; a native-mode handler must finish within it (or the role's "
                 f"setting must be raised). The transaction was rolled back ({detail})"
             )
+        if sqlstate in ("42P07", "42710"):  # duplicate_table / duplicate_object: another installer won a race
+            return ObjectExistsError(f"another installer created part of {address} at the same time: {detail}")
         if sqlstate == "42P01":  # undefined_table
             return QueueNotFoundError(address, str(exc).strip())
         if sqlstate == "3F000":  # invalid_schema_name

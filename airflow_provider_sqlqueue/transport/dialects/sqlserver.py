@@ -18,22 +18,28 @@ server only where ``SQLQUEUE_MSSQL_URI`` was set for the integration suite.
 
 from __future__ import annotations
 
-import hashlib
 import json
+import logging
 import re
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ..addressing import QueueAddress, split_outside, unquote
 from ..errors import (
     DuplicateMessageError,
     InvalidQueueNameError,
+    ObjectExistsError,
     PermissionDeniedError,
     QueueNotFoundError,
     SqlQueueError,
+    StatementRejectedError,
+    TransportMisconfiguredError,
     TransportUnavailableError,
 )
-from . import Dialect
+from . import Dialect, TableShape
+
+log = logging.getLogger("airflow_provider_sqlqueue.transport")
 
 #: SQL Server identifiers (sysname) hold at most 128 characters.
 MAX_IDENTIFIER_CHARS = 128
@@ -42,6 +48,10 @@ MAX_IDENTIFIER_CHARS = 128
 MAX_ADDRESS_CHARS = 450
 #: SQL Server caps one statement at 2,100 parameters; 4 per message leaves room for 500 rows.
 ROWS_PER_INSERT = 500
+#: pymssql sends values inlined in the text (bodies as 0x hex, twice their size): a batch stops
+#: growing at this many bytes of values, so one statement stays far below SQL Server's batch limit
+#: (65,536 network packets) and the client never builds a huge string. A larger message goes alone.
+BYTES_PER_INSERT = 4 * 1024 * 1024
 
 _UTC_NOW = "GETUTCDATE()"  # datetime, the type and clock NServiceBus compares Expires with
 _LEASE_NOW = "SYSUTCDATETIME()"  # datetime2 for leases: finer than datetime's 3.33 ms steps
@@ -49,27 +59,98 @@ _LEASE_NOW = "SYSUTCDATETIME()"  # datetime2 for leases: finer than datetime's 3
 #: Transaction control: sessions keep the connection in autocommit mode and open a transaction
 #: only around an operation, so nothing stays open between calls.
 BEGIN_TRANSACTION = "BEGIN TRANSACTION"
-COMMIT_TRANSACTION = "COMMIT TRANSACTION"
-ROLLBACK_TRANSACTION = "ROLLBACK TRANSACTION"
-#: Run once per connection. With XACT_ABORT ON the server rolls the whole transaction back on any
-#: error, including a client-side timeout (an attention), which would otherwise leave it open and
-#: holding the rows it deleted.
-SESSION_SETUP = ("SET XACT_ABORT ON",)
+#: How the COMMIT below reports a transaction that is already gone: RAISERROR's number for a
+#: message given as text, and this text.
+ROLLED_BACK_NUMBER = 50000
+ROLLED_BACK_TEXT = (
+    "sqlqueue: the transaction was rolled back by an error inside it (SET XACT_ABORT ON); nothing of it was "
+    "committed, and statements run after that error ran on their own"
+)
+#: Commit only a transaction that is still whole. Under XACT_ABORT a failed statement rolls the
+#: transaction back at once; if the caller (a native-mode handler) caught that error and went on,
+#: its later statements ran in autocommit, and a plain COMMIT would fail with 3902 ("no
+#: corresponding BEGIN TRANSACTION"), which says nothing of what happened. This says it.
+COMMIT_TRANSACTION = (
+    "IF XACT_STATE() = -1 BEGIN ROLLBACK TRANSACTION; END; "
+    f"IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'{ROLLED_BACK_TEXT}', 16, 1); RETURN; END; "
+    "COMMIT TRANSACTION"
+)
+ROLLBACK_TRANSACTION = "IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION"
+#: Run once per connection, as one batch: the session state every statement here relies on,
+#: set whatever the driver or the user's ``conn_properties`` did.
+#:
+#: - Writing to a table with a filtered index (Index_Expires) needs ANSI_NULLS, ANSI_PADDING,
+#:   ANSI_WARNINGS, ARITHABORT, CONCAT_NULL_YIELDS_NULL and QUOTED_IDENTIFIER ON and
+#:   NUMERIC_ROUNDABORT OFF (error 1934 otherwise).
+#: - READPAST needs READ COMMITTED or REPEATABLE READ (error 650 otherwise).
+#: - With XACT_ABORT ON the server rolls the whole transaction back on any error, including a
+#:   client-side timeout (an attention), which would otherwise leave it open and holding the rows
+#:   it deleted.
+SESSION_SETUP = (
+    "SET ANSI_NULLS ON; SET ANSI_PADDING ON; SET ANSI_WARNINGS ON; SET ARITHABORT ON; "
+    "SET CONCAT_NULL_YIELDS_NULL ON; SET QUOTED_IDENTIFIER ON; SET NUMERIC_ROUNDABORT OFF; "
+    "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SET XACT_ABORT ON"
+)
+#: Reads how the connection is configured, for borrowed connections: @@TRANCOUNT (a transaction
+#: left open by the driver, as pymssql opens one at connect unless autocommit is on).
+OPEN_TRANSACTIONS = "SELECT @@TRANCOUNT"
+#: The connection's current database: a queue address without a catalog means this one.
+CURRENT_CATALOG = "SELECT DB_NAME()"
 
-_ERROR_NUMBER = re.compile(r"\((\d+)\)")
-_CONNECTION_LOST_STATES = ("08", "HYT")  # ODBC: connection exceptions and timeouts
+
+#: How pyodbc reports the native error number: ``[SQLSTATE] text (number) (SQLFunction)``.
+_ODBC_NATIVE = re.compile(r"\((-?\d+)\) \((SQL\w*)\)")
+#: ODBC SQLSTATEs of a lost or unreachable connection: class 08, timeouts, a failed disconnect.
+_ODBC_CONNECTION_STATES = ("08", "HYT00", "HYT01", "01002")
+#: FreeTDS DB-Lib numbers (what pymssql reports for client-side failures) that mean the connection
+#: is gone or never came up: connection failed (20002), timed out (20003), read or write failed
+#: (20004, 20006), socket (20008), unable to connect (20009), unexpected EOF (20017), bad token
+#: (20020), DBPROCESS dead (20047), closing the connection failed (20056).
+_DBLIB_CONNECTION_NUMBERS = {20002, 20003, 20004, 20006, 20008, 20009, 20017, 20020, 20047, 20056}
 _PERMISSION_NUMBERS = {229, 230, 262, 297, 300, 1088}  # object/statement permission denied
+#: Server errors a retry can get past (the list Microsoft's SqlClient retries, plus lock waits).
 _RETRYABLE_NUMBERS = {
+    1204,  # the server ran out of locks
     1205,  # chosen as deadlock victim
+    1222,  # lock request timed out (SET LOCK_TIMEOUT)
+    3960,  # snapshot isolation update conflict (a concurrent writer changed the row)
     -2,  # client timeout
+    20,
+    64,
     233,  # no process on the other end of the pipe
     10053,
     10054,
     10060,  # network errors
+    4060,  # cannot open the database (Azure SQL: during a failover)
+    4221,  # login to a readable secondary while it is catching up
+    10928,
+    10929,  # Azure SQL: resource limits
+    40143,
     40197,
     40501,
+    40540,
     40613,  # Azure SQL: service busy / database unavailable
+    42108,
+    42109,
+    49918,
+    49919,
+    49920,  # Azure SQL: too many operations in progress
 }
+#: Errors of the login or the database named: retrying cannot fix them.
+_MISCONFIGURED_NUMBERS = {
+    911: "the database does not exist",
+    18452: "the login is from an untrusted domain",
+    18456: "login failed",
+    18470: "the login is disabled",
+    18486: "the login is locked out",
+    18487: "the login's password expired",
+    18488: "the login's password must be changed",
+}
+#: Another installer created the object first (2714: table, 1913: index).
+_EXISTS_NUMBERS = {2714, 1913}
+#: A date computed from a duration left what datetime can hold (8115: overflow converting to int
+#: or datetime; 517: adding to a datetime overflowed).
+_OVERFLOW_NUMBERS = {8115, 517}
 
 
 #: The claim tokens of a statement's @tokens parameter (a JSON array, see ``token_list``).
@@ -91,8 +172,13 @@ def _unicode_literal(text: str) -> str:
 
 
 def _after_ms(expression: str, now: str) -> str:
-    """``now`` plus a bigint number of milliseconds, without DATEADD's int overflow past 24.8 days."""
-    return f"DATEADD(millisecond, {expression} %% 1000, DATEADD(second, {expression} / 1000, {now}))"
+    """``now`` plus a bigint number of milliseconds.
+
+    DATEADD takes an int: milliseconds overflow it past 24.8 days and seconds past 68 years
+    (error 8115), so whole days and the remaining milliseconds are added separately, which covers
+    every duration up to ``defaults.MAX_TIME_TO_BE_RECEIVED``.
+    """
+    return f"DATEADD(millisecond, {expression} %% 86400000, DATEADD(day, {expression} / 86400000, {now}))"
 
 
 class SqlServerDialect(Dialect):
@@ -100,7 +186,34 @@ class SqlServerDialect(Dialect):
 
     name = "sqlserver"
     default_schema = "dbo"
-    required_columns = ("id", "recoverable", "expires", "headers", "body", "rowversion")
+    # Recoverable is not required: NServiceBus reads and writes tables without it too.
+    required_columns = ("id", "expires", "headers", "body", "rowversion")
+
+    def __init__(self) -> None:
+        #: Layouts of the tables this dialect's session has written to, by qualified name.
+        self._shapes: dict[str, TableShape] = {}
+
+    # -- table layouts -------------------------------------------------------------------------
+
+    def table_shape(self, address: QueueAddress) -> TableShape | None:
+        return self._shapes.get(self.qualified_name(address))
+
+    def learn_table_shape(self, address: QueueAddress, columns: Sequence[tuple[str, str]]) -> TableShape:
+        types = {name.lower(): type_name.lower() for name, type_name in columns}
+        shape = TableShape(recoverable="recoverable" in types, ascii_headers=types.get("headers") in ("varchar", "text"))
+        if shape.ascii_headers:
+            log.warning(
+                "Queue %s has a varchar Headers column (an older NServiceBus layout): non-ASCII header text is "
+                "written \\u-escaped so it survives; NServiceBus recommends nvarchar(max) (ALTER TABLE %s ALTER "
+                "COLUMN Headers nvarchar(max) NOT NULL)",
+                self.qualified_name(address),
+                self.qualified_name(address),
+            )
+        self._shapes[self.qualified_name(address)] = shape
+        return shape
+
+    def current_catalog(self) -> str:
+        return CURRENT_CATALOG
 
     # -- addressing ---------------------------------------------------------------------------
 
@@ -174,22 +287,21 @@ class SqlServerDialect(Dialect):
         """``[catalog].`` for catalog views of another database, else nothing (the current database)."""
         return quote_ident(address.catalog) + "." if address.catalog is not None else ""
 
-    def _app_lock(self, address: QueueAddress) -> str:
+    def install_lock(self, address: QueueAddress) -> str:
         """Serialise concurrent installers of one table until their transaction ends.
 
-        The resource is a digest of the qualified name: always within sp_getapplock's 255
-        characters, and no user text in the statement.
+        The resource is NServiceBus's own, ``[catalog].[schema].[table]_lock`` (its
+        ``CanonicalQueueAddress.QualifiedTableName`` + ``_lock``), so this installer and an
+        NServiceBus endpoint installing the same queue wait for each other. Application locks
+        compare resources byte for byte: without a catalog in the address the connection's
+        database name (``DB_NAME()``) stands in, as NServiceBus takes it from its connection string.
         """
-        digest = hashlib.sha256(self.qualified_name(address).encode("utf-8")).hexdigest()[:40]
+        catalog = "DB_NAME()" if address.catalog is None else _unicode_literal(address.catalog)
+        schema = _unicode_literal(address.schema or self.default_schema)
         return (
-            f"EXEC sp_getapplock @Resource = N'sqlqueue_{digest}', @LockMode = N'Exclusive', "
-            "@LockOwner = N'Transaction'"
-        )
-
-    def _if_no_index(self, address: QueueAddress, index: str) -> str:
-        return (
-            f"IF NOT EXISTS (SELECT 1 FROM {self._catalog_prefix(address)}sys.indexes "
-            f"WHERE object_id = OBJECT_ID({self._object_name(address)}) AND name = N'{index}') "
+            f"DECLARE @resource nvarchar(255) = QUOTENAME({catalog}) + N'.' + QUOTENAME({schema}) + N'.' "
+            f"+ QUOTENAME({_unicode_literal(address.table)}) + N'_lock'; "
+            "EXEC sp_getapplock @Resource = @resource, @LockMode = N'Exclusive', @LockOwner = N'Transaction'"
         )
 
     # -- installation --------------------------------------------------------------------------
@@ -197,8 +309,11 @@ class SqlServerDialect(Dialect):
     def create_queue(self, address: QueueAddress) -> Sequence[str]:
         q = self.qualified_name(address)
         return [
-            self._app_lock(address),
-            f"IF OBJECT_ID({self._object_name(address)}, N'U') IS NULL CREATE TABLE {q} ("
+            # Table and indexes together, as NServiceBus's installer creates them, and only when the
+            # table is new: an index built later on a live queue would be an offline build holding
+            # a table lock. An existing table without Index_Expires is warned about (check_queue).
+            f"IF OBJECT_ID({self._object_name(address)}, N'U') IS NULL BEGIN "
+            f"CREATE TABLE {q} ("
             "Id uniqueidentifier NOT NULL, "
             "CorrelationId varchar(255) NULL, "
             "ReplyToAddress varchar(255) NULL, "
@@ -206,13 +321,13 @@ class SqlServerDialect(Dialect):
             "Expires datetime NULL, "
             "Headers nvarchar(max) NOT NULL, "
             "Body varbinary(max) NULL, "
-            "RowVersion bigint IDENTITY(1,1) NOT NULL)",
+            "RowVersion bigint IDENTITY(1,1) NOT NULL); "
             # A heap with a nonclustered RowVersion index, as current NServiceBus creates it: a
             # clustered index on an ever-increasing key puts every insert on the same last page,
             # and senders then queue up on that page's latch. Receivers find the oldest row
             # through this index either way.
-            self._if_no_index(address, "Index_RowVersion")
-            + f"CREATE NONCLUSTERED INDEX [Index_RowVersion] ON {q} (RowVersion)",
+            f"CREATE NONCLUSTERED INDEX [Index_RowVersion] ON {q} (RowVersion); "
+            f"{self.expires_index_ddl(address)}; END",
         ]
 
     def add_body_string(self, address: QueueAddress) -> str:
@@ -225,8 +340,8 @@ class SqlServerDialect(Dialect):
         inflight = self.inflight_address(address)
         f = self.qualified_name(inflight)
         return [
-            self._app_lock(inflight),
-            f"IF OBJECT_ID({self._object_name(inflight)}, N'U') IS NULL CREATE TABLE {f} ("
+            f"IF OBJECT_ID({self._object_name(inflight)}, N'U') IS NULL BEGIN "
+            f"CREATE TABLE {f} ("
             "Token uniqueidentifier NOT NULL, "
             "Queue nvarchar(450) NOT NULL, "
             "Id uniqueidentifier NOT NULL, "
@@ -237,12 +352,11 @@ class SqlServerDialect(Dialect):
             "Deliveries int NOT NULL, "
             "LeaseUntil datetime2 NOT NULL, "
             "LastError nvarchar(max) NULL, "
-            "Holder nvarchar(400) NULL)",
+            "Holder nvarchar(400) NULL); "
+            f"CREATE UNIQUE NONCLUSTERED INDEX [Index_Token] ON {f} (Token); "
+            f"CREATE NONCLUSTERED INDEX [Index_Lease] ON {f} (Queue, LeaseUntil); END",
             # Tables created before hand-off reservations existed lack Holder.
             f"IF COL_LENGTH({self._object_name(inflight)}, N'Holder') IS NULL ALTER TABLE {f} ADD Holder nvarchar(400) NULL",
-            self._if_no_index(inflight, "Index_Token") + f"CREATE UNIQUE NONCLUSTERED INDEX [Index_Token] ON {f} (Token)",
-            self._if_no_index(inflight, "Index_Lease")
-            + f"CREATE NONCLUSTERED INDEX [Index_Lease] ON {f} (Queue, LeaseUntil)",
         ]
 
     def drop_queue(self, address: QueueAddress) -> str:
@@ -273,29 +387,38 @@ class SqlServerDialect(Dialect):
         )
 
     def expires_index_ddl(self, address: QueueAddress) -> str:
-        return self._if_no_index(address, "Index_Expires") + (
+        return (
             f"CREATE NONCLUSTERED INDEX [Index_Expires] ON {self.qualified_name(address)} (Expires) "
             "INCLUDE (Id, RowVersion) WHERE Expires IS NOT NULL"
         )
 
     # -- runtime -------------------------------------------------------------------------------
 
-    def _insert_values(self, address: QueueAddress, count: int) -> str:
+    def _insert_values(self, address: QueueAddress, count: int, shape: TableShape) -> str:
         # Rows are numbered and inserted ORDER BY that number: SQL Server then assigns RowVersion
         # in batch order, so a batch keeps its FIFO order.
         values = ", ".join(f"({n}, %s, CAST(%s AS bigint), %s, %s)" for n in range(1, count + 1))
+        recoverable = ("Recoverable, ", "1, ") if shape.recoverable else ("", "")
         return (
-            f"INSERT INTO {self.qualified_name(address)} (Id, Recoverable, Expires, Headers, Body) "
-            f"SELECT v.Id, 1, {_after_ms('v.Ttbr', _UTC_NOW)}, v.Headers, v.Body "
+            f"INSERT INTO {self.qualified_name(address)} (Id, {recoverable[0]}Expires, Headers, Body) "
+            f"SELECT v.Id, {recoverable[1]}{_after_ms('v.Ttbr', _UTC_NOW)}, v.Headers, v.Body "
             f"FROM (VALUES {values}) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord"
         )
 
-    def send(self, address: QueueAddress) -> str:
-        return self._insert_values(address, 1)
+    def send(self, address: QueueAddress, shape: TableShape) -> str:
+        return self._insert_values(address, 1, shape)
 
-    def send_batch(self, address: QueueAddress, count: int) -> tuple[str, int]:
-        rows = min(count, ROWS_PER_INSERT)
-        return self._insert_values(address, rows), rows
+    def batch_size(self, rows: Sequence[tuple[object, ...]]) -> int:
+        """Up to ROWS_PER_INSERT rows (the parameter limit) and BYTES_PER_INSERT bytes of values."""
+        size = 0
+        for count, row in enumerate(rows[:ROWS_PER_INSERT]):
+            size += sum(2 * len(value) + 8 if isinstance(value, (bytes, str)) else 40 for value in row)
+            if size > BYTES_PER_INSERT:
+                return max(count, 1)
+        return min(len(rows), ROWS_PER_INSERT)
+
+    def send_batch(self, address: QueueAddress, count: int, shape: TableShape) -> str:
+        return self._insert_values(address, count, shape)
 
     def send_batch_params(self, rows: Sequence[tuple[object, ...]]) -> tuple[object, ...]:
         return tuple(value for row in rows for value in row)
@@ -322,7 +445,7 @@ class SqlServerDialect(Dialect):
         )
 
     def depth(self, address: QueueAddress) -> str:
-        return f"SELECT COUNT_BIG(*) FROM {self.qualified_name(address)} WITH (READPAST)"
+        return f"SELECT COUNT_BIG(*) FROM {self.qualified_name(address)} WITH (READPAST, READCOMMITTEDLOCK)"
 
     def purge_expired(self, address: QueueAddress) -> str:
         return (
@@ -333,15 +456,22 @@ class SqlServerDialect(Dialect):
     def purge_all(self, address: QueueAddress) -> str:
         return f"DELETE FROM {self.qualified_name(address)}"
 
-    def insert_error(self, error_address: QueueAddress) -> str:
+    def insert_error(self, error_address: QueueAddress, shape: TableShape) -> str:
+        # The body is typed: a NULL body (NServiceBus allows one) bound by pyodbc without a type
+        # would arrive as varchar, which SQL Server refuses to convert to varbinary implicitly.
+        if shape.recoverable:
+            return (
+                f"INSERT INTO {self.qualified_name(error_address)} (Id, Recoverable, Expires, Headers, Body) "
+                "VALUES (%s, 1, NULL, %s, CAST(%s AS varbinary(max)))"
+            )
         return (
-            f"INSERT INTO {self.qualified_name(error_address)} (Id, Recoverable, Expires, Headers, Body) "
-            "VALUES (%s, 1, NULL, %s, %s)"
+            f"INSERT INTO {self.qualified_name(error_address)} (Id, Expires, Headers, Body) "
+            "VALUES (%s, NULL, %s, CAST(%s AS varbinary(max)))"
         )
 
     def browse(self, address: QueueAddress) -> str:
         return (
-            f"SELECT TOP (%s) Id, Headers, Body FROM {self.qualified_name(address)} WITH (READPAST) "
+            f"SELECT TOP (%s) Id, Headers, Body FROM {self.qualified_name(address)} WITH (READPAST, READCOMMITTEDLOCK) "
             f"WHERE Expires IS NULL OR Expires > {_UTC_NOW} ORDER BY RowVersion"
         )
 
@@ -354,9 +484,6 @@ class SqlServerDialect(Dialect):
     def delete_by_seq(self, address: QueueAddress) -> str:
         return f"DELETE FROM {self.qualified_name(address)} WHERE RowVersion = %s"
 
-    def send_raw(self, address: QueueAddress) -> str:
-        return self.insert_error(address)
-
     # -- claim mode ----------------------------------------------------------------------------
 
     def claim(self, address: QueueAddress) -> str:
@@ -365,6 +492,8 @@ class SqlServerDialect(Dialect):
         # One batch: delete the oldest unlocked rows into a table variable, move the unexpired ones
         # into the in-flight table, and return them together with the ids of the expired ones
         # (token NULL), which are just gone; one clock reading decides which is which.
+        # NULL Headers (possible in a hand-made table) are kept as the JSON text null, which no
+        # reader takes for headers: the row stays poison, where '' would read as no headers.
         return (
             "DECLARE @limit int = %s, @queue nvarchar(450) = %s, @deliveries int = %s, @lease_ms bigint = %s, "
             f"@holder nvarchar(400) = %s, @now datetime = {_UTC_NOW}; "
@@ -378,7 +507,7 @@ class SqlServerDialect(Dialect):
             f"INSERT INTO {f} (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil, Holder) "
             "OUTPUT inserted.Token, inserted.Id, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq "
             "INTO @claimed "
-            "SELECT NEWID(), @queue, t.Id, t.Expires, COALESCE(t.Headers, N''), t.Body, t.Seq, @deliveries, "
+            "SELECT NEWID(), @queue, t.Id, t.Expires, COALESCE(t.Headers, N'null'), t.Body, t.Seq, @deliveries, "
             f"{_after_ms('@lease_ms', _LEASE_NOW)}, @holder FROM @taken AS t "
             "WHERE t.Expires IS NULL OR t.Expires > @now; "
             "SELECT c.Token, c.Id, c.Headers, c.Body, c.Deliveries, c.Seq FROM @claimed AS c "
@@ -434,12 +563,12 @@ class SqlServerDialect(Dialect):
         f = self.qualified_name(self.inflight_address(address))
         return (
             f"SELECT ({self.peek(address)}) + "
-            f"(SELECT COUNT_BIG(*) FROM {f} WITH (READPAST) WHERE Queue = %s AND LeaseUntil <= {_LEASE_NOW})"
+            f"(SELECT COUNT_BIG(*) FROM {f} WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = %s AND LeaseUntil <= {_LEASE_NOW})"
         )
 
     def count_inflight(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
-        return f"SELECT COUNT_BIG(*) FROM {f} WITH (READPAST) WHERE Queue = %s"
+        return f"SELECT COUNT_BIG(*) FROM {f} WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = %s"
 
     def token_list(self, tokens: Sequence[uuid.UUID]) -> object:
         # A JSON array of token strings, opened server side with OPENJSON (SQL Server 2016+).
@@ -471,23 +600,36 @@ class SqlServerDialect(Dialect):
             f"UPDATE held SET LeaseUntil = {_after_ms('@lease_ms', _LEASE_NOW)} OUTPUT inserted.Token"
         )
 
-    def claim_to_error(self, address: QueueAddress, error_address: QueueAddress) -> str:
+    def claim_to_error(self, address: QueueAddress, error_address: QueueAddress, shape: TableShape) -> str:
         f = self.qualified_name(self.inflight_address(address))
         e = self.qualified_name(error_address)
+        recoverable = ("Recoverable, ", "1, ") if shape.recoverable else ("", "")
         return (
             "DECLARE @token uniqueidentifier = %s, @headers nvarchar(max) = %s; "
             "DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); "
             f"WITH claimed AS (SELECT * FROM {f} WHERE Token = @token) "
             "DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; "
-            f"INSERT INTO {e} (Id, Recoverable, Expires, Headers, Body) SELECT m.Id, 1, NULL, @headers, m.Body "
-            "FROM @moved AS m"
+            f"INSERT INTO {e} (Id, {recoverable[0]}Expires, Headers, Body) SELECT m.Id, {recoverable[1]}NULL, "
+            "@headers, m.Body FROM @moved AS m"
         )
 
     # -- errors --------------------------------------------------------------------------------
 
     def translate_error(self, exc: BaseException, address: str) -> SqlQueueError | None:
-        number, sqlstate = _error_number(exc), _sqlstate(exc)
-        text = _error_text(exc)
+        """Classify by what the driver reports, never by the exception class alone.
+
+        pymssql raises OperationalError for nearly every server error, so the class says nothing;
+        the native number (pymssql's first argument, pyodbc's ``(number) (SQLFunction)``) and, for
+        pyodbc, the SQLSTATE do. Only a lost or unreachable connection and the server errors known
+        to pass (deadlocks, lock timeouts, Azure SQL failovers) are "retry later"; every other
+        server error is permanent and says its number.
+        """
+        error = native_error(exc)
+        if error is None:
+            return None
+        number, sqlstate, text = error.number, error.sqlstate, error.text
+        if error.connection_lost:
+            return TransportUnavailableError(f"database connection lost or unreachable ({address}): {text}")
         if number == 208 or sqlstate == "42S02":  # invalid object name
             return QueueNotFoundError(address, text)
         if number == 2760:  # the schema does not exist (or is not visible to this login)
@@ -503,46 +645,71 @@ class SqlServerDialect(Dialect):
                 "schema (the installer's rights); sending and receiving need SELECT, INSERT, UPDATE and DELETE on "
                 "the queue tables and on the schema's sqlqueue_inflight table"
             )
-        if number in _RETRYABLE_NUMBERS or (sqlstate is not None and sqlstate.startswith(_CONNECTION_LOST_STATES)):
-            return TransportUnavailableError(f"database unavailable while working on {address}: {text}")
-        driver = type(exc).__module__.split(".", 1)[0]
-        if driver in ("pymssql", "pyodbc") and type(exc).__name__ in ("OperationalError", "InterfaceError"):
-            return TransportUnavailableError(f"database unavailable while working on {address}: {text}")
+        if number in _MISCONFIGURED_NUMBERS or sqlstate == "28000":
+            reason = _MISCONFIGURED_NUMBERS.get(number or 0, "login failed")
+            return TransportMisconfiguredError(
+                f"the database refused the connection ({reason}, error {number}): {text}; fix the connection's "
+                "settings (or the address's catalog), retrying will not help"
+            )
+        if number in _RETRYABLE_NUMBERS or (sqlstate is not None and sqlstate.startswith("40")):
+            return TransportUnavailableError(f"database busy or failing over while working on {address}: {text}")
+        if number in _EXISTS_NUMBERS:
+            return ObjectExistsError(f"another installer created part of {address} at the same time: {text}", number)
+        if number in _OVERFLOW_NUMBERS:
+            return StatementRejectedError(
+                f"a time computed for {address} does not fit SQL Server's datetime (error {number}): {text}; "
+                "time_to_be_received, lease and delay must stay within the transport's bounds",
+                number,
+            )
+        if number == ROLLED_BACK_NUMBER and ROLLED_BACK_TEXT[:40] in text:
+            return StatementRejectedError(
+                f"the transaction on {address} was rolled back by an error inside it: {text}. In native mode a "
+                "handler that catches a database error must re-raise it (the message is received again)",
+                number,
+            )
+        if number is not None:
+            return StatementRejectedError(f"SQL Server refused a statement on {address} (error {number}): {text}", number)
         return None
 
 
-def _error_args(exc: BaseException) -> tuple[object, ...]:
-    """The driver's arguments: pymssql gives ``(number, bytes)`` (sometimes wrapped in a 1-tuple), pyodbc ``(sqlstate, text)``."""
+@dataclass(frozen=True)
+class NativeError:
+    """A driver error as SQL Server's native number, the ODBC SQLSTATE (pyodbc only) and the text."""
+
+    number: int | None
+    sqlstate: str | None
+    text: str
+    #: The connection failed or died (the driver's own report, not the server's).
+    connection_lost: bool
+
+
+def native_error(exc: BaseException) -> NativeError | None:
+    """What pymssql or pyodbc reports about ``exc``; None for anything that is not theirs.
+
+    - pymssql (its DB-API exceptions wrap ``(number, message bytes)``; ``_mssql`` exceptions carry
+      ``number``): numbers from 20000 up are FreeTDS DB-Lib's own, client-side errors; a
+      connection that failed or died is one of ``_DBLIB_CONNECTION_NUMBERS``, or an
+      InterfaceError, which pymssql raises for "not connected".
+    - pyodbc: ``(sqlstate, "[sqlstate] text (number) (SQLFunction)")``; a connection that failed
+      or died has SQLSTATE class 08, or a timeout (HYT00/HYT01).
+    """
+    driver = type(exc).__module__.split(".", 1)[0]
     args = tuple(getattr(exc, "args", ()))
-    if len(args) == 1 and isinstance(args[0], tuple):
-        args = args[0]
-    return args
-
-
-def _error_text(exc: BaseException) -> str:
-    args = _error_args(exc)
-    if len(args) >= 2 and isinstance(args[1], bytes):
-        return args[1].decode("utf-8", "replace").strip()
-    if len(args) >= 2 and isinstance(args[1], str):
-        return args[1].strip()
-    return str(exc).strip()
-
-
-def _error_number(exc: BaseException) -> int | None:
-    """SQL Server's error number: pymssql's ``number`` or first argument, or ``(208)`` in pyodbc's text."""
-    number = getattr(exc, "number", None)
-    if isinstance(number, int):
-        return number
-    args = _error_args(exc)
-    if args and isinstance(args[0], int):
-        return args[0]
-    match = _ERROR_NUMBER.search(_error_text(exc))
-    return int(match.group(1)) if match else None
-
-
-def _sqlstate(exc: BaseException) -> str | None:
-    """pyodbc's SQLSTATE (its first argument), else None."""
-    args = _error_args(exc)
-    if args and isinstance(args[0], str) and re.fullmatch(r"[0-9A-Z]{5}", args[0]):
-        return args[0]
+    if driver == "pymssql":
+        if len(args) == 1 and isinstance(args[0], tuple):
+            args = args[0]
+        number = args[0] if args and isinstance(args[0], int) and not isinstance(args[0], bool) else None
+        if number is None and isinstance(getattr(exc, "number", None), int) and exc.number:  # type: ignore[attr-defined]
+            number = exc.number  # type: ignore[attr-defined]
+        raw = args[1] if len(args) >= 2 else (args[0] if args else "")
+        text = (raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)).strip()
+        lost = number in _DBLIB_CONNECTION_NUMBERS or (number is None and type(exc).__name__ == "InterfaceError")
+        return NativeError(number, None, text, lost)
+    if driver == "pyodbc":
+        sqlstate = args[0] if args and isinstance(args[0], str) and re.fullmatch(r"[0-9A-Z]{5}", args[0]) else None
+        text = str(args[1] if len(args) >= 2 else exc).strip()
+        matches = _ODBC_NATIVE.findall(text)
+        number = int(matches[-1][0]) if matches else None
+        lost = sqlstate is not None and sqlstate.startswith(_ODBC_CONNECTION_STATES)
+        return NativeError(number or None, sqlstate, text, lost)
     return None
