@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
 from airflow.sdk import DAG, Asset, AssetWatcher, task
 
-from airflow_provider_sqlqueue.demo.spark_jobs import clean_message, summarise_message
+from spark_jobs import clean_message, summarise_message  # example_dags/spark_jobs.py: the DAGs folder is on sys.path
 from airflow_provider_sqlqueue.operators.sqlqueue import ForwardMessagesOperator, hold_messages
 from airflow_provider_sqlqueue.transport import defaults
 

@@ -15,7 +15,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from airflow_provider_sqlqueue.transport import QueueAddress, QueueClient
-from airflow_provider_sqlqueue.transport.drivers import execute_pymssql, execute_pyodbc, open_session
+from airflow_provider_sqlqueue.transport.drivers import open_session
+from airflow_provider_sqlqueue.transport.drivers.sqlserver import execute_pymssql, execute_pyodbc
 from airflow_provider_sqlqueue.transport.operations import Fetch, Step
 
 

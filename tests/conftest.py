@@ -28,6 +28,10 @@ os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION", "False")
 TEST_DAGS = os.path.join(os.path.dirname(__file__), "dags")
 EXAMPLE_DAGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "example_dags")
+# Airflow puts a DAG bundle's folder on sys.path (BundleDagBag), so DAG files import their helper
+# modules (example_dags/spark_jobs.py) by name; DAG files parsed in-process here need the same.
+if EXAMPLE_DAGS not in sys.path:
+    sys.path.append(EXAMPLE_DAGS)
 os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", TEST_DAGS)
 os.environ.setdefault(
     "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST",
@@ -51,7 +55,7 @@ if os.environ.get("CI"):
 
 from tests.backends import Backend, Raw, backend_for
 
-from airflow_provider_sqlqueue.demo.services import airflow_connection
+from demo.services import airflow_connection
 from airflow_provider_sqlqueue.transport import QueueAddress, QueueClient
 
 LOCAL_PG_URI = "postgresql://postgres@127.0.0.1:5432/test"

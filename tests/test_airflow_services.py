@@ -22,8 +22,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from airflow_provider_sqlqueue.demo.data import insert_like_an_outside_sender, write_orders
-from airflow_provider_sqlqueue.demo.services import AirflowServices, metadata_database
+from demo.data import insert_like_an_outside_sender, write_orders
+from demo.services import AirflowServices, metadata_database
 from airflow_provider_sqlqueue.transport import QueueAddress, QueueClient
 from tests.conftest import EXAMPLE_DAGS
 

@@ -340,7 +340,7 @@ def test_consumers_recover_from_a_restart_and_a_session_kill_storm(own_pg, mode)
 async def test_trigger_survives_a_restart_and_a_session_kill_storm_then_fires(own_pg, airflow_db, monkeypatch):
     import asyncio
 
-    from airflow_provider_sqlqueue.demo.services import airflow_connection
+    from demo.services import airflow_connection
     from airflow_provider_sqlqueue.triggers.sqlqueue import SqlQueueTrigger
 
     uri, server = own_pg

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_sqlqueue.demo.data import write_orders
-from airflow_provider_sqlqueue.demo.services import LOCAL_SPARK, airflow_connection
+from demo.data import write_orders
+from demo.services import LOCAL_SPARK, airflow_connection
 from airflow_provider_sqlqueue.transport import Message, QueueAddress
 
 from .conftest import EXAMPLE_DAGS

@@ -27,7 +27,7 @@ from tests import tsql_types
 from airflow_provider_sqlqueue.transport import InvalidQueueNameError, QueueAddress, defaults
 from airflow_provider_sqlqueue.transport.dialects import Dialect, TableShape, get_dialect
 from airflow_provider_sqlqueue.transport.dialects import sqlserver as tsql
-from airflow_provider_sqlqueue.transport.drivers import _odbc_string, _placeholders, pymssql_text, pyodbc_statement
+from airflow_provider_sqlqueue.transport.drivers.sqlserver import odbc_connection_string, placeholders, pymssql_text, pyodbc_statement
 
 SNAPSHOT = Path(__file__).parent / "snapshots" / "sqlserver_statements.sql"
 
@@ -107,7 +107,7 @@ def statements(address: QueueAddress) -> Iterator[tuple[str, str]]:
 def as_tsql(sql: str) -> str:
     """The statement as SQL Server sees it: ``%s`` becomes a parameter, ``%%`` a literal ``%``."""
     numbers = iter(range(1, 10_000))
-    return _placeholders(sql, lambda: f"@p{next(numbers)}")
+    return placeholders(sql, lambda: f"@p{next(numbers)}")
 
 
 def parse(sql: str) -> list[exp.Expression]:
@@ -325,7 +325,7 @@ def test_sqlserver_refuses_names_over_128_characters():
 
 
 def test_odbc_uri_becomes_a_braced_connection_string():
-    assert _odbc_string("mssql+pyodbc://sa:p%3Bw%7D@db.example:1444/queues?driver=ODBC Driver 18 for SQL Server"
+    assert odbc_connection_string("mssql+pyodbc://sa:p%3Bw%7D@db.example:1444/queues?driver=ODBC Driver 18 for SQL Server"
                         "&TrustServerCertificate=yes") == (
         "DRIVER={ODBC Driver 18 for SQL Server};SERVER=db.example,1444;DATABASE=queues;UID=sa;PWD={p;w}}};"
         "TrustServerCertificate=yes"
@@ -334,8 +334,8 @@ def test_odbc_uri_becomes_a_braced_connection_string():
 
 def test_placeholder_rewriting_refuses_a_stray_percent():
     with pytest.raises(ValueError, match="stray %"):
-        _placeholders("SELECT 5 % 2", lambda: "?")
-    assert _placeholders("SELECT [50%% off], %s", lambda: "?") == "SELECT [50% off], ?"
+        placeholders("SELECT 5 % 2", lambda: "?")
+    assert placeholders("SELECT [50%% off], %s", lambda: "?") == "SELECT [50% off], ?"
 
 
 names = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1, max_size=40).filter(
@@ -524,7 +524,7 @@ def test_the_checker_catches_pymssqls_own_rendering_of_an_ascii_body():
     address = ADDRESSES["plain"]
     sql = dialect.send(address, SHAPE)
     params = (uuid.uuid4(), None, "{}", b'{"a":1}')
-    own = _placeholders(sql, lambda it=iter(params): quote_simple_value(next(it)).decode())
+    own = placeholders(sql, lambda it=iter(params): quote_simple_value(next(it)).decode())
     problems = type_problems(own, checker_tables(address, False))
     assert any("varchar -> varbinary is refused (error 257)" in p for p in problems), problems
     assert "0x7b2261223a317d" in pymssql_text(sql, params)  # the transport's rendering: a binary literal

@@ -34,6 +34,10 @@ PURGE_BATCH = 10_000
 #: (more than 10 s is warned about: a queue peeked that rarely is slow to notice messages).
 PEEK_INTERVAL = 1.0
 MAX_PEEK_INTERVAL = timedelta(hours=1)
+#: Outside this range of peek intervals (seconds) a loop warns: below, idle consumers load the
+#: database; above, messages wait long before anyone looks.
+MIN_RECOMMENDED_PEEK_INTERVAL = 0.1
+MAX_RECOMMENDED_PEEK_INTERVAL = 10.0
 
 #: Circuit breaker of every loop (pump, pollers, triggers): longest back-off, and when a lasting
 #: outage is logged as an error rather than a warning.

@@ -16,10 +16,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -27,6 +25,7 @@ from . import defaults
 from . import operations as ops
 from .addressing import QueueAddress
 from .client import default_holder, lease_ms
+from .breaker import CircuitBreaker
 from .drivers import AsyncSessionPool
 from .errors import QueueNotFoundError, TransportMisconfiguredError
 from .message import TIME_TO_BE_RECEIVED, Failure, ReceivedMessage, TransactionMode, duration
@@ -38,8 +37,6 @@ log = logging.getLogger("airflow_provider_sqlqueue.pump")
 #: the message failed.
 Handler = Callable[[ReceivedMessage, Any], Awaitable[None]]
 
-MIN_RECOMMENDED_PEEK = 0.1
-MAX_RECOMMENDED_PEEK = 10.0
 _TIMESPAN = re.compile(r"^(?:(\d+)\.)?(\d+):(\d+):(\d+)(?:\.(\d+))?$")
 
 
@@ -56,14 +53,14 @@ def parse_timespan(text: str) -> timedelta | None:
 def check_peek_interval(peek_interval: float, smallest_ttbr: timedelta | None = None) -> list[str]:
     """Warnings the recommended range and the queue's TTBR call for (also logged by the pump)."""
     warnings = []
-    if peek_interval < MIN_RECOMMENDED_PEEK:
+    if peek_interval < defaults.MIN_RECOMMENDED_PEEK_INTERVAL:
         warnings.append(
-            f"peek_interval {peek_interval}s is below {MIN_RECOMMENDED_PEEK}s: idle consumers will put "
+            f"peek_interval {peek_interval}s is below {defaults.MIN_RECOMMENDED_PEEK_INTERVAL}s: idle consumers will put "
             "unnecessary load on the database"
         )
-    if peek_interval > MAX_RECOMMENDED_PEEK:
+    if peek_interval > defaults.MAX_RECOMMENDED_PEEK_INTERVAL:
         warnings.append(
-            f"peek_interval {peek_interval}s is above {MAX_RECOMMENDED_PEEK}s: messages may back up in the queue"
+            f"peek_interval {peek_interval}s is above {defaults.MAX_RECOMMENDED_PEEK_INTERVAL}s: messages may back up in the queue"
         )
     if smallest_ttbr is not None and peek_interval > smallest_ttbr.total_seconds():
         warnings.append(
@@ -71,44 +68,6 @@ def check_peek_interval(peek_interval: float, smallest_ttbr: timedelta | None = 
             "messages may expire before they are peeked"
         )
     return warnings
-
-
-@dataclass
-class CircuitBreaker:
-    """Backs off after database errors instead of spinning, and raises the alarm if they persist."""
-
-    base_delay: float
-    max_backoff: float
-    alarm_after: float
-    failures: int = 0
-    failing_since: float | None = None
-
-    def success(self) -> None:
-        if self.failures:
-            log.info("Database reachable again after %d failed attempt(s); resuming", self.failures)
-        self.failures = 0
-        self.failing_since = None
-
-    def failure(self, exc: BaseException, queue: str) -> float:
-        """Record a failure and return how long to wait before the next attempt."""
-        now = time.monotonic()
-        if self.failing_since is None:
-            self.failing_since = now
-        self.failures += 1
-        delay = min(self.max_backoff, self.base_delay * 2 ** min(self.failures - 1, 16))
-        failing_for = now - self.failing_since
-        level = logging.ERROR if failing_for >= self.alarm_after else logging.WARNING
-        log.log(
-            level,
-            "Queue %s: database error (%s: %s); attempt %d failed, %.0fs since the first; retrying in %.1fs",
-            queue,
-            type(exc).__name__,
-            exc,
-            self.failures,
-            failing_for,
-            delay,
-        )
-        return delay
 
 
 class FailureCounter:

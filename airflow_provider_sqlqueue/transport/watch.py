@@ -20,7 +20,7 @@ from . import defaults
 from .client import AsyncQueueClient
 from .drivers import close_quietly
 from .errors import TransportUnavailableError
-from .pump import CircuitBreaker
+from .breaker import CircuitBreaker
 
 log = logging.getLogger("airflow_provider_sqlqueue.watch")
 

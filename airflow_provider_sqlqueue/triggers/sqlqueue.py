@@ -167,7 +167,8 @@ class SqlQueueTrigger(BaseTrigger):
         from ..hooks.sqlqueue import SqlQueueHook
         from ..transport.drivers import close_quietly
         from ..transport.errors import TransportUnavailableError
-        from ..transport.pump import CircuitBreaker, check_peek_interval
+        from ..transport.breaker import CircuitBreaker
+        from ..transport.pump import check_peek_interval
 
         for warning in check_peek_interval(self.peek_interval):
             self.log.warning("Queue %s: %s", self.queue_name, warning)

@@ -46,6 +46,10 @@ class Dialect(ABC):
     required_columns: tuple[str, ...]
     #: Table holding claimed (in-flight) messages, one per schema, shared by that schema's queues.
     inflight_table: str = "sqlqueue_inflight"
+    #: Transaction control, sent by the drivers around an operation's statements.
+    begin_sql: str
+    commit_sql: str
+    rollback_sql: str
 
     # -- addressing ---------------------------------------------------------------------------
 

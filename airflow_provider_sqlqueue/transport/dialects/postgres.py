@@ -66,6 +66,9 @@ class PostgresDialect(Dialect):
     """NServiceBus-compatible queue tables on PostgreSQL, driven through psycopg 3."""
 
     name = "postgres"
+    begin_sql = "BEGIN"
+    commit_sql = "COMMIT"
+    rollback_sql = "ROLLBACK"
     default_schema = "public"
     required_columns = ("id", "expires", "headers", "body", "seq")
 

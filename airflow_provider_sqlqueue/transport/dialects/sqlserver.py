@@ -186,6 +186,9 @@ class SqlServerDialect(Dialect):
 
     name = "sqlserver"
     default_schema = "dbo"
+    begin_sql = BEGIN_TRANSACTION
+    commit_sql = COMMIT_TRANSACTION
+    rollback_sql = ROLLBACK_TRANSACTION
     # Recoverable is not required: NServiceBus reads and writes tables without it too.
     required_columns = ("id", "expires", "headers", "body", "rowversion")
 

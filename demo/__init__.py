@@ -1,6 +1,6 @@
-"""The demo: both example Spark chains under Airflow's real services, on a real PostgreSQL, with real PySpark.
+"""The demo (not part of the installed package; it runs from a clone): both example Spark chains under Airflow's real services, on a real PostgreSQL, with real PySpark.
 
-``python -m airflow_provider_sqlqueue.demo`` (or ``bash .ci/demo``) creates the queues, starts
+``python -m demo`` from a clone of the repository (or ``bash .ci/demo``) creates the queues, starts
 Airflow's api-server, scheduler, dag-processor and triggerer (LocalExecutor, a metadata database
 of their own, ``example_dags/`` as the DAGs folder), generates two raw orders datasets and inserts
 one message per chain into its ``ingest`` queue by plain SQL, as an outside program would. It
@@ -25,8 +25,8 @@ from pathlib import Path
 
 
 def example_dags_folder() -> Path:
-    """``example_dags/`` of the source tree this package runs from."""
-    folder = Path(__file__).resolve().parents[2] / "example_dags"
+    """``example_dags/`` of the source tree the demo runs from."""
+    folder = Path(__file__).resolve().parents[1] / "example_dags"
     if not folder.is_dir():
         raise SystemExit(f"example DAGs not found at {folder}: run the demo from a clone of the repository")
     return folder

@@ -1,4 +1,4 @@
-"""``python -m airflow_provider_sqlqueue.demo [--keep-running]``: see the package docstring."""
+"""``python -m demo [--keep-running]``: see the package docstring."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 from psycopg import sql
 
-from ..transport import QueueAddress, QueueClient
+from airflow_provider_sqlqueue.transport import QueueAddress, QueueClient
 from . import database, example_dags_folder
 from .data import insert_like_an_outside_sender, write_orders
 from .services import AirflowServices, metadata_database

@@ -1,0 +1,91 @@
+"""Drivers: run operations' steps on real connections, one module per database (as ``dialects``).
+
+- :mod:`.base`: the session interfaces, result fetching, error translation;
+- :mod:`.postgres`: psycopg 3, blocking and asyncio, and the pump's pool;
+- :mod:`.sqlserver`: pymssql and pyodbc;
+- :mod:`.threads`: blocking sessions driven from asyncio on a thread of their own.
+
+This module picks the database and driver from a URI, a connection string or a DB-API connection.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..dialects import Dialect, get_dialect
+from .base import AsyncSession, AsyncSessionPool, Session, close_quietly
+from .postgres import AsyncPsycopgPool, AsyncPsycopgSession, PsycopgSession
+from .sqlserver import PYMSSQL_SCHEMES, PYODBC_SCHEMES, PymssqlSession, PyodbcSession, is_odbc_string
+from .threads import AsyncThreadPool, AsyncThreadSession
+
+__all__ = [
+    "AsyncPsycopgPool",
+    "AsyncPsycopgSession",
+    "AsyncSession",
+    "AsyncSessionPool",
+    "AsyncThreadPool",
+    "AsyncThreadSession",
+    "PsycopgSession",
+    "PymssqlSession",
+    "PyodbcSession",
+    "Session",
+    "close_quietly",
+    "dialect_for",
+    "open_async_session",
+    "open_pool",
+    "open_session",
+]
+
+
+def _scheme(target: str) -> str:
+    return target.split(":", 1)[0].lower() if "://" in target else ""
+
+
+def dialect_for(target: object) -> Dialect:
+    """Pick the dialect from a URI's scheme, an ODBC connection string or a connection object's driver."""
+    if isinstance(target, str):
+        scheme = _scheme(target)
+        if scheme in ("postgresql", "postgres"):
+            return get_dialect("postgres")
+        if scheme in PYMSSQL_SCHEMES + PYODBC_SCHEMES or is_odbc_string(target):
+            return get_dialect("sqlserver")
+        if "=" in target and "://" not in target:  # a libpq key=value DSN
+            return get_dialect("postgres")
+        raise ValueError(
+            f"cannot tell the database from {scheme or 'this connection string'!r}; use a postgresql:// or "
+            "mssql:// URI (mssql+pyodbc:// or an ODBC connection string for pyodbc)"
+        )
+    module = type(target).__module__.split(".", 1)[0]
+    if module == "psycopg":
+        return get_dialect("postgres")
+    if module in ("pymssql", "pyodbc"):
+        return get_dialect("sqlserver")
+    raise TypeError(f"unsupported connection type {type(target).__module__}.{type(target).__qualname__}")
+
+
+def open_session(target: Any) -> Session:
+    """A blocking session: opened from a URI/connection string (owned) or over a DB-API connection (borrowed)."""
+    dialect = dialect_for(target)
+    if dialect.name == "postgres":
+        return PsycopgSession.connect(target) if isinstance(target, str) else PsycopgSession(target)
+    if not isinstance(target, str):
+        session_type = PymssqlSession if type(target).__module__.startswith("pymssql") else PyodbcSession
+        return session_type(target)
+    if _scheme(target) in PYMSSQL_SCHEMES:
+        return PymssqlSession.connect(target)
+    return PyodbcSession.connect(target)
+
+
+async def open_async_session(target: Any) -> AsyncSession:
+    """The asyncio twin of :func:`open_session`: native for psycopg, a worker thread for SQL Server's drivers."""
+    if dialect_for(target).name == "postgres":
+        return await AsyncPsycopgSession.connect(target) if isinstance(target, str) else AsyncPsycopgSession(target)
+    return await AsyncThreadSession.open(lambda: open_session(target))
+
+
+def open_pool(target: str, max_size: int) -> AsyncSessionPool:
+    """A pool of async sessions for a message pump on the database ``target`` names."""
+    if dialect_for(target).name == "postgres":
+        return AsyncPsycopgPool(target, max_size=max_size)
+    return AsyncThreadPool(lambda: open_session(target), max_size=max_size)
+

@@ -1,0 +1,293 @@
+"""PostgreSQL through psycopg 3: blocking and asyncio sessions side by side, and the pump's pool."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.pq import TransactionStatus
+
+from .. import defaults
+from ..dialects import get_dialect
+from ..errors import TransportUnavailableError
+from ..operations import Operation, Step, drive, drive_async
+from .base import ANY_STEP, AsyncSession, AsyncSessionPool, Session, T, close_quietly, fetch, fetch_async, raise_translated, translated
+
+
+#: Statements whose parameters are larger than this are not inlined to travel with BEGIN.
+_FUSE_LIMIT = 64 * 1024
+
+
+class PsycopgSession(Session):
+    """A blocking psycopg 3 connection."""
+
+    def __init__(self, connection: Any, owned: bool = False) -> None:
+        super().__init__(get_dialect("postgres"), connection, owned)
+
+    @classmethod
+    def connect(cls, conninfo: str, **kwargs: Any) -> PsycopgSession:
+        """Open an autocommit connection: outside an operation's transaction nothing stays open."""
+        with translated(get_dialect("postgres"), psycopg.Error):
+            connection = psycopg.connect(conninfo, autocommit=True, **with_connect_timeout(conninfo, kwargs))
+        return cls(connection, owned=True)
+
+    def autocommits(self) -> bool:
+        return _psycopg_autocommits(self.connection)
+
+    def run(self, op: Operation[T], *, single_statement: bool = False) -> T:
+        """Run an operation in one transaction, with BEGIN sent together with its first statement.
+
+        A receive is BEGIN, DELETE ... RETURNING, COMMIT; sent one by one that is three round
+        trips, and on a fast network the round trips are the cost. BEGIN travels in the first
+        statement's message (its parameters inlined by psycopg's own client-side quoting), which
+        leaves two.
+        """
+        if not self.autocommits():
+            return super().run(op, single_statement=single_statement)
+        if single_statement:
+            return drive(op, self.execute)
+        began = False
+
+        def execute(step: Step) -> Any:
+            nonlocal began
+            if began:
+                return self.execute(step)
+            began = True
+            return self._begin_with(step)
+
+        try:
+            result = drive(op, execute)
+            if began:
+                self._command(self.dialect.commit_sql)
+        except BaseException:
+            # Also after a failed COMMIT: the session must not stay in an aborted transaction.
+            if began:
+                self._command(self.dialect.rollback_sql, quietly=True)
+            raise
+        return result
+
+    def _begin_with(self, step: Step) -> Any:
+        if not _fusable(step):
+            self._command(self.dialect.begin_sql)
+            return self.execute(step)
+        with translated(self.dialect, psycopg.Error, step):
+            text = psycopg.ClientCursor(self.connection).mogrify(step.sql, step.params)
+            with self.connection.cursor() as cursor:
+                cursor.execute(self.dialect.begin_sql + "; " + text)  # no parameters: one simple-protocol message
+                cursor.nextset()
+                return fetch(cursor, step)
+
+    def _command(self, command: str, quietly: bool = False) -> None:
+        """BEGIN, COMMIT or ROLLBACK; ``quietly`` for a ROLLBACK on a connection that may be gone."""
+        try:
+            self.connection.execute(command)
+        except psycopg.Error as exc:
+            if not quietly:  # a broken connection's transaction is rolled back by the server anyway
+                raise_translated(self.dialect, exc, ANY_STEP)
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        with translated(self.dialect, psycopg.Error):
+            with self.connection.transaction():
+                yield
+
+    def execute(self, step: Step) -> Any:
+        with translated(self.dialect, psycopg.Error, step):
+            with self.connection.cursor() as cursor:
+                cursor.execute(step.sql, step.params)
+                return fetch(cursor, step)
+
+
+def with_connect_timeout(conninfo: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Connection arguments with ``connect_timeout`` set unless the caller set it.
+
+    libpq waits for a server that accepts the TCP connection but never answers as long as the
+    operating system lets it (minutes); a bounded wait makes such a database "unavailable".
+    """
+    if "connect_timeout" in kwargs or "connect_timeout" in conninfo_to_dict(conninfo):
+        return kwargs
+    return {**kwargs, "connect_timeout": defaults.CONNECT_TIMEOUT_SECONDS}
+
+
+def _psycopg_autocommits(connection: Any) -> bool:
+    """An autocommit psycopg connection with no transaction open (sync or async alike)."""
+    return bool(connection.autocommit) and connection.info.transaction_status == TransactionStatus.IDLE
+
+
+def _fusable(step: Step) -> bool:
+    """Whether a statement's parameters are worth inlining to send it with BEGIN: small scalars only.
+
+    Large values would travel as escaped text, and arrays (batched sends) go faster in binary.
+    """
+    if "%b" in step.sql:
+        return False
+    size = 0
+    for param in step.params:
+        if isinstance(param, (list, tuple)):
+            return False
+        size += len(param) if isinstance(param, (bytes, str)) else 16
+    return size <= _FUSE_LIMIT
+
+
+class AsyncPsycopgSession(AsyncSession):
+    """An asyncio psycopg 3 connection."""
+
+    def __init__(self, connection: Any, owned: bool = False) -> None:
+        super().__init__(get_dialect("postgres"), connection, owned)
+        self._listening: set[str] = set()
+
+    @classmethod
+    async def connect(cls, conninfo: str, **kwargs: Any) -> AsyncPsycopgSession:
+        with translated(get_dialect("postgres"), psycopg.Error):
+            connection = await psycopg.AsyncConnection.connect(
+                conninfo, autocommit=True, **with_connect_timeout(conninfo, kwargs)
+            )
+        return cls(connection, owned=True)
+
+    def autocommits(self) -> bool:
+        return _psycopg_autocommits(self.connection)
+
+    async def wait_for_notification(self, channels: list[str], timeout: float) -> bool:
+        """LISTEN on first use of each channel, then wait for a NOTIFY; a burst already received wakes once.
+
+        Notifications that arrive while the connection runs other statements are kept by psycopg
+        and end the next wait at once.
+        """
+        with translated(self.dialect, psycopg.Error):
+            for channel in channels:
+                if channel not in self._listening:
+                    await self.connection.execute(self.dialect.listen(channel))
+                    self._listening.add(channel)
+            woken = False
+            async for _ in self.connection.notifies(timeout=timeout, stop_after=1):
+                woken = True
+            if woken:
+                async for _ in self.connection.notifies(timeout=0):
+                    pass
+            return woken
+
+    async def run(self, op: Operation[T], *, single_statement: bool = False) -> T:
+        """As :meth:`PsycopgSession.run`: BEGIN travels with the first statement."""
+        if not self.autocommits():
+            return await super().run(op, single_statement=single_statement)
+        if single_statement:
+            return await drive_async(op, self.execute)
+        began = False
+
+        async def execute(step: Step) -> Any:
+            nonlocal began
+            if began:
+                return await self.execute(step)
+            began = True
+            return await self._begin_with(step)
+
+        try:
+            result = await drive_async(op, execute)
+            if began:
+                await self._command(self.dialect.commit_sql)
+        except BaseException:
+            # Also after a failed COMMIT: the session must not stay in an aborted transaction.
+            if began:
+                await self._command(self.dialect.rollback_sql, quietly=True)
+            raise
+        return result
+
+    async def _begin_with(self, step: Step) -> Any:
+        if not _fusable(step):
+            await self._command(self.dialect.begin_sql)
+            return await self.execute(step)
+        with translated(self.dialect, psycopg.Error, step):
+            text = psycopg.AsyncClientCursor(self.connection).mogrify(step.sql, step.params)
+            async with self.connection.cursor() as cursor:
+                await cursor.execute(self.dialect.begin_sql + "; " + text)
+                cursor.nextset()
+                return await fetch_async(cursor, step)
+
+    async def _command(self, command: str, quietly: bool = False) -> None:
+        """As :meth:`PsycopgSession._command`."""
+        try:
+            await self.connection.execute(command)
+        except psycopg.Error as exc:
+            if not quietly:
+                raise_translated(self.dialect, exc, ANY_STEP)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[None]:
+        with translated(self.dialect, psycopg.Error):
+            async with self.connection.transaction():
+                yield
+
+    async def execute(self, step: Step) -> Any:
+        with translated(self.dialect, psycopg.Error, step):
+            async with self.connection.cursor() as cursor:
+                await cursor.execute(step.sql, step.params)
+                return await fetch_async(cursor, step)
+
+
+
+
+class AsyncPsycopgPool(AsyncSessionPool):
+    """Up to ``max_size`` autocommit psycopg connections for asyncio callers, reopened as soon as they fail.
+
+    A connection that fails (the server restarted, ``pg_terminate_backend`` killed its session) is
+    closed, and so is every idle one: they were most likely cut by the same event. The next session
+    opens a new connection at once, so a pump is back at full speed as soon as the database
+    answers again, with no reconnection back-off of the pool's own between it and the database --
+    the pump's circuit breaker already paces retries while the database is down.
+
+    :param min_size: connections opened by :meth:`open` (best effort: a database that is down
+        does not fail it).
+    """
+
+    def __init__(self, conninfo: str, max_size: int, min_size: int = 1, **kwargs: Any) -> None:
+        if max_size < 1:
+            raise ValueError(f"max_size must be at least 1, got {max_size}")
+        self.dialect = get_dialect("postgres")
+        self._conninfo = conninfo
+        self._kwargs = kwargs
+        self._min_size = min(min_size, max_size)
+        self._slots = asyncio.Semaphore(max_size)
+        self._idle: list[Any] = []
+        self._closed = False
+
+    async def _connect(self) -> Any:
+        return (await AsyncPsycopgSession.connect(self._conninfo, **self._kwargs)).connection
+
+    async def open(self) -> None:
+        for _ in range(self._min_size - len(self._idle)):
+            try:
+                self._idle.append(await self._connect())
+            except TransportUnavailableError:
+                return
+
+    async def close(self) -> None:
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for connection in idle:
+            await close_quietly(connection)
+
+    @asynccontextmanager
+    async def session(self) -> AsyncIterator[AsyncSession]:
+        if self._closed:
+            raise TransportUnavailableError("the session pool is closed")
+        async with self._slots:
+            connection = self._idle.pop() if self._idle else await self._connect()
+            cut = False
+            try:
+                yield AsyncPsycopgSession(connection)
+            except TransportUnavailableError:
+                cut = True
+                idle, self._idle = self._idle, []  # cut by the same event, most likely
+                for other in idle:
+                    await close_quietly(other)
+                raise
+            finally:
+                if cut or self._closed or connection.broken or not _psycopg_autocommits(connection):
+                    await close_quietly(connection)
+                else:
+                    self._idle.append(connection)
+
