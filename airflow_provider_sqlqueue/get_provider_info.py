@@ -27,7 +27,9 @@ def get_provider_info() -> dict[str, Any]:
         "operators": [
             {"integration-name": INTEGRATION, "python-modules": ["airflow_provider_sqlqueue.operators.sqlqueue"]}
         ],
-        "sensors": [{"integration-name": INTEGRATION, "python-modules": ["airflow_provider_sqlqueue.sensors.sqlqueue"]}],
+        "sensors": [
+            {"integration-name": INTEGRATION, "python-modules": ["airflow_provider_sqlqueue.sensors.sqlqueue"]}
+        ],
         "triggers": [
             {"integration-name": INTEGRATION, "python-modules": ["airflow_provider_sqlqueue.triggers.sqlqueue"]}
         ],
@@ -49,7 +51,11 @@ def get_provider_info() -> dict[str, Any]:
                     "dialect": {
                         "label": "Database",
                         "description": "Which database holds the queue tables.",
-                        "schema": {"type": ["string", "null"], "enum": ["postgres", "sqlserver", None], "default": "postgres"},
+                        "schema": {
+                            "type": ["string", "null"],
+                            "enum": ["postgres", "sqlserver", None],
+                            "default": "postgres",
+                        },
                     },
                     "error_queue": {
                         "label": "Error queue",

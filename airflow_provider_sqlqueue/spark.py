@@ -9,7 +9,7 @@ Spark task that fails and is retried does not leave half its rows behind to be s
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +26,7 @@ def _partition_sender(
     batch_size: int,
     headers: Mapping[str, str | None],
     time_to_be_received: timedelta | float | None,
-):
+) -> Callable[[Iterable[Any]], Iterator[int]]:
     """The function each partition runs: rows in, one count out."""
     message_headers = {CONTENT_TYPE: JSON_CONTENT_TYPE, **headers}
 

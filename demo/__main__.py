@@ -12,13 +12,19 @@ from typing import Any
 from psycopg import sql
 
 from airflow_provider_sqlqueue.transport import QueueAddress, QueueClient
+
 from . import database, example_dags_folder
 from .data import insert_like_an_outside_sender, write_orders
 from .services import AirflowServices, metadata_database
 
 SCHEMA = "sqlqueue_demo"
 QUEUES = ("ingest", "cleaned", "reports", "ingest_events", "cleaned_events")
-STAGES = ["sqlqueue_spark_clean", "sqlqueue_spark_summarise", "sqlqueue_spark_clean_events", "sqlqueue_spark_summarise_events"]
+STAGES = [
+    "sqlqueue_spark_clean",
+    "sqlqueue_spark_summarise",
+    "sqlqueue_spark_clean_events",
+    "sqlqueue_spark_summarise_events",
+]
 UI_PORT = 8080
 
 
@@ -82,12 +88,17 @@ def main() -> int:
             print(f"  UI: {services.url}   logs: {services.logs}")
 
             expected: dict[str, dict[str, Any]] = {}
-            for name, queue, seed in (("orders-2026-11", "ingest", 2026), ("orders-2026-11-events", "ingest_events", 7)):
+            for name, queue, seed in (
+                ("orders-2026-11", "ingest", 2026),
+                ("orders-2026-11-events", "ingest_events", 7),
+            ):
                 dataset = workdir / "data" / f"{name}.csv"
                 expected[name] = write_orders(dataset, seed=seed)
                 body = {"dataset": name, "path": str(dataset), "output_root": str(workdir / "output")}
                 insert_like_an_outside_sender(client.connection, SCHEMA, queue, body)
-                print(f"Inserted into {queue} by plain SQL: {body['dataset']} ({expected[name]['rows']} raw order lines)")
+                print(
+                    f"Inserted into {queue} by plain SQL: {body['dataset']} ({expected[name]['rows']} raw order lines)"
+                )
 
             progress = Progress(services, client)
             deadline = time.monotonic() + 900
@@ -96,7 +107,10 @@ def main() -> int:
                 time.sleep(2)
             progress.poll()
             reports = {m.json()["dataset"]: m.json() for m in client.receive(QueueAddress("reports", SCHEMA), 10)}
-            left = {name: client.depth(QueueAddress(name, SCHEMA)) + client.inflight(QueueAddress(name, SCHEMA)) for name in QUEUES}
+            left = {
+                name: client.depth(QueueAddress(name, SCHEMA)) + client.inflight(QueueAddress(name, SCHEMA))
+                for name in QUEUES
+            }
             left["error"] = client.depth(QueueAddress("error", SCHEMA))
 
             problems = []
@@ -105,8 +119,13 @@ def main() -> int:
                 if report is None:
                     problems.append(f"no report for {name}")
                     continue
-                print(f"\nReport {name}: {report['orders']} orders, revenue {report['revenue']:.2f}, {report['customers']} customers")
-                print("  by country: " + ", ".join(f"{row['country']} {row['revenue']:.2f}" for row in report["by_country"]))
+                print(
+                    f"\nReport {name}: {report['orders']} orders, revenue {report['revenue']:.2f}, {report['customers']} customers"
+                )
+                print(
+                    "  by country: "
+                    + ", ".join(f"{row['country']} {row['revenue']:.2f}" for row in report["by_country"])
+                )
                 if report["orders"] != figures["valid_orders"] or abs(report["revenue"] - figures["revenue"]) > 0.05:
                     problems.append(f"{name}: report {report['orders']}/{report['revenue']} != {figures}")
             if any(left.values()):
@@ -114,7 +133,9 @@ def main() -> int:
             if problems:
                 print("FAILED: " + "; ".join(problems) + f" (logs: {services.logs})", file=sys.stderr)
                 return 1
-            print(f"\nOK: both chains' reports match the data; every queue is empty. Total {time.perf_counter() - started:.0f}s")
+            print(
+                f"\nOK: both chains' reports match the data; every queue is empty. Total {time.perf_counter() - started:.0f}s"
+            )
             if args.keep_running:
                 print(f"Services still running: open {services.url} (Ctrl-C stops them)")
                 try:

@@ -30,7 +30,7 @@ def write_orders(path: Path, rows: int = 20_000, seed: int = 2026) -> dict[str, 
     """Write ``rows`` raw order lines to ``path`` (CSV) and return what cleaning and summarising must find."""
     rng = random.Random(seed)
     start = datetime(2026, 11, 1)
-    countries, weights = zip(*COUNTRIES.items())
+    countries, weights = zip(*COUNTRIES.items(), strict=True)
     written: list[list[Any]] = []
     valid: dict[str, tuple[str, float]] = {}
     for n in range(rows):
@@ -49,14 +49,25 @@ def write_orders(path: Path, rows: int = 20_000, seed: int = 2026) -> dict[str, 
         order_id = f"O{n:07d}"
         ordered_at = start + timedelta(seconds=rng.randrange(30 * 86_400))
         written.append(
-            [order_id, ordered_at.isoformat(sep=" "), f"C{rng.randrange(5000):05d}", country, category, product, quantity, price]
+            [
+                order_id,
+                ordered_at.isoformat(sep=" "),
+                f"C{rng.randrange(5000):05d}",
+                country,
+                category,
+                product,
+                quantity,
+                price,
+            ]
         )
         if quantity > 0 and country:
             valid[order_id] = (country, round(quantity * price, 2))
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as handle:
         out = csv.writer(handle)
-        out.writerow(["order_id", "ordered_at", "customer_id", "country", "category", "product", "quantity", "unit_price"])
+        out.writerow(
+            ["order_id", "ordered_at", "customer_id", "country", "category", "product", "quantity", "unit_price"]
+        )
         out.writerows(written)
     revenue_by_country: Counter[str] = Counter()
     for country, revenue in valid.values():

@@ -144,7 +144,12 @@ class AirflowServices:
     def airflow(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         """Run an ``airflow`` command with the services' settings."""
         return subprocess.run(
-            [sys.executable, "-m", "airflow", *args], env=self.env, capture_output=True, text=True, timeout=timeout, check=True
+            [sys.executable, "-m", "airflow", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=True,
         )
 
     def migrate(self) -> None:
@@ -224,7 +229,9 @@ class AirflowServices:
         while time.monotonic() < deadline:
             for key, process in self.processes.items():
                 if process.poll() is not None:
-                    raise RuntimeError(f"Airflow {key} exited with {process.returncode}; see {self.logs / (key + '.log')}")
+                    raise RuntimeError(
+                        f"Airflow {key} exited with {process.returncode}; see {self.logs / (key + '.log')}"
+                    )
             state = self.health()
             parts = ("metadatabase", "scheduler", "triggerer", "dag_processor")
             if state and all((state.get(part) or {}).get("status") == "healthy" for part in parts):

@@ -14,8 +14,8 @@ from datetime import datetime
 from airflow.sdk import DAG, task
 
 from airflow_provider_sqlqueue.hooks.sqlqueue import SqlQueueHook
-from airflow_provider_sqlqueue.transport import QueueNotFoundError
 from airflow_provider_sqlqueue.operators.sqlqueue import CreateQueueOperator, PurgeExpiredMessagesOperator
+from airflow_provider_sqlqueue.transport import QueueNotFoundError
 
 SCHEMA = os.environ.get("SQLQUEUE_SCHEMA", "public")
 QUEUES = [f'{name}@"{SCHEMA}"' for name in ("ingest", "cleaned", "reports", "ingest_events", "cleaned_events")]
@@ -33,9 +33,7 @@ with DAG(
     tags=["sqlqueue"],
     doc_md=__doc__,
 ):
-    purges = [
-        PurgeExpiredMessagesOperator(task_id=f"purge_{name.split('@')[0]}", queue_name=name) for name in QUEUES
-    ]
+    purges = [PurgeExpiredMessagesOperator(task_id=f"purge_{name.split('@')[0]}", queue_name=name) for name in QUEUES]
 
     @task
     def report() -> dict:
@@ -49,7 +47,9 @@ with DAG(
                 queues[name] = {"missing": True}
         errors = hook.browse(ERROR_QUEUE, 10_000)
         by_source = Counter(message.headers.get("NServiceBus.FailedQ") or "unknown" for message in errors)
-        by_exception = Counter(message.headers.get("NServiceBus.ExceptionInfo.ExceptionType") or "unknown" for message in errors)
+        by_exception = Counter(
+            message.headers.get("NServiceBus.ExceptionInfo.ExceptionType") or "unknown" for message in errors
+        )
         summary = {
             "queues": queues,
             "error_queue": {"messages": len(errors), "by_source": dict(by_source), "by_exception": dict(by_exception)},

@@ -24,15 +24,19 @@ import os
 from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, task
-
 from spark_jobs import clean_message, summarise_message  # example_dags/spark_jobs.py: the DAGs folder is on sys.path
+
 from airflow_provider_sqlqueue.operators.sqlqueue import ForwardMessagesOperator, hold_messages
-from airflow_provider_sqlqueue.transport import defaults
 from airflow_provider_sqlqueue.sensors.sqlqueue import SqlQueueSensor
+from airflow_provider_sqlqueue.transport import defaults
 
 SCHEMA = os.environ.get("SQLQUEUE_SCHEMA", "public")
 #: The hand-off lease: how soon messages held by a process that died (a triggerer, a worker) come back.
-LEASE = timedelta(seconds=float(os.environ["SQLQUEUE_LEASE_SECONDS"])) if "SQLQUEUE_LEASE_SECONDS" in os.environ else defaults.LEASE
+LEASE = (
+    timedelta(seconds=float(os.environ["SQLQUEUE_LEASE_SECONDS"]))
+    if "SQLQUEUE_LEASE_SECONDS" in os.environ
+    else defaults.LEASE
+)
 INGEST, CLEANED, REPORTS = (f'{name}@"{SCHEMA}"' for name in ("ingest", "cleaned", "reports"))
 SPARK_CONN = "spark_default"
 BATCH = 10  # messages one run takes at most
@@ -60,7 +64,11 @@ def stage(dag_id: str, task_id: str, source: str, target: str, job, message_type
 
         done = run_job(wait.output)
         ForwardMessagesOperator(
-            task_id="forward", queue_name=target, messages=done["results"], claims=done["claims"], message_type=message_type
+            task_id="forward",
+            queue_name=target,
+            messages=done["results"],
+            claims=done["claims"],
+            message_type=message_type,
         )
     return dag
 

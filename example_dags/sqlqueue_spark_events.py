@@ -19,14 +19,18 @@ from datetime import datetime, timedelta
 
 from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
 from airflow.sdk import DAG, Asset, AssetWatcher, task
-
 from spark_jobs import clean_message, summarise_message  # example_dags/spark_jobs.py: the DAGs folder is on sys.path
+
 from airflow_provider_sqlqueue.operators.sqlqueue import ForwardMessagesOperator, hold_messages
 from airflow_provider_sqlqueue.transport import defaults
 
 SCHEMA = os.environ.get("SQLQUEUE_SCHEMA", "public")
 #: The hand-off lease: how soon messages held by a process that died (a triggerer, a worker) come back.
-LEASE = timedelta(seconds=float(os.environ["SQLQUEUE_LEASE_SECONDS"])) if "SQLQUEUE_LEASE_SECONDS" in os.environ else defaults.LEASE
+LEASE = (
+    timedelta(seconds=float(os.environ["SQLQUEUE_LEASE_SECONDS"]))
+    if "SQLQUEUE_LEASE_SECONDS" in os.environ
+    else defaults.LEASE
+)
 CONN, SPARK_CONN = "sqlqueue_default", "spark_default"
 INGEST, CLEANED, REPORTS = (f'{name}@"{SCHEMA}"' for name in ("ingest_events", "cleaned_events", "reports"))
 

@@ -12,7 +12,7 @@ import asyncio
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, ClassVar
 
 from airflow_provider_sqlqueue.transport import QueueAddress, QueueClient
 from airflow_provider_sqlqueue.transport.drivers import open_session
@@ -76,7 +76,7 @@ class Backend:
     max_table_name: int  # longest queue table name the dialect accepts, and how it is measured
     too_long_message: str
     #: Columns (name, type, nullable) NServiceBus's table has, as the catalog reports them.
-    queue_columns: list[tuple[str, str, str]]
+    queue_columns: ClassVar[list[tuple[str, str, str]]]
 
     def __init__(self, uri: str) -> None:
         self.uri = uri
@@ -109,7 +109,9 @@ class Backend:
         rows = raw.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (schema,))
         return {row[0] for row in rows.fetchall()}
 
-    def nservicebus_send(self, raw: Raw, schema: str, table: str, message_id: uuid.UUID, headers: str, body: bytes) -> None:
+    def nservicebus_send(
+        self, raw: Raw, schema: str, table: str, message_id: uuid.UUID, headers: str, body: bytes
+    ) -> None:
         """Insert a row the way an NServiceBus endpoint's own send statement does."""
         raise NotImplementedError
 
@@ -150,7 +152,7 @@ class PostgresBackend(Backend):
     text_type = "text"
     max_table_name = 55
     too_long_message = "56 bytes.*limited to 55"
-    queue_columns = [
+    queue_columns: ClassVar[list[tuple[str, str, str]]] = [
         ("id", "uuid", "NO"),
         ("expires", "timestamp without time zone", "YES"),
         ("headers", "text", "NO"),
@@ -167,7 +169,9 @@ class PostgresBackend(Backend):
     def drop_schema(self, raw: Raw, name: str) -> None:
         raw.execute(f'DROP SCHEMA "{name}" CASCADE')
 
-    def nservicebus_send(self, raw: Raw, schema: str, table: str, message_id: uuid.UUID, headers: str, body: bytes) -> None:
+    def nservicebus_send(
+        self, raw: Raw, schema: str, table: str, message_id: uuid.UUID, headers: str, body: bytes
+    ) -> None:
         raw.execute(
             f"INSERT INTO {self.table(schema, table)} (Id, Expires, Headers, Body) VALUES (%s, NULL, %s, %s)",
             (message_id, headers, body),
@@ -204,7 +208,7 @@ class SqlServerBackend(Backend):
     text_type = "nvarchar(max)"
     max_table_name = 128
     too_long_message = "129 characters; SQL Server names are limited to 128"
-    queue_columns = [
+    queue_columns: ClassVar[list[tuple[str, str, str]]] = [
         ("id", "uniqueidentifier", "NO"),
         ("correlationid", "varchar", "YES"),
         ("replytoaddress", "varchar", "YES"),
@@ -229,7 +233,9 @@ class SqlServerBackend(Backend):
             raw.execute(f"DROP TABLE {self.table(name, table)}")
         raw.execute(f"DROP SCHEMA [{name}]")
 
-    def nservicebus_send(self, raw: Raw, schema: str, table: str, message_id: uuid.UUID, headers: str, body: bytes) -> None:
+    def nservicebus_send(
+        self, raw: Raw, schema: str, table: str, message_id: uuid.UUID, headers: str, body: bytes
+    ) -> None:
         raw.execute(
             f"INSERT INTO {self.table(schema, table)} (Id, Recoverable, Expires, Headers, Body) "
             "VALUES (%s, 1, NULL, %s, %s)",
@@ -259,7 +265,9 @@ class SqlServerBackend(Backend):
 
     def open_transactions_of(self, raw: Raw, client: QueueClient) -> int:
         spid = execute_on(client.session, "SELECT @@SPID").fetchone()[0]
-        return raw.execute("SELECT open_transaction_count FROM sys.dm_exec_sessions WHERE session_id = %s", (spid,)).fetchone()[0]
+        return raw.execute(
+            "SELECT open_transaction_count FROM sys.dm_exec_sessions WHERE session_id = %s", (spid,)
+        ).fetchone()[0]
 
 
 def backend_for(name: str, uri: str) -> Backend:

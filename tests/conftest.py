@@ -53,10 +53,9 @@ settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
 
-from tests.backends import Backend, Raw, backend_for
-
-from demo.services import airflow_connection
 from airflow_provider_sqlqueue.transport import QueueAddress, QueueClient
+from demo.services import airflow_connection
+from tests.backends import Backend, Raw, backend_for
 
 LOCAL_PG_URI = "postgresql://postgres@127.0.0.1:5432/test"
 

@@ -16,9 +16,9 @@ from airflow_provider_sqlqueue.transport.dialects.postgres import PostgresDialec
 from airflow_provider_sqlqueue.transport.message import decode_headers, encode_headers, wire_timespan
 
 pg = PostgresDialect()
-names = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1, max_size=20).filter(
-    lambda s: s.strip()
-)
+names = st.text(
+    st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1, max_size=20
+).filter(lambda s: s.strip())
 
 
 @pytest.mark.parametrize(
@@ -38,7 +38,7 @@ def test_postgres_address_forms(text, table, schema):
     assert pg.parse_address(text) == QueueAddress(table, schema)
 
 
-@pytest.mark.parametrize("text", ['"unterminated', 'a.b.c', 'ab"c', ""])
+@pytest.mark.parametrize("text", ['"unterminated', "a.b.c", 'ab"c', ""])
 def test_postgres_bad_addresses_are_refused(text):
     with pytest.raises(InvalidQueueNameError):
         pg.parse_address(text)
@@ -87,7 +87,9 @@ def test_empty_headers_text_is_no_headers():
     assert decode_headers("") == {}
 
 
-@pytest.mark.parametrize("text", [" ", "nope", "[]", '"str"', "1", '{"a": 1}', '{"a": {"b": "c"}}', '{"a": ["x"]}', None])
+@pytest.mark.parametrize(
+    "text", [" ", "nope", "[]", '"str"', "1", '{"a": 1}', '{"a": {"b": "c"}}', '{"a": ["x"]}', None]
+)
 def test_malformed_headers_are_rejected(text):
     with pytest.raises(InvalidHeadersError):
         decode_headers(text)
@@ -134,7 +136,9 @@ def test_a_varchar_headers_table_is_written_ascii_and_warned_about(caplog):
     address = QueueAddress("legacy")
     assert dialect.table_shape(address) is None  # unknown until the catalog was read
     with caplog.at_level(logging.WARNING, logger="airflow_provider_sqlqueue"):
-        shape = dialect.learn_table_shape(address, [("id", "uniqueidentifier"), ("headers", "varchar"), ("body", "varbinary")])
+        shape = dialect.learn_table_shape(
+            address, [("id", "uniqueidentifier"), ("headers", "varchar"), ("body", "varbinary")]
+        )
     assert (shape.recoverable, shape.ascii_headers) == (False, True)
     assert dialect.table_shape(address) == shape
     assert "varchar Headers column" in caplog.text

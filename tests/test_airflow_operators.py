@@ -26,7 +26,9 @@ def states(run) -> dict[str, str]:
 def test_create_and_send(schema, raw, client):
     run = load_dag("sqlqueue_install_and_send").test()
     assert run.state == "success", states(run)
-    tables = {r[0] for r in raw.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = %s", [schema])}
+    tables = {
+        r[0] for r in raw.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = %s", [schema])
+    }
     assert {"orders", "error", "orders.worker1", "sqlqueue_inflight"} <= tables
     rows = raw.execute(f'SELECT id, headers, body, expires FROM "{schema}".orders ORDER BY seq').fetchall()
     assert len(rows) == 6
@@ -52,7 +54,9 @@ def test_create_and_send(schema, raw, client):
 
 @pytest.mark.parametrize("deferrable", [True, False], ids=["deferrable", "poke"])
 def test_sensor_receives_acks_and_hands_messages_downstream(deferrable, client, queue, schema, raw):
-    client.send(queue, [Message(json.dumps({"n": n}), {"NServiceBus.ContentType": "application/json"}) for n in range(5)])
+    client.send(
+        queue, [Message(json.dumps({"n": n}), {"NServiceBus.ContentType": "application/json"}) for n in range(5)]
+    )
     run = load_dag(f"sqlqueue_consume_{'deferrable' if deferrable else 'poke'}").test()
     assert run.state == "success", states(run)
     messages = xcom(run, "wait")

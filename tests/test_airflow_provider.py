@@ -8,10 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import airflow
 import jsonschema
 import pytest
 
-import airflow
 from airflow_provider_sqlqueue.get_provider_info import get_provider_info
 from airflow_provider_sqlqueue.hooks.sqlqueue import SqlQueueHook, UnsupportedConnectionError
 from airflow_provider_sqlqueue.transport import Message, QueueNotFoundError

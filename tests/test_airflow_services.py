@@ -22,9 +22,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from airflow_provider_sqlqueue.transport import QueueAddress, QueueClient
 from demo.data import insert_like_an_outside_sender, write_orders
 from demo.services import AirflowServices, metadata_database
-from airflow_provider_sqlqueue.transport import QueueAddress, QueueClient
 from tests.conftest import EXAMPLE_DAGS
 
 pytestmark = pytest.mark.timeout(1800)
@@ -41,7 +41,12 @@ SETTINGS = {
     "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "15",
     "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "20",
 }
-STAGE_DAGS = ["sqlqueue_spark_clean", "sqlqueue_spark_summarise", "sqlqueue_spark_clean_events", "sqlqueue_spark_summarise_events"]
+STAGE_DAGS = [
+    "sqlqueue_spark_clean",
+    "sqlqueue_spark_summarise",
+    "sqlqueue_spark_clean_events",
+    "sqlqueue_spark_summarise_events",
+]
 
 
 class Pipeline:
@@ -96,7 +101,9 @@ def pipeline(pg_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             installer.create_queue(QueueAddress(name, schema))
     try:
         with metadata_database(pg_uri) as metadata_uri:
-            services = AirflowServices(home, metadata_uri, pg_uri, Path(EXAMPLE_DAGS), env=SETTINGS | {"SQLQUEUE_SCHEMA": schema})
+            services = AirflowServices(
+                home, metadata_uri, pg_uri, Path(EXAMPLE_DAGS), env=SETTINGS | {"SQLQUEUE_SCHEMA": schema}
+            )
             try:
                 seconds = services.start_all(STAGE_DAGS)
                 print(f"\nAirflow services up in {seconds:.0f}s (logs: {services.logs})")
@@ -125,7 +132,10 @@ def test_burst_of_20_on_both_chains_reports_each_dataset_exactly_once(pipeline: 
 
     pipeline.wait_until(lambda: len(pipeline.reports()) >= 40, 900, "40 reports")
     pipeline.wait_until(
-        lambda: {k: v for k, v in pipeline.left().items() if k != "reports"} == dict.fromkeys([*QUEUES[:2], *QUEUES[3:], "error"], 0),
+        lambda: (
+            {k: v for k, v in pipeline.left().items() if k != "reports"}
+            == dict.fromkeys([*QUEUES[:2], *QUEUES[3:], "error"], 0)
+        ),
         120,
         "every queue drained",
     )
@@ -147,7 +157,9 @@ def test_burst_of_20_on_both_chains_reports_each_dataset_exactly_once(pipeline: 
     burst_start = min(sent_at.values())
     for chain, dag_id in (("s", "sqlqueue_spark_clean"), ("e", "sqlqueue_spark_clean_events")):
         done = [
-            datetime.strptime(r.headers["NServiceBus.TimeSent"], "%Y-%m-%d %H:%M:%S:%f Z").replace(tzinfo=timezone.utc).timestamp()
+            datetime.strptime(r.headers["NServiceBus.TimeSent"], "%Y-%m-%d %H:%M:%S:%f Z")
+            .replace(tzinfo=timezone.utc)
+            .timestamp()
             - sent_at[r.json()["dataset"]]
             for r in reports
             if r.json()["dataset"].startswith(chain)
@@ -185,7 +197,9 @@ def assert_triggers_never_blocked_the_loop(services: AirflowServices, key: str =
             assert not [line for line in late if float(line.split("blocked for ")[1].split()[0]) >= 0.5], late
 
 
-def inflight_rows(pipeline: Pipeline, ids: list[uuid.UUID] | None = None) -> dict[uuid.UUID, tuple[uuid.UUID, str | None, bool]]:
+def inflight_rows(
+    pipeline: Pipeline, ids: list[uuid.UUID] | None = None
+) -> dict[uuid.UUID, tuple[uuid.UUID, str | None, bool]]:
     """Claims in flight (message id -> (token, holder, lease still running)), of ``ids`` or all."""
     with psycopg.connect(pipeline.pg_uri, autocommit=True) as connection:
         rows = connection.execute(
@@ -196,7 +210,9 @@ def inflight_rows(pipeline: Pipeline, ids: list[uuid.UUID] | None = None) -> dic
     return {row[0]: (row[1], row[2], row[3]) for row in rows}
 
 
-def wait_recovered(pipeline: Pipeline, before: dict[uuid.UUID, tuple[uuid.UUID, str | None, bool]], timeout: float) -> float:
+def wait_recovered(
+    pipeline: Pipeline, before: dict[uuid.UUID, tuple[uuid.UUID, str | None, bool]], timeout: float
+) -> float:
     """Seconds until no message in ``before`` is held for its dead holder: its lease ran out (anyone may
     receive it), someone else has it (a new token), or it was settled."""
     started = time.monotonic()
@@ -209,7 +225,9 @@ def wait_recovered(pipeline: Pipeline, before: dict[uuid.UUID, tuple[uuid.UUID, 
     raise AssertionError(f"still held for a dead process after {timeout:.0f}s: {stuck}")
 
 
-def new_log_line(services: AirflowServices, keys: list[str], needle: str, seen: int, timeout: float = 120) -> tuple[str, str, int]:
+def new_log_line(
+    services: AirflowServices, keys: list[str], needle: str, seen: int, timeout: float = 120
+) -> tuple[str, str, int]:
     """Wait for a ``needle`` line beyond the first ``seen`` in any of the logs; returns (key, line, count)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -222,7 +240,9 @@ def new_log_line(services: AirflowServices, keys: list[str], needle: str, seen: 
     raise AssertionError(f"no new {needle!r} line in {keys} within {timeout:.0f}s")
 
 
-def running_holder(pipeline: Pipeline, timeout: float = 180) -> tuple[str, int, dict[uuid.UUID, tuple[uuid.UUID, str | None, bool]]]:
+def running_holder(
+    pipeline: Pipeline, timeout: float = 180
+) -> tuple[str, int, dict[uuid.UUID, tuple[uuid.UUID, str | None, bool]]]:
     """A Spark task running now whose run holds claims: (dag_id.task_id, pid, the claims its run holds).
 
     The claims were taken by the run's sensor (sensor chain) or by the Spark task itself (event
@@ -277,7 +297,9 @@ def test_sigkilled_services_lose_nothing_and_send_nothing_twice(pipeline: Pipeli
         services.kill(key)
         services.start("triggerer", suffix=key.removeprefix("triggerer"))
         if held:
-            recoveries.append((f"{key} killed right after reserving {len(held)}", wait_recovered(pipeline, held, limit)))
+            recoveries.append(
+                (f"{key} killed right after reserving {len(held)}", wait_recovered(pipeline, held, limit))
+            )
         seen = sum(len(services.log_lines(k, "reserved")) for k in triggerers)
 
     # 2. A worker killed in the middle of a Spark job: its claims stop being renewed.
@@ -315,7 +337,11 @@ def test_sigkilled_services_lose_nothing_and_send_nothing_twice(pipeline: Pipeli
 
 
 def test_failing_job_is_retried_then_lands_in_the_schemas_error_queue_with_its_exception(pipeline: Pipeline) -> None:
-    body = {"dataset": "missing", "path": str(pipeline.data / "never-landed.csv"), "output_root": str(pipeline.data / "out")}
+    body = {
+        "dataset": "missing",
+        "path": str(pipeline.data / "never-landed.csv"),
+        "output_root": str(pipeline.data / "out"),
+    }
     message_id = pipeline.insert("ingest", body)
     pipeline.wait_until(lambda: pipeline.left()["error"] == 1, 600, "the failing message in the error queue")
     with QueueClient.connect(pipeline.pg_uri) as client:

@@ -31,15 +31,24 @@ KINDS = {
 }
 
 
-def set_connection(monkeypatch, conn_id: str, kind: str, host: str, port: int, login: str, password: str, schema: str) -> None:
+def set_connection(
+    monkeypatch, conn_id: str, kind: str, host: str, port: int, login: str, password: str, schema: str
+) -> None:
     conn_type, extra = KINDS[kind]
     # The odbc provider takes the driver from extras only when allowed to (as a deployment would).
     monkeypatch.setenv("AIRFLOW__PROVIDERS_ODBC__ALLOW_DRIVER_IN_EXTRA", "True")
     monkeypatch.setenv(
         f"AIRFLOW_CONN_{conn_id.upper()}",
         json.dumps(
-            {"conn_type": conn_type, "host": host, "port": port, "login": login, "password": password,
-             "schema": schema, "extra": extra}
+            {
+                "conn_type": conn_type,
+                "host": host,
+                "port": port,
+                "login": login,
+                "password": password,
+                "schema": schema,
+                "extra": extra,
+            }
         ),
     )
 
@@ -49,7 +58,7 @@ def test_unreachable_server_is_a_clear_transport_error(airflow_db, monkeypatch, 
     set_connection(monkeypatch, "down", kind, "127.0.0.1", 1, "sa", "secret", "queues")
     hook = SqlQueueHook("down")
     assert hook.dialect_name == "sqlserver" and hook.error_queue == "failed@[dbo]"
-    with pytest.raises(TransportUnavailableError, match="(?s)connection 'down'.*Unable to connect"):
+    with pytest.raises(TransportUnavailableError, match=r"(?s)connection 'down'.*Unable to connect"):
         hook.send("orders", Message("x"))
     ok, text = hook.test_connection()
     assert not ok and "Unable to connect" in text
@@ -94,8 +103,13 @@ def mssql(monkeypatch) -> dict[str, object]:
     if not uri:
         pytest.skip(MSSQL_SKIP_REASON)
     parts = urlsplit(uri)
-    return {"host": parts.hostname, "port": parts.port or 1433, "login": parts.username or "",
-            "password": parts.password or "", "schema": parts.path.lstrip("/")}
+    return {
+        "host": parts.hostname,
+        "port": parts.port or 1433,
+        "login": parts.username or "",
+        "password": parts.password or "",
+        "schema": parts.path.lstrip("/"),
+    }
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -35,7 +35,9 @@ async def first_event(trigger, timeout: float = 20.0):
 
 def test_serialize_round_trip(schema):
     for cls in (SqlQueueTrigger, SqlQueueEventTrigger):
-        trigger = make_trigger(schema, cls, max_messages=7, transaction_mode="none", lease_seconds=12.5, wake_on_notify=True)
+        trigger = make_trigger(
+            schema, cls, max_messages=7, transaction_mode="none", lease_seconds=12.5, wake_on_notify=True
+        )
         classpath, kwargs = trigger.serialize()
         json.dumps(kwargs)  # what the triggerer stores must be plain JSON
         rebuilt = import_string(classpath)(**kwargs)
@@ -185,7 +187,11 @@ async def test_asset_watcher_starts_one_dag_run_per_message(conn_id, client, que
         trigger_id = trigger_row.id
     assert isinstance(trigger, SqlQueueEventTrigger)
 
-    await asyncio.to_thread(client.send, queue, [Message(json.dumps({"n": n}), {"NServiceBus.ContentType": "application/json"}) for n in range(3)])
+    await asyncio.to_thread(
+        client.send,
+        queue,
+        [Message(json.dumps({"n": n}), {"NServiceBus.ContentType": "application/json"}) for n in range(3)],
+    )
     scheduler = SchedulerJobRunner(Job())
     events = trigger.run()
     try:
@@ -202,15 +208,23 @@ async def test_asset_watcher_starts_one_dag_run_per_message(conn_id, client, que
         await events.aclose()
 
     with create_session() as session:
-        runs = session.scalars(select(DagRun).where(DagRun.dag_id == f"sqlqueue_on_message_{schema}").order_by(DagRun.id)).all()
+        runs = session.scalars(
+            select(DagRun).where(DagRun.dag_id == f"sqlqueue_on_message_{schema}").order_by(DagRun.id)
+        ).all()
         triggering = [[event.extra["payload"] for event in run.consumed_asset_events] for run in runs]
-    assert [[payload["body"] for payload in payloads] for payloads in triggering] == [[{"n": 0}], [{"n": 1}], [{"n": 2}]]
+    assert [[payload["body"] for payload in payloads] for payloads in triggering] == [
+        [{"n": 0}],
+        [{"n": 1}],
+        [{"n": 2}],
+    ]
     assert client.inflight(queue) == 3 and client.depth(queue) == 0  # leased to the runs until they ack
 
     # Each run's last task acknowledges the messages that triggered it (messages=None).
     ack = AckMessagesOperator(task_id="ack", sqlqueue_conn_id="sqlqueue_test", error_queue=f'error@"{schema}"')
     for payloads in triggering:
-        context = {"triggering_asset_events": {asset.name: [type("Event", (), {"extra": {"payload": p}}) for p in payloads]}}
+        context = {
+            "triggering_asset_events": {asset.name: [type("Event", (), {"extra": {"payload": p}}) for p in payloads]}
+        }
         assert await asyncio.to_thread(ack.execute, context) == {"acknowledged": 1, "expired": 0}
     assert client.inflight(queue) == 0
 
@@ -229,10 +243,14 @@ async def test_many_triggers_share_one_peek_per_queue_and_each_message_fires_onc
     assert 4 <= poller.peeks <= 4 * (1.0 / 0.1 + 2)  # about one peek per queue per 0.1 s interval, for 40 triggers
 
     for queue in queues:  # 3 messages per queue for 10 waiting triggers
-        await asyncio.to_thread(client.send, client.session.dialect.parse_address(queue), [Message(f"{queue}-{i}") for i in range(3)])
+        await asyncio.to_thread(
+            client.send, client.session.dialect.parse_address(queue), [Message(f"{queue}-{i}") for i in range(3)]
+        )
     fired: list[str] = []
     while len(fired) < 12:
-        done, _ = await asyncio.wait([w for w in waiters if not w.done()], timeout=20, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait(
+            [w for w in waiters if not w.done()], timeout=20, return_when=asyncio.FIRST_COMPLETED
+        )
         assert done, "messages were not delivered"
         fired = [m["body"] for w in waiters if w.done() for m in w.result().payload["messages"]]
     await asyncio.sleep(0.5)
@@ -299,7 +317,10 @@ def test_a_trigger_never_blocks_the_event_loop(conn_id, client, queue, schema, t
     probe.write_text(LOOP_PROBE)
     done = subprocess.run(
         [sys.executable, str(probe), classpath, json.dumps(kwargs)],
-        capture_output=True, text=True, timeout=120, env=os.environ.copy(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=os.environ.copy(),
     )
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])

@@ -329,7 +329,9 @@ def test_consumers_recover_from_a_restart_and_a_session_kill_storm(own_pg, mode)
         for body in (b for b, count in counts.items() if count > 1):
             assert body in cut, body  # some consumer handled it, then a fault came before its ack
     cut = sum(count - 1 for count in counts.values())
-    print(f"{mode}: restart + {sessions_killed} sessions killed; {cut} handled twice, each after a fault cut its ack off")
+    print(
+        f"{mode}: restart + {sessions_killed} sessions killed; {cut} handled twice, each after a fault cut its ack off"
+    )
     with psycopg.connect(uri, autocommit=True) as conn:
         stuck = conn.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE state LIKE 'idle in transaction%%'"
@@ -340,8 +342,8 @@ def test_consumers_recover_from_a_restart_and_a_session_kill_storm(own_pg, mode)
 async def test_trigger_survives_a_restart_and_a_session_kill_storm_then_fires(own_pg, airflow_db, monkeypatch):
     import asyncio
 
-    from demo.services import airflow_connection
     from airflow_provider_sqlqueue.triggers.sqlqueue import SqlQueueTrigger
+    from demo.services import airflow_connection
 
     uri, server = own_pg
     monkeypatch.setenv("AIRFLOW_CONN_CHAOS", airflow_connection(uri))
@@ -358,10 +360,13 @@ async def test_trigger_survives_a_restart_and_a_session_kill_storm_then_fires(ow
         await asyncio.sleep(0.5)
         assert not waiter.done()  # still waiting: the faults were not the trigger's end
         with psycopg.connect(uri, autocommit=True) as conn:  # waiting holds no transaction open
-            states = [r[0] for r in conn.execute(
-                "SELECT state FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
-                "AND backend_type = 'client backend'"
-            ).fetchall()]
+            states = [
+                r[0]
+                for r in conn.execute(
+                    "SELECT state FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                    "AND backend_type = 'client backend'"
+                ).fetchall()
+            ]
         assert states and all(state == "idle" for state in states), states
         with QueueClient.connect(uri) as sender:
             sender.send(QueueAddress("orders"), Message("after the storm"))
@@ -372,4 +377,7 @@ async def test_trigger_survives_a_restart_and_a_session_kill_storm_then_fires(ow
     assert event.payload["status"] == "success"
     assert [m["body"] for m in event.payload["messages"]] == ["after the storm"]
     with psycopg.connect(uri, autocommit=True) as conn:
-        assert conn.execute("SELECT count(*) FROM pg_stat_activity WHERE state LIKE 'idle in transaction%%'").fetchone()[0] == 0
+        assert (
+            conn.execute("SELECT count(*) FROM pg_stat_activity WHERE state LIKE 'idle in transaction%%'").fetchone()[0]
+            == 0
+        )

@@ -154,9 +154,16 @@ def test_unknown_role_or_database_is_a_configuration_error_not_retry_later(pg_ur
 
 
 @pytest.mark.parametrize(
-    "lease, error",
-    [(0, ValueError), ("5", TypeError), (True, TypeError), (float("nan"), ValueError),
-     (float("inf"), ValueError), (timedelta(days=10**6), ValueError), (-1, ValueError)],
+    ("lease", "error"),
+    [
+        (0, ValueError),
+        ("5", TypeError),
+        (True, TypeError),
+        (float("nan"), ValueError),
+        (float("inf"), ValueError),
+        (timedelta(days=10**6), ValueError),
+        (-1, ValueError),
+    ],
 )
 def test_bad_leases_are_refused_before_anything_is_sent(client, queue, lease, error):
     """D13: lease=0 became 1 ms; text, booleans and absurd spans were accepted."""
@@ -226,7 +233,9 @@ def test_quoted_mixed_case_columns_are_not_a_queue_table(client, raw, schema):
         f'CREATE TABLE "{schema}"."lookalike" ("Id" uuid PRIMARY KEY, "Expires" timestamp, "Headers" text NOT NULL, '
         '"Body" bytea, "Seq" serial)'
     )
-    with pytest.raises(SqlQueueError, match='not a queue table as NServiceBus defines it.*lacks column.*body.*quoted names'):
+    with pytest.raises(
+        SqlQueueError, match=r"not a queue table as NServiceBus defines it.*lacks column.*body.*quoted names"
+    ):
         client.check_queue(QueueAddress("lookalike", schema))
 
 
@@ -298,10 +307,12 @@ def test_a_native_handler_outliving_the_idle_transaction_timeout_gets_a_clear_er
     uri = make_conninfo(pg_uri, options="-c idle_in_transaction_session_timeout=200")
     with QueueClient.connect(uri) as client:
         client.send(queue, Message("slow work"))
-        with pytest.raises(TransportUnavailableError, match="idle_in_transaction_session_timeout"):
-            with client.receive_native(queue) as message:
-                assert message is not None
-                time.sleep(0.6)  # the handler takes longer than the server allows an idle transaction
+        with (
+            pytest.raises(TransportUnavailableError, match="idle_in_transaction_session_timeout"),
+            client.receive_native(queue) as message,
+        ):
+            time.sleep(0.6)  # the handler takes longer than the server allows an idle transaction
+        assert message is not None
     with QueueClient.connect(pg_uri) as check:
         assert [m.text for m in check.receive(queue)] == ["slow work"]  # rolled back: still queued
 
@@ -365,7 +376,7 @@ def test_an_older_nservicebus_table_without_recoverable_and_with_varchar_headers
         client.send(queue, [Message(b"a", {"city": "Zürich 東京"}), Message(b'{"ascii":1}')])
     assert "varchar Headers column" in caplog.text
     received = client.receive(queue, 10)
-    assert [(m.headers["city"] if "city" in m.headers else None, m.body) for m in received] == [
+    assert [(m.headers.get("city"), m.body) for m in received] == [
         ("Zürich 東京", b"a"),
         (None, b'{"ascii":1}'),
     ]

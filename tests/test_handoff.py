@@ -121,10 +121,8 @@ def test_reservations_lapse_before_deliveries_count_and_takes_reach_max_deliveri
         [reserved] = client.reserve(queue, lease=0.01, max_deliveries=3)
         [taken] = client.take(queue, [reserved.claim_token], lease=0.01)
         assert taken.deliveries == attempt
-        try:
-            raise FileNotFoundError(f"[PATH_NOT_FOUND] no such dataset (attempt {attempt})")
-        except FileNotFoundError as exc:
-            assert client.nack(queue, taken.claim_token, error=Failure.of(exc, "dag.clean")) is True
+        failure = Failure.of(FileNotFoundError(f"[PATH_NOT_FOUND] no such dataset (attempt {attempt})"), "dag.clean")
+        assert client.nack(queue, taken.claim_token, error=failure) is True
     time.sleep(0.03)
     assert client.reserve(queue, max_deliveries=3) == []  # third failure was the last
     [headers] = error_headers(raw, backend, schema)

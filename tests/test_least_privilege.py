@@ -48,9 +48,11 @@ def test_runtime_role_sends_and_receives_in_every_mode(runtime_uri, queue, clien
 
 
 def test_runtime_role_cannot_create_queues_and_is_told_why(runtime_uri, schema, client):
-    with QueueClient.connect(runtime_uri, error_queue=QueueAddress("error", schema)) as runtime:
-        with pytest.raises(PermissionDeniedError, match="Creating queues needs CREATE on the schema"):
-            runtime.create_queue(QueueAddress("new_queue", schema))
+    with (
+        QueueClient.connect(runtime_uri, error_queue=QueueAddress("error", schema)) as runtime,
+        pytest.raises(PermissionDeniedError, match="Creating queues needs CREATE on the schema"),
+    ):
+        runtime.create_queue(QueueAddress("new_queue", schema))
     assert client.session.dialect.name == "postgres"
     with pytest.raises(Exception, match="does not exist"):
         client.check_queue(QueueAddress("new_queue", schema))  # nothing half-created

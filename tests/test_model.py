@@ -151,10 +151,7 @@ class QueueMachine(RuleBasedStateMachine):
 
     @rule(queue=queues, count=st.integers(1, 3), reserve=st.booleans())
     def claim(self, queue: QueueAddress, count: int, reserve: bool) -> None:
-        if reserve:
-            got = self.client.reserve(queue, count, lease=LONG)
-        else:
-            got = self.client.claim(queue, count, lease=LONG)
+        got = self.client.reserve(queue, count, lease=LONG) if reserve else self.client.claim(queue, count, lease=LONG)
         counted = 0 if reserve else 1
         expected: list[tuple[Item, int]] = []
         for token, claim in self.lapsed_claims(queue, count):
@@ -169,7 +166,7 @@ class QueueMachine(RuleBasedStateMachine):
         for item in self.walk(queue, count - len(expected)):
             expected.append((item, counted))
         assert [(m.id, m.deliveries) for m in got] == [(i.id, d) for i, d in expected]
-        for message, (item, deliveries) in zip(got, expected):
+        for message, (item, deliveries) in zip(got, expected, strict=True):
             self.model.claims[message.claim_token] = Claim(queue, item, deliveries, reserved=reserve)
 
     @rule(queue=queues, limit=st.integers(1, 3))
@@ -196,7 +193,7 @@ class QueueMachine(RuleBasedStateMachine):
             if not claim.item.expired:
                 expected.append((claim.item, claim.deliveries + 1, claim.queue))
         assert [(m.id, m.deliveries) for m in got] == [(i.id, d) for i, d, _ in expected]
-        for message, (item, deliveries, queue) in zip(got, expected):
+        for message, (item, deliveries, queue) in zip(got, expected, strict=True):
             self.model.claims[message.claim_token] = Claim(queue, item, deliveries, reserved=False)
 
     def pick(self, data: st.DataObject) -> uuid.UUID:
@@ -292,7 +289,9 @@ class QueueMachine(RuleBasedStateMachine):
                 f'SELECT Token, Id, Deliveries, Holder IS NULL FROM "{schema}".sqlqueue_inflight'
             ).fetchall()
             expected = {
-                (t, c.item.id, c.deliveries, c.reserved) for t, c in self.model.claims.items() if c.queue.schema == schema
+                (t, c.item.id, c.deliveries, c.reserved)
+                for t, c in self.model.claims.items()
+                if c.queue.schema == schema
             }
             assert set(held) == expected, schema
 
@@ -305,7 +304,9 @@ def test_queues_behave_like_the_model(pg_uri: str) -> None:
     global URI
     URI = pg_uri
     examples = int(os.environ.get("SQLQUEUE_MODEL_EXAMPLES", "25"))
-    budget = settings(max_examples=examples, stateful_step_count=40, deadline=None, derandomize=bool(os.environ.get("CI")))
+    budget = settings(
+        max_examples=examples, stateful_step_count=40, deadline=None, derandomize=bool(os.environ.get("CI"))
+    )
     try:
         run_state_machine_as_test(QueueMachine, settings=budget)
     finally:

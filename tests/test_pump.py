@@ -77,8 +77,16 @@ async def test_thread_offloaded_sessions_drive_the_pump(pg_uri, client, queue, s
 
     for n, mode in enumerate(("claim", "native", "none")):
         client.send(queue, [Message(f"{mode}-{i}") for i in range(20)])
-        pump = MessagePump(pool, queue, handler, mode=mode, error_queue=QueueAddress("error", schema), max_concurrency=3, peek_interval=0.05)
-        await run_until(pump, lambda: len(seen) == 20 * (n + 1), timeout=30)
+        pump = MessagePump(
+            pool,
+            queue,
+            handler,
+            mode=mode,
+            error_queue=QueueAddress("error", schema),
+            max_concurrency=3,
+            peek_interval=0.05,
+        )
+        await run_until(pump, lambda n=n: len(seen) == 20 * (n + 1), timeout=30)
     await pool.close()
     assert max(seen.values()) == 1 and pump.handled == 20
     assert client.depth(queue) == 0 and client.inflight(queue) == 0
@@ -107,7 +115,9 @@ async def test_pump_drains_with_at_most_max_concurrency_in_flight(pool, client, 
         seen[message.text] += 1
         in_flight -= 1
 
-    pump = MessagePump(pool, queue, handler, mode=mode, error_queue=QueueAddress("error", schema), max_concurrency=3, peek_interval=0.1)
+    pump = MessagePump(
+        pool, queue, handler, mode=mode, error_queue=QueueAddress("error", schema), max_concurrency=3, peek_interval=0.1
+    )
     await run_until(pump, lambda: len(seen) == 150)
     assert sorted(seen, key=int) == [str(i) for i in range(150)]
     assert max(seen.values()) == 1
@@ -152,7 +162,15 @@ async def test_native_pump_moves_repeatedly_failing_message_to_error_queue(pool,
         if message.text == "bad":
             raise ValueError("cannot process")
 
-    pump = MessagePump(pool, queue, handler, mode="native", error_queue=QueueAddress("error", schema), max_deliveries=3, peek_interval=0.05)
+    pump = MessagePump(
+        pool,
+        queue,
+        handler,
+        mode="native",
+        error_queue=QueueAddress("error", schema),
+        max_deliveries=3,
+        peek_interval=0.05,
+    )
     error_count = lambda: raw.execute(f'SELECT count(*) FROM "{schema}"."error"').fetchone()[0]  # noqa: E731
     await run_until(pump, lambda: error_count() == 1 and calls["ok-1"] and calls["ok-2"])
     assert calls == {"ok-1": 1, "ok-2": 1, "bad": 3}
@@ -172,7 +190,15 @@ async def test_claim_pump_redelivers_failures_then_dead_letters(pool, client, qu
         if message.text == "broken" or (message.text == "flaky" and calls["flaky"] == 1):
             raise RuntimeError(f"{message.text} failed")
 
-    pump = MessagePump(pool, queue, handler, mode="claim", error_queue=QueueAddress("error", schema), max_deliveries=2, peek_interval=0.05)
+    pump = MessagePump(
+        pool,
+        queue,
+        handler,
+        mode="claim",
+        error_queue=QueueAddress("error", schema),
+        max_deliveries=2,
+        peek_interval=0.05,
+    )
     error_count = lambda: raw.execute(f'SELECT count(*) FROM "{schema}"."error"').fetchone()[0]  # noqa: E731
     await run_until(pump, lambda: error_count() == 1 and calls["flaky"] == 2)
     assert calls == {"flaky": 2, "broken": 2}
@@ -203,7 +229,15 @@ async def test_competing_pumps_deliver_exactly_once(backend, client, queue, sche
     for p in pools:
         await p.open()
     pumps = [
-        MessagePump(p, queue, handler, mode="claim", error_queue=QueueAddress("error", schema), max_concurrency=2, peek_interval=0.05)
+        MessagePump(
+            p,
+            queue,
+            handler,
+            mode="claim",
+            error_queue=QueueAddress("error", schema),
+            max_concurrency=2,
+            peek_interval=0.05,
+        )
         for p in pools
     ]
     tasks = [asyncio.create_task(p.run()) for p in pumps]

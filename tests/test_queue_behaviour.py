@@ -29,7 +29,7 @@ def test_round_trip_keeps_headers_and_body_exactly(client, queue):
     binary = bytes(range(256)) * 3
     text = "Zürich → 東京 ✓ \u0000 nul inside"
     large = b"x" * (8 * 1024 * 1024)
-    headers = {"NServiceBus.ContentType": "application/json", "Ünïcode": "välue/ä \\ \"q\"", "nullable": None}
+    headers = {"NServiceBus.ContentType": "application/json", "Ünïcode": 'välue/ä \\ "q"', "nullable": None}
     sent = [Message(binary, headers), Message(text), Message(large), Message(b"")]
     assert client.send(queue, sent) == 4
 
@@ -147,7 +147,7 @@ def test_body_string_column_is_optional_and_readable(client, schema, raw, backen
 def test_row_written_as_nservicebus_writes_it_is_received(client, queue, raw, schema, backend):
     """NServiceBus's own SQL: unquoted columns, headers JSON with escaped slashes and \\u escapes."""
     message_id = uuid.uuid4()
-    headers = '{"NServiceBus.MessageId":"%s","NServiceBus.ReplyToAddress":"billing@\\"public\\"",' % message_id
+    headers = '{"NServiceBus.MessageId":"' + str(message_id) + '","NServiceBus.ReplyToAddress":"billing@\\"public\\"",'
     headers += '"NServiceBus.EnclosedMessageTypes":"Sales.OrderPlaced, Sales","Path":"a\\/b","City":"Z\\u00fcrich"}'
     backend.nservicebus_send(raw, schema, "orders", message_id, headers, b'{"OrderId":7}')
     [message] = client.receive(queue)

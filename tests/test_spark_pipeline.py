@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_sqlqueue.transport import Message, QueueAddress
 from demo.data import write_orders
 from demo.services import LOCAL_SPARK, airflow_connection
-from airflow_provider_sqlqueue.transport import Message, QueueAddress
 
 from .conftest import EXAMPLE_DAGS
 
@@ -51,7 +51,9 @@ def pipeline(airflow_db, pg_uri, schema, client, monkeypatch, tmp_path):
 
 
 def left(client, schema) -> dict[str, int]:
-    return {name: client.depth(QueueAddress(name, schema)) + client.inflight(QueueAddress(name, schema)) for name in QUEUES}
+    return {
+        name: client.depth(QueueAddress(name, schema)) + client.inflight(QueueAddress(name, schema)) for name in QUEUES
+    }
 
 
 def check_report(report: dict, expected: dict) -> None:
@@ -64,12 +66,18 @@ def check_report(report: dict, expected: dict) -> None:
 def test_chain_end_to_end(pipeline, client, schema):
     dataset = pipeline / "orders.csv"
     expected = write_orders(dataset, rows=3000)
-    client.send(QueueAddress("ingest", schema), Message.of({"dataset": "t", "path": str(dataset), "output_root": str(pipeline / "out")}))
+    client.send(
+        QueueAddress("ingest", schema),
+        Message.of({"dataset": "t", "path": str(dataset), "output_root": str(pipeline / "out")}),
+    )
 
     clean, _ = run_dag("sqlqueue_spark_clean")
     assert clean.state == "success"
     [cleaned] = task_output(clean, "clean")["results"]
-    assert cleaned["rows"] == expected["valid_orders"] and cleaned["rejected"] == expected["rows"] - expected["valid_orders"]
+    assert (
+        cleaned["rows"] == expected["valid_orders"]
+        and cleaned["rejected"] == expected["rows"] - expected["valid_orders"]
+    )
 
     summarise, _ = run_dag("sqlqueue_spark_summarise")
     assert summarise.state == "success"
@@ -82,16 +90,17 @@ def test_chain_end_to_end(pipeline, client, schema):
 def test_first_spark_job_fails_once_then_the_chain_completes(pipeline, client, schema):
     """The dataset's file is not there yet: the Spark job fails, the message comes back, and the retry succeeds."""
     dataset = pipeline / "late.csv"
-    client.send(QueueAddress("ingest", schema), Message.of({"dataset": "late", "path": str(dataset), "output_root": str(pipeline / "out")}))
+    client.send(
+        QueueAddress("ingest", schema),
+        Message.of({"dataset": "late", "path": str(dataset), "output_root": str(pipeline / "out")}),
+    )
 
     first, _ = run_dag("sqlqueue_spark_clean")
     assert first.state == "success"  # the batch went on: its one failing message was given back alone
     assert task_output(first, "clean") == {"claims": [], "results": []}
     assert client.depth(QueueAddress("cleaned", schema)) == 0
     assert client.peek(QueueAddress("ingest", schema), include_claims=True) == 1  # given back, not lost
-    [stored] = client.session.connection.execute(
-        f'SELECT LastError FROM "{schema}".sqlqueue_inflight'
-    ).fetchone()
+    [stored] = client.session.connection.execute(f'SELECT LastError FROM "{schema}".sqlqueue_inflight').fetchone()
     failure = json.loads(stored)  # what the error queue will say if the message ends there
     assert failure["source"] == "sqlqueue_spark_clean.clean"
     assert "PATH_NOT_FOUND" in failure["message"] and failure["type"].endswith("AnalysisException")
@@ -138,11 +147,7 @@ def test_send_rows_and_read_queue(client, queue, schema, pg_uri, monkeypatch):
     monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)  # executors need this package and psycopg
     from airflow_provider_sqlqueue.spark import read_queue, send_rows
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .getOrCreate()
-    )
+    spark = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false").getOrCreate()
     try:
         df = spark.range(0, 1000, numPartitions=4).selectExpr("id", "concat('order-', id) AS name")
         assert send_rows(df, pg_uri, f'orders@"{schema}"', batch_size=64) == 1000

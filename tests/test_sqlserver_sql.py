@@ -22,12 +22,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlglot import exp
 
-from tests import tsql_types
-
 from airflow_provider_sqlqueue.transport import InvalidQueueNameError, QueueAddress, defaults
 from airflow_provider_sqlqueue.transport.dialects import Dialect, TableShape, get_dialect
 from airflow_provider_sqlqueue.transport.dialects import sqlserver as tsql
-from airflow_provider_sqlqueue.transport.drivers.sqlserver import odbc_connection_string, placeholders, pymssql_text, pyodbc_statement
+from airflow_provider_sqlqueue.transport.drivers.sqlserver import (
+    odbc_connection_string,
+    placeholders,
+    pymssql_text,
+    pyodbc_statement,
+)
+from tests import tsql_types
 
 SNAPSHOT = Path(__file__).parent / "snapshots" / "sqlserver_statements.sql"
 
@@ -82,7 +86,15 @@ STATEMENTS: dict[str, Statement] = {
     "claim_to_error_legacy": lambda d, a, e: d.claim_to_error(a, e, LEGACY_SHAPE),
 }
 #: Dialect methods that return no statement, and statement variants tested under another name.
-NOT_STATEMENTS = {"validate_address", "parse_address", "format_address", "qualified_name", "translate_error", "send_batch_params", "token_list"}
+NOT_STATEMENTS = {
+    "validate_address",
+    "parse_address",
+    "format_address",
+    "qualified_name",
+    "translate_error",
+    "send_batch_params",
+    "token_list",
+}
 VARIANTS = {"send_legacy", "insert_error_legacy", "claim_to_error_legacy"}
 SESSION_STATEMENTS = {
     "setup": tsql.SESSION_SETUP,
@@ -155,11 +167,37 @@ def test_placeholders_count_matches_the_parameters_the_operations_pass():
     address = ADDRESSES["escaping"]
     error = address.sibling("error")
     expected = {  # parameters per statement, from the Dialect docstrings the operations follow
-        "send": 4, "send_legacy": 4, "send_batch": 12, "receive": 1, "purge_expired": 1, "insert_error": 3,
-        "insert_error_legacy": 3, "browse": 1, "peek_error_rows": 1, "delete_by_seq": 1, "claim": 5, "reclaim": 5, "take": 4, "adopt": 4,
-        "peek_with_claims": 1, "count_inflight": 1, "ack": 2, "nack": 4, "extend": 3,
-        "claim_to_error": 2, "claim_to_error_legacy": 2, "queue_columns": 2, "install_lock": 0, "current_catalog": 0, "has_expires_index": 2, "peek": 0, "depth": 0, "purge_all": 0,
-        "drop_queue": 0, "add_body_string": 0, "expires_index_ddl": 0,
+        "send": 4,
+        "send_legacy": 4,
+        "send_batch": 12,
+        "receive": 1,
+        "purge_expired": 1,
+        "insert_error": 3,
+        "insert_error_legacy": 3,
+        "browse": 1,
+        "peek_error_rows": 1,
+        "delete_by_seq": 1,
+        "claim": 5,
+        "reclaim": 5,
+        "take": 4,
+        "adopt": 4,
+        "peek_with_claims": 1,
+        "count_inflight": 1,
+        "ack": 2,
+        "nack": 4,
+        "extend": 3,
+        "claim_to_error": 2,
+        "claim_to_error_legacy": 2,
+        "queue_columns": 2,
+        "install_lock": 0,
+        "current_catalog": 0,
+        "has_expires_index": 2,
+        "peek": 0,
+        "depth": 0,
+        "purge_all": 0,
+        "drop_queue": 0,
+        "add_body_string": 0,
+        "expires_index_ddl": 0,
     }
     for name, count in expected.items():
         sql = STATEMENTS[name](dialect, address, error)
@@ -252,7 +290,9 @@ def test_create_table_matches_the_nservicebus_layout():
     ]
     # NServiceBus's installer: table and both indexes together, only when the table is new.
     assert block.startswith("IF OBJECT_ID(N'[dbo].[orders]', N'U') IS NULL BEGIN CREATE TABLE")
-    assert "CREATE NONCLUSTERED INDEX [Index_RowVersion]" in block and "CREATE NONCLUSTERED INDEX [Index_Expires]" in block
+    assert (
+        "CREATE NONCLUSTERED INDEX [Index_RowVersion]" in block and "CREATE NONCLUSTERED INDEX [Index_Expires]" in block
+    )
 
 
 def resource_of(install_lock: str, database: str) -> str:
@@ -303,7 +343,11 @@ def test_installers_take_nservicebus_lock(address, expected):
 def test_sqlserver_address_forms(text, expected):
     assert dialect.parse_address(text) == expected
     again = dialect.parse_address(dialect.format_address(expected))
-    assert (again.table, again.schema or "dbo", again.catalog) == (expected.table, expected.schema or "dbo", expected.catalog)
+    assert (again.table, again.schema or "dbo", again.catalog) == (
+        expected.table,
+        expected.schema or "dbo",
+        expected.catalog,
+    )
 
 
 @pytest.mark.parametrize("text", ["a@b@c@d", "[unterminated", "orders@[dbo", "a.b.c.d", "st]ray"])
@@ -325,8 +369,10 @@ def test_sqlserver_refuses_names_over_128_characters():
 
 
 def test_odbc_uri_becomes_a_braced_connection_string():
-    assert odbc_connection_string("mssql+pyodbc://sa:p%3Bw%7D@db.example:1444/queues?driver=ODBC Driver 18 for SQL Server"
-                        "&TrustServerCertificate=yes") == (
+    assert odbc_connection_string(
+        "mssql+pyodbc://sa:p%3Bw%7D@db.example:1444/queues?driver=ODBC Driver 18 for SQL Server"
+        "&TrustServerCertificate=yes"
+    ) == (
         "DRIVER={ODBC Driver 18 for SQL Server};SERVER=db.example,1444;DATABASE=queues;UID=sa;PWD={p;w}}};"
         "TrustServerCertificate=yes"
     )
@@ -338,9 +384,9 @@ def test_placeholder_rewriting_refuses_a_stray_percent():
     assert placeholders("SELECT [50%% off], %s", lambda: "?") == "SELECT [50% off], ?"
 
 
-names = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1, max_size=40).filter(
-    lambda s: s.strip()
-)
+names = st.text(
+    st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1, max_size=40
+).filter(lambda s: s.strip())
 
 
 tables = names.filter(lambda s: not s.startswith("#"))  # temporary tables are refused (tested above)
@@ -427,8 +473,13 @@ def sample_params(name: str, body: bytes | None, headers: str) -> tuple[object, 
     if name in ("send", "send_legacy"):
         return (uuid.uuid4(), 60_000, headers, body)
     if name == "send_batch":  # one batch mixing shapes: one ASCII body used to fail the whole batch
-        return dialect.send_batch_params([(uuid.uuid4(), None, headers, body), (uuid.uuid4(), 5, "{}", b"\x00"),
-                                          (uuid.uuid4(), 2**40, HEADERS["unicode"], b"")])
+        return dialect.send_batch_params(
+            [
+                (uuid.uuid4(), None, headers, body),
+                (uuid.uuid4(), 5, "{}", b"\x00"),
+                (uuid.uuid4(), 2**40, HEADERS["unicode"], b""),
+            ]
+        )
     if name in ("insert_error", "insert_error_legacy"):
         return (uuid.uuid4(), headers, body)
     if name in ("claim_to_error", "claim_to_error_legacy"):
@@ -440,7 +491,9 @@ def checker_tables(address: QueueAddress, legacy: bool) -> dict[str, dict[str, s
     """The tables a statement may touch, with the column types of the dialect's own DDL."""
     queue = tsql_types.table_columns(dialect.create_queue(address)[0])
     if legacy:  # an older NServiceBus table: no Recoverable, varchar Headers
-        queue = {name: ("varchar" if name == "headers" else kind) for name, kind in queue.items() if name != "recoverable"}
+        queue = {
+            name: ("varchar" if name == "headers" else kind) for name, kind in queue.items() if name != "recoverable"
+        }
     inflight = tsql_types.table_columns(dialect.create_inflight(address)[0])
     return {address.table.lower(): queue, "error": queue, "sqlqueue_inflight": inflight}
 
@@ -470,13 +523,17 @@ def as_pyodbc_checkable(text: str) -> str:
     return re.sub(r"\?", lambda _: f"@__p{next(numbers)}", text)
 
 
-def type_problems(text: str, tables: dict[str, dict[str, str]], parameters: dict[str, tsql_types.Typed] | None = None) -> list[str]:
+def type_problems(
+    text: str, tables: dict[str, dict[str, str]], parameters: dict[str, tsql_types.Typed] | None = None
+) -> list[str]:
     parsed = sqlglot.parse(text, read="tsql", error_level=sqlglot.ErrorLevel.RAISE)
     assert not [node for p in parsed for node in p.walk() if isinstance(node, exp.Command)], text[:200]
     return tsql_types.Checker(tables, parameters or {}).check([p for p in parsed if p is not None])
 
 
-RENDERED = [name for name in STATEMENTS if name in SAMPLE_PARAMS or name.startswith(("send", "insert_error", "claim_to_error"))]
+RENDERED = [
+    name for name in STATEMENTS if name in SAMPLE_PARAMS or name.startswith(("send", "insert_error", "claim_to_error"))
+]
 
 
 def rendering_cases() -> Iterator[tuple[str, str, str, bool]]:
@@ -524,7 +581,8 @@ def test_the_checker_catches_pymssqls_own_rendering_of_an_ascii_body():
     address = ADDRESSES["plain"]
     sql = dialect.send(address, SHAPE)
     params = (uuid.uuid4(), None, "{}", b'{"a":1}')
-    own = placeholders(sql, lambda it=iter(params): quote_simple_value(next(it)).decode())
+    values = iter(params)
+    own = placeholders(sql, lambda: quote_simple_value(next(values)).decode())
     problems = type_problems(own, checker_tables(address, False))
     assert any("varchar -> varbinary is refused (error 257)" in p for p in problems), problems
     assert "0x7b2261223a317d" in pymssql_text(sql, params)  # the transport's rendering: a binary literal

@@ -64,9 +64,14 @@ UNKNOWN = Typed("unknown")
 
 def base_type(data_type: exp.DataType) -> str:
     name = data_type.sql("tsql").lower().split("(")[0]
-    return {"integer": "int", "char": "varchar", "nchar": "nvarchar", "binary": "varbinary", "text": "varchar", "ntext": "nvarchar"}.get(
-        name, name
-    )
+    return {
+        "integer": "int",
+        "char": "varchar",
+        "nchar": "nvarchar",
+        "binary": "varbinary",
+        "text": "varchar",
+        "ntext": "nvarchar",
+    }.get(name, name)
 
 
 def table_columns(create_table_sql: str) -> dict[str, str]:
@@ -193,7 +198,7 @@ class Checker:
 
     def convert(self, source: Typed, target: str, where: str) -> None:
         """Report a value SQL Server would not convert implicitly to ``target``."""
-        if source.null and source.literal or source is UNKNOWN or source.name == target:
+        if (source.null and source.literal) or source is UNKNOWN or source.name == target:
             return
         pair = (source.name, target)
         if pair in REFUSED:
@@ -246,7 +251,9 @@ class Checker:
     def check_statement(self, statement: exp.Expression) -> None:
         if isinstance(statement, exp.Declare):
             for item in statement.expressions:
-                name = item.this[0].sql("tsql").lower() if isinstance(item.this, list) else item.this.sql("tsql").lower()
+                name = (
+                    item.this[0].sql("tsql").lower() if isinstance(item.this, list) else item.this.sql("tsql").lower()
+                )
                 kind = item.args.get("kind")
                 if isinstance(kind, exp.Schema) or item.args.get("table") is not None:
                     source = kind if isinstance(kind, exp.Schema) else item.args.get("table")
@@ -279,7 +286,11 @@ class Checker:
             left, right = self.type_of(comparison.this, scope), self.type_of(comparison.expression, scope)
             if UNKNOWN in (left, right) or left.null or right.null:
                 continue
-            if (left.name, right.name) not in IMPLICIT and (right.name, left.name) not in IMPLICIT and left.name != right.name:
+            if (
+                (left.name, right.name) not in IMPLICIT
+                and (right.name, left.name) not in IMPLICIT
+                and left.name != right.name
+            ):
                 self.problems.append(f"{comparison.sql('tsql')[:60]}: cannot compare {left.name} with {right.name}")
 
     def check_insert(self, insert: exp.Insert) -> None:
@@ -306,6 +317,6 @@ class Checker:
             if len(values) != len(targets):
                 self.problems.append(f"INSERT into {name}: {len(values)} values for {len(targets)} columns")
                 continue
-            for target, value in zip(targets, values):
+            for target, value in zip(targets, values, strict=True):
                 if target in columns:
                     self.convert(self.type_of(value, scope), columns[target], f"INSERT {name}.{target}")

@@ -25,7 +25,16 @@ from airflow.providers.odbc.hooks.odbc import OdbcHook
 from airflow.providers.postgres.hooks.postgres import PostgresHook
 from airflow.sdk import BaseHook
 
-from ..transport import AsyncQueueClient, Failure, LeaseKeeper, Message, QueueClient, ReceivedMessage, TransactionMode, defaults
+from ..transport import (
+    AsyncQueueClient,
+    Failure,
+    LeaseKeeper,
+    Message,
+    QueueClient,
+    ReceivedMessage,
+    TransactionMode,
+    defaults,
+)
 from ..transport.client import Token
 from ..transport.dialects import get_dialect
 from ..transport.drivers import (
@@ -33,9 +42,8 @@ from ..transport.drivers import (
     AsyncSession,
     AsyncThreadSession,
     PsycopgSession,
-    PymssqlSession,
-    PyodbcSession,
     Session,
+    session_over,
 )
 from ..transport.errors import SqlQueueError
 
@@ -179,12 +187,7 @@ class SqlQueueHook(BaseHook):
         """A blocking session on a new autocommit connection, opened by the owning provider's hook."""
         if dialect_of(conn) == "postgres":
             return PsycopgSession.connect("", **self._postgres_kwargs(conn))
-        driver_conn = _sqlserver_hook(conn).get_conn()
-        if (conn.conn_type or "").lower() == "odbc":
-            driver_conn.autocommit = True
-            return PyodbcSession(driver_conn, owned=True)
-        driver_conn.autocommit(True)
-        return PymssqlSession(driver_conn, owned=True)
+        return session_over(_sqlserver_hook(conn).get_conn(), owned=True)
 
     def _connect(self, conn: Connection) -> Session:
         try:
@@ -237,7 +240,7 @@ class SqlQueueHook(BaseHook):
             return make_conninfo("", **{key: str(value) for key, value in self._postgres_kwargs(conn).items()})
         hook = _sqlserver_hook(conn)
         if isinstance(hook, OdbcHook):
-            return hook.odbc_connection_string
+            return str(hook.odbc_connection_string)
         login, password = quote(conn.login or "", safe=""), quote(conn.password or "", safe="")
         database = quote(conn.schema or "", safe="")
         return f"mssql://{login}:{password}@{conn.host or 'localhost'}:{conn.port or 1433}/{database}"
@@ -262,7 +265,9 @@ class SqlQueueHook(BaseHook):
     ) -> list[str]:
         """Create the queue, its error queue and optional secondary queue (idempotent); returns their addresses."""
         with self.client() as client:
-            created = client.create_queue(queue_name, error_queue=error_queue, secondary=secondary, body_string=body_string)
+            created = client.create_queue(
+                queue_name, error_queue=error_queue, secondary=secondary, body_string=body_string
+            )
             return [client.session.dialect.format_address(address) for address in created]
 
     def drop_queue(self, queue_name: str) -> None:
@@ -300,7 +305,9 @@ class SqlQueueHook(BaseHook):
         ``native`` needs :meth:`receive_native`.
         """
         with self.client() as client:
-            return _receive(client, queue_name, max_messages, TransactionMode(mode), lease, max_deliveries, error_queue, holder)
+            return _receive(
+                client, queue_name, max_messages, TransactionMode(mode), lease, max_deliveries, error_queue, holder
+            )
 
     def receive_dicts(
         self,
@@ -335,7 +342,9 @@ class SqlQueueHook(BaseHook):
             return _as_dicts(client, queue_name, taken)
 
     @contextmanager
-    def receive_native(self, queue_name: str, *, error_queue: str | None = None) -> Iterator[tuple[ReceivedMessage | None, Any]]:
+    def receive_native(
+        self, queue_name: str, *, error_queue: str | None = None
+    ) -> Iterator[tuple[ReceivedMessage | None, Any]]:
         """Receive one message in ``native`` mode: yields ``(message or None, DB-API connection)``.
 
         SQL run on the connection inside the block commits together with the receive; an
@@ -370,7 +379,9 @@ class SqlQueueHook(BaseHook):
     ) -> int:
         """Acknowledge ``claims`` and send ``sends`` in one transaction (see ``QueueClient.forward``); returns how many were sent."""
         with self.client() as client:
-            return client.forward({q: list(t) for q, t in claims.items()}, {q: list(m) for q, m in sends.items()}, notify=notify)
+            return client.forward(
+                {q: list(t) for q, t in claims.items()}, {q: list(m) for q, m in sends.items()}, notify=notify
+            )
 
     def keep_claims(self, claims: Mapping[str, Iterable[Token]], lease: timedelta = defaults.LEASE) -> LeaseKeeper:
         """A :class:`~airflow_provider_sqlqueue.transport.lease.LeaseKeeper` renewing ``claims`` on connections of this hook."""
@@ -402,7 +413,12 @@ class SqlQueueHook(BaseHook):
             return client.purge(queue_name)
 
     def move_to_error(
-        self, queue_name: str, message: ReceivedMessage, error: BaseException | str | None, *, error_queue: str | None = None
+        self,
+        queue_name: str,
+        message: ReceivedMessage,
+        error: BaseException | str | None,
+        *,
+        error_queue: str | None = None,
     ) -> None:
         with self.client() as client:
             client.move_to_error(queue_name, message, error, error_queue=error_queue)

@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 from airflow.sdk import BaseOperator, get_current_context
 
@@ -26,7 +26,9 @@ class _QueueOperator(BaseOperator):
 
     ui_color = "#d8ecf3"
 
-    def __init__(self, *, sqlqueue_conn_id: str = SqlQueueHook.default_conn_name, error_queue: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, *, sqlqueue_conn_id: str = SqlQueueHook.default_conn_name, error_queue: str | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.sqlqueue_conn_id = sqlqueue_conn_id
         self.error_queue = error_queue
@@ -50,7 +52,9 @@ class CreateQueueOperator(_QueueOperator):
 
     template_fields: Sequence[str] = ("queue_name", "error_queue", "secondary", "sqlqueue_conn_id")
 
-    def __init__(self, *, queue_name: str, secondary: str | None = None, body_string: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self, *, queue_name: str, secondary: str | None = None, body_string: bool = False, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.queue_name = queue_name
         self.secondary = secondary
@@ -120,7 +124,7 @@ class SendMessageOperator(_SendingOperator):
     """
 
     template_fields: Sequence[str] = ("queue_name", "body", "messages", "headers", "message_type", "sqlqueue_conn_id")
-    template_fields_renderers = {"body": "json", "messages": "json", "headers": "json"}
+    template_fields_renderers: ClassVar[dict[str, str]] = {"body": "json", "messages": "json", "headers": "json"}
 
     def __init__(self, *, body: Any = None, messages: Iterable[Any] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -153,7 +157,7 @@ class ForwardMessagesOperator(_SendingOperator):
     """
 
     template_fields: Sequence[str] = ("queue_name", "messages", "claims", "headers", "message_type", "sqlqueue_conn_id")
-    template_fields_renderers = {"messages": "json", "headers": "json"}
+    template_fields_renderers: ClassVar[dict[str, str]] = {"messages": "json", "headers": "json"}
 
     def __init__(self, *, messages: Any, claims: Any, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -210,9 +214,7 @@ def claimed_messages(messages: Any, context: Any) -> list[Mapping[str, Any]]:
     if isinstance(messages, Mapping):
         return [messages]
     if isinstance(messages, (str, bytes)):
-        raise TypeError(
-            "messages must be message dicts (a sensor's output, passed as XComArg), not a rendered string"
-        )
+        raise TypeError("messages must be message dicts (a sensor's output, passed as XComArg), not a rendered string")
     return list(messages)
 
 
@@ -223,7 +225,9 @@ class HeldMessages:
     the messages; pass :attr:`messages` on to :class:`ForwardMessagesOperator` as its claims.
     """
 
-    def __init__(self, messages: Iterable[dict[str, Any]], hook: SqlQueueHook, keeper: LeaseKeeper, source: str) -> None:
+    def __init__(
+        self, messages: Iterable[dict[str, Any]], hook: SqlQueueHook, keeper: LeaseKeeper, source: str
+    ) -> None:
         self.messages = list(messages)
         self._hook = hook
         self._keeper = keeper

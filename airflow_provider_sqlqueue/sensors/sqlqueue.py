@@ -112,6 +112,7 @@ class SqlQueueSensor(BaseSensorOperator):
         if messages:
             return messages
         self._defer()
+        return None  # not reached: defer() hands the task to the triggerer
 
     def _defer(self) -> None:
         self.log.info("Queue %s: empty; deferring to the triggerer", self.queue_name)
@@ -139,7 +140,7 @@ class SqlQueueSensor(BaseSensorOperator):
         """
         if event.get("status") != "success":
             raise AirflowException(f"Queue {self.queue_name}: {event.get('message', event)}")
-        messages = event["messages"]
+        messages: list[dict[str, Any]] = event["messages"]
         if self.transaction_mode == TransactionMode.CLAIM.value and messages:
             queue = messages[0]["queue"]
             messages = self.hook.take_dicts(

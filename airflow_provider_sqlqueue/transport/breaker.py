@@ -36,7 +36,7 @@ class CircuitBreaker:
         if self.failing_since is None:
             self.failing_since = now
         self.failures += 1
-        delay = min(self.max_backoff, self.base_delay * 2 ** min(self.failures - 1, 16))
+        delay = min(self.max_backoff, self.base_delay * float(2 ** min(self.failures - 1, 16)))
         failing_for = now - self.failing_since
         level = logging.ERROR if failing_for >= self.alarm_after else logging.WARNING
         log.log(

@@ -16,7 +16,8 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from datetime import timedelta
-from typing import Any, TypeVar, Union, overload
+from functools import partial
+from typing import Any, Generic, TypeVar, overload
 
 from . import defaults
 from . import operations as ops
@@ -26,11 +27,13 @@ from .errors import ObjectExistsError
 from .message import Failure, Message, ReceivedMessage, duration
 
 T = TypeVar("T")
+#: The session type of a client: blocking for QueueClient, asyncio for AsyncQueueClient.
+S = TypeVar("S", bound="Session | AsyncSession")
 
 log = logging.getLogger("airflow_provider_sqlqueue.transport")
 
 #: A claim token as the caller has it: the UUID, or its text from XCom or an event payload.
-Token = Union[uuid.UUID, str]
+Token = uuid.UUID | str
 
 
 def lease_ms(lease: timedelta | float) -> int:
@@ -79,10 +82,10 @@ def check_positive(name: str, value: int) -> int:
     return value
 
 
-class _Addressing:
+class _Addressing(Generic[S]):
     """Resolves queue names to validated addresses for the session's dialect."""
 
-    session: Session | AsyncSession
+    session: S
     error_queue: str | QueueAddress | None
 
     def address(self, queue: str | QueueAddress) -> QueueAddress:
@@ -194,7 +197,7 @@ class _Addressing:
         )
 
 
-class QueueClient(_Addressing):
+class QueueClient(_Addressing[Session]):
     """Blocking queue operations over one connection (psycopg 3 for PostgreSQL, pymssql or pyodbc for SQL Server).
 
     ``QueueClient.connect(uri)`` opens and owns an autocommit connection (``postgresql://``,
@@ -257,8 +260,8 @@ class QueueClient(_Addressing):
             addresses.append(address.secondary(secondary))
         dialect = self.session.dialect
         for each in addresses:
-            self._install(lambda each=each: ops.create_queue(dialect, each, body_string))
-        self._install(lambda: ops.create_inflight(dialect, address))
+            self._install(partial(ops.create_queue, dialect, each, body_string))
+        self._install(partial(ops.create_inflight, dialect, address))
         return addresses
 
     def _install(self, make: Callable[[], ops.Operation[None]]) -> None:
@@ -366,7 +369,7 @@ class QueueClient(_Addressing):
         return self._run(self._take_op(queue, tokens, lease, holder or default_holder(), limit, error_queue))
 
     @overload
-    def ack(self, queue: str | QueueAddress, tokens: Token) -> bool: ...
+    def ack(self, queue: str | QueueAddress, tokens: Token) -> bool: ...  # type: ignore[overload-overlap]  # str is Iterable too; this overload wins, as at run time
     @overload
     def ack(self, queue: str | QueueAddress, tokens: Iterable[Token]) -> set[uuid.UUID]: ...
     def ack(self, queue: str | QueueAddress, tokens: Token | Iterable[Token]) -> bool | set[uuid.UUID]:
@@ -379,13 +382,21 @@ class QueueClient(_Addressing):
         return one_or_many(tokens, held)
 
     @overload
-    def nack(
-        self, queue: str | QueueAddress, tokens: Token, *, error: BaseException | str | Failure | None = None,
+    def nack(  # type: ignore[overload-overlap]  # str is Iterable too; this overload wins, as at run time
+        self,
+        queue: str | QueueAddress,
+        tokens: Token,
+        *,
+        error: BaseException | str | Failure | None = None,
         delay: timedelta | float = 0,
     ) -> bool: ...
     @overload
     def nack(
-        self, queue: str | QueueAddress, tokens: Iterable[Token], *, error: BaseException | str | Failure | None = None,
+        self,
+        queue: str | QueueAddress,
+        tokens: Iterable[Token],
+        *,
+        error: BaseException | str | Failure | None = None,
         delay: timedelta | float = 0,
     ) -> set[uuid.UUID]: ...
     def nack(
@@ -401,9 +412,11 @@ class QueueClient(_Addressing):
         return one_or_many(tokens, held)
 
     @overload
-    def extend(self, queue: str | QueueAddress, tokens: Token, lease: timedelta | float = ...) -> bool: ...
+    def extend(self, queue: str | QueueAddress, tokens: Token, lease: timedelta | float = ...) -> bool: ...  # type: ignore[overload-overlap]  # str is Iterable too; this overload wins, as at run time
     @overload
-    def extend(self, queue: str | QueueAddress, tokens: Iterable[Token], lease: timedelta | float = ...) -> set[uuid.UUID]: ...
+    def extend(
+        self, queue: str | QueueAddress, tokens: Iterable[Token], lease: timedelta | float = ...
+    ) -> set[uuid.UUID]: ...
     def extend(
         self, queue: str | QueueAddress, tokens: Token | Iterable[Token], lease: timedelta | float = defaults.LEASE
     ) -> bool | set[uuid.UUID]:
@@ -454,7 +467,11 @@ class QueueClient(_Addressing):
         self._run(self._move_to_error_op(queue, message, error, error_queue))
 
     def retry_errors(
-        self, error_queue: str | QueueAddress | None = None, *, queue: str | QueueAddress | None = None, limit: int = 1000
+        self,
+        error_queue: str | QueueAddress | None = None,
+        *,
+        queue: str | QueueAddress | None = None,
+        limit: int = 1000,
     ) -> int:
         """Send failed messages back to the queue they failed in (only ``queue``'s when given).
 
@@ -463,9 +480,7 @@ class QueueClient(_Addressing):
         """
         check_positive("limit", limit)
         only = self.address(queue) if queue is not None else None
-        return self._run(
-            ops.retry_from_error(self.session.dialect, self.error_address(error_queue, only), limit, only)
-        )
+        return self._run(ops.retry_from_error(self.session.dialect, self.error_address(error_queue, only), limit, only))
 
     # -- inspection and maintenance ------------------------------------------------------------
 
@@ -502,7 +517,7 @@ class QueueClient(_Addressing):
         return self._run(ops.purge_all(self.session.dialect, self.address(queue)), single_statement=True)
 
 
-class AsyncQueueClient(_Addressing):
+class AsyncQueueClient(_Addressing[AsyncSession]):
     """The asyncio twin of :class:`QueueClient`, used by the message pump and Airflow triggers."""
 
     def __init__(self, session: AsyncSession, error_queue: str | QueueAddress | None = None) -> None:
@@ -526,7 +541,9 @@ class AsyncQueueClient(_Addressing):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def send(self, queue: str | QueueAddress, messages: Message | Iterable[Message], *, notify: bool = False) -> int:
+    async def send(
+        self, queue: str | QueueAddress, messages: Message | Iterable[Message], *, notify: bool = False
+    ) -> int:
         batch = as_messages(messages)
         if not batch:
             return 0
@@ -617,7 +634,9 @@ class AsyncQueueClient(_Addressing):
         await self.session.run(self._move_to_error_op(queue, message, error, error_queue))
 
     async def peek(self, queue: str | QueueAddress, *, include_claims: bool = False) -> int:
-        return await self.session.run(ops.peek(self.session.dialect, self.address(queue), include_claims), single_statement=True)
+        return await self.session.run(
+            ops.peek(self.session.dialect, self.address(queue), include_claims), single_statement=True
+        )
 
     async def depth(self, queue: str | QueueAddress) -> int:
         return await self.session.run(ops.depth(self.session.dialect, self.address(queue)), single_statement=True)

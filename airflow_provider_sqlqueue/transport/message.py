@@ -13,7 +13,8 @@ import json
 import math
 import traceback
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from enum import Enum
 
@@ -172,7 +173,9 @@ def encode_value(value: object) -> tuple[bytes, str | None]:
     return text.encode("utf-8"), JSON_CONTENT_TYPE
 
 
-def duration(name: str, value: object, *, maximum: timedelta, minimum: timedelta = timedelta(milliseconds=1)) -> timedelta:
+def duration(
+    name: str, value: object, *, maximum: timedelta, minimum: timedelta = timedelta(milliseconds=1)
+) -> timedelta:
     """A duration given as a timedelta or seconds, checked before anything is sent.
 
     Refuses what is not a number of seconds (text, booleans), NaN and infinities, and spans
@@ -202,7 +205,7 @@ def coerce_ttbr(ttbr: timedelta | float | int | None) -> timedelta | None:
     return duration("time_to_be_received", ttbr, maximum=defaults.MAX_TIME_TO_BE_RECEIVED)
 
 
-@dataclass
+@dataclass(init=False)
 class Message:
     """A message to send.
 
@@ -210,19 +213,27 @@ class Message:
     that an NServiceBus endpoint receiving the row sees what it expects; the body is stored as is.
     ``time_to_be_received`` makes the database compute ``Expires`` from its own clock; an expired
     message is never delivered.
+
+    The constructor accepts what callers have (text bodies, string ids, seconds) and checks it; the
+    attributes hold the normalised values.
     """
 
-    body: bytes = b""
-    headers: Headers = field(default_factory=dict)
-    id: uuid.UUID = field(default_factory=uuid.uuid4)
-    time_to_be_received: timedelta | None = None
+    body: bytes
+    headers: Headers
+    id: uuid.UUID
+    time_to_be_received: timedelta | None
 
-    def __post_init__(self) -> None:
-        self.body = coerce_body(self.body)
-        self.headers = validate_headers(self.headers)
-        if not isinstance(self.id, uuid.UUID):
-            self.id = uuid.UUID(str(self.id))
-        self.time_to_be_received = coerce_ttbr(self.time_to_be_received)
+    def __init__(
+        self,
+        body: bytes | bytearray | memoryview | str | None = b"",
+        headers: Mapping[str, str | None] | None = None,
+        id: uuid.UUID | str | None = None,
+        time_to_be_received: timedelta | float | None = None,
+    ) -> None:
+        self.body = coerce_body(body)
+        self.headers = validate_headers({} if headers is None else headers)
+        self.id = uuid.uuid4() if id is None else id if isinstance(id, uuid.UUID) else uuid.UUID(str(id))
+        self.time_to_be_received = coerce_ttbr(time_to_be_received)
 
     @classmethod
     def of(

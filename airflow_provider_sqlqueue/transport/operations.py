@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import logging
 import uuid
-from datetime import datetime, timezone
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from enum import Enum
 from typing import Any, TypeVar
 
@@ -22,8 +22,8 @@ from .addressing import QueueAddress
 from .dialects import Dialect, TableShape
 from .errors import InvalidHeadersError, LeaseLostError, QueueNotFoundError, SqlQueueError
 from .message import (
-    FAILED_QUEUE,
     DELIVERY_COUNT,
+    FAILED_QUEUE,
     Failure,
     Message,
     ReceivedMessage,
@@ -68,7 +68,8 @@ def drive(op: Operation[T], execute: Callable[[Step], Any]) -> T:
         while True:
             step = op.send(execute(step))
     except StopIteration as done:
-        return done.value
+        result: T = done.value
+        return result
 
 
 async def drive_async(op: Operation[T], execute: Callable[[Step], Awaitable[Any]]) -> T:
@@ -78,7 +79,8 @@ async def drive_async(op: Operation[T], execute: Callable[[Step], Awaitable[Any]
         while True:
             step = op.send(await execute(step))
     except StopIteration as done:
-        return done.value
+        result: T = done.value
+        return result
 
 
 def as_uuid(value: Any) -> uuid.UUID:
@@ -197,7 +199,9 @@ def send(d: Dialect, address: QueueAddress, messages: Sequence[Message], notify:
 # -- receiving ---------------------------------------------------------------------------------
 
 
-def receive(d: Dialect, address: QueueAddress, error_address: QueueAddress, limit: int) -> Operation[list[ReceivedMessage]]:
+def receive(
+    d: Dialect, address: QueueAddress, error_address: QueueAddress, limit: int
+) -> Operation[list[ReceivedMessage]]:
     """Delete and return up to ``limit`` of the oldest messages.
 
     Expired rows are deleted and never returned. Rows whose headers NServiceBus could not read are
@@ -310,7 +314,9 @@ def claim(
                 yield from _claim_poison_to_error(d, address, error_address, token, message_id, headers_text, exc)
                 requeued = requeued or d.qualified_name(error_address) == target
                 continue
-            claimed.append(ReceivedMessage(as_uuid(message_id), headers, bytes(body or b""), as_uuid(token), deliveries))
+            claimed.append(
+                ReceivedMessage(as_uuid(message_id), headers, bytes(body or b""), as_uuid(token), deliveries)
+            )
         if len(rows) < wanted:
             break
     return claimed
@@ -381,7 +387,10 @@ def _claim_poison_to_error(
     _log_poison(d, address, error_address, message_id, exc)
     shape = yield from table_shape(d, error_address)
     yield Step(
-        d.claim_to_error(address, error_address, shape), (token, headers_text or ""), Fetch.NONE, d.qualified_name(address)
+        d.claim_to_error(address, error_address, shape),
+        (token, headers_text or ""),
+        Fetch.NONE,
+        d.qualified_name(address),
     )
 
 
@@ -461,7 +470,11 @@ def forward(
 
 
 def fail_claim(
-    d: Dialect, address: QueueAddress, error_address: QueueAddress, message: ReceivedMessage, error: BaseException | str | Failure
+    d: Dialect,
+    address: QueueAddress,
+    error_address: QueueAddress,
+    message: ReceivedMessage,
+    error: BaseException | str | Failure,
 ) -> Operation[bool]:
     """Move a claimed message straight to the error queue (the handler knows it can never succeed)."""
     headers = failure_headers(message.headers, d.format_address(address), error)
@@ -473,7 +486,7 @@ def fail_claim(
         Fetch.ROWCOUNT,
         d.qualified_name(address),
     )
-    return count == 1
+    return bool(count == 1)
 
 
 # -- inspection and maintenance ------------------------------------------------------------------
@@ -571,9 +584,7 @@ def retry_from_error(
             exists[key] = d.learn_table_shape(destination, columns) if columns else None
         shape = exists[key]
         if shape is None:
-            log.warning(
-                "Error queue %s: leaving message %s, its queue %s does not exist", target, message_id, failed_q
-            )
+            log.warning("Error queue %s: leaving message %s, its queue %s does not exist", target, message_id, failed_q)
             continue
         yield Step(
             d.insert_error(destination, shape),

@@ -24,8 +24,8 @@ from typing import Any
 from . import defaults
 from . import operations as ops
 from .addressing import QueueAddress
-from .client import default_holder, lease_ms
 from .breaker import CircuitBreaker
+from .client import default_holder, lease_ms
 from .drivers import AsyncSessionPool
 from .errors import QueueNotFoundError, TransportMisconfiguredError
 from .message import TIME_TO_BE_RECEIVED, Failure, ReceivedMessage, TransactionMode, duration
@@ -47,7 +47,9 @@ def parse_timespan(text: str) -> timedelta | None:
         return None
     days, hours, minutes, seconds, fraction = match.groups()
     micros = int((fraction or "0")[:6].ljust(6, "0"))
-    return timedelta(days=int(days or 0), hours=int(hours), minutes=int(minutes), seconds=int(seconds), microseconds=micros)
+    return timedelta(
+        days=int(days or 0), hours=int(hours), minutes=int(minutes), seconds=int(seconds), microseconds=micros
+    )
 
 
 def check_peek_interval(peek_interval: float, smallest_ttbr: timedelta | None = None) -> list[str]:
@@ -188,7 +190,13 @@ class MessagePump:
             log.debug("Queue %s: peek estimates %d waiting; receiving up to %d", self.name, pending, budget)
             received = await self._receive_mode(budget)
             if received:
-                log.info("Queue %s: received %d message(s) (handled %d, failed %d so far)", self.name, received, self.handled, self.failed)
+                log.info(
+                    "Queue %s: received %d message(s) (handled %d, failed %d so far)",
+                    self.name,
+                    received,
+                    self.handled,
+                    self.failed,
+                )
         log.info("Queue %s: pump stopped (handled %d, failed %d)", self.name, self.handled, self.failed)
 
     async def _sleep(self, seconds: float) -> None:
@@ -248,7 +256,9 @@ class MessagePump:
             await self.handler(message, connection)
         except Exception as exc:  # the handler's failure is data for recoverability, not a pump crash
             self.failed += 1
-            log.warning("Queue %s: handler failed for message %s: %s: %s", self.name, message.id, type(exc).__name__, exc)
+            log.warning(
+                "Queue %s: handler failed for message %s: %s: %s", self.name, message.id, type(exc).__name__, exc
+            )
             return exc
         self.handled += 1
         return None
@@ -266,7 +276,9 @@ class MessagePump:
                 async with self.pool.session() as session:
                     await session.run(ops.move_to_error(self.dialect, self.queue, self.error_queue, message, error))
             except Exception as exc:  # best effort: the failure is logged, the pump goes on
-                log.error("Queue %s: could not copy failed message %s to the error queue: %s", self.name, message.id, exc)
+                log.error(
+                    "Queue %s: could not copy failed message %s to the error queue: %s", self.name, message.id, exc
+                )
         return True
 
     async def _receive_native(self) -> bool:
@@ -311,7 +323,9 @@ class MessagePump:
     async def _receive_claim(self) -> bool:
         async with self.pool.session() as session:
             claimed = await session.run(
-                ops.claim(self.dialect, self.queue, self.error_queue, 1, self.lease_ms, self.max_deliveries, self.holder)
+                ops.claim(
+                    self.dialect, self.queue, self.error_queue, 1, self.lease_ms, self.max_deliveries, self.holder
+                )
             )
         if not claimed:
             return False
@@ -327,7 +341,9 @@ class MessagePump:
                 settled = await session.run(ops.ack(self.dialect, self.queue, tokens), single_statement=True)
             else:
                 failure = Failure.of(error, self.name)
-                settled = await session.run(ops.nack(self.dialect, self.queue, tokens, failure, 0), single_statement=True)
+                settled = await session.run(
+                    ops.nack(self.dialect, self.queue, tokens, failure, 0), single_statement=True
+                )
         if not settled:
             log.warning(
                 "Queue %s: lease on message %s ran out before it was settled; it may be handled again",
@@ -342,7 +358,9 @@ class MessagePump:
             await asyncio.sleep(self.lease.total_seconds() / 3)
             try:
                 async with self.pool.session() as session:
-                    await session.run(ops.extend(self.dialect, self.queue, tokens, self.lease_ms), single_statement=True)
+                    await session.run(
+                        ops.extend(self.dialect, self.queue, tokens, self.lease_ms), single_statement=True
+                    )
             except Exception as exc:  # the next renewal may succeed; the handler goes on either way
                 log.warning("Queue %s: could not renew a claim: %s", self.name, exc)
 

@@ -17,10 +17,10 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 
 from . import defaults
+from .breaker import CircuitBreaker
 from .client import AsyncQueueClient
 from .drivers import close_quietly
 from .errors import TransportUnavailableError
-from .breaker import CircuitBreaker
 
 log = logging.getLogger("airflow_provider_sqlqueue.watch")
 
@@ -51,7 +51,9 @@ class Poller:
         interval stays as the fallback for senders that do not notify.
     """
 
-    def __init__(self, open_client: Callable[[], Awaitable[AsyncQueueClient]], *, interval: float, listen: bool) -> None:
+    def __init__(
+        self, open_client: Callable[[], Awaitable[AsyncQueueClient]], *, interval: float, listen: bool
+    ) -> None:
         self._open_client = open_client
         self.interval = interval
         self.listen = listen

@@ -107,7 +107,7 @@ class SqlQueueTrigger(BaseTrigger):
         error_queue: str | None = None,
         wake_on_notify: bool = False,
     ) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # BaseTrigger.__init__ has no annotations
         if max_messages < 1:
             raise ValueError(f"max_messages must be at least 1, got {max_messages}")
         peek_interval = duration("peek_interval", peek_interval, maximum=defaults.MAX_PEEK_INTERVAL).total_seconds()
@@ -165,9 +165,9 @@ class SqlQueueTrigger(BaseTrigger):
         """
         await asyncio.to_thread(_import_runtime)
         from ..hooks.sqlqueue import SqlQueueHook
+        from ..transport.breaker import CircuitBreaker
         from ..transport.drivers import close_quietly
         from ..transport.errors import TransportUnavailableError
-        from ..transport.breaker import CircuitBreaker
         from ..transport.pump import check_peek_interval
 
         for warning in check_peek_interval(self.peek_interval):

@@ -46,7 +46,9 @@ with DAG("sqlqueue_purge_expired", schedule=None, start_date=START, catchup=Fals
     PurgeExpiredMessagesOperator(task_id="purge", queue_name=ORDERS, batch_size=2, **common)
 
 for deferrable in (True, False):
-    with DAG(f"sqlqueue_consume_{'deferrable' if deferrable else 'poke'}", schedule=None, start_date=START, catchup=False):
+    with DAG(
+        f"sqlqueue_consume_{'deferrable' if deferrable else 'poke'}", schedule=None, start_date=START, catchup=False
+    ):
         wait = SqlQueueSensor(
             task_id="wait",
             queue_name=ORDERS,

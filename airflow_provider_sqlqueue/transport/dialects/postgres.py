@@ -196,8 +196,7 @@ class PostgresDialect(Dialect):
     def expires_index_ddl(self, address: QueueAddress) -> str:
         index = quote_ident(address.table + "_Expires")
         return (
-            f"CREATE INDEX IF NOT EXISTS {index} ON {self.qualified_name(address)} (Expires) "
-            "WHERE Expires IS NOT NULL"
+            f"CREATE INDEX IF NOT EXISTS {index} ON {self.qualified_name(address)} (Expires) WHERE Expires IS NOT NULL"
         )
 
     # -- runtime -------------------------------------------------------------------------------
@@ -212,16 +211,15 @@ class PostgresDialect(Dialect):
         # One statement for any number of rows: arrays are unnested server side, in order, so Seq
         # follows the order of the batch. The arrays travel in binary (%b): text-format arrays of
         # JSON headers cost more to escape on the client than the insert costs the server.
-        sql = (
+        return (
             f"INSERT INTO {self.qualified_name(address)} (Id, Expires, Headers, Body) "
             f"SELECT m.id, {_UTC_NOW} + m.ttbr * interval '1 millisecond', m.headers, m.body "
             "FROM unnest(%b::uuid[], %b::bigint[], %b::text[], %b::bytea[]) "
             "WITH ORDINALITY AS m(id, ttbr, headers, body, ord) ORDER BY m.ord"
         )
-        return sql
 
     def send_batch_params(self, rows: Sequence[tuple[object, ...]]) -> tuple[object, ...]:
-        ids, ttbrs, headers, bodies = (list(column) for column in zip(*rows))
+        ids, ttbrs, headers, bodies = (list(column) for column in zip(*rows, strict=True))
         return ids, ttbrs, headers, bodies
 
     def receive(self, address: QueueAddress) -> str:
@@ -257,13 +255,13 @@ class PostgresDialect(Dialect):
         return f"DELETE FROM {self.qualified_name(address)}"
 
     def insert_error(self, error_address: QueueAddress, shape: TableShape) -> str:
-        return f"INSERT INTO {self.qualified_name(error_address)} (Id, Expires, Headers, Body) VALUES (%s, NULL, %s, %s)"
+        return (
+            f"INSERT INTO {self.qualified_name(error_address)} (Id, Expires, Headers, Body) VALUES (%s, NULL, %s, %s)"
+        )
 
     def browse(self, address: QueueAddress) -> str:
         q = self.qualified_name(address)
-        return (
-            f"SELECT Id, Headers, Body FROM {q} WHERE Expires IS NULL OR Expires > {_UTC_NOW} ORDER BY Seq LIMIT %s"
-        )
+        return f"SELECT Id, Headers, Body FROM {q} WHERE Expires IS NULL OR Expires > {_UTC_NOW} ORDER BY Seq LIMIT %s"
 
     def peek_error_rows(self, error_address: QueueAddress) -> str:
         q = self.qualified_name(error_address)
@@ -341,7 +339,9 @@ class PostgresDialect(Dialect):
 
     def peek_with_claims(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
-        return f"SELECT ({self.peek(address)}) + (SELECT count(*) FROM {f} WHERE Queue = %s AND LeaseUntil <= {_UTC_NOW})"
+        return (
+            f"SELECT ({self.peek(address)}) + (SELECT count(*) FROM {f} WHERE Queue = %s AND LeaseUntil <= {_UTC_NOW})"
+        )
 
     def count_inflight(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))

@@ -203,7 +203,9 @@ class SqlServerDialect(Dialect):
 
     def learn_table_shape(self, address: QueueAddress, columns: Sequence[tuple[str, str]]) -> TableShape:
         types = {name.lower(): type_name.lower() for name, type_name in columns}
-        shape = TableShape(recoverable="recoverable" in types, ascii_headers=types.get("headers") in ("varchar", "text"))
+        shape = TableShape(
+            recoverable="recoverable" in types, ascii_headers=types.get("headers") in ("varchar", "text")
+        )
         if shape.ascii_headers:
             log.warning(
                 "Queue %s has a varchar Headers column (an older NServiceBus layout): non-ASCII header text is "
@@ -258,8 +260,8 @@ class SqlServerDialect(Dialect):
                 raise InvalidQueueNameError(
                     f"address {text!r} has more than catalog.schema.table; bracket a table name that contains dots"
                 )
-            parts = [None] * (3 - len(parts)) + parts  # type: ignore[list-item]
-            address = QueueAddress(parts[2], parts[1], parts[0])  # type: ignore[arg-type]
+            catalog_part, schema_part = ([None, None, *parts][-3:])[:2]
+            address = QueueAddress(parts[-1], schema_part, catalog_part)
         self.validate_address(address)
         return address
 
@@ -671,7 +673,9 @@ class SqlServerDialect(Dialect):
                 number,
             )
         if number is not None:
-            return StatementRejectedError(f"SQL Server refused a statement on {address} (error {number}): {text}", number)
+            return StatementRejectedError(
+                f"SQL Server refused a statement on {address} (error {number}): {text}", number
+            )
         return None
 
 

@@ -34,6 +34,7 @@ __all__ = [
     "open_async_session",
     "open_pool",
     "open_session",
+    "session_over",
 ]
 
 
@@ -66,14 +67,36 @@ def dialect_for(target: object) -> Dialect:
 def open_session(target: Any) -> Session:
     """A blocking session: opened from a URI/connection string (owned) or over a DB-API connection (borrowed)."""
     dialect = dialect_for(target)
-    if dialect.name == "postgres":
-        return PsycopgSession.connect(target) if isinstance(target, str) else PsycopgSession(target)
     if not isinstance(target, str):
-        session_type = PymssqlSession if type(target).__module__.startswith("pymssql") else PyodbcSession
-        return session_type(target)
+        return session_over(target, owned=False)
+    if dialect.name == "postgres":
+        return PsycopgSession.connect(target)
     if _scheme(target) in PYMSSQL_SCHEMES:
         return PymssqlSession.connect(target)
     return PyodbcSession.connect(target)
+
+
+def session_over(connection: Any, *, owned: bool) -> Session:
+    """A session over a DB-API connection from psycopg, pymssql or pyodbc.
+
+    ``owned``: the connection was opened for the transport alone (e.g. by an Airflow hook), which
+    closes it with the session; it is switched to autocommit, since the transport opens and ends
+    its own transactions. A borrowed connection is the caller's: it must already autocommit, and
+    is refused if it does not (see the SQL Server sessions).
+    """
+    dialect = dialect_for(connection)
+    module = type(connection).__module__.split(".", 1)[0]
+    if dialect.name == "postgres":
+        if owned:
+            connection.autocommit = True
+        return PsycopgSession(connection, owned=owned)
+    if module == "pymssql":
+        if owned:
+            connection.autocommit(True)
+        return PymssqlSession(connection, owned=owned)
+    if owned:
+        connection.autocommit = True
+    return PyodbcSession(connection, owned=owned)
 
 
 async def open_async_session(target: Any) -> AsyncSession:
@@ -88,4 +111,3 @@ def open_pool(target: str, max_size: int) -> AsyncSessionPool:
     if dialect_for(target).name == "postgres":
         return AsyncPsycopgPool(target, max_size=max_size)
     return AsyncThreadPool(lambda: open_session(target), max_size=max_size)
-

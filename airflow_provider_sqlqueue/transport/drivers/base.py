@@ -33,7 +33,9 @@ def raise_translated(dialect: Dialect, exc: BaseException, step: Step) -> NoRetu
 
 
 @contextmanager
-def translated(dialect: Dialect, errors: type[BaseException] | tuple[type[BaseException], ...], step: Step = ANY_STEP) -> Iterator[None]:
+def translated(
+    dialect: Dialect, errors: type[BaseException] | tuple[type[BaseException], ...], step: Step = ANY_STEP
+) -> Iterator[None]:
     """Turn the driver's ``errors`` raised inside the block into the transport's errors (:meth:`Dialect.translate_error`)."""
     try:
         yield
@@ -59,7 +61,6 @@ def fetch(cursor: Any, step: Step) -> Any:
     if step.fetch is Fetch.ROWCOUNT:
         return cursor.rowcount
     return None
-
 
 
 class Session(ABC):
@@ -136,7 +137,6 @@ class AsyncSession(ABC):
             await self.connection.close()
 
 
-
 class AsyncSessionPool(ABC):
     """Hands out async sessions; the message pump needs one per concurrent receive."""
 
@@ -155,11 +155,9 @@ class AsyncSessionPool(ABC):
         """Close every connection."""
 
 
-
 async def close_quietly(closable: AsyncSession | Any) -> None:
     """Close an async session or client whose connection may already be broken (best effort)."""
     try:
         await closable.close()
     except Exception:  # the connection is already broken
         pass
-

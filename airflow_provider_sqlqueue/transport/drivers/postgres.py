@@ -15,8 +15,18 @@ from .. import defaults
 from ..dialects import get_dialect
 from ..errors import TransportUnavailableError
 from ..operations import Operation, Step, drive, drive_async
-from .base import ANY_STEP, AsyncSession, AsyncSessionPool, Session, T, close_quietly, fetch, fetch_async, raise_translated, translated
-
+from .base import (
+    ANY_STEP,
+    AsyncSession,
+    AsyncSessionPool,
+    Session,
+    T,
+    close_quietly,
+    fetch,
+    fetch_async,
+    raise_translated,
+    translated,
+)
 
 #: Statements whose parameters are larger than this are not inlined to travel with BEGIN.
 _FUSE_LIMIT = 64 * 1024
@@ -91,15 +101,13 @@ class PsycopgSession(Session):
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
-        with translated(self.dialect, psycopg.Error):
-            with self.connection.transaction():
-                yield
+        with translated(self.dialect, psycopg.Error), self.connection.transaction():
+            yield
 
     def execute(self, step: Step) -> Any:
-        with translated(self.dialect, psycopg.Error, step):
-            with self.connection.cursor() as cursor:
-                cursor.execute(step.sql, step.params)
-                return fetch(cursor, step)
+        with translated(self.dialect, psycopg.Error, step), self.connection.cursor() as cursor:
+            cursor.execute(step.sql, step.params)
+            return fetch(cursor, step)
 
 
 def with_connect_timeout(conninfo: str, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -228,8 +236,6 @@ class AsyncPsycopgSession(AsyncSession):
                 return await fetch_async(cursor, step)
 
 
-
-
 class AsyncPsycopgPool(AsyncSessionPool):
     """Up to ``max_size`` autocommit psycopg connections for asyncio callers, reopened as soon as they fail.
 
@@ -290,4 +296,3 @@ class AsyncPsycopgPool(AsyncSessionPool):
                     await close_quietly(connection)
                 else:
                     self._idle.append(connection)
-

@@ -299,4 +299,3 @@ def odbc_connection_string(uri: str) -> str:
     return ";".join(
         f"{key}={value if key == 'DRIVER' else _odbc_value(value)}" for key, value in pairs.items() if value != ""
     )
-

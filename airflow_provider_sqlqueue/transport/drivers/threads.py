@@ -100,4 +100,3 @@ class AsyncThreadPool(AsyncSessionPool):
                 await close_quietly(session)
                 raise
             self._idle.append(session)
-
