@@ -138,7 +138,7 @@ class Backend:
             try:
                 with other.session.transaction():
                     statement = other.session.dialect.receive(address)
-                    other.session.execute(Step(statement, (count,), Fetch.ALL, "holder"))
+                    other.session.execute(Step(statement, {"limit": count}, Fetch.ALL, "holder"))
                     yield
                     raise _HeldForTest
             except _HeldForTest:

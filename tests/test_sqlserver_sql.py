@@ -117,9 +117,14 @@ def statements(address: QueueAddress) -> Iterator[tuple[str, str]]:
 
 
 def as_tsql(sql: str) -> str:
-    """The statement as SQL Server sees it: ``%s`` becomes a parameter, ``%%`` a literal ``%``."""
-    numbers = iter(range(1, 10_000))
-    return placeholders(sql, lambda: f"@p{next(numbers)}")
+    """The statement as SQL Server sees it: ``%(name)s`` becomes a parameter ``@p_name``, ``%%`` a literal ``%``."""
+    return placeholders(sql, lambda name: f"@p_{name}")
+
+
+def placeholder_names(sql: str) -> set[str]:
+    names: set[str] = set()
+    placeholders(sql, lambda name: names.add(str(name)) or "?")
+    return names
 
 
 def parse(sql: str) -> list[exp.Expression]:
@@ -163,45 +168,48 @@ def test_session_statements_parse(name):
     parse(SESSION_STATEMENTS[name])
 
 
-def test_placeholders_count_matches_the_parameters_the_operations_pass():
+def test_placeholder_names_match_the_parameters_the_operations_pass():
     address = ADDRESSES["escaping"]
     error = address.sibling("error")
-    expected = {  # parameters per statement, from the Dialect docstrings the operations follow
-        "send": 4,
-        "send_legacy": 4,
-        "send_batch": 12,
-        "receive": 1,
-        "purge_expired": 1,
-        "insert_error": 3,
-        "insert_error_legacy": 3,
-        "browse": 1,
-        "peek_error_rows": 1,
-        "delete_by_seq": 1,
-        "claim": 5,
-        "reclaim": 5,
-        "take": 4,
-        "adopt": 4,
-        "peek_with_claims": 1,
-        "count_inflight": 1,
-        "ack": 2,
-        "nack": 4,
-        "extend": 3,
-        "claim_to_error": 2,
-        "claim_to_error_legacy": 2,
-        "queue_columns": 2,
-        "install_lock": 0,
-        "current_catalog": 0,
-        "has_expires_index": 2,
-        "peek": 0,
-        "depth": 0,
-        "purge_all": 0,
-        "drop_queue": 0,
-        "add_body_string": 0,
-        "expires_index_ddl": 0,
+    row = {"id", "ttbr_ms", "headers", "body"}
+    claims = {"lease_ms", "holder", "queue"}
+    expected = {  # the names each Dialect docstring promises, which the operations pass
+        "send": row,
+        "send_legacy": row,
+        "send_batch": {f"{name}{n}" for name in row for n in (1, 2, 3)},
+        "receive": {"limit"},
+        "purge_expired": {"limit"},
+        "insert_error": {"id", "headers", "body"},
+        "insert_error_legacy": {"id", "headers", "body"},
+        "browse": {"limit"},
+        "peek_error_rows": {"limit"},
+        "delete_by_seq": {"seq"},
+        "claim": claims | {"limit", "deliveries"},
+        "reclaim": claims | {"limit", "deliveries"},
+        "take": claims | {"tokens"},
+        "adopt": claims | {"limit"},
+        "peek_with_claims": {"queue"},
+        "count_inflight": {"queue"},
+        "ack": {"tokens", "queue"},
+        "nack": {"delay_ms", "error", "tokens", "queue"},
+        "extend": {"lease_ms", "tokens", "queue"},
+        "claim_to_error": {"token", "headers"},
+        "claim_to_error_legacy": {"token", "headers"},
+        "queue_columns": {"schema", "table"},
+        "has_expires_index": {"schema", "table"},
+        "install_lock": set(),
+        "current_catalog": set(),
+        "peek": set(),
+        "depth": set(),
+        "purge_all": set(),
+        "drop_queue": set(),
+        "add_body_string": set(),
+        "expires_index_ddl": set(),
     }
-    for name, count in expected.items():
-        sql = STATEMENTS[name](dialect, address, error)
-        assert len(re.findall(r"%s", sql.replace("%%", ""))) == count, name
+    for name, names in expected.items():
+        produced = STATEMENTS[name](dialect, address, error)
+        sql = produced if isinstance(produced, str) else " ".join(produced)
+        assert placeholder_names(sql) == names, name
 
 
 def snapshot_text() -> str:
@@ -225,7 +233,7 @@ def test_statements_equal_the_reviewed_snapshot():
 def test_receive_is_nservicebus_receive_for_an_escaped_name():
     sql = dialect.receive(ADDRESSES["escaping"])
     assert sql == (
-        "WITH message AS (SELECT TOP (%s) * FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%%s] "
+        "WITH message AS (SELECT TOP (%(limit)s) * FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%%s] "
         "WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) "
         "DELETE FROM message OUTPUT deleted.Id, "
         "CASE WHEN deleted.Expires IS NOT NULL AND deleted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, "
@@ -238,7 +246,7 @@ def test_send_writes_recoverable_and_server_clock_expiry():
     assert sql == (
         "INSERT INTO [dbo].[orders] (Id, Recoverable, Expires, Headers, Body) "
         "SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 86400000, DATEADD(day, v.Ttbr / 86400000, GETUTCDATE())), "
-        "v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4)) AS v(Ord, Id, Ttbr, Headers, Body) "
+        "v.Headers, v.Body FROM (VALUES (1, @p_id, CAST(@p_ttbr_ms AS bigint), @p_headers, @p_body)) AS v(Ord, Id, Ttbr, Headers, Body) "
         "ORDER BY v.Ord"
     )
 
@@ -259,7 +267,7 @@ def test_durations_up_to_the_longest_ttbr_fit_dateadds_int():
 def test_batches_stay_under_sql_servers_parameter_limit():
     row = (uuid.uuid4(), None, "{}", b"x")
     assert dialect.batch_size([row] * 10_000) == 500
-    assert dialect.send_batch(ADDRESSES["plain"], 500, SHAPE).count("%s") == 2000 < 2100
+    assert len(placeholder_names(dialect.send_batch(ADDRESSES["plain"], 500, SHAPE))) == 2000 < 2100
 
 
 def test_batches_are_capped_by_the_bytes_pymssql_inlines():
@@ -380,8 +388,8 @@ def test_odbc_uri_becomes_a_braced_connection_string():
 
 def test_placeholder_rewriting_refuses_a_stray_percent():
     with pytest.raises(ValueError, match="stray %"):
-        placeholders("SELECT 5 % 2", lambda: "?")
-    assert placeholders("SELECT [50%% off], %s", lambda: "?") == "SELECT [50% off], ?"
+        placeholders("SELECT 5 % 2", lambda name: "?")
+    assert placeholders("SELECT [50%% off], %s, %(x)s", lambda name: f"<{name}>") == "SELECT [50% off], <None>, <x>"
 
 
 names = st.text(
@@ -409,28 +417,38 @@ def test_any_name_is_one_bracketed_identifier_to_a_tsql_parser(table, schema):
 
 
 #: Parameters as the operations pass them, with values that need quoting.
-SAMPLE_PARAMS = {
-    "send": (uuid.uuid4(), 60_000, '{"k":"it\'s"}', b"\x00\xff"),
-    "send_batch": (uuid.uuid4(), None, "{}", b"") * 3,
-    "receive": (10,),
-    "purge_expired": (10_000,),
-    "insert_error": (uuid.uuid4(), '{"a":"b"}', b"body"),
-    "browse": (100,),
-    "peek_error_rows": (100,),
-    "delete_by_seq": (42,),
-    "insert_error_legacy": (uuid.uuid4(), "{}", b"x"),
-    "claim": (5, "orders@[dbo]", 1, 120_000, "host's worker:42"),
-    "reclaim": (0, 120_000, None, "orders@[dbo]", 5),
-    "take": (120_000, "dag/run/task#1", dialect.token_list([uuid.uuid4(), uuid.uuid4()]), "orders@[dbo]"),
-    "adopt": (120_000, "dag/run/task#1", "orders@[dbo]", 100),
-    "peek_with_claims": ("orders@[dbo]",),
-    "count_inflight": ("orders@[dbo]",),
-    "ack": (dialect.token_list([uuid.uuid4()]), "orders@[dbo]"),
-    "nack": (0, '{"type": "ValueError", "message": "it\'s bad"}', dialect.token_list([uuid.uuid4()]), "orders@[dbo]"),
-    "extend": (60_000, dialect.token_list([uuid.uuid4()]), "orders@[dbo]"),
-    "claim_to_error": (uuid.uuid4(), '{"NServiceBus.FailedQ":"orders@[dbo]"}'),
-    "queue_columns": ("dbo", "orders"),
-    "has_expires_index": ("dbo", "orders"),
+SAMPLE_PARAMS: dict[str, dict[str, object]] = {
+    "send": {"id": uuid.uuid4(), "ttbr_ms": 60_000, "headers": '{"k":"it\'s"}', "body": b"\x00\xff"},
+    "send_batch": dialect.send_batch_params([(uuid.uuid4(), None, "{}", b"")] * 3),
+    "receive": {"limit": 10},
+    "purge_expired": {"limit": 10_000},
+    "insert_error": {"id": uuid.uuid4(), "headers": '{"a":"b"}', "body": b"body"},
+    "browse": {"limit": 100},
+    "peek_error_rows": {"limit": 100},
+    "delete_by_seq": {"seq": 42},
+    "insert_error_legacy": {"id": uuid.uuid4(), "headers": "{}", "body": b"x"},
+    "claim": {"limit": 5, "queue": "orders@[dbo]", "deliveries": 1, "lease_ms": 120_000, "holder": "host's worker:42"},
+    "reclaim": {"deliveries": 0, "lease_ms": 120_000, "holder": None, "queue": "orders@[dbo]", "limit": 5},
+    "take": {
+        "lease_ms": 120_000,
+        "holder": "dag/run/task#1",
+        "tokens": dialect.token_list([uuid.uuid4(), uuid.uuid4()]),
+        "queue": "orders@[dbo]",
+    },
+    "adopt": {"lease_ms": 120_000, "holder": "dag/run/task#1", "queue": "orders@[dbo]", "limit": 100},
+    "peek_with_claims": {"queue": "orders@[dbo]"},
+    "count_inflight": {"queue": "orders@[dbo]"},
+    "ack": {"tokens": dialect.token_list([uuid.uuid4()]), "queue": "orders@[dbo]"},
+    "nack": {
+        "delay_ms": 0,
+        "error": '{"type": "ValueError", "message": "it\'s bad"}',
+        "tokens": dialect.token_list([uuid.uuid4()]),
+        "queue": "orders@[dbo]",
+    },
+    "extend": {"lease_ms": 60_000, "tokens": dialect.token_list([uuid.uuid4()]), "queue": "orders@[dbo]"},
+    "claim_to_error": {"token": uuid.uuid4(), "headers": '{"NServiceBus.FailedQ":"orders@[dbo]"}'},
+    "queue_columns": {"schema": "dbo", "table": "orders"},
+    "has_expires_index": {"schema": "dbo", "table": "orders"},
 }
 
 
@@ -443,16 +461,24 @@ def test_text_pymssql_sends_parses_as_tsql(name):
     parsed = sqlglot.parse(text, read="tsql", error_level=sqlglot.ErrorLevel.RAISE)
     assert not [node for p in parsed for node in p.walk() if isinstance(node, exp.Command)]
     strings = [n.this for p in parsed for n in p.find_all(exp.National)]
-    for value in SAMPLE_PARAMS[name]:
+    for value in SAMPLE_PARAMS[name].values():
         if isinstance(value, str):
             assert value in strings  # the value arrives as one string literal, quotes and all
 
 
-def test_pymssql_text_refuses_a_parameter_count_mismatch():
+def test_pymssql_text_refuses_a_parameter_mismatch():
     with pytest.raises(ValueError, match="more parameters"):
         pymssql_text("SELECT %s", (1, 2))
     with pytest.raises(ValueError, match="fewer parameters"):
         pymssql_text("SELECT %s, %s", (1,))
+    with pytest.raises(ValueError, match="no value for placeholder 'b'"):
+        pymssql_text("SELECT %(a)s, %(b)s", {"a": 1})
+    with pytest.raises(ValueError, match=r"parameters \['c'\] have no placeholder"):
+        pymssql_text("SELECT %(a)s", {"a": 1, "c": 2})
+
+
+def test_pyodbc_binds_a_name_used_twice_twice():
+    assert pyodbc_statement("SELECT %(a)s, %(b)s, %(a)s", {"a": 1, "b": "x"}) == ("SELECT ?, ?, ?", (1, "x", 1))
 
 
 # -- what each driver sends, type-checked against the tables' column types -------------------------
@@ -468,23 +494,22 @@ BODIES = {
 HEADERS = {"empty": "{}", "ascii": '{"k":"v"}', "unicode": '{"k":"välue 東京"}', "quote": '{"k":"it\'s 100%"}'}
 
 
-def sample_params(name: str, body: bytes | None, headers: str) -> tuple[object, ...]:
+def sample_params(name: str, body: bytes | None, headers: str) -> dict[str, object]:
     """Parameters as the operations pass them, with the body and headers under test."""
     if name in ("send", "send_legacy"):
-        return (uuid.uuid4(), 60_000, headers, body)
+        return {"id": uuid.uuid4(), "ttbr_ms": 60_000, "headers": headers, "body": body}
     if name == "send_batch":  # one batch mixing shapes: one ASCII body used to fail the whole batch
-        return dialect.send_batch_params(
-            [
-                (uuid.uuid4(), None, headers, body),
-                (uuid.uuid4(), 5, "{}", b"\x00"),
-                (uuid.uuid4(), 2**40, HEADERS["unicode"], b""),
-            ]
-        )
+        rows = [
+            (uuid.uuid4(), None, headers, body),
+            (uuid.uuid4(), 5, "{}", b"\x00"),
+            (uuid.uuid4(), 2**40, HEADERS["unicode"], b""),
+        ]
+        return dialect.send_batch_params(rows)
     if name in ("insert_error", "insert_error_legacy"):
-        return (uuid.uuid4(), headers, body)
+        return {"id": uuid.uuid4(), "headers": headers, "body": body}
     if name in ("claim_to_error", "claim_to_error_legacy"):
-        return (uuid.uuid4(), headers)
-    return SAMPLE_PARAMS.get(name, ())
+        return {"token": uuid.uuid4(), "headers": headers}
+    return SAMPLE_PARAMS.get(name, {})
 
 
 def checker_tables(address: QueueAddress, legacy: bool) -> dict[str, dict[str, str]]:
@@ -568,7 +593,7 @@ def test_a_null_body_is_typed_for_both_drivers(body):
     address = ADDRESSES["plain"]
     sql = dialect.insert_error(address.sibling("error"), SHAPE)
     tables = checker_tables(address, False)
-    params = (uuid.uuid4(), "{}", body)
+    params = {"id": uuid.uuid4(), "headers": "{}", "body": body}
     assert type_problems(pymssql_text(sql, params), tables) == []
     text, values = pyodbc_statement(sql, params)
     assert type_problems(as_pyodbc_checkable(text), tables, pyodbc_types(values)) == []
@@ -580,9 +605,8 @@ def test_the_checker_catches_pymssqls_own_rendering_of_an_ascii_body():
 
     address = ADDRESSES["plain"]
     sql = dialect.send(address, SHAPE)
-    params = (uuid.uuid4(), None, "{}", b'{"a":1}')
-    values = iter(params)
-    own = placeholders(sql, lambda: quote_simple_value(next(values)).decode())
+    params = {"id": uuid.uuid4(), "ttbr_ms": None, "headers": "{}", "body": b'{"a":1}'}
+    own = placeholders(sql, lambda name: quote_simple_value(params[name]).decode())
     problems = type_problems(own, checker_tables(address, False))
     assert any("varchar -> varbinary is refused (error 257)" in p for p in problems), problems
     assert "0x7b2261223a317d" in pymssql_text(sql, params)  # the transport's rendering: a binary literal
@@ -600,8 +624,12 @@ def test_the_checker_catches_an_untyped_null_body_from_pyodbc():
 
 def test_the_checker_catches_a_text_count_and_a_column_that_does_not_exist():
     tables = checker_tables(ADDRESSES["plain"], True)
-    assert any("TOP" in p for p in type_problems(pymssql_text(dialect.browse(ADDRESSES["plain"]), ("10",)), tables))
-    wrong = pymssql_text(dialect.send(ADDRESSES["plain"], SHAPE), (uuid.uuid4(), None, "{}", b""))
+    assert any(
+        "TOP" in p for p in type_problems(pymssql_text(dialect.browse(ADDRESSES["plain"]), {"limit": "10"}), tables)
+    )
+    wrong = pymssql_text(
+        dialect.send(ADDRESSES["plain"], SHAPE), {"id": uuid.uuid4(), "ttbr_ms": None, "headers": "{}", "body": b""}
+    )
     assert any("no column recoverable" in p for p in type_problems(wrong, tables))  # the legacy table has none
 
 

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from enum import Enum
 from typing import Any, TypeVar
 
 from .addressing import QueueAddress
-from .dialects import Dialect, TableShape
+from .dialects import Dialect, SendRow, TableShape
 from .errors import InvalidHeadersError, LeaseLostError, QueueNotFoundError, SqlQueueError
 from .message import (
     DELIVERY_COUNT,
@@ -50,10 +50,10 @@ class Fetch(Enum):
 
 @dataclass(frozen=True)
 class Step:
-    """One statement to run; ``target`` names the queue in error messages."""
+    """One statement to run with its named parameters; ``target`` names the queue in error messages."""
 
     sql: str
-    params: tuple[Any, ...]
+    params: Mapping[str, Any]
     fetch: Fetch
     target: str
 
@@ -98,19 +98,19 @@ def create_queue(d: Dialect, address: QueueAddress, body_string: bool = False) -
     missing Index_Expires is warned about, with the statement to create it at a quiet time.
     """
     target = d.qualified_name(address)
-    yield Step(d.install_lock(address), (), Fetch.NONE, target)
+    yield Step(d.install_lock(address), {}, Fetch.NONE, target)
     existing = yield Step(d.queue_columns(address), _table_key(d, address), Fetch.ALL, target)
     if not existing:
         for sql in d.create_queue(address):
-            yield Step(sql, (), Fetch.NONE, target)
+            yield Step(sql, {}, Fetch.NONE, target)
     yield from check_queue(d, address)
     if body_string:
-        yield Step(d.add_body_string(address), (), Fetch.NONE, target)
+        yield Step(d.add_body_string(address), {}, Fetch.NONE, target)
 
 
-def _table_key(d: Dialect, address: QueueAddress) -> tuple[str, str]:
-    """The (schema, table) parameters of the catalog queries."""
-    return (address.schema or d.default_schema, address.table)
+def _table_key(d: Dialect, address: QueueAddress) -> dict[str, object]:
+    """The schema and table parameters of the catalog queries."""
+    return {"schema": address.schema or d.default_schema, "table": address.table}
 
 
 def table_shape(d: Dialect, address: QueueAddress) -> Operation[TableShape]:
@@ -128,9 +128,9 @@ def table_shape(d: Dialect, address: QueueAddress) -> Operation[TableShape]:
 def create_inflight(d: Dialect, address: QueueAddress) -> Operation[None]:
     """Create the in-flight table that claim mode needs in ``address``'s schema."""
     target = d.qualified_name(d.inflight_address(address))
-    yield Step(d.install_lock(d.inflight_address(address)), (), Fetch.NONE, target)
+    yield Step(d.install_lock(d.inflight_address(address)), {}, Fetch.NONE, target)
     for sql in d.create_inflight(address):
-        yield Step(sql, (), Fetch.NONE, target)
+        yield Step(sql, {}, Fetch.NONE, target)
 
 
 def check_columns(d: Dialect, address: QueueAddress) -> Operation[None]:
@@ -165,7 +165,7 @@ def check_queue(d: Dialect, address: QueueAddress) -> Operation[None]:
 
 
 def drop_queue(d: Dialect, address: QueueAddress) -> Operation[None]:
-    yield Step(d.drop_queue(address), (), Fetch.NONE, d.qualified_name(address))
+    yield Step(d.drop_queue(address), {}, Fetch.NONE, d.qualified_name(address))
 
 
 # -- sending -----------------------------------------------------------------------------------
@@ -180,9 +180,13 @@ def send(d: Dialect, address: QueueAddress, messages: Sequence[Message], notify:
     target = d.qualified_name(address)
     shape = yield from table_shape(d, address)
     sent_at = wire_timestamp(datetime.now(timezone.utc))
-    rows = [(m.id, m.ttbr_ms(), m.wire_headers(sent_at, ascii_only=shape.ascii_headers), m.body) for m in messages]
+    rows: list[SendRow] = [
+        (m.id, m.ttbr_ms(), m.wire_headers(sent_at, ascii_only=shape.ascii_headers), m.body) for m in messages
+    ]
     if len(rows) == 1:
-        yield Step(d.send(address, shape), rows[0], Fetch.NONE, target)
+        message_id, ttbr_ms, headers, body = rows[0]
+        params = {"id": message_id, "ttbr_ms": ttbr_ms, "headers": headers, "body": body}
+        yield Step(d.send(address, shape), params, Fetch.NONE, target)
     else:
         sent = 0
         while sent < len(rows):
@@ -192,7 +196,7 @@ def send(d: Dialect, address: QueueAddress, messages: Sequence[Message], notify:
             sent += count
     notify_sql = d.notify(address) if notify else None
     if notify_sql is not None:
-        yield Step(notify_sql, (d.notify_channel(address),), Fetch.ONE, target)
+        yield Step(notify_sql, {"channel": d.notify_channel(address)}, Fetch.ONE, target)
     return len(rows)
 
 
@@ -216,7 +220,7 @@ def receive(
     requeued = False
     while len(received) < limit and not requeued:
         wanted = limit - len(received)
-        rows = yield Step(d.receive(address), (wanted,), Fetch.ALL, target)
+        rows = yield Step(d.receive(address), {"limit": wanted}, Fetch.ALL, target)
         rows.sort(key=lambda row: row[4])
         for message_id, expired, headers_text, body, _seq in rows:
             if expired:
@@ -229,7 +233,7 @@ def receive(
                 error_shape = yield from table_shape(d, error_address)
                 yield Step(
                     d.insert_error(error_address, error_shape),
-                    (message_id, headers_text or "", body),
+                    {"id": message_id, "headers": headers_text or "", "body": body},
                     Fetch.NONE,
                     d.qualified_name(error_address),
                 )
@@ -266,7 +270,7 @@ def move_to_error(
     shape = yield from table_shape(d, error_address)
     yield Step(
         d.insert_error(error_address, shape),
-        (message.id, encode_headers(headers, ascii_only=shape.ascii_headers), message.body),
+        {"id": message.id, "headers": encode_headers(headers, ascii_only=shape.ascii_headers), "body": message.body},
         Fetch.NONE,
         d.qualified_name(error_address),
     )
@@ -297,12 +301,13 @@ def claim(
     target = d.qualified_name(address)
     queue_key = d.claim_key(address)
     counted = 1 if holder is not None else 0
-    rows = yield Step(d.reclaim(address), (counted, lease_ms, holder, queue_key, limit), Fetch.ALL, target)
+    params = {"deliveries": counted, "lease_ms": lease_ms, "holder": holder, "queue": queue_key, "limit": limit}
+    rows = yield Step(d.reclaim(address), params, Fetch.ALL, target)
     claimed = yield from _hand_out(d, address, error_address, rows, counted, max_deliveries)
     requeued = False  # a poison row moved into this very queue (its own error queue): do not meet it again
     while len(claimed) < limit and not requeued:
         wanted = limit - len(claimed)
-        rows = yield Step(d.claim(address), (wanted, queue_key, counted, lease_ms, holder), Fetch.ALL, target)
+        rows = yield Step(d.claim(address), {**params, "limit": wanted}, Fetch.ALL, target)
         rows.sort(key=lambda row: row[5])
         for token, message_id, headers_text, body, deliveries, _seq in rows:
             if token is None:  # expired: deleted by the statement, reported so the shortfall is asked again
@@ -364,14 +369,15 @@ def _hand_out(
             shape = yield from table_shape(d, error_address)
             yield Step(
                 d.claim_to_error(address, error_address, shape),
-                (token, encode_headers(failed, ascii_only=shape.ascii_headers)),
+                {"token": token, "headers": encode_headers(failed, ascii_only=shape.ascii_headers)},
                 Fetch.NONE,
                 target,
             )
             continue
         handed.append(ReceivedMessage(as_uuid(message_id), headers, bytes(body or b""), as_uuid(token), deliveries))
     if expired_tokens:
-        yield Step(d.ack(address), (d.token_list(expired_tokens), d.claim_key(address)), Fetch.ALL, target)
+        params = {"tokens": d.token_list(expired_tokens), "queue": d.claim_key(address)}
+        yield Step(d.ack(address), params, Fetch.ALL, target)
     return handed
 
 
@@ -388,7 +394,7 @@ def _claim_poison_to_error(
     shape = yield from table_shape(d, error_address)
     yield Step(
         d.claim_to_error(address, error_address, shape),
-        (token, headers_text or ""),
+        {"token": token, "headers": headers_text or ""},
         Fetch.NONE,
         d.qualified_name(address),
     )
@@ -413,9 +419,11 @@ def take(
     target = d.qualified_name(address)
     queue_key = d.claim_key(address)
     if tokens is None:
-        rows = yield Step(d.adopt(address), (lease_ms, holder, queue_key, limit), Fetch.ALL, target)
+        params = {"lease_ms": lease_ms, "holder": holder, "queue": queue_key, "limit": limit}
+        rows = yield Step(d.adopt(address), params, Fetch.ALL, target)
     elif tokens:
-        rows = yield Step(d.take(address), (lease_ms, holder, d.token_list(tokens), queue_key), Fetch.ALL, target)
+        params = {"lease_ms": lease_ms, "holder": holder, "tokens": d.token_list(tokens), "queue": queue_key}
+        rows = yield Step(d.take(address), params, Fetch.ALL, target)
     else:
         return []
     return (yield from _hand_out(d, address, error_address, rows, 1, None))
@@ -423,9 +431,8 @@ def take(
 
 def ack(d: Dialect, address: QueueAddress, tokens: Sequence[uuid.UUID]) -> Operation[set[uuid.UUID]]:
     """Finish claims; returns the tokens that were still held (a missing one may be with someone else)."""
-    rows = yield Step(
-        d.ack(address), (d.token_list(tokens), d.claim_key(address)), Fetch.ALL, d.qualified_name(address)
-    )
+    params = {"tokens": d.token_list(tokens), "queue": d.claim_key(address)}
+    rows = yield Step(d.ack(address), params, Fetch.ALL, d.qualified_name(address))
     return {as_uuid(row[0]) for row in rows}
 
 
@@ -433,14 +440,19 @@ def nack(
     d: Dialect, address: QueueAddress, tokens: Sequence[uuid.UUID], failure: Failure | None, delay_ms: int
 ) -> Operation[set[uuid.UUID]]:
     """Give claims back for redelivery after ``delay_ms``, keeping why; returns the tokens still held."""
-    params = (delay_ms, None if failure is None else failure.to_text(), d.token_list(tokens), d.claim_key(address))
+    params = {
+        "delay_ms": delay_ms,
+        "error": None if failure is None else failure.to_text(),
+        "tokens": d.token_list(tokens),
+        "queue": d.claim_key(address),
+    }
     rows = yield Step(d.nack(address), params, Fetch.ALL, d.qualified_name(address))
     return {as_uuid(row[0]) for row in rows}
 
 
 def extend(d: Dialect, address: QueueAddress, tokens: Sequence[uuid.UUID], lease_ms: int) -> Operation[set[uuid.UUID]]:
     """Renew leases; returns the tokens still held."""
-    params = (lease_ms, d.token_list(tokens), d.claim_key(address))
+    params = {"lease_ms": lease_ms, "tokens": d.token_list(tokens), "queue": d.claim_key(address)}
     rows = yield Step(d.extend(address), params, Fetch.ALL, d.qualified_name(address))
     return {as_uuid(row[0]) for row in rows}
 
@@ -482,7 +494,7 @@ def fail_claim(
     shape = yield from table_shape(d, error_address)
     count = yield Step(
         d.claim_to_error(address, error_address, shape),
-        (message.claim_token, encode_headers(headers, ascii_only=shape.ascii_headers)),
+        {"token": message.claim_token, "headers": encode_headers(headers, ascii_only=shape.ascii_headers)},
         Fetch.ROWCOUNT,
         d.qualified_name(address),
     )
@@ -499,15 +511,15 @@ def peek(d: Dialect, address: QueueAddress, include_reclaimable: bool = False) -
     """
     target = d.qualified_name(address)
     if include_reclaimable:
-        row = yield Step(d.peek_with_claims(address), (d.claim_key(address),), Fetch.ONE, target)
+        row = yield Step(d.peek_with_claims(address), {"queue": d.claim_key(address)}, Fetch.ONE, target)
     else:
-        row = yield Step(d.peek(address), (), Fetch.ONE, target)
+        row = yield Step(d.peek(address), {}, Fetch.ONE, target)
     return int(row[0] or 0)
 
 
 def depth(d: Dialect, address: QueueAddress) -> Operation[int]:
     """Exact number of messages waiting (a full count: use for reports, not in a polling loop)."""
-    row = yield Step(d.depth(address), (), Fetch.ONE, d.qualified_name(address))
+    row = yield Step(d.depth(address), {}, Fetch.ONE, d.qualified_name(address))
     return int(row[0])
 
 
@@ -516,7 +528,7 @@ def browse(d: Dialect, address: QueueAddress, limit: int) -> Operation[list[Rece
 
     Rows whose headers NServiceBus could not read are skipped here; a receive dead-letters them.
     """
-    rows = yield Step(d.browse(address), (limit,), Fetch.ALL, d.qualified_name(address))
+    rows = yield Step(d.browse(address), {"limit": limit}, Fetch.ALL, d.qualified_name(address))
     messages = []
     for message_id, headers, body in rows:
         try:
@@ -528,18 +540,18 @@ def browse(d: Dialect, address: QueueAddress, limit: int) -> Operation[list[Rece
 
 def inflight(d: Dialect, address: QueueAddress) -> Operation[int]:
     """Number of claimed, unacknowledged messages of the queue."""
-    row = yield Step(d.count_inflight(address), (d.claim_key(address),), Fetch.ONE, d.qualified_name(address))
+    row = yield Step(d.count_inflight(address), {"queue": d.claim_key(address)}, Fetch.ONE, d.qualified_name(address))
     return int(row[0])
 
 
 def purge_expired_batch(d: Dialect, address: QueueAddress, batch_size: int) -> Operation[int]:
     """Delete one bounded batch of expired messages; the caller loops while batches come back full."""
-    count = yield Step(d.purge_expired(address), (batch_size,), Fetch.ROWCOUNT, d.qualified_name(address))
+    count = yield Step(d.purge_expired(address), {"limit": batch_size}, Fetch.ROWCOUNT, d.qualified_name(address))
     return int(count)
 
 
 def purge_all(d: Dialect, address: QueueAddress) -> Operation[int]:
-    count = yield Step(d.purge_all(address), (), Fetch.ROWCOUNT, d.qualified_name(address))
+    count = yield Step(d.purge_all(address), {}, Fetch.ROWCOUNT, d.qualified_name(address))
     return int(count)
 
 
@@ -556,10 +568,10 @@ def retry_from_error(
     database is MyDb.
     """
     target = d.qualified_name(error_address)
-    rows = yield Step(d.peek_error_rows(error_address), (limit,), Fetch.ALL, target)
+    rows = yield Step(d.peek_error_rows(error_address), {"limit": limit}, Fetch.ALL, target)
     if not rows:
         return 0
-    current = yield Step(d.current_catalog(), (), Fetch.ONE, target)
+    current = yield Step(d.current_catalog(), {}, Fetch.ONE, target)
     catalog = str(current[0])
     wanted = None if only_queue is None else _routing_key(d, only_queue, catalog)
     exists: dict[tuple[str, str, str], TableShape | None] = {}
@@ -588,11 +600,15 @@ def retry_from_error(
             continue
         yield Step(
             d.insert_error(destination, shape),
-            (message_id, encode_headers(without_failure_headers(headers), ascii_only=shape.ascii_headers), body),
+            {
+                "id": message_id,
+                "headers": encode_headers(without_failure_headers(headers), ascii_only=shape.ascii_headers),
+                "body": body,
+            },
             Fetch.NONE,
             d.qualified_name(destination),
         )
-        yield Step(d.delete_by_seq(error_address), (seq,), Fetch.NONE, target)
+        yield Step(d.delete_by_seq(error_address), {"seq": seq}, Fetch.NONE, target)
         moved += 1
     return moved
 

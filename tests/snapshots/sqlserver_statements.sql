@@ -20,25 +20,25 @@ IF COL_LENGTH(N'[dbo].[sqlqueue_inflight]', N'Holder') IS NULL ALTER TABLE [dbo]
 DROP TABLE IF EXISTS [dbo].[orders];
 
 -- plain: queue_columns
-SELECT LOWER(col.name), typ.name FROM sys.columns AS col JOIN sys.types AS typ ON typ.user_type_id = col.user_type_id JOIN sys.tables AS tab ON tab.object_id = col.object_id JOIN sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE sch.name = @p1 AND tab.name = @p2 ORDER BY col.column_id;
+SELECT LOWER(col.name), typ.name FROM sys.columns AS col JOIN sys.types AS typ ON typ.user_type_id = col.user_type_id JOIN sys.tables AS tab ON tab.object_id = col.object_id JOIN sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE sch.name = @p_schema AND tab.name = @p_table ORDER BY col.column_id;
 
 -- plain: has_expires_index
-SELECT CASE WHEN EXISTS (SELECT 1 FROM sys.index_columns AS ic JOIN sys.columns AS col ON col.object_id = ic.object_id AND col.column_id = ic.column_id JOIN sys.tables AS tab ON tab.object_id = ic.object_id JOIN sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE sch.name = @p1 AND tab.name = @p2 AND ic.key_ordinal = 1 AND col.name = N'Expires') THEN 1 ELSE 0 END;
+SELECT CASE WHEN EXISTS (SELECT 1 FROM sys.index_columns AS ic JOIN sys.columns AS col ON col.object_id = ic.object_id AND col.column_id = ic.column_id JOIN sys.tables AS tab ON tab.object_id = ic.object_id JOIN sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE sch.name = @p_schema AND tab.name = @p_table AND ic.key_ordinal = 1 AND col.name = N'Expires') THEN 1 ELSE 0 END;
 
 -- plain: expires_index_ddl
 CREATE NONCLUSTERED INDEX [Index_Expires] ON [dbo].[orders] (Expires) INCLUDE (Id, RowVersion) WHERE Expires IS NOT NULL;
 
 -- plain: send
-INSERT INTO [dbo].[orders] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 86400000, DATEADD(day, v.Ttbr / 86400000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
+INSERT INTO [dbo].[orders] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 86400000, DATEADD(day, v.Ttbr / 86400000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p_id, CAST(@p_ttbr_ms AS bigint), @p_headers, @p_body)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
 
 -- plain: send_legacy
-INSERT INTO [dbo].[orders] (Id, Expires, Headers, Body) SELECT v.Id, DATEADD(millisecond, v.Ttbr % 86400000, DATEADD(day, v.Ttbr / 86400000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
+INSERT INTO [dbo].[orders] (Id, Expires, Headers, Body) SELECT v.Id, DATEADD(millisecond, v.Ttbr % 86400000, DATEADD(day, v.Ttbr / 86400000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p_id, CAST(@p_ttbr_ms AS bigint), @p_headers, @p_body)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
 
 -- plain: send_batch
-INSERT INTO [dbo].[orders] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 86400000, DATEADD(day, v.Ttbr / 86400000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4), (2, @p5, CAST(@p6 AS bigint), @p7, @p8), (3, @p9, CAST(@p10 AS bigint), @p11, @p12)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
+INSERT INTO [dbo].[orders] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 86400000, DATEADD(day, v.Ttbr / 86400000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p_id1, CAST(@p_ttbr_ms1 AS bigint), @p_headers1, @p_body1), (2, @p_id2, CAST(@p_ttbr_ms2 AS bigint), @p_headers2, @p_body2), (3, @p_id3, CAST(@p_ttbr_ms3 AS bigint), @p_headers3, @p_body3)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
 
 -- plain: receive
-WITH message AS (SELECT TOP (@p1) * FROM [dbo].[orders] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, CASE WHEN deleted.Expires IS NOT NULL AND deleted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, deleted.Headers, deleted.Body, deleted.RowVersion;
+WITH message AS (SELECT TOP (@p_limit) * FROM [dbo].[orders] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, CASE WHEN deleted.Expires IS NOT NULL AND deleted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, deleted.Headers, deleted.Body, deleted.RowVersion;
 
 -- plain: peek
 SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [dbo].[orders] WITH (READPAST, READCOMMITTEDLOCK);
@@ -47,58 +47,58 @@ SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [dbo].[orders] WITH
 SELECT COUNT_BIG(*) FROM [dbo].[orders] WITH (READPAST, READCOMMITTEDLOCK);
 
 -- plain: purge_expired
-WITH expired AS (SELECT TOP (@p1) * FROM [dbo].[orders] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Expires < GETUTCDATE()) DELETE FROM expired;
+WITH expired AS (SELECT TOP (@p_limit) * FROM [dbo].[orders] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Expires < GETUTCDATE()) DELETE FROM expired;
 
 -- plain: purge_all
 DELETE FROM [dbo].[orders];
 
 -- plain: insert_error
-INSERT INTO [dbo].[error] (Id, Recoverable, Expires, Headers, Body) VALUES (@p1, 1, NULL, @p2, CAST(@p3 AS varbinary(max)));
+INSERT INTO [dbo].[error] (Id, Recoverable, Expires, Headers, Body) VALUES (@p_id, 1, NULL, @p_headers, CAST(@p_body AS varbinary(max)));
 
 -- plain: insert_error_legacy
-INSERT INTO [dbo].[error] (Id, Expires, Headers, Body) VALUES (@p1, NULL, @p2, CAST(@p3 AS varbinary(max)));
+INSERT INTO [dbo].[error] (Id, Expires, Headers, Body) VALUES (@p_id, NULL, @p_headers, CAST(@p_body AS varbinary(max)));
 
 -- plain: browse
-SELECT TOP (@p1) Id, Headers, Body FROM [dbo].[orders] WITH (READPAST, READCOMMITTEDLOCK) WHERE Expires IS NULL OR Expires > GETUTCDATE() ORDER BY RowVersion;
+SELECT TOP (@p_limit) Id, Headers, Body FROM [dbo].[orders] WITH (READPAST, READCOMMITTEDLOCK) WHERE Expires IS NULL OR Expires > GETUTCDATE() ORDER BY RowVersion;
 
 -- plain: peek_error_rows
-SELECT TOP (@p1) RowVersion, Id, Headers, Body FROM [dbo].[error] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion;
+SELECT TOP (@p_limit) RowVersion, Id, Headers, Body FROM [dbo].[error] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion;
 
 -- plain: delete_by_seq
-DELETE FROM [dbo].[error] WHERE RowVersion = @p1;
+DELETE FROM [dbo].[error] WHERE RowVersion = @p_seq;
 
 -- plain: claim
-DECLARE @limit int = @p1, @queue nvarchar(450) = @p2, @deliveries int = @p3, @lease_ms bigint = @p4, @holder nvarchar(400) = @p5, @now datetime = GETUTCDATE(); DECLARE @taken TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); DECLARE @claimed TABLE (Token uniqueidentifier, Id uniqueidentifier, Headers nvarchar(max), Body varbinary(max), Deliveries int, Seq bigint); WITH message AS (SELECT TOP (@limit) * FROM [dbo].[orders] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.RowVersion INTO @taken; INSERT INTO [dbo].[sqlqueue_inflight] (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil, Holder) OUTPUT inserted.Token, inserted.Id, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq INTO @claimed SELECT NEWID(), @queue, t.Id, t.Expires, COALESCE(t.Headers, N'null'), t.Body, t.Seq, @deliveries, DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), @holder FROM @taken AS t WHERE t.Expires IS NULL OR t.Expires > @now; SELECT c.Token, c.Id, c.Headers, c.Body, c.Deliveries, c.Seq FROM @claimed AS c UNION ALL SELECT NULL, t.Id, NULL, NULL, 0, t.Seq FROM @taken AS t WHERE t.Expires IS NOT NULL AND t.Expires <= @now;
+DECLARE @limit int = @p_limit, @queue nvarchar(450) = @p_queue, @deliveries int = @p_deliveries, @lease_ms bigint = @p_lease_ms, @holder nvarchar(400) = @p_holder, @now datetime = GETUTCDATE(); DECLARE @taken TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); DECLARE @claimed TABLE (Token uniqueidentifier, Id uniqueidentifier, Headers nvarchar(max), Body varbinary(max), Deliveries int, Seq bigint); WITH message AS (SELECT TOP (@limit) * FROM [dbo].[orders] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.RowVersion INTO @taken; INSERT INTO [dbo].[sqlqueue_inflight] (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil, Holder) OUTPUT inserted.Token, inserted.Id, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq INTO @claimed SELECT NEWID(), @queue, t.Id, t.Expires, COALESCE(t.Headers, N'null'), t.Body, t.Seq, @deliveries, DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), @holder FROM @taken AS t WHERE t.Expires IS NULL OR t.Expires > @now; SELECT c.Token, c.Id, c.Headers, c.Body, c.Deliveries, c.Seq FROM @claimed AS c UNION ALL SELECT NULL, t.Id, NULL, NULL, 0, t.Seq FROM @taken AS t WHERE t.Expires IS NOT NULL AND t.Expires <= @now;
 
 -- plain: reclaim
-DECLARE @deliveries int = @p1, @lease_ms bigint = @p2, @holder nvarchar(400) = @p3, @queue nvarchar(450) = @p4, @limit int = @p5; WITH lapsed AS (SELECT TOP (@limit) * FROM [dbo].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) UPDATE lapsed SET Token = NEWID(), Deliveries = Deliveries + @deliveries, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
+DECLARE @deliveries int = @p_deliveries, @lease_ms bigint = @p_lease_ms, @holder nvarchar(400) = @p_holder, @queue nvarchar(450) = @p_queue, @limit int = @p_limit; WITH lapsed AS (SELECT TOP (@limit) * FROM [dbo].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) UPDATE lapsed SET Token = NEWID(), Deliveries = Deliveries + @deliveries, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
 
 -- plain: take
-DECLARE @lease_ms bigint = @p1, @holder nvarchar(400) = @p2, @tokens nvarchar(max) = @p3, @queue nvarchar(450) = @p4; WITH taken AS (SELECT * FROM [dbo].[sqlqueue_inflight] WITH (UPDLOCK, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
+DECLARE @lease_ms bigint = @p_lease_ms, @holder nvarchar(400) = @p_holder, @tokens nvarchar(max) = @p_tokens, @queue nvarchar(450) = @p_queue; WITH taken AS (SELECT * FROM [dbo].[sqlqueue_inflight] WITH (UPDLOCK, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
 
 -- plain: adopt
-DECLARE @lease_ms bigint = @p1, @holder nvarchar(400) = @p2, @queue nvarchar(450) = @p3, @limit int = @p4; WITH taken AS (SELECT TOP (@limit) * FROM [dbo].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL ORDER BY Seq) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
+DECLARE @lease_ms bigint = @p_lease_ms, @holder nvarchar(400) = @p_holder, @queue nvarchar(450) = @p_queue, @limit int = @p_limit; WITH taken AS (SELECT TOP (@limit) * FROM [dbo].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL ORDER BY Seq) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
 
 -- plain: peek_with_claims
-SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [dbo].[orders] WITH (READPAST, READCOMMITTEDLOCK)) + (SELECT COUNT_BIG(*) FROM [dbo].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p1 AND LeaseUntil <= SYSUTCDATETIME());
+SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [dbo].[orders] WITH (READPAST, READCOMMITTEDLOCK)) + (SELECT COUNT_BIG(*) FROM [dbo].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p_queue AND LeaseUntil <= SYSUTCDATETIME());
 
 -- plain: count_inflight
-SELECT COUNT_BIG(*) FROM [dbo].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p1;
+SELECT COUNT_BIG(*) FROM [dbo].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p_queue;
 
 -- plain: ack
-DECLARE @tokens nvarchar(max) = @p1, @queue nvarchar(450) = @p2; WITH settled AS (SELECT * FROM [dbo].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) DELETE FROM settled OUTPUT deleted.Token;
+DECLARE @tokens nvarchar(max) = @p_tokens, @queue nvarchar(450) = @p_queue; WITH settled AS (SELECT * FROM [dbo].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) DELETE FROM settled OUTPUT deleted.Token;
 
 -- plain: nack
-DECLARE @delay_ms bigint = @p1, @error nvarchar(max) = @p2, @tokens nvarchar(max) = @p3, @queue nvarchar(450) = @p4; WITH given AS (SELECT * FROM [dbo].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE given SET LeaseUntil = DATEADD(millisecond, @delay_ms % 86400000, DATEADD(day, @delay_ms / 86400000, SYSUTCDATETIME())), LastError = @error OUTPUT inserted.Token;
+DECLARE @delay_ms bigint = @p_delay_ms, @error nvarchar(max) = @p_error, @tokens nvarchar(max) = @p_tokens, @queue nvarchar(450) = @p_queue; WITH given AS (SELECT * FROM [dbo].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE given SET LeaseUntil = DATEADD(millisecond, @delay_ms % 86400000, DATEADD(day, @delay_ms / 86400000, SYSUTCDATETIME())), LastError = @error OUTPUT inserted.Token;
 
 -- plain: extend
-DECLARE @lease_ms bigint = @p1, @tokens nvarchar(max) = @p2, @queue nvarchar(450) = @p3; WITH held AS (SELECT * FROM [dbo].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE held SET LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())) OUTPUT inserted.Token;
+DECLARE @lease_ms bigint = @p_lease_ms, @tokens nvarchar(max) = @p_tokens, @queue nvarchar(450) = @p_queue; WITH held AS (SELECT * FROM [dbo].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE held SET LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())) OUTPUT inserted.Token;
 
 -- plain: claim_to_error
-DECLARE @token uniqueidentifier = @p1, @headers nvarchar(max) = @p2; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [dbo].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [dbo].[error] (Id, Recoverable, Expires, Headers, Body) SELECT m.Id, 1, NULL, @headers, m.Body FROM @moved AS m;
+DECLARE @token uniqueidentifier = @p_token, @headers nvarchar(max) = @p_headers; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [dbo].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [dbo].[error] (Id, Recoverable, Expires, Headers, Body) SELECT m.Id, 1, NULL, @headers, m.Body FROM @moved AS m;
 
 -- plain: claim_to_error_legacy
-DECLARE @token uniqueidentifier = @p1, @headers nvarchar(max) = @p2; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [dbo].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [dbo].[error] (Id, Expires, Headers, Body) SELECT m.Id, NULL, @headers, m.Body FROM @moved AS m;
+DECLARE @token uniqueidentifier = @p_token, @headers nvarchar(max) = @p_headers; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [dbo].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [dbo].[error] (Id, Expires, Headers, Body) SELECT m.Id, NULL, @headers, m.Body FROM @moved AS m;
 
 -- escaping: install_lock
 DECLARE @resource nvarchar(255) = QUOTENAME(DB_NAME()) + N'.' + QUOTENAME(N'sa]les') + N'.' + QUOTENAME(N'we]ird [name]; DROP TABLE x--''%s') + N'_lock'; EXEC sp_getapplock @Resource = @resource, @LockMode = N'Exclusive', @LockOwner = N'Transaction';
@@ -122,25 +122,25 @@ IF COL_LENGTH(N'[sa]]les].[sqlqueue_inflight]', N'Holder') IS NULL ALTER TABLE [
 DROP TABLE IF EXISTS [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s];
 
 -- escaping: queue_columns
-SELECT LOWER(col.name), typ.name FROM sys.columns AS col JOIN sys.types AS typ ON typ.user_type_id = col.user_type_id JOIN sys.tables AS tab ON tab.object_id = col.object_id JOIN sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE sch.name = @p1 AND tab.name = @p2 ORDER BY col.column_id;
+SELECT LOWER(col.name), typ.name FROM sys.columns AS col JOIN sys.types AS typ ON typ.user_type_id = col.user_type_id JOIN sys.tables AS tab ON tab.object_id = col.object_id JOIN sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE sch.name = @p_schema AND tab.name = @p_table ORDER BY col.column_id;
 
 -- escaping: has_expires_index
-SELECT CASE WHEN EXISTS (SELECT 1 FROM sys.index_columns AS ic JOIN sys.columns AS col ON col.object_id = ic.object_id AND col.column_id = ic.column_id JOIN sys.tables AS tab ON tab.object_id = ic.object_id JOIN sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE sch.name = @p1 AND tab.name = @p2 AND ic.key_ordinal = 1 AND col.name = N'Expires') THEN 1 ELSE 0 END;
+SELECT CASE WHEN EXISTS (SELECT 1 FROM sys.index_columns AS ic JOIN sys.columns AS col ON col.object_id = ic.object_id AND col.column_id = ic.column_id JOIN sys.tables AS tab ON tab.object_id = ic.object_id JOIN sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE sch.name = @p_schema AND tab.name = @p_table AND ic.key_ordinal = 1 AND col.name = N'Expires') THEN 1 ELSE 0 END;
 
 -- escaping: expires_index_ddl
 CREATE NONCLUSTERED INDEX [Index_Expires] ON [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] (Expires) INCLUDE (Id, RowVersion) WHERE Expires IS NOT NULL;
 
 -- escaping: send
-INSERT INTO [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 86400000, DATEADD(day, v.Ttbr / 86400000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
+INSERT INTO [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 86400000, DATEADD(day, v.Ttbr / 86400000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p_id, CAST(@p_ttbr_ms AS bigint), @p_headers, @p_body)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
 
 -- escaping: send_legacy
-INSERT INTO [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] (Id, Expires, Headers, Body) SELECT v.Id, DATEADD(millisecond, v.Ttbr % 86400000, DATEADD(day, v.Ttbr / 86400000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
+INSERT INTO [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] (Id, Expires, Headers, Body) SELECT v.Id, DATEADD(millisecond, v.Ttbr % 86400000, DATEADD(day, v.Ttbr / 86400000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p_id, CAST(@p_ttbr_ms AS bigint), @p_headers, @p_body)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
 
 -- escaping: send_batch
-INSERT INTO [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 86400000, DATEADD(day, v.Ttbr / 86400000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4), (2, @p5, CAST(@p6 AS bigint), @p7, @p8), (3, @p9, CAST(@p10 AS bigint), @p11, @p12)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
+INSERT INTO [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 86400000, DATEADD(day, v.Ttbr / 86400000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p_id1, CAST(@p_ttbr_ms1 AS bigint), @p_headers1, @p_body1), (2, @p_id2, CAST(@p_ttbr_ms2 AS bigint), @p_headers2, @p_body2), (3, @p_id3, CAST(@p_ttbr_ms3 AS bigint), @p_headers3, @p_body3)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
 
 -- escaping: receive
-WITH message AS (SELECT TOP (@p1) * FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, CASE WHEN deleted.Expires IS NOT NULL AND deleted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, deleted.Headers, deleted.Body, deleted.RowVersion;
+WITH message AS (SELECT TOP (@p_limit) * FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, CASE WHEN deleted.Expires IS NOT NULL AND deleted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, deleted.Headers, deleted.Body, deleted.RowVersion;
 
 -- escaping: peek
 SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (READPAST, READCOMMITTEDLOCK);
@@ -149,58 +149,58 @@ SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [sa]]les].[we]]ird 
 SELECT COUNT_BIG(*) FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (READPAST, READCOMMITTEDLOCK);
 
 -- escaping: purge_expired
-WITH expired AS (SELECT TOP (@p1) * FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Expires < GETUTCDATE()) DELETE FROM expired;
+WITH expired AS (SELECT TOP (@p_limit) * FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Expires < GETUTCDATE()) DELETE FROM expired;
 
 -- escaping: purge_all
 DELETE FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s];
 
 -- escaping: insert_error
-INSERT INTO [sa]]les].[error] (Id, Recoverable, Expires, Headers, Body) VALUES (@p1, 1, NULL, @p2, CAST(@p3 AS varbinary(max)));
+INSERT INTO [sa]]les].[error] (Id, Recoverable, Expires, Headers, Body) VALUES (@p_id, 1, NULL, @p_headers, CAST(@p_body AS varbinary(max)));
 
 -- escaping: insert_error_legacy
-INSERT INTO [sa]]les].[error] (Id, Expires, Headers, Body) VALUES (@p1, NULL, @p2, CAST(@p3 AS varbinary(max)));
+INSERT INTO [sa]]les].[error] (Id, Expires, Headers, Body) VALUES (@p_id, NULL, @p_headers, CAST(@p_body AS varbinary(max)));
 
 -- escaping: browse
-SELECT TOP (@p1) Id, Headers, Body FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (READPAST, READCOMMITTEDLOCK) WHERE Expires IS NULL OR Expires > GETUTCDATE() ORDER BY RowVersion;
+SELECT TOP (@p_limit) Id, Headers, Body FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (READPAST, READCOMMITTEDLOCK) WHERE Expires IS NULL OR Expires > GETUTCDATE() ORDER BY RowVersion;
 
 -- escaping: peek_error_rows
-SELECT TOP (@p1) RowVersion, Id, Headers, Body FROM [sa]]les].[error] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion;
+SELECT TOP (@p_limit) RowVersion, Id, Headers, Body FROM [sa]]les].[error] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion;
 
 -- escaping: delete_by_seq
-DELETE FROM [sa]]les].[error] WHERE RowVersion = @p1;
+DELETE FROM [sa]]les].[error] WHERE RowVersion = @p_seq;
 
 -- escaping: claim
-DECLARE @limit int = @p1, @queue nvarchar(450) = @p2, @deliveries int = @p3, @lease_ms bigint = @p4, @holder nvarchar(400) = @p5, @now datetime = GETUTCDATE(); DECLARE @taken TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); DECLARE @claimed TABLE (Token uniqueidentifier, Id uniqueidentifier, Headers nvarchar(max), Body varbinary(max), Deliveries int, Seq bigint); WITH message AS (SELECT TOP (@limit) * FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.RowVersion INTO @taken; INSERT INTO [sa]]les].[sqlqueue_inflight] (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil, Holder) OUTPUT inserted.Token, inserted.Id, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq INTO @claimed SELECT NEWID(), @queue, t.Id, t.Expires, COALESCE(t.Headers, N'null'), t.Body, t.Seq, @deliveries, DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), @holder FROM @taken AS t WHERE t.Expires IS NULL OR t.Expires > @now; SELECT c.Token, c.Id, c.Headers, c.Body, c.Deliveries, c.Seq FROM @claimed AS c UNION ALL SELECT NULL, t.Id, NULL, NULL, 0, t.Seq FROM @taken AS t WHERE t.Expires IS NOT NULL AND t.Expires <= @now;
+DECLARE @limit int = @p_limit, @queue nvarchar(450) = @p_queue, @deliveries int = @p_deliveries, @lease_ms bigint = @p_lease_ms, @holder nvarchar(400) = @p_holder, @now datetime = GETUTCDATE(); DECLARE @taken TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); DECLARE @claimed TABLE (Token uniqueidentifier, Id uniqueidentifier, Headers nvarchar(max), Body varbinary(max), Deliveries int, Seq bigint); WITH message AS (SELECT TOP (@limit) * FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.RowVersion INTO @taken; INSERT INTO [sa]]les].[sqlqueue_inflight] (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil, Holder) OUTPUT inserted.Token, inserted.Id, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq INTO @claimed SELECT NEWID(), @queue, t.Id, t.Expires, COALESCE(t.Headers, N'null'), t.Body, t.Seq, @deliveries, DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), @holder FROM @taken AS t WHERE t.Expires IS NULL OR t.Expires > @now; SELECT c.Token, c.Id, c.Headers, c.Body, c.Deliveries, c.Seq FROM @claimed AS c UNION ALL SELECT NULL, t.Id, NULL, NULL, 0, t.Seq FROM @taken AS t WHERE t.Expires IS NOT NULL AND t.Expires <= @now;
 
 -- escaping: reclaim
-DECLARE @deliveries int = @p1, @lease_ms bigint = @p2, @holder nvarchar(400) = @p3, @queue nvarchar(450) = @p4, @limit int = @p5; WITH lapsed AS (SELECT TOP (@limit) * FROM [sa]]les].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) UPDATE lapsed SET Token = NEWID(), Deliveries = Deliveries + @deliveries, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
+DECLARE @deliveries int = @p_deliveries, @lease_ms bigint = @p_lease_ms, @holder nvarchar(400) = @p_holder, @queue nvarchar(450) = @p_queue, @limit int = @p_limit; WITH lapsed AS (SELECT TOP (@limit) * FROM [sa]]les].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) UPDATE lapsed SET Token = NEWID(), Deliveries = Deliveries + @deliveries, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
 
 -- escaping: take
-DECLARE @lease_ms bigint = @p1, @holder nvarchar(400) = @p2, @tokens nvarchar(max) = @p3, @queue nvarchar(450) = @p4; WITH taken AS (SELECT * FROM [sa]]les].[sqlqueue_inflight] WITH (UPDLOCK, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
+DECLARE @lease_ms bigint = @p_lease_ms, @holder nvarchar(400) = @p_holder, @tokens nvarchar(max) = @p_tokens, @queue nvarchar(450) = @p_queue; WITH taken AS (SELECT * FROM [sa]]les].[sqlqueue_inflight] WITH (UPDLOCK, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
 
 -- escaping: adopt
-DECLARE @lease_ms bigint = @p1, @holder nvarchar(400) = @p2, @queue nvarchar(450) = @p3, @limit int = @p4; WITH taken AS (SELECT TOP (@limit) * FROM [sa]]les].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL ORDER BY Seq) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
+DECLARE @lease_ms bigint = @p_lease_ms, @holder nvarchar(400) = @p_holder, @queue nvarchar(450) = @p_queue, @limit int = @p_limit; WITH taken AS (SELECT TOP (@limit) * FROM [sa]]les].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL ORDER BY Seq) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
 
 -- escaping: peek_with_claims
-SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (READPAST, READCOMMITTEDLOCK)) + (SELECT COUNT_BIG(*) FROM [sa]]les].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p1 AND LeaseUntil <= SYSUTCDATETIME());
+SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (READPAST, READCOMMITTEDLOCK)) + (SELECT COUNT_BIG(*) FROM [sa]]les].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p_queue AND LeaseUntil <= SYSUTCDATETIME());
 
 -- escaping: count_inflight
-SELECT COUNT_BIG(*) FROM [sa]]les].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p1;
+SELECT COUNT_BIG(*) FROM [sa]]les].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p_queue;
 
 -- escaping: ack
-DECLARE @tokens nvarchar(max) = @p1, @queue nvarchar(450) = @p2; WITH settled AS (SELECT * FROM [sa]]les].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) DELETE FROM settled OUTPUT deleted.Token;
+DECLARE @tokens nvarchar(max) = @p_tokens, @queue nvarchar(450) = @p_queue; WITH settled AS (SELECT * FROM [sa]]les].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) DELETE FROM settled OUTPUT deleted.Token;
 
 -- escaping: nack
-DECLARE @delay_ms bigint = @p1, @error nvarchar(max) = @p2, @tokens nvarchar(max) = @p3, @queue nvarchar(450) = @p4; WITH given AS (SELECT * FROM [sa]]les].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE given SET LeaseUntil = DATEADD(millisecond, @delay_ms % 86400000, DATEADD(day, @delay_ms / 86400000, SYSUTCDATETIME())), LastError = @error OUTPUT inserted.Token;
+DECLARE @delay_ms bigint = @p_delay_ms, @error nvarchar(max) = @p_error, @tokens nvarchar(max) = @p_tokens, @queue nvarchar(450) = @p_queue; WITH given AS (SELECT * FROM [sa]]les].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE given SET LeaseUntil = DATEADD(millisecond, @delay_ms % 86400000, DATEADD(day, @delay_ms / 86400000, SYSUTCDATETIME())), LastError = @error OUTPUT inserted.Token;
 
 -- escaping: extend
-DECLARE @lease_ms bigint = @p1, @tokens nvarchar(max) = @p2, @queue nvarchar(450) = @p3; WITH held AS (SELECT * FROM [sa]]les].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE held SET LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())) OUTPUT inserted.Token;
+DECLARE @lease_ms bigint = @p_lease_ms, @tokens nvarchar(max) = @p_tokens, @queue nvarchar(450) = @p_queue; WITH held AS (SELECT * FROM [sa]]les].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE held SET LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())) OUTPUT inserted.Token;
 
 -- escaping: claim_to_error
-DECLARE @token uniqueidentifier = @p1, @headers nvarchar(max) = @p2; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [sa]]les].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [sa]]les].[error] (Id, Recoverable, Expires, Headers, Body) SELECT m.Id, 1, NULL, @headers, m.Body FROM @moved AS m;
+DECLARE @token uniqueidentifier = @p_token, @headers nvarchar(max) = @p_headers; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [sa]]les].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [sa]]les].[error] (Id, Recoverable, Expires, Headers, Body) SELECT m.Id, 1, NULL, @headers, m.Body FROM @moved AS m;
 
 -- escaping: claim_to_error_legacy
-DECLARE @token uniqueidentifier = @p1, @headers nvarchar(max) = @p2; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [sa]]les].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [sa]]les].[error] (Id, Expires, Headers, Body) SELECT m.Id, NULL, @headers, m.Body FROM @moved AS m;
+DECLARE @token uniqueidentifier = @p_token, @headers nvarchar(max) = @p_headers; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [sa]]les].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [sa]]les].[error] (Id, Expires, Headers, Body) SELECT m.Id, NULL, @headers, m.Body FROM @moved AS m;
 
 -- catalog: install_lock
 DECLARE @resource nvarchar(255) = QUOTENAME(N'Shop''s DB') + N'.' + QUOTENAME(N'ops') + N'.' + QUOTENAME(N'Sales.WORKER01') + N'_lock'; EXEC sp_getapplock @Resource = @resource, @LockMode = N'Exclusive', @LockOwner = N'Transaction';
@@ -224,25 +224,25 @@ IF COL_LENGTH(N'[Shop''s DB].[ops].[sqlqueue_inflight]', N'Holder') IS NULL ALTE
 DROP TABLE IF EXISTS [Shop's DB].[ops].[Sales.WORKER01];
 
 -- catalog: queue_columns
-SELECT LOWER(col.name), typ.name FROM [Shop's DB].sys.columns AS col JOIN [Shop's DB].sys.types AS typ ON typ.user_type_id = col.user_type_id JOIN [Shop's DB].sys.tables AS tab ON tab.object_id = col.object_id JOIN [Shop's DB].sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE sch.name = @p1 AND tab.name = @p2 ORDER BY col.column_id;
+SELECT LOWER(col.name), typ.name FROM [Shop's DB].sys.columns AS col JOIN [Shop's DB].sys.types AS typ ON typ.user_type_id = col.user_type_id JOIN [Shop's DB].sys.tables AS tab ON tab.object_id = col.object_id JOIN [Shop's DB].sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE sch.name = @p_schema AND tab.name = @p_table ORDER BY col.column_id;
 
 -- catalog: has_expires_index
-SELECT CASE WHEN EXISTS (SELECT 1 FROM [Shop's DB].sys.index_columns AS ic JOIN [Shop's DB].sys.columns AS col ON col.object_id = ic.object_id AND col.column_id = ic.column_id JOIN [Shop's DB].sys.tables AS tab ON tab.object_id = ic.object_id JOIN [Shop's DB].sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE sch.name = @p1 AND tab.name = @p2 AND ic.key_ordinal = 1 AND col.name = N'Expires') THEN 1 ELSE 0 END;
+SELECT CASE WHEN EXISTS (SELECT 1 FROM [Shop's DB].sys.index_columns AS ic JOIN [Shop's DB].sys.columns AS col ON col.object_id = ic.object_id AND col.column_id = ic.column_id JOIN [Shop's DB].sys.tables AS tab ON tab.object_id = ic.object_id JOIN [Shop's DB].sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE sch.name = @p_schema AND tab.name = @p_table AND ic.key_ordinal = 1 AND col.name = N'Expires') THEN 1 ELSE 0 END;
 
 -- catalog: expires_index_ddl
 CREATE NONCLUSTERED INDEX [Index_Expires] ON [Shop's DB].[ops].[Sales.WORKER01] (Expires) INCLUDE (Id, RowVersion) WHERE Expires IS NOT NULL;
 
 -- catalog: send
-INSERT INTO [Shop's DB].[ops].[Sales.WORKER01] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 86400000, DATEADD(day, v.Ttbr / 86400000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
+INSERT INTO [Shop's DB].[ops].[Sales.WORKER01] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 86400000, DATEADD(day, v.Ttbr / 86400000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p_id, CAST(@p_ttbr_ms AS bigint), @p_headers, @p_body)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
 
 -- catalog: send_legacy
-INSERT INTO [Shop's DB].[ops].[Sales.WORKER01] (Id, Expires, Headers, Body) SELECT v.Id, DATEADD(millisecond, v.Ttbr % 86400000, DATEADD(day, v.Ttbr / 86400000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
+INSERT INTO [Shop's DB].[ops].[Sales.WORKER01] (Id, Expires, Headers, Body) SELECT v.Id, DATEADD(millisecond, v.Ttbr % 86400000, DATEADD(day, v.Ttbr / 86400000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p_id, CAST(@p_ttbr_ms AS bigint), @p_headers, @p_body)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
 
 -- catalog: send_batch
-INSERT INTO [Shop's DB].[ops].[Sales.WORKER01] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 86400000, DATEADD(day, v.Ttbr / 86400000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4), (2, @p5, CAST(@p6 AS bigint), @p7, @p8), (3, @p9, CAST(@p10 AS bigint), @p11, @p12)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
+INSERT INTO [Shop's DB].[ops].[Sales.WORKER01] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 86400000, DATEADD(day, v.Ttbr / 86400000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p_id1, CAST(@p_ttbr_ms1 AS bigint), @p_headers1, @p_body1), (2, @p_id2, CAST(@p_ttbr_ms2 AS bigint), @p_headers2, @p_body2), (3, @p_id3, CAST(@p_ttbr_ms3 AS bigint), @p_headers3, @p_body3)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
 
 -- catalog: receive
-WITH message AS (SELECT TOP (@p1) * FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, CASE WHEN deleted.Expires IS NOT NULL AND deleted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, deleted.Headers, deleted.Body, deleted.RowVersion;
+WITH message AS (SELECT TOP (@p_limit) * FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, CASE WHEN deleted.Expires IS NOT NULL AND deleted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, deleted.Headers, deleted.Body, deleted.RowVersion;
 
 -- catalog: peek
 SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (READPAST, READCOMMITTEDLOCK);
@@ -251,58 +251,58 @@ SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [Shop's DB].[ops].[
 SELECT COUNT_BIG(*) FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (READPAST, READCOMMITTEDLOCK);
 
 -- catalog: purge_expired
-WITH expired AS (SELECT TOP (@p1) * FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Expires < GETUTCDATE()) DELETE FROM expired;
+WITH expired AS (SELECT TOP (@p_limit) * FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Expires < GETUTCDATE()) DELETE FROM expired;
 
 -- catalog: purge_all
 DELETE FROM [Shop's DB].[ops].[Sales.WORKER01];
 
 -- catalog: insert_error
-INSERT INTO [Shop's DB].[ops].[error] (Id, Recoverable, Expires, Headers, Body) VALUES (@p1, 1, NULL, @p2, CAST(@p3 AS varbinary(max)));
+INSERT INTO [Shop's DB].[ops].[error] (Id, Recoverable, Expires, Headers, Body) VALUES (@p_id, 1, NULL, @p_headers, CAST(@p_body AS varbinary(max)));
 
 -- catalog: insert_error_legacy
-INSERT INTO [Shop's DB].[ops].[error] (Id, Expires, Headers, Body) VALUES (@p1, NULL, @p2, CAST(@p3 AS varbinary(max)));
+INSERT INTO [Shop's DB].[ops].[error] (Id, Expires, Headers, Body) VALUES (@p_id, NULL, @p_headers, CAST(@p_body AS varbinary(max)));
 
 -- catalog: browse
-SELECT TOP (@p1) Id, Headers, Body FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (READPAST, READCOMMITTEDLOCK) WHERE Expires IS NULL OR Expires > GETUTCDATE() ORDER BY RowVersion;
+SELECT TOP (@p_limit) Id, Headers, Body FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (READPAST, READCOMMITTEDLOCK) WHERE Expires IS NULL OR Expires > GETUTCDATE() ORDER BY RowVersion;
 
 -- catalog: peek_error_rows
-SELECT TOP (@p1) RowVersion, Id, Headers, Body FROM [Shop's DB].[ops].[error] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion;
+SELECT TOP (@p_limit) RowVersion, Id, Headers, Body FROM [Shop's DB].[ops].[error] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion;
 
 -- catalog: delete_by_seq
-DELETE FROM [Shop's DB].[ops].[error] WHERE RowVersion = @p1;
+DELETE FROM [Shop's DB].[ops].[error] WHERE RowVersion = @p_seq;
 
 -- catalog: claim
-DECLARE @limit int = @p1, @queue nvarchar(450) = @p2, @deliveries int = @p3, @lease_ms bigint = @p4, @holder nvarchar(400) = @p5, @now datetime = GETUTCDATE(); DECLARE @taken TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); DECLARE @claimed TABLE (Token uniqueidentifier, Id uniqueidentifier, Headers nvarchar(max), Body varbinary(max), Deliveries int, Seq bigint); WITH message AS (SELECT TOP (@limit) * FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.RowVersion INTO @taken; INSERT INTO [Shop's DB].[ops].[sqlqueue_inflight] (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil, Holder) OUTPUT inserted.Token, inserted.Id, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq INTO @claimed SELECT NEWID(), @queue, t.Id, t.Expires, COALESCE(t.Headers, N'null'), t.Body, t.Seq, @deliveries, DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), @holder FROM @taken AS t WHERE t.Expires IS NULL OR t.Expires > @now; SELECT c.Token, c.Id, c.Headers, c.Body, c.Deliveries, c.Seq FROM @claimed AS c UNION ALL SELECT NULL, t.Id, NULL, NULL, 0, t.Seq FROM @taken AS t WHERE t.Expires IS NOT NULL AND t.Expires <= @now;
+DECLARE @limit int = @p_limit, @queue nvarchar(450) = @p_queue, @deliveries int = @p_deliveries, @lease_ms bigint = @p_lease_ms, @holder nvarchar(400) = @p_holder, @now datetime = GETUTCDATE(); DECLARE @taken TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); DECLARE @claimed TABLE (Token uniqueidentifier, Id uniqueidentifier, Headers nvarchar(max), Body varbinary(max), Deliveries int, Seq bigint); WITH message AS (SELECT TOP (@limit) * FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.RowVersion INTO @taken; INSERT INTO [Shop's DB].[ops].[sqlqueue_inflight] (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil, Holder) OUTPUT inserted.Token, inserted.Id, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq INTO @claimed SELECT NEWID(), @queue, t.Id, t.Expires, COALESCE(t.Headers, N'null'), t.Body, t.Seq, @deliveries, DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), @holder FROM @taken AS t WHERE t.Expires IS NULL OR t.Expires > @now; SELECT c.Token, c.Id, c.Headers, c.Body, c.Deliveries, c.Seq FROM @claimed AS c UNION ALL SELECT NULL, t.Id, NULL, NULL, 0, t.Seq FROM @taken AS t WHERE t.Expires IS NOT NULL AND t.Expires <= @now;
 
 -- catalog: reclaim
-DECLARE @deliveries int = @p1, @lease_ms bigint = @p2, @holder nvarchar(400) = @p3, @queue nvarchar(450) = @p4, @limit int = @p5; WITH lapsed AS (SELECT TOP (@limit) * FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) UPDATE lapsed SET Token = NEWID(), Deliveries = Deliveries + @deliveries, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
+DECLARE @deliveries int = @p_deliveries, @lease_ms bigint = @p_lease_ms, @holder nvarchar(400) = @p_holder, @queue nvarchar(450) = @p_queue, @limit int = @p_limit; WITH lapsed AS (SELECT TOP (@limit) * FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) UPDATE lapsed SET Token = NEWID(), Deliveries = Deliveries + @deliveries, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
 
 -- catalog: take
-DECLARE @lease_ms bigint = @p1, @holder nvarchar(400) = @p2, @tokens nvarchar(max) = @p3, @queue nvarchar(450) = @p4; WITH taken AS (SELECT * FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (UPDLOCK, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
+DECLARE @lease_ms bigint = @p_lease_ms, @holder nvarchar(400) = @p_holder, @tokens nvarchar(max) = @p_tokens, @queue nvarchar(450) = @p_queue; WITH taken AS (SELECT * FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (UPDLOCK, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
 
 -- catalog: adopt
-DECLARE @lease_ms bigint = @p1, @holder nvarchar(400) = @p2, @queue nvarchar(450) = @p3, @limit int = @p4; WITH taken AS (SELECT TOP (@limit) * FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL ORDER BY Seq) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
+DECLARE @lease_ms bigint = @p_lease_ms, @holder nvarchar(400) = @p_holder, @queue nvarchar(450) = @p_queue, @limit int = @p_limit; WITH taken AS (SELECT TOP (@limit) * FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL ORDER BY Seq) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
 
 -- catalog: peek_with_claims
-SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (READPAST, READCOMMITTEDLOCK)) + (SELECT COUNT_BIG(*) FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p1 AND LeaseUntil <= SYSUTCDATETIME());
+SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (READPAST, READCOMMITTEDLOCK)) + (SELECT COUNT_BIG(*) FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p_queue AND LeaseUntil <= SYSUTCDATETIME());
 
 -- catalog: count_inflight
-SELECT COUNT_BIG(*) FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p1;
+SELECT COUNT_BIG(*) FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p_queue;
 
 -- catalog: ack
-DECLARE @tokens nvarchar(max) = @p1, @queue nvarchar(450) = @p2; WITH settled AS (SELECT * FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) DELETE FROM settled OUTPUT deleted.Token;
+DECLARE @tokens nvarchar(max) = @p_tokens, @queue nvarchar(450) = @p_queue; WITH settled AS (SELECT * FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) DELETE FROM settled OUTPUT deleted.Token;
 
 -- catalog: nack
-DECLARE @delay_ms bigint = @p1, @error nvarchar(max) = @p2, @tokens nvarchar(max) = @p3, @queue nvarchar(450) = @p4; WITH given AS (SELECT * FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE given SET LeaseUntil = DATEADD(millisecond, @delay_ms % 86400000, DATEADD(day, @delay_ms / 86400000, SYSUTCDATETIME())), LastError = @error OUTPUT inserted.Token;
+DECLARE @delay_ms bigint = @p_delay_ms, @error nvarchar(max) = @p_error, @tokens nvarchar(max) = @p_tokens, @queue nvarchar(450) = @p_queue; WITH given AS (SELECT * FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE given SET LeaseUntil = DATEADD(millisecond, @delay_ms % 86400000, DATEADD(day, @delay_ms / 86400000, SYSUTCDATETIME())), LastError = @error OUTPUT inserted.Token;
 
 -- catalog: extend
-DECLARE @lease_ms bigint = @p1, @tokens nvarchar(max) = @p2, @queue nvarchar(450) = @p3; WITH held AS (SELECT * FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE held SET LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())) OUTPUT inserted.Token;
+DECLARE @lease_ms bigint = @p_lease_ms, @tokens nvarchar(max) = @p_tokens, @queue nvarchar(450) = @p_queue; WITH held AS (SELECT * FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE held SET LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())) OUTPUT inserted.Token;
 
 -- catalog: claim_to_error
-DECLARE @token uniqueidentifier = @p1, @headers nvarchar(max) = @p2; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [Shop's DB].[ops].[error] (Id, Recoverable, Expires, Headers, Body) SELECT m.Id, 1, NULL, @headers, m.Body FROM @moved AS m;
+DECLARE @token uniqueidentifier = @p_token, @headers nvarchar(max) = @p_headers; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [Shop's DB].[ops].[error] (Id, Recoverable, Expires, Headers, Body) SELECT m.Id, 1, NULL, @headers, m.Body FROM @moved AS m;
 
 -- catalog: claim_to_error_legacy
-DECLARE @token uniqueidentifier = @p1, @headers nvarchar(max) = @p2; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [Shop's DB].[ops].[error] (Id, Expires, Headers, Body) SELECT m.Id, NULL, @headers, m.Body FROM @moved AS m;
+DECLARE @token uniqueidentifier = @p_token, @headers nvarchar(max) = @p_headers; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [Shop's DB].[ops].[error] (Id, Expires, Headers, Body) SELECT m.Id, NULL, @headers, m.Body FROM @moved AS m;
 
 -- unicode: install_lock
 DECLARE @resource nvarchar(255) = QUOTENAME(DB_NAME()) + N'.' + QUOTENAME(N'ünï') + N'.' + QUOTENAME(N'東京 queue') + N'_lock'; EXEC sp_getapplock @Resource = @resource, @LockMode = N'Exclusive', @LockOwner = N'Transaction';
@@ -326,25 +326,25 @@ IF COL_LENGTH(N'[ünï].[sqlqueue_inflight]', N'Holder') IS NULL ALTER TABLE [ü
 DROP TABLE IF EXISTS [ünï].[東京 queue];
 
 -- unicode: queue_columns
-SELECT LOWER(col.name), typ.name FROM sys.columns AS col JOIN sys.types AS typ ON typ.user_type_id = col.user_type_id JOIN sys.tables AS tab ON tab.object_id = col.object_id JOIN sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE sch.name = @p1 AND tab.name = @p2 ORDER BY col.column_id;
+SELECT LOWER(col.name), typ.name FROM sys.columns AS col JOIN sys.types AS typ ON typ.user_type_id = col.user_type_id JOIN sys.tables AS tab ON tab.object_id = col.object_id JOIN sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE sch.name = @p_schema AND tab.name = @p_table ORDER BY col.column_id;
 
 -- unicode: has_expires_index
-SELECT CASE WHEN EXISTS (SELECT 1 FROM sys.index_columns AS ic JOIN sys.columns AS col ON col.object_id = ic.object_id AND col.column_id = ic.column_id JOIN sys.tables AS tab ON tab.object_id = ic.object_id JOIN sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE sch.name = @p1 AND tab.name = @p2 AND ic.key_ordinal = 1 AND col.name = N'Expires') THEN 1 ELSE 0 END;
+SELECT CASE WHEN EXISTS (SELECT 1 FROM sys.index_columns AS ic JOIN sys.columns AS col ON col.object_id = ic.object_id AND col.column_id = ic.column_id JOIN sys.tables AS tab ON tab.object_id = ic.object_id JOIN sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE sch.name = @p_schema AND tab.name = @p_table AND ic.key_ordinal = 1 AND col.name = N'Expires') THEN 1 ELSE 0 END;
 
 -- unicode: expires_index_ddl
 CREATE NONCLUSTERED INDEX [Index_Expires] ON [ünï].[東京 queue] (Expires) INCLUDE (Id, RowVersion) WHERE Expires IS NOT NULL;
 
 -- unicode: send
-INSERT INTO [ünï].[東京 queue] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 86400000, DATEADD(day, v.Ttbr / 86400000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
+INSERT INTO [ünï].[東京 queue] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 86400000, DATEADD(day, v.Ttbr / 86400000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p_id, CAST(@p_ttbr_ms AS bigint), @p_headers, @p_body)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
 
 -- unicode: send_legacy
-INSERT INTO [ünï].[東京 queue] (Id, Expires, Headers, Body) SELECT v.Id, DATEADD(millisecond, v.Ttbr % 86400000, DATEADD(day, v.Ttbr / 86400000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
+INSERT INTO [ünï].[東京 queue] (Id, Expires, Headers, Body) SELECT v.Id, DATEADD(millisecond, v.Ttbr % 86400000, DATEADD(day, v.Ttbr / 86400000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p_id, CAST(@p_ttbr_ms AS bigint), @p_headers, @p_body)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
 
 -- unicode: send_batch
-INSERT INTO [ünï].[東京 queue] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 86400000, DATEADD(day, v.Ttbr / 86400000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p1, CAST(@p2 AS bigint), @p3, @p4), (2, @p5, CAST(@p6 AS bigint), @p7, @p8), (3, @p9, CAST(@p10 AS bigint), @p11, @p12)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
+INSERT INTO [ünï].[東京 queue] (Id, Recoverable, Expires, Headers, Body) SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 86400000, DATEADD(day, v.Ttbr / 86400000, GETUTCDATE())), v.Headers, v.Body FROM (VALUES (1, @p_id1, CAST(@p_ttbr_ms1 AS bigint), @p_headers1, @p_body1), (2, @p_id2, CAST(@p_ttbr_ms2 AS bigint), @p_headers2, @p_body2), (3, @p_id3, CAST(@p_ttbr_ms3 AS bigint), @p_headers3, @p_body3)) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord;
 
 -- unicode: receive
-WITH message AS (SELECT TOP (@p1) * FROM [ünï].[東京 queue] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, CASE WHEN deleted.Expires IS NOT NULL AND deleted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, deleted.Headers, deleted.Body, deleted.RowVersion;
+WITH message AS (SELECT TOP (@p_limit) * FROM [ünï].[東京 queue] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, CASE WHEN deleted.Expires IS NOT NULL AND deleted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, deleted.Headers, deleted.Body, deleted.RowVersion;
 
 -- unicode: peek
 SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [ünï].[東京 queue] WITH (READPAST, READCOMMITTEDLOCK);
@@ -353,58 +353,58 @@ SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [ünï].[東京 que
 SELECT COUNT_BIG(*) FROM [ünï].[東京 queue] WITH (READPAST, READCOMMITTEDLOCK);
 
 -- unicode: purge_expired
-WITH expired AS (SELECT TOP (@p1) * FROM [ünï].[東京 queue] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Expires < GETUTCDATE()) DELETE FROM expired;
+WITH expired AS (SELECT TOP (@p_limit) * FROM [ünï].[東京 queue] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Expires < GETUTCDATE()) DELETE FROM expired;
 
 -- unicode: purge_all
 DELETE FROM [ünï].[東京 queue];
 
 -- unicode: insert_error
-INSERT INTO [ünï].[error] (Id, Recoverable, Expires, Headers, Body) VALUES (@p1, 1, NULL, @p2, CAST(@p3 AS varbinary(max)));
+INSERT INTO [ünï].[error] (Id, Recoverable, Expires, Headers, Body) VALUES (@p_id, 1, NULL, @p_headers, CAST(@p_body AS varbinary(max)));
 
 -- unicode: insert_error_legacy
-INSERT INTO [ünï].[error] (Id, Expires, Headers, Body) VALUES (@p1, NULL, @p2, CAST(@p3 AS varbinary(max)));
+INSERT INTO [ünï].[error] (Id, Expires, Headers, Body) VALUES (@p_id, NULL, @p_headers, CAST(@p_body AS varbinary(max)));
 
 -- unicode: browse
-SELECT TOP (@p1) Id, Headers, Body FROM [ünï].[東京 queue] WITH (READPAST, READCOMMITTEDLOCK) WHERE Expires IS NULL OR Expires > GETUTCDATE() ORDER BY RowVersion;
+SELECT TOP (@p_limit) Id, Headers, Body FROM [ünï].[東京 queue] WITH (READPAST, READCOMMITTEDLOCK) WHERE Expires IS NULL OR Expires > GETUTCDATE() ORDER BY RowVersion;
 
 -- unicode: peek_error_rows
-SELECT TOP (@p1) RowVersion, Id, Headers, Body FROM [ünï].[error] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion;
+SELECT TOP (@p_limit) RowVersion, Id, Headers, Body FROM [ünï].[error] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion;
 
 -- unicode: delete_by_seq
-DELETE FROM [ünï].[error] WHERE RowVersion = @p1;
+DELETE FROM [ünï].[error] WHERE RowVersion = @p_seq;
 
 -- unicode: claim
-DECLARE @limit int = @p1, @queue nvarchar(450) = @p2, @deliveries int = @p3, @lease_ms bigint = @p4, @holder nvarchar(400) = @p5, @now datetime = GETUTCDATE(); DECLARE @taken TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); DECLARE @claimed TABLE (Token uniqueidentifier, Id uniqueidentifier, Headers nvarchar(max), Body varbinary(max), Deliveries int, Seq bigint); WITH message AS (SELECT TOP (@limit) * FROM [ünï].[東京 queue] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.RowVersion INTO @taken; INSERT INTO [ünï].[sqlqueue_inflight] (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil, Holder) OUTPUT inserted.Token, inserted.Id, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq INTO @claimed SELECT NEWID(), @queue, t.Id, t.Expires, COALESCE(t.Headers, N'null'), t.Body, t.Seq, @deliveries, DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), @holder FROM @taken AS t WHERE t.Expires IS NULL OR t.Expires > @now; SELECT c.Token, c.Id, c.Headers, c.Body, c.Deliveries, c.Seq FROM @claimed AS c UNION ALL SELECT NULL, t.Id, NULL, NULL, 0, t.Seq FROM @taken AS t WHERE t.Expires IS NOT NULL AND t.Expires <= @now;
+DECLARE @limit int = @p_limit, @queue nvarchar(450) = @p_queue, @deliveries int = @p_deliveries, @lease_ms bigint = @p_lease_ms, @holder nvarchar(400) = @p_holder, @now datetime = GETUTCDATE(); DECLARE @taken TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); DECLARE @claimed TABLE (Token uniqueidentifier, Id uniqueidentifier, Headers nvarchar(max), Body varbinary(max), Deliveries int, Seq bigint); WITH message AS (SELECT TOP (@limit) * FROM [ünï].[東京 queue] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) DELETE FROM message OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.RowVersion INTO @taken; INSERT INTO [ünï].[sqlqueue_inflight] (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil, Holder) OUTPUT inserted.Token, inserted.Id, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.Seq INTO @claimed SELECT NEWID(), @queue, t.Id, t.Expires, COALESCE(t.Headers, N'null'), t.Body, t.Seq, @deliveries, DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), @holder FROM @taken AS t WHERE t.Expires IS NULL OR t.Expires > @now; SELECT c.Token, c.Id, c.Headers, c.Body, c.Deliveries, c.Seq FROM @claimed AS c UNION ALL SELECT NULL, t.Id, NULL, NULL, 0, t.Seq FROM @taken AS t WHERE t.Expires IS NOT NULL AND t.Expires <= @now;
 
 -- unicode: reclaim
-DECLARE @deliveries int = @p1, @lease_ms bigint = @p2, @holder nvarchar(400) = @p3, @queue nvarchar(450) = @p4, @limit int = @p5; WITH lapsed AS (SELECT TOP (@limit) * FROM [ünï].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) UPDATE lapsed SET Token = NEWID(), Deliveries = Deliveries + @deliveries, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
+DECLARE @deliveries int = @p_deliveries, @lease_ms bigint = @p_lease_ms, @holder nvarchar(400) = @p_holder, @queue nvarchar(450) = @p_queue, @limit int = @p_limit; WITH lapsed AS (SELECT TOP (@limit) * FROM [ünï].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) UPDATE lapsed SET Token = NEWID(), Deliveries = Deliveries + @deliveries, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
 
 -- unicode: take
-DECLARE @lease_ms bigint = @p1, @holder nvarchar(400) = @p2, @tokens nvarchar(max) = @p3, @queue nvarchar(450) = @p4; WITH taken AS (SELECT * FROM [ünï].[sqlqueue_inflight] WITH (UPDLOCK, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
+DECLARE @lease_ms bigint = @p_lease_ms, @holder nvarchar(400) = @p_holder, @tokens nvarchar(max) = @p_tokens, @queue nvarchar(450) = @p_queue; WITH taken AS (SELECT * FROM [ünï].[sqlqueue_inflight] WITH (UPDLOCK, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
 
 -- unicode: adopt
-DECLARE @lease_ms bigint = @p1, @holder nvarchar(400) = @p2, @queue nvarchar(450) = @p3, @limit int = @p4; WITH taken AS (SELECT TOP (@limit) * FROM [ünï].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL ORDER BY Seq) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
+DECLARE @lease_ms bigint = @p_lease_ms, @holder nvarchar(400) = @p_holder, @queue nvarchar(450) = @p_queue, @limit int = @p_limit; WITH taken AS (SELECT TOP (@limit) * FROM [ünï].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL ORDER BY Seq) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
 
 -- unicode: peek_with_claims
-SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [ünï].[東京 queue] WITH (READPAST, READCOMMITTEDLOCK)) + (SELECT COUNT_BIG(*) FROM [ünï].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p1 AND LeaseUntil <= SYSUTCDATETIME());
+SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [ünï].[東京 queue] WITH (READPAST, READCOMMITTEDLOCK)) + (SELECT COUNT_BIG(*) FROM [ünï].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p_queue AND LeaseUntil <= SYSUTCDATETIME());
 
 -- unicode: count_inflight
-SELECT COUNT_BIG(*) FROM [ünï].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p1;
+SELECT COUNT_BIG(*) FROM [ünï].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p_queue;
 
 -- unicode: ack
-DECLARE @tokens nvarchar(max) = @p1, @queue nvarchar(450) = @p2; WITH settled AS (SELECT * FROM [ünï].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) DELETE FROM settled OUTPUT deleted.Token;
+DECLARE @tokens nvarchar(max) = @p_tokens, @queue nvarchar(450) = @p_queue; WITH settled AS (SELECT * FROM [ünï].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) DELETE FROM settled OUTPUT deleted.Token;
 
 -- unicode: nack
-DECLARE @delay_ms bigint = @p1, @error nvarchar(max) = @p2, @tokens nvarchar(max) = @p3, @queue nvarchar(450) = @p4; WITH given AS (SELECT * FROM [ünï].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE given SET LeaseUntil = DATEADD(millisecond, @delay_ms % 86400000, DATEADD(day, @delay_ms / 86400000, SYSUTCDATETIME())), LastError = @error OUTPUT inserted.Token;
+DECLARE @delay_ms bigint = @p_delay_ms, @error nvarchar(max) = @p_error, @tokens nvarchar(max) = @p_tokens, @queue nvarchar(450) = @p_queue; WITH given AS (SELECT * FROM [ünï].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE given SET LeaseUntil = DATEADD(millisecond, @delay_ms % 86400000, DATEADD(day, @delay_ms / 86400000, SYSUTCDATETIME())), LastError = @error OUTPUT inserted.Token;
 
 -- unicode: extend
-DECLARE @lease_ms bigint = @p1, @tokens nvarchar(max) = @p2, @queue nvarchar(450) = @p3; WITH held AS (SELECT * FROM [ünï].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE held SET LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())) OUTPUT inserted.Token;
+DECLARE @lease_ms bigint = @p_lease_ms, @tokens nvarchar(max) = @p_tokens, @queue nvarchar(450) = @p_queue; WITH held AS (SELECT * FROM [ünï].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE held SET LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())) OUTPUT inserted.Token;
 
 -- unicode: claim_to_error
-DECLARE @token uniqueidentifier = @p1, @headers nvarchar(max) = @p2; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [ünï].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [ünï].[error] (Id, Recoverable, Expires, Headers, Body) SELECT m.Id, 1, NULL, @headers, m.Body FROM @moved AS m;
+DECLARE @token uniqueidentifier = @p_token, @headers nvarchar(max) = @p_headers; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [ünï].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [ünï].[error] (Id, Recoverable, Expires, Headers, Body) SELECT m.Id, 1, NULL, @headers, m.Body FROM @moved AS m;
 
 -- unicode: claim_to_error_legacy
-DECLARE @token uniqueidentifier = @p1, @headers nvarchar(max) = @p2; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [ünï].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [ünï].[error] (Id, Expires, Headers, Body) SELECT m.Id, NULL, @headers, m.Body FROM @moved AS m;
+DECLARE @token uniqueidentifier = @p_token, @headers nvarchar(max) = @p_headers; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [ünï].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [ünï].[error] (Id, Expires, Headers, Body) SELECT m.Id, NULL, @headers, m.Body FROM @moved AS m;
 
 -- session: setup
 SET ANSI_NULLS ON; SET ANSI_PADDING ON; SET ANSI_WARNINGS ON; SET ARITHABORT ON; SET CONCAT_NULL_YIELDS_NULL ON; SET QUOTED_IDENTIFIER ON; SET NUMERIC_ROUNDABORT OFF; SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SET XACT_ABORT ON;

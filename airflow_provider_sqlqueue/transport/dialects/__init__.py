@@ -6,8 +6,11 @@ SQL text and classifies driver errors. It never talks to a database itself: the 
 :mod:`~airflow_provider_sqlqueue.transport.drivers` run it, so one set of queue semantics serves
 both databases and both sync and async callers.
 
-Statement parameters are positional. Every statement documents its parameters and result columns
-in the implementing module; reviewing a database's SQL means reading one file.
+Statement parameters are named (``%(queue)s``), with one name per concept in every statement:
+``schema``, ``table``, ``id``, ``ttbr_ms``, ``headers``, ``body``, ``limit``, ``seq``, ``queue`` (the
+claim key), ``deliveries``, ``lease_ms``, ``holder``, ``token``, ``tokens``, ``delay_ms``, ``error``,
+``channel``. Each method below says which it takes and what rows it returns; reviewing a
+database's SQL means reading one file.
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ from dataclasses import dataclass
 
 from ..addressing import QueueAddress
 from ..errors import SqlQueueError
+
+#: One message as the send statements take it: (id, ttbr_ms or None, headers text, body).
+SendRow = tuple[uuid.UUID, int | None, str, bytes]
 
 
 @dataclass(frozen=True)
@@ -122,14 +128,14 @@ class Dialect(ABC):
 
     @abstractmethod
     def queue_columns(self, address: QueueAddress) -> str:
-        """Params (schema, table) -> rows (column name lower-cased, type name) of ``address``'s table.
+        """Params schema, table -> rows (column name lower-cased, type name) of ``address``'s table.
 
         The address picks the database whose catalog is read (SQL Server addresses may name one).
         """
 
     @abstractmethod
     def has_expires_index(self, address: QueueAddress) -> str:
-        """Params (schema, table) -> one row: whether an index leads with the Expires column."""
+        """Params schema, table -> one row: whether an index leads with the Expires column."""
 
     @abstractmethod
     def expires_index_ddl(self, address: QueueAddress) -> str:
@@ -139,10 +145,10 @@ class Dialect(ABC):
 
     @abstractmethod
     def send(self, address: QueueAddress, shape: TableShape) -> str:
-        """Params (id, ttbr_ms or None, headers, body): insert one message."""
+        """Params id, ttbr_ms (None: never expires), headers, body: insert one message."""
 
-    def batch_size(self, rows: Sequence[tuple[object, ...]]) -> int:
-        """How many of ``rows`` (id, ttbr_ms, headers, body) the next :meth:`send_batch` statement takes."""
+    def batch_size(self, rows: Sequence[SendRow]) -> int:
+        """How many of ``rows`` the next :meth:`send_batch` statement takes."""
         return len(rows)
 
     @abstractmethod
@@ -150,12 +156,12 @@ class Dialect(ABC):
         """Insert ``count`` messages in one statement; params are :meth:`send_batch_params` of the messages."""
 
     @abstractmethod
-    def send_batch_params(self, rows: Sequence[tuple[object, ...]]) -> tuple[object, ...]:
-        """Bind parameters for :meth:`send_batch` from rows of (id, ttbr_ms, headers, body)."""
+    def send_batch_params(self, rows: Sequence[SendRow]) -> dict[str, object]:
+        """Bind parameters for :meth:`send_batch` from the messages' rows."""
 
     @abstractmethod
     def receive(self, address: QueueAddress) -> str:
-        """Params (limit,): delete up to ``limit`` oldest unlocked rows.
+        """Params limit: delete up to ``limit`` oldest unlocked rows.
 
         Rows: (id, expired, headers, body, seq). Never returns a row twice, never more than limit.
         """
@@ -170,7 +176,7 @@ class Dialect(ABC):
 
     @abstractmethod
     def purge_expired(self, address: QueueAddress) -> str:
-        """Params (batch_size,): delete up to batch_size expired rows; rowcount is the number deleted."""
+        """Params limit: delete up to ``limit`` expired rows; rowcount is the number deleted."""
 
     @abstractmethod
     def purge_all(self, address: QueueAddress) -> str:
@@ -178,26 +184,26 @@ class Dialect(ABC):
 
     @abstractmethod
     def insert_error(self, error_address: QueueAddress, shape: TableShape) -> str:
-        """Params (id, headers, body): insert a row that never expires (into an error queue, or back from one)."""
+        """Params id, headers, body: insert a row that never expires (into an error queue, or back from one)."""
 
     @abstractmethod
     def browse(self, address: QueueAddress) -> str:
-        """Read without removing or locking: unexpired rows in send order. Params: (limit). Rows: (id, headers, body)."""
+        """Read without removing or locking: unexpired rows in send order. Params limit. Rows: (id, headers, body)."""
 
     @abstractmethod
     def peek_error_rows(self, error_address: QueueAddress) -> str:
-        """Params (limit,): lock and return up to limit rows (seq, id, headers, body) of an error queue."""
+        """Params limit: lock and return up to limit rows (seq, id, headers, body) of an error queue."""
 
     @abstractmethod
     def delete_by_seq(self, address: QueueAddress) -> str:
-        """Params (seq,): delete one row by its sequence value."""
+        """Params seq: delete one row by its sequence value."""
 
     # -- wake-up notifications (optional) --------------------------------------------------------
 
     def notify(self, address: QueueAddress) -> str | None:
         """Statement that wakes listeners of the queue when the sending transaction commits; None if unsupported.
 
-        Params: (channel,) from :meth:`notify_channel`.
+        Params channel, from :meth:`notify_channel`.
         """
         return None
 
@@ -215,7 +221,7 @@ class Dialect(ABC):
 
     @abstractmethod
     def claim(self, address: QueueAddress) -> str:
-        """Params (limit, queue key, deliveries, lease_ms, holder): move up to limit oldest unexpired rows in flight.
+        """Params limit, queue, deliveries, lease_ms, holder: move up to limit oldest unexpired rows in flight.
 
         ``deliveries`` is 1 for a claim handed to a handler, 0 for a reservation (``holder`` NULL)
         that a task takes later. Expired rows met on the way are deleted and returned with a NULL
@@ -225,7 +231,7 @@ class Dialect(ABC):
 
     @abstractmethod
     def reclaim(self, address: QueueAddress) -> str:
-        """Params (deliveries added, lease_ms, holder, queue key, limit): renew up to limit lapsed claims.
+        """Params deliveries (added), lease_ms, holder, queue, limit: renew up to limit lapsed claims.
 
         Every renewed claim gets a new token, so its previous holder can no longer settle it.
         Rows: (token, id, expired, headers, body, deliveries, last_error, seq).
@@ -233,25 +239,25 @@ class Dialect(ABC):
 
     @abstractmethod
     def take(self, address: QueueAddress) -> str:
-        """Params (lease_ms, holder, tokens, queue key): hand reservations (holder NULL) to ``holder``.
+        """Params lease_ms, holder, tokens, queue: hand reservations (holder NULL) to ``holder``.
 
         A delivery is counted and the token replaced. Rows as :meth:`reclaim`.
         """
 
     @abstractmethod
     def adopt(self, address: QueueAddress) -> str:
-        """Params (lease_ms, holder, queue key, limit): :meth:`take` the queue's oldest reservations, whoever made them.
+        """Params lease_ms, holder, queue, limit: :meth:`take` the queue's oldest reservations, whoever made them.
 
         Rows as :meth:`take`.
         """
 
     @abstractmethod
     def peek_with_claims(self, address: QueueAddress) -> str:
-        """Params (queue key,) -> one row: :meth:`peek`'s estimate plus the claims whose lease ran out, in one query."""
+        """Params queue -> one row: :meth:`peek`'s estimate plus the claims whose lease ran out, in one query."""
 
     @abstractmethod
     def count_inflight(self, address: QueueAddress) -> str:
-        """Params (queue key,) -> one row: claims currently held on the queue."""
+        """Params queue -> one row: claims currently held on the queue."""
 
     @abstractmethod
     def token_list(self, tokens: Sequence[uuid.UUID]) -> object:
@@ -259,18 +265,18 @@ class Dialect(ABC):
 
     @abstractmethod
     def ack(self, address: QueueAddress) -> str:
-        """Params (tokens, queue key): delete the queue's claims; rows: the tokens that were still held."""
+        """Params tokens, queue: delete the queue's claims; rows: the tokens that were still held."""
 
     @abstractmethod
     def nack(self, address: QueueAddress) -> str:
-        """Params (delay_ms, last_error, tokens, queue key): end leases so the messages come again after delay.
+        """Params delay_ms, error, tokens, queue: end leases so the messages come again after delay_ms.
 
         Rows: the tokens that were still held.
         """
 
     @abstractmethod
     def extend(self, address: QueueAddress) -> str:
-        """Params (lease_ms, tokens, queue key): renew leases; rows: the tokens still held.
+        """Params lease_ms, tokens, queue: renew leases; rows: the tokens still held.
 
         A token is held until it is settled or someone else renews the lapsed claim (which replaces
         the token): a renewal that comes late but before anyone else took the message still holds.
@@ -278,7 +284,7 @@ class Dialect(ABC):
 
     @abstractmethod
     def claim_to_error(self, address: QueueAddress, error_address: QueueAddress, shape: TableShape) -> str:
-        """Params (token, headers): move a claimed message, with new headers, to the error queue."""
+        """Params token, headers: move a claimed message, with new headers, to the error queue."""
 
     # -- errors --------------------------------------------------------------------------------
 

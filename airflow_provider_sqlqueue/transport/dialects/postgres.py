@@ -6,7 +6,7 @@ names are unquoted -- PostgreSQL folds them to lower case, which is what NServic
 the table name is always a quoted identifier, so its case and any odd characters are kept and
 never read as SQL.
 
-Statements use psycopg's ``%s`` placeholders; a literal ``%`` in a quoted identifier is doubled so
+Statements use psycopg's named ``%(name)s`` placeholders; a literal ``%`` in a quoted identifier is doubled so
 that a table named ``50%`` cannot be mistaken for a placeholder.
 """
 
@@ -27,7 +27,7 @@ from ..errors import (
     TransportMisconfiguredError,
     TransportUnavailableError,
 )
-from . import Dialect, TableShape
+from . import Dialect, SendRow, TableShape
 
 #: NServiceBus refuses longer table names so that derived names (``<table>_seq_seq``) fit in 63 bytes.
 MAX_TABLE_BYTES = 55
@@ -181,7 +181,7 @@ class PostgresDialect(Dialect):
             "SELECT a.attname, format_type(a.atttypid, a.atttypmod) "
             "FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
             "JOIN pg_namespace n ON n.oid = c.relnamespace "
-            "WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped "
+            "WHERE n.nspname = %(schema)s AND c.relname = %(table)s AND a.attnum > 0 AND NOT a.attisdropped "
             "ORDER BY a.attnum"
         )
 
@@ -190,7 +190,7 @@ class PostgresDialect(Dialect):
             "SELECT EXISTS (SELECT 1 FROM pg_index i "
             "JOIN pg_class c ON c.oid = i.indrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
             "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] "
-            "WHERE n.nspname = %s AND c.relname = %s AND a.attname = 'expires')"
+            "WHERE n.nspname = %(schema)s AND c.relname = %(table)s AND a.attname = 'expires')"
         )
 
     def expires_index_ddl(self, address: QueueAddress) -> str:
@@ -204,23 +204,23 @@ class PostgresDialect(Dialect):
     def send(self, address: QueueAddress, shape: TableShape) -> str:
         return (
             f"INSERT INTO {self.qualified_name(address)} (Id, Expires, Headers, Body) "
-            f"VALUES (%s, {_UTC_NOW} + %s::bigint * interval '1 millisecond', %s, %s)"
+            f"VALUES (%(id)s, {_UTC_NOW} + %(ttbr_ms)s::bigint * interval '1 millisecond', %(headers)s, %(body)s)"
         )
 
     def send_batch(self, address: QueueAddress, count: int, shape: TableShape) -> str:
         # One statement for any number of rows: arrays are unnested server side, in order, so Seq
-        # follows the order of the batch. The arrays travel in binary (%b): text-format arrays of
+        # follows the order of the batch. The arrays travel in binary (%(name)b): text-format arrays of
         # JSON headers cost more to escape on the client than the insert costs the server.
         return (
             f"INSERT INTO {self.qualified_name(address)} (Id, Expires, Headers, Body) "
             f"SELECT m.id, {_UTC_NOW} + m.ttbr * interval '1 millisecond', m.headers, m.body "
-            "FROM unnest(%b::uuid[], %b::bigint[], %b::text[], %b::bytea[]) "
+            "FROM unnest(%(ids)b::uuid[], %(ttbrs_ms)b::bigint[], %(headers)b::text[], %(bodies)b::bytea[]) "
             "WITH ORDINALITY AS m(id, ttbr, headers, body, ord) ORDER BY m.ord"
         )
 
-    def send_batch_params(self, rows: Sequence[tuple[object, ...]]) -> tuple[object, ...]:
-        ids, ttbrs, headers, bodies = (list(column) for column in zip(*rows, strict=True))
-        return ids, ttbrs, headers, bodies
+    def send_batch_params(self, rows: Sequence[SendRow]) -> dict[str, object]:
+        ids, ttbrs_ms, headers, bodies = (list(column) for column in zip(*rows, strict=True))
+        return {"ids": ids, "ttbrs_ms": ttbrs_ms, "headers": headers, "bodies": bodies}
 
     def receive(self, address: QueueAddress) -> str:
         # The candidate set is computed once (ARRAY(...) is an init plan), so a concurrent
@@ -228,7 +228,7 @@ class PostgresDialect(Dialect):
         q = self.qualified_name(address)
         return (
             f"DELETE FROM {q} AS rs "
-            f"WHERE rs.Seq = ANY(ARRAY(SELECT Seq FROM {q} ORDER BY Seq LIMIT %s FOR UPDATE SKIP LOCKED)) "
+            f"WHERE rs.Seq = ANY(ARRAY(SELECT Seq FROM {q} ORDER BY Seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED)) "
             f"RETURNING rs.Id, rs.Expires IS NOT NULL AND rs.Expires <= {_UTC_NOW}, rs.Headers, rs.Body, rs.Seq"
         )
 
@@ -248,34 +248,32 @@ class PostgresDialect(Dialect):
         q = self.qualified_name(address)
         return (
             f"DELETE FROM {q} WHERE Seq = ANY(ARRAY("
-            f"SELECT Seq FROM {q} WHERE Expires < {_UTC_NOW} LIMIT %s FOR UPDATE SKIP LOCKED))"
+            f"SELECT Seq FROM {q} WHERE Expires < {_UTC_NOW} LIMIT %(limit)s FOR UPDATE SKIP LOCKED))"
         )
 
     def purge_all(self, address: QueueAddress) -> str:
         return f"DELETE FROM {self.qualified_name(address)}"
 
     def insert_error(self, error_address: QueueAddress, shape: TableShape) -> str:
-        return (
-            f"INSERT INTO {self.qualified_name(error_address)} (Id, Expires, Headers, Body) VALUES (%s, NULL, %s, %s)"
-        )
+        return f"INSERT INTO {self.qualified_name(error_address)} (Id, Expires, Headers, Body) VALUES (%(id)s, NULL, %(headers)s, %(body)s)"
 
     def browse(self, address: QueueAddress) -> str:
         q = self.qualified_name(address)
-        return f"SELECT Id, Headers, Body FROM {q} WHERE Expires IS NULL OR Expires > {_UTC_NOW} ORDER BY Seq LIMIT %s"
+        return f"SELECT Id, Headers, Body FROM {q} WHERE Expires IS NULL OR Expires > {_UTC_NOW} ORDER BY Seq LIMIT %(limit)s"
 
     def peek_error_rows(self, error_address: QueueAddress) -> str:
         q = self.qualified_name(error_address)
-        return f"SELECT Seq, Id, Headers, Body FROM {q} ORDER BY Seq LIMIT %s FOR UPDATE SKIP LOCKED"
+        return f"SELECT Seq, Id, Headers, Body FROM {q} ORDER BY Seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
 
     def delete_by_seq(self, address: QueueAddress) -> str:
-        return f"DELETE FROM {self.qualified_name(address)} WHERE Seq = %s"
+        return f"DELETE FROM {self.qualified_name(address)} WHERE Seq = %(seq)s"
 
     # -- wake-up notifications ----------------------------------------------------------------
 
     def notify(self, address: QueueAddress) -> str | None:
         # Delivered at commit, and PostgreSQL folds identical notifications of one transaction
         # into one: a batch wakes listeners once.
-        return "SELECT pg_notify(%s, '')"
+        return "SELECT pg_notify(%(channel)s, '')"
 
     def listen(self, channel: str) -> str | None:
         return f"LISTEN {quote_ident(channel)}"
@@ -287,13 +285,13 @@ class PostgresDialect(Dialect):
         f = self.qualified_name(self.inflight_address(address))
         return (
             f"WITH taken AS (DELETE FROM {q} AS rs "
-            f"WHERE rs.Seq = ANY(ARRAY(SELECT Seq FROM {q} ORDER BY Seq LIMIT %s FOR UPDATE SKIP LOCKED)) "
+            f"WHERE rs.Seq = ANY(ARRAY(SELECT Seq FROM {q} ORDER BY Seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED)) "
             "RETURNING rs.Id, rs.Expires, rs.Headers, rs.Body, rs.Seq), "
             f"claimed AS (INSERT INTO {f} (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil, Holder) "
             # NULL Headers (a hand-made table) are kept as the JSON text null: still poison, where
             # '' would read as no headers.
-            f"SELECT gen_random_uuid(), %s, Id, Expires, COALESCE(Headers, 'null'), Body, Seq, %s, "
-            f"{_UTC_NOW} + %s::bigint * interval '1 millisecond', %s FROM taken "
+            f"SELECT gen_random_uuid(), %(queue)s, Id, Expires, COALESCE(Headers, 'null'), Body, Seq, %(deliveries)s, "
+            f"{_UTC_NOW} + %(lease_ms)s::bigint * interval '1 millisecond', %(holder)s FROM taken "
             f"WHERE Expires IS NULL OR Expires > {_UTC_NOW} "
             "RETURNING Token, Id, Headers, Body, Deliveries, Seq) "
             "SELECT Token, Id, Headers, Body, Deliveries, Seq FROM claimed "
@@ -304,10 +302,10 @@ class PostgresDialect(Dialect):
     def reclaim(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
         return (
-            f"UPDATE {f} AS c SET Token = gen_random_uuid(), Deliveries = c.Deliveries + %s, "
-            f"LeaseUntil = {_UTC_NOW} + %s::bigint * interval '1 millisecond', Holder = %s "
-            f"WHERE c.Token = ANY(ARRAY(SELECT Token FROM {f} WHERE Queue = %s AND LeaseUntil <= {_UTC_NOW} "
-            "ORDER BY Seq LIMIT %s FOR UPDATE SKIP LOCKED)) "
+            f"UPDATE {f} AS c SET Token = gen_random_uuid(), Deliveries = c.Deliveries + %(deliveries)s, "
+            f"LeaseUntil = {_UTC_NOW} + %(lease_ms)s::bigint * interval '1 millisecond', Holder = %(holder)s "
+            f"WHERE c.Token = ANY(ARRAY(SELECT Token FROM {f} WHERE Queue = %(queue)s AND LeaseUntil <= {_UTC_NOW} "
+            "ORDER BY Seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED)) "
             f"RETURNING c.Token, c.Id, c.Expires IS NOT NULL AND c.Expires <= {_UTC_NOW}, c.Headers, c.Body, "
             "c.Deliveries, c.LastError, c.Seq"
         )
@@ -320,60 +318,58 @@ class PostgresDialect(Dialect):
         f = self.qualified_name(self.inflight_address(address))
         return (
             f"UPDATE {f} AS c SET Token = gen_random_uuid(), Deliveries = c.Deliveries + 1, "
-            f"LeaseUntil = {_UTC_NOW} + %s::bigint * interval '1 millisecond', Holder = %s "
+            f"LeaseUntil = {_UTC_NOW} + %(lease_ms)s::bigint * interval '1 millisecond', Holder = %(holder)s "
             f"WHERE {candidates} "
             f"RETURNING c.Token, c.Id, c.Expires IS NOT NULL AND c.Expires <= {_UTC_NOW}, c.Headers, c.Body, "
             "c.Deliveries, c.LastError, c.Seq"
         )
 
     def take(self, address: QueueAddress) -> str:
-        return self._take(address, "c.Token = ANY(%s::uuid[]) AND c.Queue = %s AND c.Holder IS NULL")
+        return self._take(address, "c.Token = ANY(%(tokens)s::uuid[]) AND c.Queue = %(queue)s AND c.Holder IS NULL")
 
     def adopt(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
         return self._take(
             address,
-            f"c.Token = ANY(ARRAY(SELECT Token FROM {f} WHERE Queue = %s AND Holder IS NULL "
-            "ORDER BY Seq LIMIT %s FOR UPDATE SKIP LOCKED))",
+            f"c.Token = ANY(ARRAY(SELECT Token FROM {f} WHERE Queue = %(queue)s AND Holder IS NULL "
+            "ORDER BY Seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED))",
         )
 
     def peek_with_claims(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
-        return (
-            f"SELECT ({self.peek(address)}) + (SELECT count(*) FROM {f} WHERE Queue = %s AND LeaseUntil <= {_UTC_NOW})"
-        )
+        return f"SELECT ({self.peek(address)}) + (SELECT count(*) FROM {f} WHERE Queue = %(queue)s AND LeaseUntil <= {_UTC_NOW})"
 
     def count_inflight(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
-        return f"SELECT count(*) FROM {f} WHERE Queue = %s"
+        return f"SELECT count(*) FROM {f} WHERE Queue = %(queue)s"
 
     def token_list(self, tokens: Sequence[uuid.UUID]) -> object:
         return list(tokens)
 
     def ack(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
-        return f"DELETE FROM {f} WHERE Token = ANY(%s::uuid[]) AND Queue = %s RETURNING Token"
+        return f"DELETE FROM {f} WHERE Token = ANY(%(tokens)s::uuid[]) AND Queue = %(queue)s RETURNING Token"
 
     def nack(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
         return (
-            f"UPDATE {f} SET LeaseUntil = {_UTC_NOW} + %s::bigint * interval '1 millisecond', LastError = %s "
-            "WHERE Token = ANY(%s::uuid[]) AND Queue = %s RETURNING Token"
+            f"UPDATE {f} SET LeaseUntil = {_UTC_NOW} + %(delay_ms)s::bigint * interval '1 millisecond', LastError = %(error)s "
+            "WHERE Token = ANY(%(tokens)s::uuid[]) AND Queue = %(queue)s RETURNING Token"
         )
 
     def extend(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
         return (
-            f"UPDATE {f} SET LeaseUntil = {_UTC_NOW} + %s::bigint * interval '1 millisecond' "
-            "WHERE Token = ANY(%s::uuid[]) AND Queue = %s RETURNING Token"
+            f"UPDATE {f} SET LeaseUntil = {_UTC_NOW} + %(lease_ms)s::bigint * interval '1 millisecond' "
+            "WHERE Token = ANY(%(tokens)s::uuid[]) AND Queue = %(queue)s RETURNING Token"
         )
 
     def claim_to_error(self, address: QueueAddress, error_address: QueueAddress, shape: TableShape) -> str:
         f = self.qualified_name(self.inflight_address(address))
         e = self.qualified_name(error_address)
         return (
-            f"WITH moved AS (DELETE FROM {f} WHERE Token = %s RETURNING Id, Body) "
-            f"INSERT INTO {e} (Id, Expires, Headers, Body) SELECT Id, NULL, %s, Body FROM moved"
+            f"WITH moved AS (DELETE FROM {f} WHERE Token = %(token)s RETURNING Id, Body) "
+            f"INSERT INTO {e} (Id, Expires, Headers, Body) SELECT Id, NULL, %(headers)s, Body FROM moved"
         )
 
     # -- errors --------------------------------------------------------------------------------

@@ -8,9 +8,9 @@ version 2 and older, written NULL: their values travel in the headers), ``Recove
 tables of either NServiceBus layout: ``varchar`` or ``nvarchar`` headers, clustered on RowVersion
 or a heap with a nonclustered RowVersion index.
 
-Names are bracket-quoted (``]`` doubled) and never formatted in as text. Statements use ``%s``
-placeholders with a literal ``%`` written ``%%`` (the same convention as the PostgreSQL module);
-the drivers turn them into what pymssql or pyodbc expect.
+Names are bracket-quoted (``]`` doubled) and never formatted in as text. Statements use named
+``%(name)s`` placeholders with a literal ``%`` written ``%%`` (the same convention as the PostgreSQL
+module); the drivers turn them into what pymssql (inlined literals) or pyodbc (``?`` markers) expect.
 
 Only the SQL text is verified here (parsed as T-SQL in the tests); it has run against a real
 server only where ``SQLQUEUE_MSSQL_URI`` was set for the integration suite.
@@ -37,7 +37,7 @@ from ..errors import (
     TransportMisconfiguredError,
     TransportUnavailableError,
 )
-from . import Dialect, TableShape
+from . import Dialect, SendRow, TableShape
 
 log = logging.getLogger("airflow_provider_sqlqueue.transport")
 
@@ -376,7 +376,7 @@ class SqlServerDialect(Dialect):
             f"JOIN {c}sys.types AS typ ON typ.user_type_id = col.user_type_id "
             f"JOIN {c}sys.tables AS tab ON tab.object_id = col.object_id "
             f"JOIN {c}sys.schemas AS sch ON sch.schema_id = tab.schema_id "
-            "WHERE sch.name = %s AND tab.name = %s ORDER BY col.column_id"
+            "WHERE sch.name = %(schema)s AND tab.name = %(table)s ORDER BY col.column_id"
         )
 
     def has_expires_index(self, address: QueueAddress) -> str:
@@ -387,7 +387,7 @@ class SqlServerDialect(Dialect):
             f"JOIN {c}sys.columns AS col ON col.object_id = ic.object_id AND col.column_id = ic.column_id "
             f"JOIN {c}sys.tables AS tab ON tab.object_id = ic.object_id "
             f"JOIN {c}sys.schemas AS sch ON sch.schema_id = tab.schema_id "
-            "WHERE sch.name = %s AND tab.name = %s AND ic.key_ordinal = 1 AND col.name = N'Expires') "
+            "WHERE sch.name = %(schema)s AND tab.name = %(table)s AND ic.key_ordinal = 1 AND col.name = N'Expires') "
             "THEN 1 ELSE 0 END"
         )
 
@@ -399,10 +399,14 @@ class SqlServerDialect(Dialect):
 
     # -- runtime -------------------------------------------------------------------------------
 
-    def _insert_values(self, address: QueueAddress, count: int, shape: TableShape) -> str:
+    def _insert_values(self, address: QueueAddress, suffixes: Sequence[str], shape: TableShape) -> str:
+        """Insert one row per suffix; row n's parameters are ``id``, ``ttbr_ms``, ``headers``, ``body`` + suffix n."""
         # Rows are numbered and inserted ORDER BY that number: SQL Server then assigns RowVersion
         # in batch order, so a batch keeps its FIFO order.
-        values = ", ".join(f"({n}, %s, CAST(%s AS bigint), %s, %s)" for n in range(1, count + 1))
+        values = ", ".join(
+            f"({n}, %(id{x})s, CAST(%(ttbr_ms{x})s AS bigint), %(headers{x})s, %(body{x})s)"
+            for n, x in enumerate(suffixes, start=1)
+        )
         recoverable = ("Recoverable, ", "1, ") if shape.recoverable else ("", "")
         return (
             f"INSERT INTO {self.qualified_name(address)} (Id, {recoverable[0]}Expires, Headers, Body) "
@@ -411,9 +415,9 @@ class SqlServerDialect(Dialect):
         )
 
     def send(self, address: QueueAddress, shape: TableShape) -> str:
-        return self._insert_values(address, 1, shape)
+        return self._insert_values(address, [""], shape)
 
-    def batch_size(self, rows: Sequence[tuple[object, ...]]) -> int:
+    def batch_size(self, rows: Sequence[SendRow]) -> int:
         """Up to ROWS_PER_INSERT rows (the parameter limit) and BYTES_PER_INSERT bytes of values."""
         size = 0
         for count, row in enumerate(rows[:ROWS_PER_INSERT]):
@@ -423,10 +427,13 @@ class SqlServerDialect(Dialect):
         return min(len(rows), ROWS_PER_INSERT)
 
     def send_batch(self, address: QueueAddress, count: int, shape: TableShape) -> str:
-        return self._insert_values(address, count, shape)
+        return self._insert_values(address, [str(n) for n in range(1, count + 1)], shape)
 
-    def send_batch_params(self, rows: Sequence[tuple[object, ...]]) -> tuple[object, ...]:
-        return tuple(value for row in rows for value in row)
+    def send_batch_params(self, rows: Sequence[SendRow]) -> dict[str, object]:
+        params: dict[str, object] = {}
+        for n, (message_id, ttbr_ms, headers, body) in enumerate(rows, start=1):
+            params.update({f"id{n}": message_id, f"ttbr_ms{n}": ttbr_ms, f"headers{n}": headers, f"body{n}": body})
+        return params
 
     def _expired(self, alias: str) -> str:
         return f"CASE WHEN {alias}.Expires IS NOT NULL AND {alias}.Expires <= {_UTC_NOW} THEN 1 ELSE 0 END"
@@ -435,7 +442,7 @@ class SqlServerDialect(Dialect):
         # UPDLOCK + READPAST + ROWLOCK: each receiver locks the oldest rows nobody else holds and
         # skips the rest, so competing receivers never wait on or return each other's rows.
         return (
-            f"WITH message AS (SELECT TOP (%s) * FROM {self.qualified_name(address)} "
+            f"WITH message AS (SELECT TOP (%(limit)s) * FROM {self.qualified_name(address)} "
             "WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) "
             f"DELETE FROM message OUTPUT deleted.Id, {self._expired('deleted')}, deleted.Headers, deleted.Body, "
             "deleted.RowVersion"
@@ -454,7 +461,7 @@ class SqlServerDialect(Dialect):
 
     def purge_expired(self, address: QueueAddress) -> str:
         return (
-            f"WITH expired AS (SELECT TOP (%s) * FROM {self.qualified_name(address)} "
+            f"WITH expired AS (SELECT TOP (%(limit)s) * FROM {self.qualified_name(address)} "
             f"WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Expires < {_UTC_NOW}) DELETE FROM expired"
         )
 
@@ -467,27 +474,27 @@ class SqlServerDialect(Dialect):
         if shape.recoverable:
             return (
                 f"INSERT INTO {self.qualified_name(error_address)} (Id, Recoverable, Expires, Headers, Body) "
-                "VALUES (%s, 1, NULL, %s, CAST(%s AS varbinary(max)))"
+                "VALUES (%(id)s, 1, NULL, %(headers)s, CAST(%(body)s AS varbinary(max)))"
             )
         return (
             f"INSERT INTO {self.qualified_name(error_address)} (Id, Expires, Headers, Body) "
-            "VALUES (%s, NULL, %s, CAST(%s AS varbinary(max)))"
+            "VALUES (%(id)s, NULL, %(headers)s, CAST(%(body)s AS varbinary(max)))"
         )
 
     def browse(self, address: QueueAddress) -> str:
         return (
-            f"SELECT TOP (%s) Id, Headers, Body FROM {self.qualified_name(address)} WITH (READPAST, READCOMMITTEDLOCK) "
+            f"SELECT TOP (%(limit)s) Id, Headers, Body FROM {self.qualified_name(address)} WITH (READPAST, READCOMMITTEDLOCK) "
             f"WHERE Expires IS NULL OR Expires > {_UTC_NOW} ORDER BY RowVersion"
         )
 
     def peek_error_rows(self, error_address: QueueAddress) -> str:
         return (
-            f"SELECT TOP (%s) RowVersion, Id, Headers, Body FROM {self.qualified_name(error_address)} "
+            f"SELECT TOP (%(limit)s) RowVersion, Id, Headers, Body FROM {self.qualified_name(error_address)} "
             "WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion"
         )
 
     def delete_by_seq(self, address: QueueAddress) -> str:
-        return f"DELETE FROM {self.qualified_name(address)} WHERE RowVersion = %s"
+        return f"DELETE FROM {self.qualified_name(address)} WHERE RowVersion = %(seq)s"
 
     # -- claim mode ----------------------------------------------------------------------------
 
@@ -500,8 +507,8 @@ class SqlServerDialect(Dialect):
         # NULL Headers (possible in a hand-made table) are kept as the JSON text null, which no
         # reader takes for headers: the row stays poison, where '' would read as no headers.
         return (
-            "DECLARE @limit int = %s, @queue nvarchar(450) = %s, @deliveries int = %s, @lease_ms bigint = %s, "
-            f"@holder nvarchar(400) = %s, @now datetime = {_UTC_NOW}; "
+            "DECLARE @limit int = %(limit)s, @queue nvarchar(450) = %(queue)s, @deliveries int = %(deliveries)s, "
+            f"@lease_ms bigint = %(lease_ms)s, @holder nvarchar(400) = %(holder)s, @now datetime = {_UTC_NOW}; "
             "DECLARE @taken TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), "
             "Body varbinary(max), Seq bigint); "
             "DECLARE @claimed TABLE (Token uniqueidentifier, Id uniqueidentifier, Headers nvarchar(max), "
@@ -523,8 +530,8 @@ class SqlServerDialect(Dialect):
     def reclaim(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
         return (
-            "DECLARE @deliveries int = %s, @lease_ms bigint = %s, @holder nvarchar(400) = %s, "
-            "@queue nvarchar(450) = %s, @limit int = %s; "
+            "DECLARE @deliveries int = %(deliveries)s, @lease_ms bigint = %(lease_ms)s, @holder nvarchar(400) = %(holder)s, "
+            "@queue nvarchar(450) = %(queue)s, @limit int = %(limit)s; "
             f"WITH lapsed AS (SELECT TOP (@limit) * FROM {f} WITH (UPDLOCK, READPAST, ROWLOCK) "
             f"WHERE Queue = @queue AND LeaseUntil <= {_LEASE_NOW} ORDER BY Seq) "
             "UPDATE lapsed SET Token = NEWID(), Deliveries = Deliveries + @deliveries, "
@@ -546,8 +553,8 @@ class SqlServerDialect(Dialect):
     def take(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
         return (
-            "DECLARE @lease_ms bigint = %s, @holder nvarchar(400) = %s, @tokens nvarchar(max) = %s, "
-            "@queue nvarchar(450) = %s; "
+            "DECLARE @lease_ms bigint = %(lease_ms)s, @holder nvarchar(400) = %(holder)s, @tokens nvarchar(max) = %(tokens)s, "
+            "@queue nvarchar(450) = %(queue)s; "
             + self._take_into(
                 f"SELECT * FROM {f} WITH (UPDLOCK, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL "
                 f"AND Token IN ({_TOKENS})",
@@ -557,7 +564,8 @@ class SqlServerDialect(Dialect):
     def adopt(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
         return (
-            "DECLARE @lease_ms bigint = %s, @holder nvarchar(400) = %s, @queue nvarchar(450) = %s, @limit int = %s; "
+            "DECLARE @lease_ms bigint = %(lease_ms)s, @holder nvarchar(400) = %(holder)s, @queue nvarchar(450) = %(queue)s, "
+            "@limit int = %(limit)s; "
             + self._take_into(
                 f"SELECT TOP (@limit) * FROM {f} WITH (UPDLOCK, READPAST, ROWLOCK) "
                 "WHERE Queue = @queue AND Holder IS NULL ORDER BY Seq",
@@ -568,12 +576,12 @@ class SqlServerDialect(Dialect):
         f = self.qualified_name(self.inflight_address(address))
         return (
             f"SELECT ({self.peek(address)}) + "
-            f"(SELECT COUNT_BIG(*) FROM {f} WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = %s AND LeaseUntil <= {_LEASE_NOW})"
+            f"(SELECT COUNT_BIG(*) FROM {f} WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = %(queue)s AND LeaseUntil <= {_LEASE_NOW})"
         )
 
     def count_inflight(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
-        return f"SELECT COUNT_BIG(*) FROM {f} WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = %s"
+        return f"SELECT COUNT_BIG(*) FROM {f} WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = %(queue)s"
 
     def token_list(self, tokens: Sequence[uuid.UUID]) -> object:
         # A JSON array of token strings, opened server side with OPENJSON (SQL Server 2016+).
@@ -582,7 +590,7 @@ class SqlServerDialect(Dialect):
     def ack(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
         return (
-            "DECLARE @tokens nvarchar(max) = %s, @queue nvarchar(450) = %s; "
+            "DECLARE @tokens nvarchar(max) = %(tokens)s, @queue nvarchar(450) = %(queue)s; "
             f"WITH settled AS (SELECT * FROM {f} WHERE Queue = @queue AND Token IN ({_TOKENS})) "
             "DELETE FROM settled OUTPUT deleted.Token"
         )
@@ -590,8 +598,8 @@ class SqlServerDialect(Dialect):
     def nack(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
         return (
-            "DECLARE @delay_ms bigint = %s, @error nvarchar(max) = %s, @tokens nvarchar(max) = %s, "
-            "@queue nvarchar(450) = %s; "
+            "DECLARE @delay_ms bigint = %(delay_ms)s, @error nvarchar(max) = %(error)s, @tokens nvarchar(max) = %(tokens)s, "
+            "@queue nvarchar(450) = %(queue)s; "
             f"WITH given AS (SELECT * FROM {f} WHERE Queue = @queue AND Token IN ({_TOKENS})) "
             f"UPDATE given SET LeaseUntil = {_after_ms('@delay_ms', _LEASE_NOW)}, LastError = @error "
             "OUTPUT inserted.Token"
@@ -600,7 +608,7 @@ class SqlServerDialect(Dialect):
     def extend(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
         return (
-            "DECLARE @lease_ms bigint = %s, @tokens nvarchar(max) = %s, @queue nvarchar(450) = %s; "
+            "DECLARE @lease_ms bigint = %(lease_ms)s, @tokens nvarchar(max) = %(tokens)s, @queue nvarchar(450) = %(queue)s; "
             f"WITH held AS (SELECT * FROM {f} WHERE Queue = @queue AND Token IN ({_TOKENS})) "
             f"UPDATE held SET LeaseUntil = {_after_ms('@lease_ms', _LEASE_NOW)} OUTPUT inserted.Token"
         )
@@ -610,7 +618,7 @@ class SqlServerDialect(Dialect):
         e = self.qualified_name(error_address)
         recoverable = ("Recoverable, ", "1, ") if shape.recoverable else ("", "")
         return (
-            "DECLARE @token uniqueidentifier = %s, @headers nvarchar(max) = %s; "
+            "DECLARE @token uniqueidentifier = %(token)s, @headers nvarchar(max) = %(headers)s; "
             "DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); "
             f"WITH claimed AS (SELECT * FROM {f} WHERE Token = @token) "
             "DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; "

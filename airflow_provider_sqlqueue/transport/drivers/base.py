@@ -21,7 +21,7 @@ from ..operations import Fetch, Operation, Step, drive, drive_async
 T = TypeVar("T")
 
 #: What errors outside any one statement (BEGIN, COMMIT, connecting) are reported against.
-ANY_STEP = Step("", (), Fetch.NONE, "the database")
+ANY_STEP = Step("", {}, Fetch.NONE, "the database")
 
 
 def raise_translated(dialect: Dialect, exc: BaseException, step: Step) -> NoReturn:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
@@ -28,6 +29,8 @@ from .base import (
     translated,
 )
 
+#: A placeholder psycopg binds in binary format, ``%(name)b``.
+_BINARY_PLACEHOLDER = re.compile(r"%\(\w+\)b")
 #: Statements whose parameters are larger than this are not inlined to travel with BEGIN.
 _FUSE_LIMIT = 64 * 1024
 
@@ -131,10 +134,10 @@ def _fusable(step: Step) -> bool:
 
     Large values would travel as escaped text, and arrays (batched sends) go faster in binary.
     """
-    if "%b" in step.sql:
+    if _BINARY_PLACEHOLDER.search(step.sql):
         return False
     size = 0
-    for param in step.params:
+    for param in step.params.values():
         if isinstance(param, (list, tuple)):
             return False
         size += len(param) if isinstance(param, (bytes, str)) else 16

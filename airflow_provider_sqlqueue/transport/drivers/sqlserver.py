@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
+import uuid
 from abc import abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -25,20 +26,57 @@ def is_odbc_string(target: str) -> bool:
     return "://" not in target and ";" in target and re.search(r"(?i)(^|;)\s*(driver|dsn)\s*=", target) is not None
 
 
-_PLACEHOLDER = re.compile(r"%(.)", re.DOTALL)
+#: A placeholder: ``%(name)s`` (what the dialects write), ``%s`` (positional, for plain SQL), or ``%%``.
+_PLACEHOLDER = re.compile(r"%(?:\((\w+)\))?(.)", re.DOTALL)
+
+#: Statement parameters: named (the dialects' statements) or positional (plain SQL in ``%s`` style).
+Params = Mapping[str, Any] | Sequence[Any]
 
 
-def placeholders(sql: str, marker: Callable[[], str]) -> str:
-    """Rewrite the dialect's ``%s`` placeholders with ``marker()`` and its ``%%`` as ``%``."""
+def placeholders(sql: str, marker: Callable[[str | None], str]) -> str:
+    """Rewrite placeholders with ``marker(name)`` (``None`` for a positional ``%s``) and ``%%`` as ``%``."""
 
     def replace(match: re.Match[str]) -> str:
-        if match.group(1) == "s":
-            return marker()
-        if match.group(1) == "%":
+        name, kind = match.group(1), match.group(2)
+        if kind == "s":
+            return marker(name)
+        if kind == "%" and name is None:
             return "%"
         raise ValueError(f"stray % in statement: {sql[:80]!r}")
 
     return _PLACEHOLDER.sub(replace, sql)
+
+
+def _bind(sql: str, params: Params, render: Callable[[Any], str]) -> str:
+    """``sql`` with each placeholder replaced by ``render(value)``; every value used, none missing."""
+    if isinstance(params, Mapping):
+        unused = set(params)
+
+        def named(name: str | None) -> str:
+            if name is None or name not in params:
+                raise ValueError(f"no value for placeholder {name or '%s'!r} in {sql[:80]!r}")
+            unused.discard(name)
+            return render(params[name])
+
+        text = placeholders(sql, named)
+        if unused:
+            raise ValueError(f"parameters {sorted(unused)} have no placeholder in {sql[:80]!r}")
+        return text
+    values = iter(params)
+
+    def positional(name: str | None) -> str:
+        value = next(values, _NO_MORE)
+        if name is not None or value is _NO_MORE:
+            raise ValueError(f"fewer parameters than placeholders in {sql[:80]!r}")
+        return render(value)
+
+    text = placeholders(sql, positional)
+    if next(values, _NO_MORE) is not _NO_MORE:
+        raise ValueError(f"more parameters than placeholders in {sql[:80]!r}")
+    return text
+
+
+_NO_MORE = object()
 
 
 def _fetch_results(cursor: Any, step: Step) -> Any:
@@ -81,41 +119,33 @@ def pymssql_literal(value: Any) -> str:
     return str(quote_simple_value(value).decode("utf-8"))
 
 
-def pymssql_text(sql: str, params: tuple[Any, ...]) -> str:
+def pymssql_text(sql: str, params: Params) -> str:
     """Dialect text with every value inlined (:func:`pymssql_literal`): exactly what goes to the server."""
-    values = iter(params)
-
-    def quoted() -> str:
-        value = next(values, _NO_MORE)
-        if value is _NO_MORE:
-            raise ValueError(f"fewer parameters than placeholders in {sql[:80]!r}")
-        return pymssql_literal(value)
-
-    text = placeholders(sql, quoted)
-    if next(values, _NO_MORE) is not _NO_MORE:
-        raise ValueError(f"more parameters than placeholders in {sql[:80]!r}")
-    return text
+    return _bind(sql, params, pymssql_literal)
 
 
-_NO_MORE = object()
-
-
-def execute_pymssql(cursor: Any, sql: str, params: tuple[Any, ...]) -> None:
+def execute_pymssql(cursor: Any, sql: str, params: Params) -> None:
     """Run dialect text on a pymssql cursor (values inlined by :func:`pymssql_text`)."""
     cursor.execute(pymssql_text(sql, params))
 
 
-def pyodbc_statement(sql: str, params: tuple[Any, ...]) -> tuple[str, tuple[Any, ...]]:
+def pyodbc_statement(sql: str, params: Params) -> tuple[str, tuple[Any, ...]]:
     """Dialect text as pyodbc sends it: ``?`` markers, and the values the ODBC driver binds to them.
 
-    uniqueidentifier values travel as text (every ODBC driver converts that); bytes bind as
-    varbinary and str as nvarchar.
+    A name used twice binds its value twice. uniqueidentifier values travel as text (every ODBC
+    driver converts that); bytes bind as varbinary and str as nvarchar.
     """
-    values = tuple(str(value) if type(value).__name__ == "UUID" else value for value in params)
-    return placeholders(sql, lambda: "?"), values
+    values: list[Any] = []
+
+    def marker(value: Any) -> str:
+        values.append(str(value) if isinstance(value, uuid.UUID) else value)
+        return "?"
+
+    text = _bind(sql, params, marker)
+    return text, tuple(values)
 
 
-def execute_pyodbc(cursor: Any, sql: str, params: tuple[Any, ...]) -> None:
+def execute_pyodbc(cursor: Any, sql: str, params: Params) -> None:
     """Run dialect text on a pyodbc cursor with ``?`` parameters bound by the ODBC driver."""
     cursor.execute(*pyodbc_statement(sql, params))
 
@@ -137,7 +167,7 @@ class _SqlServerSession(Session):
         self._depth = 0
         if not owned:
             self._check_borrowed()
-        self.execute(Step(tsql.SESSION_SETUP, (), Fetch.NONE, "the database"))
+        self.execute(Step(tsql.SESSION_SETUP, {}, Fetch.NONE, "the database"))
 
     @abstractmethod
     def _driver_autocommits(self) -> bool:
@@ -157,7 +187,7 @@ class _SqlServerSession(Session):
                 f"or switch it ({self._autocommit_hint}) before handing it to the transport, which opens and ends "
                 "its own transactions"
             )
-        row = self.execute(Step(tsql.OPEN_TRANSACTIONS, (), Fetch.ONE, "the database"))
+        row = self.execute(Step(tsql.OPEN_TRANSACTIONS, {}, Fetch.ONE, "the database"))
         if row and row[0]:
             raise TransportMisconfiguredError(
                 f"the {self.driver} connection given has {row[0]} transaction(s) open: commit or roll back first; "
@@ -165,7 +195,7 @@ class _SqlServerSession(Session):
             )
 
     @abstractmethod
-    def _execute(self, cursor: Any, sql: str, params: tuple[Any, ...]) -> None:
+    def _execute(self, cursor: Any, sql: str, params: Params) -> None:
         """Execute one dialect statement with the driver's parameter style."""
 
     def autocommits(self) -> bool:
@@ -183,19 +213,19 @@ class _SqlServerSession(Session):
             finally:
                 self._depth -= 1
             return
-        self.execute(Step(self.dialect.begin_sql, (), Fetch.NONE, "the database"))
+        self.execute(Step(self.dialect.begin_sql, {}, Fetch.NONE, "the database"))
         self._depth = 1
         try:
             yield
         except BaseException:
             self._depth = 0
             try:
-                self.execute(Step(self.dialect.rollback_sql, (), Fetch.NONE, "the database"))
+                self.execute(Step(self.dialect.rollback_sql, {}, Fetch.NONE, "the database"))
             except Exception:  # the connection may be gone; the server rolls back then
                 pass
             raise
         self._depth = 0
-        self.execute(Step(self.dialect.commit_sql, (), Fetch.NONE, "the database"))
+        self.execute(Step(self.dialect.commit_sql, {}, Fetch.NONE, "the database"))
 
     def execute(self, step: Step) -> Any:
         try:
@@ -249,7 +279,7 @@ class PymssqlSession(_SqlServerSession):
             raise_translated(get_dialect("sqlserver"), exc, ANY_STEP)
         return cls(connection, owned=True)
 
-    def _execute(self, cursor: Any, sql: str, params: tuple[Any, ...]) -> None:
+    def _execute(self, cursor: Any, sql: str, params: Params) -> None:
         execute_pymssql(cursor, sql, params)
 
 
@@ -274,7 +304,7 @@ class PyodbcSession(_SqlServerSession):
             raise_translated(get_dialect("sqlserver"), exc, ANY_STEP)
         return cls(connection, owned=True)
 
-    def _execute(self, cursor: Any, sql: str, params: tuple[Any, ...]) -> None:
+    def _execute(self, cursor: Any, sql: str, params: Params) -> None:
         execute_pyodbc(cursor, sql, params)
 
 
