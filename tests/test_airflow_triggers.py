@@ -35,9 +35,7 @@ async def first_event(trigger, timeout: float = 20.0):
 
 def test_serialize_round_trip(schema):
     for cls in (SqlQueueTrigger, SqlQueueEventTrigger):
-        trigger = make_trigger(
-            schema, cls, max_messages=7, transaction_mode="none", lease_seconds=12.5, wake_on_notify=True
-        )
+        trigger = make_trigger(schema, cls, max_messages=7, transaction_mode="none", lease=12.5, wake_on_notify=True)
         classpath, kwargs = trigger.serialize()
         json.dumps(kwargs)  # what the triggerer stores must be plain JSON
         rebuilt = import_string(classpath)(**kwargs)
@@ -79,12 +77,12 @@ async def test_restart_neither_loses_nor_duplicates(conn_id, client, queue, sche
     lost reservation spent none of the message's deliveries.
     """
     client.send(queue, [Message(f"m{n}") for n in range(4)])
-    first = make_trigger(schema, max_messages=2, lease_seconds=1.5)
+    first = make_trigger(schema, max_messages=2, lease=1.5)
     lost = await first_event(first)  # the triggerer "dies" here: nobody stores this event
     lost_ids = {m["id"] for m in lost.payload["messages"]}
 
     classpath, kwargs = first.serialize()
-    restarted = import_string(classpath)(**{**kwargs, "max_messages": 10, "lease_seconds": 60})
+    restarted = import_string(classpath)(**{**kwargs, "max_messages": 10, "lease": 60})
     second = await first_event(restarted)
     second_ids = {m["id"] for m in second.payload["messages"]}
     assert len(lost_ids) == 2 and len(second_ids) == 2 and not lost_ids & second_ids

@@ -81,7 +81,7 @@ async def test_thread_offloaded_sessions_drive_the_pump(pg_uri, client, queue, s
             pool,
             queue,
             handler,
-            mode=mode,
+            transaction_mode=mode,
             error_queue=QueueAddress("error", schema),
             max_concurrency=3,
             peek_interval=0.05,
@@ -116,7 +116,13 @@ async def test_pump_drains_with_at_most_max_concurrency_in_flight(pool, client, 
         in_flight -= 1
 
     pump = MessagePump(
-        pool, queue, handler, mode=mode, error_queue=QueueAddress("error", schema), max_concurrency=3, peek_interval=0.1
+        pool,
+        queue,
+        handler,
+        transaction_mode=mode,
+        error_queue=QueueAddress("error", schema),
+        max_concurrency=3,
+        peek_interval=0.1,
     )
     await run_until(pump, lambda: len(seen) == 150)
     assert sorted(seen, key=int) == [str(i) for i in range(150)]
@@ -134,7 +140,9 @@ async def test_pump_only_peeks_while_idle_and_picks_up_messages_sent_later(backe
     async def handler(message, connection):
         got.append(message.text)
 
-    pump = MessagePump(pool, queue, handler, mode="claim", error_queue=QueueAddress("error", schema), peek_interval=0.1)
+    pump = MessagePump(
+        pool, queue, handler, transaction_mode="claim", error_queue=QueueAddress("error", schema), peek_interval=0.1
+    )
     task = asyncio.create_task(pump.run())
     await asyncio.sleep(0.6)
     idle = dict(pool.statements)
@@ -166,7 +174,7 @@ async def test_native_pump_moves_repeatedly_failing_message_to_error_queue(pool,
         pool,
         queue,
         handler,
-        mode="native",
+        transaction_mode="native",
         error_queue=QueueAddress("error", schema),
         max_deliveries=3,
         peek_interval=0.05,
@@ -194,7 +202,7 @@ async def test_claim_pump_redelivers_failures_then_dead_letters(pool, client, qu
         pool,
         queue,
         handler,
-        mode="claim",
+        transaction_mode="claim",
         error_queue=QueueAddress("error", schema),
         max_deliveries=2,
         peek_interval=0.05,
@@ -212,7 +220,9 @@ async def test_none_pump_copies_failed_message_to_error_queue(pool, client, queu
     async def handler(message, connection):
         raise KeyError("missing")
 
-    pump = MessagePump(pool, queue, handler, mode="none", error_queue=QueueAddress("error", schema), peek_interval=0.05)
+    pump = MessagePump(
+        pool, queue, handler, transaction_mode="none", error_queue=QueueAddress("error", schema), peek_interval=0.05
+    )
     error_count = lambda: raw.execute(f'SELECT count(*) FROM "{schema}"."error"').fetchone()[0]  # noqa: E731
     await run_until(pump, lambda: error_count() == 1)
     assert pump.failed == 1 and client.depth(queue) == 0
@@ -233,7 +243,7 @@ async def test_competing_pumps_deliver_exactly_once(backend, client, queue, sche
             p,
             queue,
             handler,
-            mode="claim",
+            transaction_mode="claim",
             error_queue=QueueAddress("error", schema),
             max_concurrency=2,
             peek_interval=0.05,

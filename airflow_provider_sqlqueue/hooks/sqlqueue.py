@@ -249,7 +249,7 @@ class SqlQueueHook(BaseHook):
         """Used by the UI's Test button: can the database be reached with these settings?"""
         try:
             with self.client() as client:
-                return True, f"Connected ({client.session.dialect.name})"
+                return True, f"Connected ({client.database})"
         except (SqlQueueError, ValueError) as exc:
             return False, str(exc)
 
@@ -268,7 +268,7 @@ class SqlQueueHook(BaseHook):
             created = client.create_queue(
                 queue_name, error_queue=error_queue, secondary=secondary, body_string=body_string
             )
-            return [client.session.dialect.format_address(address) for address in created]
+            return [client.canonical_address(address) for address in created]
 
     def drop_queue(self, queue_name: str) -> None:
         with self.client() as client:
@@ -294,7 +294,7 @@ class SqlQueueHook(BaseHook):
         queue_name: str,
         max_messages: int = 1,
         *,
-        mode: TransactionMode | str = TransactionMode.CLAIM,
+        transaction_mode: TransactionMode | str = TransactionMode.CLAIM,
         lease: timedelta | float = defaults.LEASE,
         max_deliveries: int = defaults.MAX_DELIVERIES,
         error_queue: str | None = None,
@@ -306,7 +306,14 @@ class SqlQueueHook(BaseHook):
         """
         with self.client() as client:
             return _receive(
-                client, queue_name, max_messages, TransactionMode(mode), lease, max_deliveries, error_queue, holder
+                client,
+                queue_name,
+                max_messages,
+                TransactionMode(transaction_mode),
+                lease,
+                max_deliveries,
+                error_queue,
+                holder,
             )
 
     def receive_dicts(
@@ -314,7 +321,7 @@ class SqlQueueHook(BaseHook):
         queue_name: str,
         max_messages: int = 1,
         *,
-        mode: TransactionMode | str = TransactionMode.CLAIM,
+        transaction_mode: TransactionMode | str = TransactionMode.CLAIM,
         lease: timedelta | float = defaults.LEASE,
         max_deliveries: int = defaults.MAX_DELIVERIES,
         error_queue: str | None = None,
@@ -323,7 +330,14 @@ class SqlQueueHook(BaseHook):
         """:meth:`receive`, returning the JSON-safe dicts that XCom and trigger events carry."""
         with self.client() as client:
             received = _receive(
-                client, queue_name, max_messages, TransactionMode(mode), lease, max_deliveries, error_queue, holder
+                client,
+                queue_name,
+                max_messages,
+                TransactionMode(transaction_mode),
+                lease,
+                max_deliveries,
+                error_queue,
+                holder,
             )
             return _as_dicts(client, queue_name, received)
 
@@ -433,22 +447,22 @@ def _receive(
     client: QueueClient,
     queue_name: str,
     max_messages: int,
-    mode: TransactionMode,
+    transaction_mode: TransactionMode,
     lease: timedelta | float,
     max_deliveries: int,
     error_queue: str | None,
     holder: str | None,
 ) -> list[ReceivedMessage]:
-    if mode is TransactionMode.CLAIM:
+    if transaction_mode is TransactionMode.CLAIM:
         return client.claim(
             queue_name, max_messages, lease=lease, max_deliveries=max_deliveries, error_queue=error_queue, holder=holder
         )
-    if mode is TransactionMode.NONE:
+    if transaction_mode is TransactionMode.NONE:
         return client.receive(queue_name, max_messages, error_queue=error_queue)
     raise ValueError("native mode keeps a transaction open around the handler: use receive_native()")
 
 
 def _as_dicts(client: QueueClient, queue_name: str, messages: list[ReceivedMessage]) -> list[dict[str, Any]]:
     """Messages as XCom dicts, each naming its queue by the canonical address (what settling needs)."""
-    address = client.session.dialect.format_address(client.address(queue_name))
+    address = client.canonical_address(queue_name)
     return [message.to_dict(address) for message in messages]

@@ -77,7 +77,7 @@ class SqlQueueSensor(BaseSensorOperator):
         self.sqlqueue_conn_id = sqlqueue_conn_id
         self.max_messages = max_messages
         self.transaction_mode = receiving_mode(transaction_mode).value
-        self.lease_seconds = lease_seconds(lease)
+        self.lease = lease_seconds(lease)
         self.max_deliveries = max_deliveries
         self.peek_interval = peek_interval
         self.error_queue = error_queue
@@ -92,8 +92,8 @@ class SqlQueueSensor(BaseSensorOperator):
         messages = self.hook.receive_dicts(
             self.queue_name,
             self.max_messages,
-            mode=self.transaction_mode,
-            lease=self.lease_seconds,
+            transaction_mode=self.transaction_mode,
+            lease=self.lease,
             max_deliveries=self.max_deliveries,
             holder=claim_holder(context),
         )
@@ -123,7 +123,7 @@ class SqlQueueSensor(BaseSensorOperator):
                 max_messages=self.max_messages,
                 transaction_mode=self.transaction_mode,
                 peek_interval=self.peek_interval,
-                lease_seconds=self.lease_seconds,
+                lease=self.lease,
                 max_deliveries=self.max_deliveries,
                 error_queue=self.error_queue,
                 wake_on_notify=self.wake_on_notify,
@@ -144,7 +144,7 @@ class SqlQueueSensor(BaseSensorOperator):
         if self.transaction_mode == TransactionMode.CLAIM.value and messages:
             queue = messages[0]["queue"]
             messages = self.hook.take_dicts(
-                queue, [m["claim_token"] for m in messages], lease=self.lease_seconds, holder=claim_holder(context)
+                queue, [m["claim_token"] for m in messages], lease=self.lease, holder=claim_holder(context)
             )
             self.log.info("Queue %s: took %d of %d reserved message(s)", queue, len(messages), len(event["messages"]))
             if not messages:

@@ -97,6 +97,15 @@ class _Addressing(Generic[S]):
             raise TypeError(f"queue must be a name or QueueAddress, got {type(queue).__name__}")
         return dialect.parse_address(queue)
 
+    def canonical_address(self, queue: str | QueueAddress) -> str:
+        """The queue's address as NServiceBus writes it (``orders@[dbo]``, ``orders@"public"``): for logs and payloads."""
+        return self.session.dialect.format_address(self.address(queue))
+
+    @property
+    def database(self) -> str:
+        """The kind of database the client talks to (``postgres`` or ``sqlserver``)."""
+        return self.session.dialect.name
+
     def error_address(self, error_queue: str | QueueAddress | None, queue: QueueAddress | None = None) -> QueueAddress:
         """The error queue of ``queue``: ``error_queue``, else the client's, else ``error``.
 
@@ -215,10 +224,10 @@ class QueueClient(_Addressing[Session]):
         self.error_queue = error_queue
         self._lock = threading.RLock()
 
-    def _run(self, op: ops.Operation[T], *, single_statement: bool = False) -> T:
+    def _run(self, op: ops.Operation[T]) -> T:
         """Run an operation, one caller at a time: threads sharing the client take turns on its connection."""
         with self._lock:
-            return self.session.run(op, single_statement=single_statement)
+            return self.session.run(op)
 
     @classmethod
     def connect(cls, target: Any, error_queue: str | QueueAddress | None = None) -> QueueClient:
@@ -274,7 +283,7 @@ class QueueClient(_Addressing[Session]):
             self._run(make())
 
     def drop_queue(self, queue: str | QueueAddress) -> None:
-        self._run(ops.drop_queue(self.session.dialect, self.address(queue)), single_statement=True)
+        self._run(ops.drop_queue(self.session.dialect, self.address(queue)))
 
     def check_queue(self, queue: str | QueueAddress) -> None:
         """Raise QueueNotFoundError if the table is missing; log a warning if Index_Expires is."""
@@ -292,7 +301,7 @@ class QueueClient(_Addressing[Session]):
         if not batch:
             return 0
         op = ops.send(self.session.dialect, self.address(queue), batch, notify)
-        return self._run(op, single_statement=len(batch) == 1 and not notify)
+        return self._run(op)
 
     # -- receiving ---------------------------------------------------------------------------
 
@@ -378,7 +387,7 @@ class QueueClient(_Addressing[Session]):
         For one token: False means the lease ran out and someone else took the message. For many:
         the tokens that were still held.
         """
-        held = self._run(ops.ack(self.session.dialect, self.address(queue), as_tokens(tokens)), single_statement=True)
+        held = self._run(ops.ack(self.session.dialect, self.address(queue), as_tokens(tokens)))
         return one_or_many(tokens, held)
 
     @overload
@@ -408,7 +417,7 @@ class QueueClient(_Addressing[Session]):
         delay: timedelta | float = 0,
     ) -> bool | set[uuid.UUID]:
         """Give claims back: delivered again after ``delay``; ``error`` is what the error queue will say if they end there."""
-        held = self._run(self._nack_op(queue, tokens, error, delay), single_statement=True)
+        held = self._run(self._nack_op(queue, tokens, error, delay))
         return one_or_many(tokens, held)
 
     @overload
@@ -422,7 +431,7 @@ class QueueClient(_Addressing[Session]):
     ) -> bool | set[uuid.UUID]:
         """Renew claims for another ``lease``. False (or a missing token) means someone else has the message."""
         op = ops.extend(self.session.dialect, self.address(queue), as_tokens(tokens), lease_ms(lease))
-        return one_or_many(tokens, self._run(op, single_statement=True))
+        return one_or_many(tokens, self._run(op))
 
     def forward(
         self,
@@ -486,20 +495,20 @@ class QueueClient(_Addressing[Session]):
 
     def peek(self, queue: str | QueueAddress, *, include_claims: bool = False) -> int:
         """Cheap estimate of waiting messages (plus claims whose lease ran out, when asked)."""
-        return self._run(ops.peek(self.session.dialect, self.address(queue), include_claims), single_statement=True)
+        return self._run(ops.peek(self.session.dialect, self.address(queue), include_claims))
 
     def depth(self, queue: str | QueueAddress) -> int:
         """Exact count of waiting messages (scans the table)."""
-        return self._run(ops.depth(self.session.dialect, self.address(queue)), single_statement=True)
+        return self._run(ops.depth(self.session.dialect, self.address(queue)))
 
     def browse(self, queue: str | QueueAddress, limit: int = 1000) -> list[ReceivedMessage]:
         """Waiting, unexpired messages in send order, without removing or locking them."""
         check_positive("limit", limit)
-        return self._run(ops.browse(self.session.dialect, self.address(queue), limit), single_statement=True)
+        return self._run(ops.browse(self.session.dialect, self.address(queue), limit))
 
     def inflight(self, queue: str | QueueAddress) -> int:
         """Claimed, unacknowledged messages of the queue."""
-        return self._run(ops.inflight(self.session.dialect, self.address(queue)), single_statement=True)
+        return self._run(ops.inflight(self.session.dialect, self.address(queue)))
 
     def purge_expired(self, queue: str | QueueAddress, batch_size: int = defaults.PURGE_BATCH) -> int:
         """Delete expired messages in batches of ``batch_size``, each in its own short transaction."""
@@ -507,14 +516,14 @@ class QueueClient(_Addressing[Session]):
         address = self.address(queue)
         total = 0
         while True:
-            count = self._run(ops.purge_expired_batch(self.session.dialect, address, batch_size), single_statement=True)
+            count = self._run(ops.purge_expired_batch(self.session.dialect, address, batch_size))
             total += count
             if count < batch_size:
                 return total
 
     def purge(self, queue: str | QueueAddress) -> int:
         """Delete every message in the queue; returns how many."""
-        return self._run(ops.purge_all(self.session.dialect, self.address(queue)), single_statement=True)
+        return self._run(ops.purge_all(self.session.dialect, self.address(queue)))
 
 
 class AsyncQueueClient(_Addressing[AsyncSession]):
@@ -548,7 +557,7 @@ class AsyncQueueClient(_Addressing[AsyncSession]):
         if not batch:
             return 0
         op = ops.send(self.session.dialect, self.address(queue), batch, notify)
-        return await self.session.run(op, single_statement=len(batch) == 1 and not notify)
+        return await self.session.run(op)
 
     async def wait_for_notifications(self, queues: Iterable[str | QueueAddress], timeout: float) -> bool:
         """Listen for the queues' send notifications and wait up to ``timeout`` seconds for one.
@@ -601,9 +610,7 @@ class AsyncQueueClient(_Addressing[AsyncSession]):
 
     async def ack(self, queue: str | QueueAddress, tokens: Token | Iterable[Token]) -> set[uuid.UUID]:
         """Acknowledge claims; returns the tokens that were still held."""
-        return await self.session.run(
-            ops.ack(self.session.dialect, self.address(queue), as_tokens(tokens)), single_statement=True
-        )
+        return await self.session.run(ops.ack(self.session.dialect, self.address(queue), as_tokens(tokens)))
 
     async def nack(
         self,
@@ -614,14 +621,14 @@ class AsyncQueueClient(_Addressing[AsyncSession]):
         delay: timedelta | float = 0,
     ) -> set[uuid.UUID]:
         """Give claims back; returns the tokens that were still held."""
-        return await self.session.run(self._nack_op(queue, tokens, error, delay), single_statement=True)
+        return await self.session.run(self._nack_op(queue, tokens, error, delay))
 
     async def extend(
         self, queue: str | QueueAddress, tokens: Token | Iterable[Token], lease: timedelta | float = defaults.LEASE
     ) -> set[uuid.UUID]:
         """Renew claims; returns the tokens still held."""
         op = ops.extend(self.session.dialect, self.address(queue), as_tokens(tokens), lease_ms(lease))
-        return await self.session.run(op, single_statement=True)
+        return await self.session.run(op)
 
     async def move_to_error(
         self,
@@ -634,9 +641,7 @@ class AsyncQueueClient(_Addressing[AsyncSession]):
         await self.session.run(self._move_to_error_op(queue, message, error, error_queue))
 
     async def peek(self, queue: str | QueueAddress, *, include_claims: bool = False) -> int:
-        return await self.session.run(
-            ops.peek(self.session.dialect, self.address(queue), include_claims), single_statement=True
-        )
+        return await self.session.run(ops.peek(self.session.dialect, self.address(queue), include_claims))
 
     async def depth(self, queue: str | QueueAddress) -> int:
-        return await self.session.run(ops.depth(self.session.dialect, self.address(queue)), single_statement=True)
+        return await self.session.run(ops.depth(self.session.dialect, self.address(queue)))

@@ -10,13 +10,14 @@ client and the asyncio pump.
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from enum import Enum
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from .addressing import QueueAddress
 from .dialects import Dialect, SendRow, TableShape
@@ -59,6 +60,42 @@ class Step:
 
 
 Operation = Generator[Step, Any, T]
+P = ParamSpec("P")
+
+
+class _OneStatement(Generator[Step, Any, T]):
+    """An operation that runs exactly one statement (see :func:`one_statement`)."""
+
+    single_statement = True
+
+    def __init__(self, op: Operation[T]) -> None:
+        self._op = op
+
+    def send(self, value: Any) -> Step:
+        return self._op.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Step:
+        return self._op.throw(typ, val, tb)
+
+
+def one_statement(make: Callable[P, Operation[T]]) -> Callable[P, Operation[T]]:
+    """Declare that an operation is a single statement.
+
+    A statement is atomic by itself: on an autocommit connection the drivers then send it without
+    BEGIN and COMMIT, which saves two round trips. Operations of several statements always run in
+    a transaction.
+    """
+
+    @functools.wraps(make)
+    def declared(*args: P.args, **kwargs: P.kwargs) -> Operation[T]:
+        return _OneStatement(make(*args, **kwargs))
+
+    return declared
+
+
+def is_single_statement(op: Operation[Any]) -> bool:
+    """Whether ``op`` was declared with :func:`one_statement`."""
+    return getattr(op, "single_statement", False) is True
 
 
 def drive(op: Operation[T], execute: Callable[[Step], Any]) -> T:
@@ -164,6 +201,7 @@ def check_queue(d: Dialect, address: QueueAddress) -> Operation[None]:
         )
 
 
+@one_statement
 def drop_queue(d: Dialect, address: QueueAddress) -> Operation[None]:
     yield Step(d.drop_queue(address), {}, Fetch.NONE, d.qualified_name(address))
 
@@ -175,8 +213,14 @@ def send(d: Dialect, address: QueueAddress, messages: Sequence[Message], notify:
     """Insert messages in as few statements as the dialect allows; returns how many were sent.
 
     With ``notify`` (where the database has notifications) listeners of the queue are woken when
-    the transaction commits, once per send however many messages it holds.
+    the transaction commits, once per send however many messages it holds. One message without
+    a notification is one statement (its table's layout, read once per session, is only read).
     """
+    op = _send(d, address, messages, notify)
+    return _OneStatement(op) if len(messages) == 1 and not notify else op
+
+
+def _send(d: Dialect, address: QueueAddress, messages: Sequence[Message], notify: bool) -> Operation[int]:
     target = d.qualified_name(address)
     shape = yield from table_shape(d, address)
     sent_at = wire_timestamp(datetime.now(timezone.utc))
@@ -429,6 +473,7 @@ def take(
     return (yield from _hand_out(d, address, error_address, rows, 1, None))
 
 
+@one_statement
 def ack(d: Dialect, address: QueueAddress, tokens: Sequence[uuid.UUID]) -> Operation[set[uuid.UUID]]:
     """Finish claims; returns the tokens that were still held (a missing one may be with someone else)."""
     params = {"tokens": d.token_list(tokens), "queue": d.claim_key(address)}
@@ -436,6 +481,7 @@ def ack(d: Dialect, address: QueueAddress, tokens: Sequence[uuid.UUID]) -> Opera
     return {as_uuid(row[0]) for row in rows}
 
 
+@one_statement
 def nack(
     d: Dialect, address: QueueAddress, tokens: Sequence[uuid.UUID], failure: Failure | None, delay_ms: int
 ) -> Operation[set[uuid.UUID]]:
@@ -450,6 +496,7 @@ def nack(
     return {as_uuid(row[0]) for row in rows}
 
 
+@one_statement
 def extend(d: Dialect, address: QueueAddress, tokens: Sequence[uuid.UUID], lease_ms: int) -> Operation[set[uuid.UUID]]:
     """Renew leases; returns the tokens still held."""
     params = {"lease_ms": lease_ms, "tokens": d.token_list(tokens), "queue": d.claim_key(address)}
@@ -504,25 +551,28 @@ def fail_claim(
 # -- inspection and maintenance ------------------------------------------------------------------
 
 
-def peek(d: Dialect, address: QueueAddress, include_reclaimable: bool = False) -> Operation[int]:
+@one_statement
+def peek(d: Dialect, address: QueueAddress, include_claims: bool = False) -> Operation[int]:
     """Estimate pending messages cheaply (sequence range of unlocked rows); plus claims ready again.
 
     One query either way: a poller peeks many queues every interval.
     """
     target = d.qualified_name(address)
-    if include_reclaimable:
+    if include_claims:
         row = yield Step(d.peek_with_claims(address), {"queue": d.claim_key(address)}, Fetch.ONE, target)
     else:
         row = yield Step(d.peek(address), {}, Fetch.ONE, target)
     return int(row[0] or 0)
 
 
+@one_statement
 def depth(d: Dialect, address: QueueAddress) -> Operation[int]:
     """Exact number of messages waiting (a full count: use for reports, not in a polling loop)."""
     row = yield Step(d.depth(address), {}, Fetch.ONE, d.qualified_name(address))
     return int(row[0])
 
 
+@one_statement
 def browse(d: Dialect, address: QueueAddress, limit: int) -> Operation[list[ReceivedMessage]]:
     """Waiting, unexpired messages in send order, left in the queue (no locks: receivers are not blocked).
 
@@ -538,18 +588,21 @@ def browse(d: Dialect, address: QueueAddress, limit: int) -> Operation[list[Rece
     return messages
 
 
+@one_statement
 def inflight(d: Dialect, address: QueueAddress) -> Operation[int]:
     """Number of claimed, unacknowledged messages of the queue."""
     row = yield Step(d.count_inflight(address), {"queue": d.claim_key(address)}, Fetch.ONE, d.qualified_name(address))
     return int(row[0])
 
 
+@one_statement
 def purge_expired_batch(d: Dialect, address: QueueAddress, batch_size: int) -> Operation[int]:
     """Delete one bounded batch of expired messages; the caller loops while batches come back full."""
     count = yield Step(d.purge_expired(address), {"limit": batch_size}, Fetch.ROWCOUNT, d.qualified_name(address))
     return int(count)
 
 
+@one_statement
 def purge_all(d: Dialect, address: QueueAddress) -> Operation[int]:
     count = yield Step(d.purge_all(address), {}, Fetch.ROWCOUNT, d.qualified_name(address))
     return int(count)

@@ -111,7 +111,7 @@ class MessagePump:
         queue: QueueAddress,
         handler: Handler,
         *,
-        mode: TransactionMode | str = TransactionMode.CLAIM,
+        transaction_mode: TransactionMode | str = TransactionMode.CLAIM,
         error_queue: QueueAddress | None = None,
         max_concurrency: int = 1,
         peek_interval: float = defaults.PEEK_INTERVAL,
@@ -133,7 +133,7 @@ class MessagePump:
         self.queue = queue
         self.error_queue = error_queue or queue.sibling(defaults.ERROR_QUEUE)
         self.handler = handler
-        self.mode = TransactionMode(mode)
+        self.transaction_mode = TransactionMode(transaction_mode)
         self.max_concurrency = max_concurrency
         self.peek_interval = peek_interval
         self.peek_batch_size = peek_batch_size
@@ -159,9 +159,9 @@ class MessagePump:
     async def run(self) -> None:
         """Peek and receive until stopped. Returns once in-flight handlers are done."""
         log.info(
-            "Queue %s: pump started (mode=%s, max_concurrency=%d, peek_interval=%.3gs, peek_batch_size=%d)",
+            "Queue %s: pump started (transaction_mode=%s, max_concurrency=%d, peek_interval=%.3gs, peek_batch_size=%d)",
             self.name,
-            self.mode.value,
+            self.transaction_mode.value,
             self.max_concurrency,
             self.peek_interval,
             self.peek_batch_size,
@@ -170,8 +170,9 @@ class MessagePump:
             try:
                 async with self.pool.session() as session:
                     pending = await session.run(
-                        ops.peek(self.dialect, self.queue, include_reclaimable=self.mode is TransactionMode.CLAIM),
-                        single_statement=True,
+                        ops.peek(
+                            self.dialect, self.queue, include_claims=self.transaction_mode is TransactionMode.CLAIM
+                        )
                     )
             except TransportMisconfiguredError as exc:  # retrying cannot fix the connection's settings
                 log.error("Queue %s: pump stopped: %s", self.name, exc)
@@ -236,9 +237,9 @@ class MessagePump:
         return received
 
     async def _receive_one(self) -> bool:
-        if self.mode is TransactionMode.NONE:
+        if self.transaction_mode is TransactionMode.NONE:
             return await self._receive_none()
-        if self.mode is TransactionMode.NATIVE:
+        if self.transaction_mode is TransactionMode.NATIVE:
             return await self._receive_native()
         return await self._receive_claim()
 
@@ -338,12 +339,10 @@ class MessagePump:
             renewing.cancel()
         async with self.pool.session() as session:
             if error is None:
-                settled = await session.run(ops.ack(self.dialect, self.queue, tokens), single_statement=True)
+                settled = await session.run(ops.ack(self.dialect, self.queue, tokens))
             else:
                 failure = Failure.of(error, self.name)
-                settled = await session.run(
-                    ops.nack(self.dialect, self.queue, tokens, failure, 0), single_statement=True
-                )
+                settled = await session.run(ops.nack(self.dialect, self.queue, tokens, failure, 0))
         if not settled:
             log.warning(
                 "Queue %s: lease on message %s ran out before it was settled; it may be handled again",
@@ -358,9 +357,7 @@ class MessagePump:
             await asyncio.sleep(self.lease.total_seconds() / 3)
             try:
                 async with self.pool.session() as session:
-                    await session.run(
-                        ops.extend(self.dialect, self.queue, tokens, self.lease_ms), single_statement=True
-                    )
+                    await session.run(ops.extend(self.dialect, self.queue, tokens, self.lease_ms))
             except Exception as exc:  # the next renewal may succeed; the handler goes on either way
                 log.warning("Queue %s: could not renew a claim: %s", self.name, exc)
 

@@ -8,7 +8,7 @@ on a sender's NOTIFY), so a thousand deferred sensors cost the database one conn
 peek per queue per interval.
 
 In ``claim`` mode (the default) a trigger *reserves* what it receives: the messages move to the
-in-flight store under a short hand-off lease (``lease_seconds``, 2 minutes by default) without
+in-flight store under a short hand-off lease (``lease``, 2 minutes by default) without
 counting a delivery, and the task that works on them *takes* them (a new token, a counted
 delivery) and renews the lease while it works. If the triggerer dies between its receive and
 Airflow storing the event, or nobody comes for the messages (a paused DAG), the reservation runs
@@ -87,7 +87,8 @@ class SqlQueueTrigger(BaseTrigger):
     :param max_messages: most messages received per event.
     :param transaction_mode: ``claim`` (leased until acknowledged) or ``none`` (deleted on receipt).
     :param peek_interval: seconds between peeks while the queue is empty.
-    :param lease_seconds: how long a reservation waits for the task that takes it (claim mode).
+    :param lease: how long a reservation waits for the task that takes it (claim mode; timedelta or
+        seconds, serialised as seconds).
     :param max_deliveries: deliveries of one message before it moves to the error queue (claim mode).
     :param error_queue: error queue; defaults to the connection's, else ``error``.
     :param wake_on_notify: also wake when a sender notifies (``SendMessageOperator(notify=True)``,
@@ -102,7 +103,7 @@ class SqlQueueTrigger(BaseTrigger):
         max_messages: int = 10,
         transaction_mode: str = TransactionMode.CLAIM.value,
         peek_interval: float = defaults.PEEK_INTERVAL,
-        lease_seconds: float = defaults.LEASE.total_seconds(),
+        lease: timedelta | float = defaults.LEASE,
         max_deliveries: int = defaults.MAX_DELIVERIES,
         error_queue: str | None = None,
         wake_on_notify: bool = False,
@@ -116,7 +117,7 @@ class SqlQueueTrigger(BaseTrigger):
         self.max_messages = max_messages
         self.transaction_mode = receiving_mode(transaction_mode).value
         self.peek_interval = float(peek_interval)
-        self.lease_seconds = duration("lease_seconds", lease_seconds, maximum=defaults.MAX_LEASE).total_seconds()
+        self.lease = lease_seconds(lease)
         self.max_deliveries = max_deliveries
         self.error_queue = error_queue
         self.wake_on_notify = bool(wake_on_notify)
@@ -130,7 +131,7 @@ class SqlQueueTrigger(BaseTrigger):
                 "max_messages": self.max_messages,
                 "transaction_mode": self.transaction_mode,
                 "peek_interval": self.peek_interval,
-                "lease_seconds": self.lease_seconds,
+                "lease": self.lease,
                 "max_deliveries": self.max_deliveries,
                 "error_queue": self.error_queue,
                 "wake_on_notify": self.wake_on_notify,
@@ -142,7 +143,7 @@ class SqlQueueTrigger(BaseTrigger):
             return await client.reserve(
                 self.queue_name,
                 self.max_messages,
-                lease=self.lease_seconds,
+                lease=self.lease,
                 max_deliveries=self.max_deliveries,
                 error_queue=self.error_queue,
             )
@@ -195,7 +196,7 @@ class SqlQueueTrigger(BaseTrigger):
             client: AsyncQueueClient | None = None
             try:
                 client = await hook.get_async_client()
-                address = client.session.dialect.format_address(client.address(self.queue_name))
+                address = client.canonical_address(self.queue_name)
                 received = await self._receive(client)
                 breaker.success()
             except TransportUnavailableError as exc:

@@ -111,7 +111,7 @@ orders_asset = Asset(
                 queue_name=ORDERS,
                 error_queue=ERROR,
                 peek_interval=0.2,
-                lease_seconds=60,
+                lease=60,
             ),
         )
     ],

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from typing import Any, NoReturn, TypeVar
 
 from ..dialects import Dialect
-from ..operations import Fetch, Operation, Step, drive, drive_async
+from ..operations import Fetch, Operation, Step, drive, drive_async, is_single_statement
 
 T = TypeVar("T")
 
@@ -79,13 +79,13 @@ class Session(ABC):
     def execute(self, step: Step) -> Any:
         """Run one step in the current transaction and return what it asks to fetch."""
 
-    def run(self, op: Operation[T], *, single_statement: bool = False) -> T:
+    def run(self, op: Operation[T]) -> T:
         """Run a whole operation in its own transaction.
 
         An operation of one statement needs no explicit transaction on an autocommit connection
         (the statement is atomic by itself), which saves the BEGIN and COMMIT round trips.
         """
-        if single_statement and self.autocommits():
+        if is_single_statement(op) and self.autocommits():
             return drive(op, self.execute)
         with self.transaction():
             return drive(op, self.execute)
@@ -116,9 +116,9 @@ class AsyncSession(ABC):
     async def execute(self, step: Step) -> Any:
         """Run one step in the current transaction and return what it asks to fetch."""
 
-    async def run(self, op: Operation[T], *, single_statement: bool = False) -> T:
+    async def run(self, op: Operation[T]) -> T:
         """Run a whole operation in its own transaction (none for one statement, as :meth:`Session.run`)."""
-        if single_statement and self.autocommits():
+        if is_single_statement(op) and self.autocommits():
             return await drive_async(op, self.execute)
         async with self.transaction():
             return await drive_async(op, self.execute)

@@ -15,7 +15,7 @@ from psycopg.pq import TransactionStatus
 from .. import defaults
 from ..dialects import get_dialect
 from ..errors import TransportUnavailableError
-from ..operations import Operation, Step, drive, drive_async
+from ..operations import Operation, Step, drive, drive_async, is_single_statement
 from .base import (
     ANY_STEP,
     AsyncSession,
@@ -51,7 +51,7 @@ class PsycopgSession(Session):
     def autocommits(self) -> bool:
         return _psycopg_autocommits(self.connection)
 
-    def run(self, op: Operation[T], *, single_statement: bool = False) -> T:
+    def run(self, op: Operation[T]) -> T:
         """Run an operation in one transaction, with BEGIN sent together with its first statement.
 
         A receive is BEGIN, DELETE ... RETURNING, COMMIT; sent one by one that is three round
@@ -60,8 +60,8 @@ class PsycopgSession(Session):
         leaves two.
         """
         if not self.autocommits():
-            return super().run(op, single_statement=single_statement)
-        if single_statement:
+            return super().run(op)
+        if is_single_statement(op):
             return drive(op, self.execute)
         began = False
 
@@ -181,11 +181,11 @@ class AsyncPsycopgSession(AsyncSession):
                     pass
             return woken
 
-    async def run(self, op: Operation[T], *, single_statement: bool = False) -> T:
+    async def run(self, op: Operation[T]) -> T:
         """As :meth:`PsycopgSession.run`: BEGIN travels with the first statement."""
         if not self.autocommits():
-            return await super().run(op, single_statement=single_statement)
-        if single_statement:
+            return await super().run(op)
+        if is_single_statement(op):
             return await drive_async(op, self.execute)
         began = False
 
