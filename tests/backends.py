@@ -137,7 +137,7 @@ class Backend:
         with QueueClient.connect(self.uri) as other:
             try:
                 with other.session.transaction():
-                    statement = other.session.dialect.receive(address)
+                    statement = other.session.dialect.receive_sql(address)
                     other.session.execute(Step(statement, {"limit": count}, Fetch.ALL, "holder"))
                     yield
                     raise _HeldForTest

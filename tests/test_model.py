@@ -151,10 +151,11 @@ class QueueMachine(RuleBasedStateMachine):
 
     @rule(queue=queues, count=st.integers(1, 3), reserve=st.booleans())
     def claim(self, queue: QueueAddress, count: int, reserve: bool) -> None:
+        lapsed = self.lapsed_claims(queue, count)  # before the claim: it deletes lapsed claims that expired
         got = self.client.reserve(queue, count, lease=LONG) if reserve else self.client.claim(queue, count, lease=LONG)
         counted = 0 if reserve else 1
         expected: list[tuple[Item, int]] = []
-        for token, claim in self.lapsed_claims(queue, count):
+        for token, claim in lapsed:
             del self.model.claims[token]
             if claim.item.expired:
                 continue
@@ -171,19 +172,20 @@ class QueueMachine(RuleBasedStateMachine):
 
     @rule(queue=queues, limit=st.integers(1, 3))
     def adopt(self, queue: QueueAddress, limit: int) -> None:
-        got = self.client.take(queue, lease=LONG, limit=limit)
         reserved = sorted(
             ((t, c) for t, c in self.model.claims.items() if c.queue == queue and c.reserved),
             key=lambda pair: self.seq_of(pair[1].item.id),
-        )[:limit]
+        )[:limit]  # before the take: it deletes reservations that expired
+        got = self.client.take(queue, lease=LONG, limit=limit)
         self.apply_take(got, reserved)
 
     @rule(queue=queues)
     def take_by_token(self, queue: QueueAddress) -> None:
         mine = [t for t, c in self.model.claims.items() if c.queue == queue and c.reserved][:2]
         stale = [uuid.uuid4()]
-        got = self.client.take(queue, mine + stale, lease=LONG)
+        # Ordered before the take: it deletes reservations that expired.
         reserved = sorted(((t, self.model.claims[t]) for t in mine), key=lambda pair: self.seq_of(pair[1].item.id))
+        got = self.client.take(queue, mine + stale, lease=LONG)
         self.apply_take(got, reserved)
 
     def apply_take(self, got, reserved) -> None:

@@ -51,39 +51,39 @@ SHAPE = TableShape()
 LEGACY_SHAPE = TableShape(recoverable=False, ascii_headers=True)
 
 STATEMENTS: dict[str, Statement] = {
-    "install_lock": lambda d, a, e: d.install_lock(a),
-    "current_catalog": lambda d, a, e: d.current_catalog(),
-    "create_queue": lambda d, a, e: list(d.create_queue(a)),
-    "add_body_string": lambda d, a, e: d.add_body_string(a),
-    "create_inflight": lambda d, a, e: list(d.create_inflight(a)),
-    "drop_queue": lambda d, a, e: d.drop_queue(a),
-    "queue_columns": lambda d, a, e: d.queue_columns(a),
-    "has_expires_index": lambda d, a, e: d.has_expires_index(a),
-    "expires_index_ddl": lambda d, a, e: d.expires_index_ddl(a),
-    "send": lambda d, a, e: d.send(a, SHAPE),
-    "send_legacy": lambda d, a, e: d.send(a, LEGACY_SHAPE),
-    "send_batch": lambda d, a, e: d.send_batch(a, 3, SHAPE),
-    "receive": lambda d, a, e: d.receive(a),
-    "peek": lambda d, a, e: d.peek(a),
-    "depth": lambda d, a, e: d.depth(a),
-    "purge_expired": lambda d, a, e: d.purge_expired(a),
-    "purge_all": lambda d, a, e: d.purge_all(a),
-    "insert_error": lambda d, a, e: d.insert_error(e, SHAPE),
-    "insert_error_legacy": lambda d, a, e: d.insert_error(e, LEGACY_SHAPE),
-    "browse": lambda d, a, e: d.browse(a),
-    "peek_error_rows": lambda d, a, e: d.peek_error_rows(e),
-    "delete_by_seq": lambda d, a, e: d.delete_by_seq(e),
-    "claim": lambda d, a, e: d.claim(a),
-    "reclaim": lambda d, a, e: d.reclaim(a),
-    "take": lambda d, a, e: d.take(a),
-    "adopt": lambda d, a, e: d.adopt(a),
-    "peek_with_claims": lambda d, a, e: d.peek_with_claims(a),
-    "count_inflight": lambda d, a, e: d.count_inflight(a),
-    "ack": lambda d, a, e: d.ack(a),
-    "nack": lambda d, a, e: d.nack(a),
-    "extend": lambda d, a, e: d.extend(a),
-    "claim_to_error": lambda d, a, e: d.claim_to_error(a, e, SHAPE),
-    "claim_to_error_legacy": lambda d, a, e: d.claim_to_error(a, e, LEGACY_SHAPE),
+    "install_lock": lambda d, a, e: d.install_lock_sql(a),
+    "current_catalog": lambda d, a, e: d.current_catalog_sql(),
+    "create_queue": lambda d, a, e: list(d.create_queue_sql(a)),
+    "add_body_string": lambda d, a, e: d.add_body_string_sql(a),
+    "create_inflight": lambda d, a, e: list(d.create_inflight_sql(a)),
+    "drop_queue": lambda d, a, e: d.drop_queue_sql(a),
+    "queue_columns": lambda d, a, e: d.queue_columns_sql(a),
+    "has_expires_index": lambda d, a, e: d.has_expires_index_sql(a),
+    "expires_index_ddl": lambda d, a, e: d.expires_index_ddl_sql(a),
+    "send": lambda d, a, e: d.send_sql(a, SHAPE),
+    "send_legacy": lambda d, a, e: d.send_sql(a, LEGACY_SHAPE),
+    "send_batch": lambda d, a, e: d.send_batch_sql(a, 3, SHAPE),
+    "receive": lambda d, a, e: d.receive_sql(a),
+    "peek": lambda d, a, e: d.peek_sql(a),
+    "depth": lambda d, a, e: d.depth_sql(a),
+    "purge_expired": lambda d, a, e: d.purge_expired_sql(a),
+    "purge_all": lambda d, a, e: d.purge_all_sql(a),
+    "insert_error": lambda d, a, e: d.insert_error_sql(e, SHAPE),
+    "insert_error_legacy": lambda d, a, e: d.insert_error_sql(e, LEGACY_SHAPE),
+    "browse": lambda d, a, e: d.browse_sql(a),
+    "peek_error_rows": lambda d, a, e: d.peek_error_rows_sql(e),
+    "delete_by_seq": lambda d, a, e: d.delete_by_seq_sql(e),
+    "claim": lambda d, a, e: d.claim_sql(a),
+    "reclaim": lambda d, a, e: d.reclaim_sql(a),
+    "take": lambda d, a, e: d.take_sql(a),
+    "adopt": lambda d, a, e: d.adopt_sql(a),
+    "peek_with_claims": lambda d, a, e: d.peek_with_claims_sql(a),
+    "count_inflight": lambda d, a, e: d.count_inflight_sql(a),
+    "ack": lambda d, a, e: d.ack_sql(a),
+    "nack": lambda d, a, e: d.nack_sql(a),
+    "extend": lambda d, a, e: d.extend_sql(a),
+    "claim_to_error": lambda d, a, e: d.claim_to_error_sql(a, e, SHAPE),
+    "claim_to_error_legacy": lambda d, a, e: d.claim_to_error_sql(a, e, LEGACY_SHAPE),
 }
 #: Dialect methods that return no statement, and statement variants tested under another name.
 NOT_STATEMENTS = {
@@ -137,7 +137,7 @@ def parse(sql: str) -> list[exp.Expression]:
 
 def test_every_dialect_method_is_covered():
     abstract = set(Dialect.__abstractmethods__)
-    assert abstract == (set(STATEMENTS) - VARIANTS) | NOT_STATEMENTS
+    assert abstract == {name + "_sql" for name in set(STATEMENTS) - VARIANTS} | NOT_STATEMENTS
 
 
 @pytest.mark.parametrize("label", ADDRESSES)
@@ -231,7 +231,7 @@ def test_statements_equal_the_reviewed_snapshot():
 
 
 def test_receive_is_nservicebus_receive_for_an_escaped_name():
-    sql = dialect.receive(ADDRESSES["escaping"])
+    sql = dialect.receive_sql(ADDRESSES["escaping"])
     assert sql == (
         "WITH message AS (SELECT TOP (%(limit)s) * FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%%s] "
         "WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion) "
@@ -242,7 +242,7 @@ def test_receive_is_nservicebus_receive_for_an_escaped_name():
 
 
 def test_send_writes_recoverable_and_server_clock_expiry():
-    sql = as_tsql(dialect.send(ADDRESSES["plain"], SHAPE))
+    sql = as_tsql(dialect.send_sql(ADDRESSES["plain"], SHAPE))
     assert sql == (
         "INSERT INTO [dbo].[orders] (Id, Recoverable, Expires, Headers, Body) "
         "SELECT v.Id, 1, DATEADD(millisecond, v.Ttbr % 86400000, DATEADD(day, v.Ttbr / 86400000, GETUTCDATE())), "
@@ -253,7 +253,7 @@ def test_send_writes_recoverable_and_server_clock_expiry():
 
 def test_send_to_a_table_without_recoverable_leaves_the_column_out():
     """NServiceBus's SendTextWithoutRecoverable: older tables have no Recoverable column."""
-    sql = as_tsql(dialect.send(ADDRESSES["plain"], LEGACY_SHAPE))
+    sql = as_tsql(dialect.send_sql(ADDRESSES["plain"], LEGACY_SHAPE))
     assert sql.startswith("INSERT INTO [dbo].[orders] (Id, Expires, Headers, Body) SELECT v.Id, DATEADD(")
 
 
@@ -267,7 +267,7 @@ def test_durations_up_to_the_longest_ttbr_fit_dateadds_int():
 def test_batches_stay_under_sql_servers_parameter_limit():
     row = (uuid.uuid4(), None, "{}", b"x")
     assert dialect.batch_size([row] * 10_000) == 500
-    assert len(placeholder_names(dialect.send_batch(ADDRESSES["plain"], 500, SHAPE))) == 2000 < 2100
+    assert len(placeholder_names(dialect.send_batch_sql(ADDRESSES["plain"], 500, SHAPE))) == 2000 < 2100
 
 
 def test_batches_are_capped_by_the_bytes_pymssql_inlines():
@@ -282,7 +282,7 @@ def test_batches_are_capped_by_the_bytes_pymssql_inlines():
 
 
 def test_create_table_matches_the_nservicebus_layout():
-    [block] = dialect.create_queue(ADDRESSES["plain"])
+    [block] = dialect.create_queue_sql(ADDRESSES["plain"])
     create = parse(block)[0]
     table = create.find(exp.Create)
     columns = [(c.name, c.args["kind"].sql("tsql")) for c in table.find_all(exp.ColumnDef)]
@@ -332,7 +332,7 @@ def resource_of(install_lock: str, database: str) -> str:
 )
 def test_installers_take_nservicebus_lock(address, expected):
     """NServiceBus's QueueCreator locks '{CanonicalQueueAddress.QualifiedTableName}_lock': the same resource."""
-    assert resource_of(as_tsql(dialect.install_lock(address)), "MyDb") == expected
+    assert resource_of(as_tsql(dialect.install_lock_sql(address)), "MyDb") == expected
 
 
 @pytest.mark.parametrize(
@@ -514,12 +514,12 @@ def sample_params(name: str, body: bytes | None, headers: str) -> dict[str, obje
 
 def checker_tables(address: QueueAddress, legacy: bool) -> dict[str, dict[str, str]]:
     """The tables a statement may touch, with the column types of the dialect's own DDL."""
-    queue = tsql_types.table_columns(dialect.create_queue(address)[0])
+    queue = tsql_types.table_columns(dialect.create_queue_sql(address)[0])
     if legacy:  # an older NServiceBus table: no Recoverable, varchar Headers
         queue = {
             name: ("varchar" if name == "headers" else kind) for name, kind in queue.items() if name != "recoverable"
         }
-    inflight = tsql_types.table_columns(dialect.create_inflight(address)[0])
+    inflight = tsql_types.table_columns(dialect.create_inflight_sql(address)[0])
     return {address.table.lower(): queue, "error": queue, "sqlqueue_inflight": inflight}
 
 
@@ -591,7 +591,7 @@ def test_what_each_driver_sends_type_checks_against_the_table(name, body, header
 def test_a_null_body_is_typed_for_both_drivers(body):
     """NServiceBus allows a NULL Body; moved to the error queue it must still be a varbinary."""
     address = ADDRESSES["plain"]
-    sql = dialect.insert_error(address.sibling("error"), SHAPE)
+    sql = dialect.insert_error_sql(address.sibling("error"), SHAPE)
     tables = checker_tables(address, False)
     params = {"id": uuid.uuid4(), "headers": "{}", "body": body}
     assert type_problems(pymssql_text(sql, params), tables) == []
@@ -604,7 +604,7 @@ def test_the_checker_catches_pymssqls_own_rendering_of_an_ascii_body():
     from pymssql._mssql import quote_simple_value
 
     address = ADDRESSES["plain"]
-    sql = dialect.send(address, SHAPE)
+    sql = dialect.send_sql(address, SHAPE)
     params = {"id": uuid.uuid4(), "ttbr_ms": None, "headers": "{}", "body": b'{"a":1}'}
     own = placeholders(sql, lambda name: quote_simple_value(params[name]).decode())
     problems = type_problems(own, checker_tables(address, False))
@@ -625,10 +625,10 @@ def test_the_checker_catches_an_untyped_null_body_from_pyodbc():
 def test_the_checker_catches_a_text_count_and_a_column_that_does_not_exist():
     tables = checker_tables(ADDRESSES["plain"], True)
     assert any(
-        "TOP" in p for p in type_problems(pymssql_text(dialect.browse(ADDRESSES["plain"]), {"limit": "10"}), tables)
+        "TOP" in p for p in type_problems(pymssql_text(dialect.browse_sql(ADDRESSES["plain"]), {"limit": "10"}), tables)
     )
     wrong = pymssql_text(
-        dialect.send(ADDRESSES["plain"], SHAPE), {"id": uuid.uuid4(), "ttbr_ms": None, "headers": "{}", "body": b""}
+        dialect.send_sql(ADDRESSES["plain"], SHAPE), {"id": uuid.uuid4(), "ttbr_ms": None, "headers": "{}", "body": b""}
     )
     assert any("no column recoverable" in p for p in type_problems(wrong, tables))  # the legacy table has none
 
@@ -636,3 +636,18 @@ def test_the_checker_catches_a_text_count_and_a_column_that_does_not_exist():
 def test_claim_key_is_the_same_for_every_form_of_one_address():
     forms = ["orders", "orders@[dbo]", "orders@[dbo]@[Shop]", "[Shop].[dbo].[orders]", "dbo.orders"]
     assert {dialect.claim_key(dialect.parse_address(form)) for form in forms} == {"orders@[dbo]"}
+
+
+def test_a_varchar_headers_table_is_written_ascii_and_warned_about(caplog):
+    import logging
+
+    dialect = get_dialect("sqlserver")  # a fresh one: it has read no table yet
+    address = QueueAddress("legacy")
+    assert dialect.table_shape(address) is None  # unknown until the catalog was read
+    with caplog.at_level(logging.WARNING, logger="airflow_provider_sqlqueue"):
+        shape = dialect.learn_table_shape(
+            address, [("id", "uniqueidentifier"), ("headers", "varchar"), ("body", "varbinary")]
+        )
+    assert (shape.recoverable, shape.ascii_headers) == (False, True)
+    assert dialect.table_shape(address) == shape
+    assert "varchar Headers column" in caplog.text

@@ -20,7 +20,7 @@ from enum import Enum
 from typing import Any, ParamSpec, TypeVar
 
 from .addressing import QueueAddress
-from .dialects import Dialect, SendRow, TableShape
+from .dialects import BrowsedRow, ClaimedRow, Dialect, ErrorRow, HeldRow, ReceivedRow, SendRow, TableShape
 from .errors import InvalidHeadersError, LeaseLostError, QueueNotFoundError, SqlQueueError
 from .message import (
     DELIVERY_COUNT,
@@ -135,14 +135,14 @@ def create_queue(d: Dialect, address: QueueAddress, body_string: bool = False) -
     missing Index_Expires is warned about, with the statement to create it at a quiet time.
     """
     target = d.qualified_name(address)
-    yield Step(d.install_lock(address), {}, Fetch.NONE, target)
-    existing = yield Step(d.queue_columns(address), _table_key(d, address), Fetch.ALL, target)
+    yield Step(d.install_lock_sql(address), {}, Fetch.NONE, target)
+    existing = yield Step(d.queue_columns_sql(address), _table_key(d, address), Fetch.ALL, target)
     if not existing:
-        for sql in d.create_queue(address):
+        for sql in d.create_queue_sql(address):
             yield Step(sql, {}, Fetch.NONE, target)
     yield from check_queue(d, address)
     if body_string:
-        yield Step(d.add_body_string(address), {}, Fetch.NONE, target)
+        yield Step(d.add_body_string_sql(address), {}, Fetch.NONE, target)
 
 
 def _table_key(d: Dialect, address: QueueAddress) -> dict[str, object]:
@@ -155,7 +155,7 @@ def table_shape(d: Dialect, address: QueueAddress) -> Operation[TableShape]:
     shape = d.table_shape(address)
     if shape is None:
         target = d.qualified_name(address)
-        columns = yield Step(d.queue_columns(address), _table_key(d, address), Fetch.ALL, target)
+        columns = yield Step(d.queue_columns_sql(address), _table_key(d, address), Fetch.ALL, target)
         if not columns:
             raise QueueNotFoundError(target)
         shape = d.learn_table_shape(address, columns)
@@ -165,15 +165,15 @@ def table_shape(d: Dialect, address: QueueAddress) -> Operation[TableShape]:
 def create_inflight(d: Dialect, address: QueueAddress) -> Operation[None]:
     """Create the in-flight table that claim mode needs in ``address``'s schema."""
     target = d.qualified_name(d.inflight_address(address))
-    yield Step(d.install_lock(d.inflight_address(address)), {}, Fetch.NONE, target)
-    for sql in d.create_inflight(address):
+    yield Step(d.install_lock_sql(d.inflight_address(address)), {}, Fetch.NONE, target)
+    for sql in d.create_inflight_sql(address):
         yield Step(sql, {}, Fetch.NONE, target)
 
 
 def check_columns(d: Dialect, address: QueueAddress) -> Operation[None]:
     """Fail clearly when the table is missing or lacks the columns every queue table has."""
     target = d.qualified_name(address)
-    rows = yield Step(d.queue_columns(address), _table_key(d, address), Fetch.ALL, target)
+    rows = yield Step(d.queue_columns_sql(address), _table_key(d, address), Fetch.ALL, target)
     if not rows:
         raise QueueNotFoundError(target)
     d.learn_table_shape(address, rows)
@@ -192,18 +192,18 @@ def check_queue(d: Dialect, address: QueueAddress) -> Operation[None]:
     """Fail clearly when the table is missing or not a queue table; warn when Index_Expires is missing."""
     yield from check_columns(d, address)
     target = d.qualified_name(address)
-    indexed = yield Step(d.has_expires_index(address), _table_key(d, address), Fetch.ONE, target)
+    indexed = yield Step(d.has_expires_index_sql(address), _table_key(d, address), Fetch.ONE, target)
     if not indexed[0]:
         log.warning(
             "Queue %s has no index on Expires, so purging expired messages scans the whole table. Create it with: %s",
             target,
-            d.expires_index_ddl(address),
+            d.expires_index_ddl_sql(address),
         )
 
 
 @one_statement
 def drop_queue(d: Dialect, address: QueueAddress) -> Operation[None]:
-    yield Step(d.drop_queue(address), {}, Fetch.NONE, d.qualified_name(address))
+    yield Step(d.drop_queue_sql(address), {}, Fetch.NONE, d.qualified_name(address))
 
 
 # -- sending -----------------------------------------------------------------------------------
@@ -230,15 +230,15 @@ def _send(d: Dialect, address: QueueAddress, messages: Sequence[Message], notify
     if len(rows) == 1:
         message_id, ttbr_ms, headers, body = rows[0]
         params = {"id": message_id, "ttbr_ms": ttbr_ms, "headers": headers, "body": body}
-        yield Step(d.send(address, shape), params, Fetch.NONE, target)
+        yield Step(d.send_sql(address, shape), params, Fetch.NONE, target)
     else:
         sent = 0
         while sent < len(rows):
             count = d.batch_size(rows[sent:])
             chunk = rows[sent : sent + count]
-            yield Step(d.send_batch(address, count, shape), d.send_batch_params(chunk), Fetch.NONE, target)
+            yield Step(d.send_batch_sql(address, count, shape), d.send_batch_params(chunk), Fetch.NONE, target)
             sent += count
-    notify_sql = d.notify(address) if notify else None
+    notify_sql = d.notify_sql(address) if notify else None
     if notify_sql is not None:
         yield Step(notify_sql, {"channel": d.notify_channel(address)}, Fetch.ONE, target)
     return len(rows)
@@ -264,8 +264,10 @@ def receive(
     requeued = False
     while len(received) < limit and not requeued:
         wanted = limit - len(received)
-        rows = yield Step(d.receive(address), {"limit": wanted}, Fetch.ALL, target)
-        rows.sort(key=lambda row: row[4])
+        rows = sorted(
+            (ReceivedRow(*row) for row in (yield Step(d.receive_sql(address), {"limit": wanted}, Fetch.ALL, target))),
+            key=lambda row: row.seq,
+        )
         for message_id, expired, headers_text, body, _seq in rows:
             if expired:
                 log.debug("Dropped expired message %s from %s", message_id, target)
@@ -276,7 +278,7 @@ def receive(
                 _log_poison(d, address, error_address, message_id, exc)
                 error_shape = yield from table_shape(d, error_address)
                 yield Step(
-                    d.insert_error(error_address, error_shape),
+                    d.insert_error_sql(error_address, error_shape),
                     {"id": message_id, "headers": headers_text or "", "body": body},
                     Fetch.NONE,
                     d.qualified_name(error_address),
@@ -313,7 +315,7 @@ def move_to_error(
     headers = failure_headers(message.headers, d.format_address(address), error)
     shape = yield from table_shape(d, error_address)
     yield Step(
-        d.insert_error(error_address, shape),
+        d.insert_error_sql(error_address, shape),
         {"id": message.id, "headers": encode_headers(headers, ascii_only=shape.ascii_headers), "body": message.body},
         Fetch.NONE,
         d.qualified_name(error_address),
@@ -346,13 +348,13 @@ def claim(
     queue_key = d.claim_key(address)
     counted = 1 if holder is not None else 0
     params = {"deliveries": counted, "lease_ms": lease_ms, "holder": holder, "queue": queue_key, "limit": limit}
-    rows = yield Step(d.reclaim(address), params, Fetch.ALL, target)
-    claimed = yield from _hand_out(d, address, error_address, rows, counted, max_deliveries)
+    held = [HeldRow(*row) for row in (yield Step(d.reclaim_sql(address), params, Fetch.ALL, target))]
+    claimed = yield from _hand_out(d, address, error_address, held, counted, max_deliveries)
     requeued = False  # a poison row moved into this very queue (its own error queue): do not meet it again
     while len(claimed) < limit and not requeued:
         wanted = limit - len(claimed)
-        rows = yield Step(d.claim(address), {**params, "limit": wanted}, Fetch.ALL, target)
-        rows.sort(key=lambda row: row[5])
+        found = yield Step(d.claim_sql(address), {**params, "limit": wanted}, Fetch.ALL, target)
+        rows = sorted((ClaimedRow(*row) for row in found), key=lambda row: row.seq)
         for token, message_id, headers_text, body, deliveries, _seq in rows:
             if token is None:  # expired: deleted by the statement, reported so the shortfall is asked again
                 log.debug("Dropped expired message %s from %s", message_id, target)
@@ -375,17 +377,17 @@ def _hand_out(
     d: Dialect,
     address: QueueAddress,
     error_address: QueueAddress,
-    rows: list[Any],
+    rows: list[HeldRow],
     counted: int,
     max_deliveries: int | None,
 ) -> Operation[list[ReceivedMessage]]:
-    """The messages of claim rows (token, id, expired, headers, body, deliveries, last_error, seq) in send order.
+    """The messages of handed-out claims, in send order.
 
     Expired messages are dropped, unreadable ones moved to the error queue, and -- given
     ``max_deliveries`` -- those already delivered that often moved there with their last failure.
     """
     target = d.qualified_name(address)
-    rows.sort(key=lambda row: row[7])
+    rows = sorted(rows, key=lambda row: row.seq)
     handed: list[ReceivedMessage] = []
     expired_tokens: list[uuid.UUID] = []
     for token, message_id, expired, headers_text, body, deliveries, last_error, _seq in rows:
@@ -412,7 +414,7 @@ def _hand_out(
             failed[DELIVERY_COUNT] = str(delivered)
             shape = yield from table_shape(d, error_address)
             yield Step(
-                d.claim_to_error(address, error_address, shape),
+                d.claim_to_error_sql(address, error_address, shape),
                 {"token": token, "headers": encode_headers(failed, ascii_only=shape.ascii_headers)},
                 Fetch.NONE,
                 target,
@@ -421,7 +423,7 @@ def _hand_out(
         handed.append(ReceivedMessage(as_uuid(message_id), headers, bytes(body or b""), as_uuid(token), deliveries))
     if expired_tokens:
         params = {"tokens": d.token_list(expired_tokens), "queue": d.claim_key(address)}
-        yield Step(d.ack(address), params, Fetch.ALL, target)
+        yield Step(d.ack_sql(address), params, Fetch.ALL, target)
     return handed
 
 
@@ -437,7 +439,7 @@ def _claim_poison_to_error(
     _log_poison(d, address, error_address, message_id, exc)
     shape = yield from table_shape(d, error_address)
     yield Step(
-        d.claim_to_error(address, error_address, shape),
+        d.claim_to_error_sql(address, error_address, shape),
         {"token": token, "headers": headers_text or ""},
         Fetch.NONE,
         d.qualified_name(address),
@@ -464,20 +466,20 @@ def take(
     queue_key = d.claim_key(address)
     if tokens is None:
         params = {"lease_ms": lease_ms, "holder": holder, "queue": queue_key, "limit": limit}
-        rows = yield Step(d.adopt(address), params, Fetch.ALL, target)
+        found = yield Step(d.adopt_sql(address), params, Fetch.ALL, target)
     elif tokens:
         params = {"lease_ms": lease_ms, "holder": holder, "tokens": d.token_list(tokens), "queue": queue_key}
-        rows = yield Step(d.take(address), params, Fetch.ALL, target)
+        found = yield Step(d.take_sql(address), params, Fetch.ALL, target)
     else:
         return []
-    return (yield from _hand_out(d, address, error_address, rows, 1, None))
+    return (yield from _hand_out(d, address, error_address, [HeldRow(*row) for row in found], 1, None))
 
 
 @one_statement
 def ack(d: Dialect, address: QueueAddress, tokens: Sequence[uuid.UUID]) -> Operation[set[uuid.UUID]]:
     """Finish claims; returns the tokens that were still held (a missing one may be with someone else)."""
     params = {"tokens": d.token_list(tokens), "queue": d.claim_key(address)}
-    rows = yield Step(d.ack(address), params, Fetch.ALL, d.qualified_name(address))
+    rows = yield Step(d.ack_sql(address), params, Fetch.ALL, d.qualified_name(address))
     return {as_uuid(row[0]) for row in rows}
 
 
@@ -492,7 +494,7 @@ def nack(
         "tokens": d.token_list(tokens),
         "queue": d.claim_key(address),
     }
-    rows = yield Step(d.nack(address), params, Fetch.ALL, d.qualified_name(address))
+    rows = yield Step(d.nack_sql(address), params, Fetch.ALL, d.qualified_name(address))
     return {as_uuid(row[0]) for row in rows}
 
 
@@ -500,7 +502,7 @@ def nack(
 def extend(d: Dialect, address: QueueAddress, tokens: Sequence[uuid.UUID], lease_ms: int) -> Operation[set[uuid.UUID]]:
     """Renew leases; returns the tokens still held."""
     params = {"lease_ms": lease_ms, "tokens": d.token_list(tokens), "queue": d.claim_key(address)}
-    rows = yield Step(d.extend(address), params, Fetch.ALL, d.qualified_name(address))
+    rows = yield Step(d.extend_sql(address), params, Fetch.ALL, d.qualified_name(address))
     return {as_uuid(row[0]) for row in rows}
 
 
@@ -540,7 +542,7 @@ def fail_claim(
     headers[DELIVERY_COUNT] = str(message.deliveries)
     shape = yield from table_shape(d, error_address)
     count = yield Step(
-        d.claim_to_error(address, error_address, shape),
+        d.claim_to_error_sql(address, error_address, shape),
         {"token": message.claim_token, "headers": encode_headers(headers, ascii_only=shape.ascii_headers)},
         Fetch.ROWCOUNT,
         d.qualified_name(address),
@@ -559,16 +561,16 @@ def peek(d: Dialect, address: QueueAddress, include_claims: bool = False) -> Ope
     """
     target = d.qualified_name(address)
     if include_claims:
-        row = yield Step(d.peek_with_claims(address), {"queue": d.claim_key(address)}, Fetch.ONE, target)
+        row = yield Step(d.peek_with_claims_sql(address), {"queue": d.claim_key(address)}, Fetch.ONE, target)
     else:
-        row = yield Step(d.peek(address), {}, Fetch.ONE, target)
+        row = yield Step(d.peek_sql(address), {}, Fetch.ONE, target)
     return int(row[0] or 0)
 
 
 @one_statement
 def depth(d: Dialect, address: QueueAddress) -> Operation[int]:
     """Exact number of messages waiting (a full count: use for reports, not in a polling loop)."""
-    row = yield Step(d.depth(address), {}, Fetch.ONE, d.qualified_name(address))
+    row = yield Step(d.depth_sql(address), {}, Fetch.ONE, d.qualified_name(address))
     return int(row[0])
 
 
@@ -578,9 +580,9 @@ def browse(d: Dialect, address: QueueAddress, limit: int) -> Operation[list[Rece
 
     Rows whose headers NServiceBus could not read are skipped here; a receive dead-letters them.
     """
-    rows = yield Step(d.browse(address), {"limit": limit}, Fetch.ALL, d.qualified_name(address))
+    rows = yield Step(d.browse_sql(address), {"limit": limit}, Fetch.ALL, d.qualified_name(address))
     messages = []
-    for message_id, headers, body in rows:
+    for message_id, headers, body in (BrowsedRow(*row) for row in rows):
         try:
             messages.append(ReceivedMessage(as_uuid(message_id), decode_headers(headers), bytes(body or b"")))
         except InvalidHeadersError:
@@ -591,20 +593,22 @@ def browse(d: Dialect, address: QueueAddress, limit: int) -> Operation[list[Rece
 @one_statement
 def inflight(d: Dialect, address: QueueAddress) -> Operation[int]:
     """Number of claimed, unacknowledged messages of the queue."""
-    row = yield Step(d.count_inflight(address), {"queue": d.claim_key(address)}, Fetch.ONE, d.qualified_name(address))
+    row = yield Step(
+        d.count_inflight_sql(address), {"queue": d.claim_key(address)}, Fetch.ONE, d.qualified_name(address)
+    )
     return int(row[0])
 
 
 @one_statement
 def purge_expired_batch(d: Dialect, address: QueueAddress, batch_size: int) -> Operation[int]:
     """Delete one bounded batch of expired messages; the caller loops while batches come back full."""
-    count = yield Step(d.purge_expired(address), {"limit": batch_size}, Fetch.ROWCOUNT, d.qualified_name(address))
+    count = yield Step(d.purge_expired_sql(address), {"limit": batch_size}, Fetch.ROWCOUNT, d.qualified_name(address))
     return int(count)
 
 
 @one_statement
 def purge_all(d: Dialect, address: QueueAddress) -> Operation[int]:
-    count = yield Step(d.purge_all(address), {}, Fetch.ROWCOUNT, d.qualified_name(address))
+    count = yield Step(d.purge_all_sql(address), {}, Fetch.ROWCOUNT, d.qualified_name(address))
     return int(count)
 
 
@@ -621,15 +625,15 @@ def retry_from_error(
     database is MyDb.
     """
     target = d.qualified_name(error_address)
-    rows = yield Step(d.peek_error_rows(error_address), {"limit": limit}, Fetch.ALL, target)
+    rows = yield Step(d.peek_error_rows_sql(error_address), {"limit": limit}, Fetch.ALL, target)
     if not rows:
         return 0
-    current = yield Step(d.current_catalog(), {}, Fetch.ONE, target)
+    current = yield Step(d.current_catalog_sql(), {}, Fetch.ONE, target)
     catalog = str(current[0])
     wanted = None if only_queue is None else _routing_key(d, only_queue, catalog)
     exists: dict[tuple[str, str, str], TableShape | None] = {}
     moved = 0
-    for seq, message_id, headers_text, body in rows:
+    for seq, message_id, headers_text, body in (ErrorRow(*row) for row in rows):
         try:
             headers = decode_headers(headers_text)
             failed_q = headers.get(FAILED_QUEUE)
@@ -644,7 +648,7 @@ def retry_from_error(
             continue
         if key not in exists:
             columns = yield Step(
-                d.queue_columns(destination), _table_key(d, destination), Fetch.ALL, d.qualified_name(destination)
+                d.queue_columns_sql(destination), _table_key(d, destination), Fetch.ALL, d.qualified_name(destination)
             )
             exists[key] = d.learn_table_shape(destination, columns) if columns else None
         shape = exists[key]
@@ -652,7 +656,7 @@ def retry_from_error(
             log.warning("Error queue %s: leaving message %s, its queue %s does not exist", target, message_id, failed_q)
             continue
         yield Step(
-            d.insert_error(destination, shape),
+            d.insert_error_sql(destination, shape),
             {
                 "id": message_id,
                 "headers": encode_headers(without_failure_headers(headers), ascii_only=shape.ascii_headers),
@@ -661,7 +665,7 @@ def retry_from_error(
             Fetch.NONE,
             d.qualified_name(destination),
         )
-        yield Step(d.delete_by_seq(error_address), {"seq": seq}, Fetch.NONE, target)
+        yield Step(d.delete_by_seq_sql(error_address), {"seq": seq}, Fetch.NONE, target)
         moved += 1
     return moved
 

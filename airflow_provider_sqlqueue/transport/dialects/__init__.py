@@ -19,9 +19,62 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from ..addressing import QueueAddress
 from ..errors import SqlQueueError
+
+
+class ReceivedRow(NamedTuple):
+    """A row of :meth:`Dialect.receive_sql`: a message deleted from its queue."""
+
+    id: Any
+    expired: Any
+    headers: str | None
+    body: bytes | None
+    seq: int
+
+
+class ClaimedRow(NamedTuple):
+    """A row of :meth:`Dialect.claim_sql`: a message moved in flight (token None: it had expired)."""
+
+    token: Any
+    id: Any
+    headers: str | None
+    body: bytes | None
+    deliveries: int
+    seq: int
+
+
+class HeldRow(NamedTuple):
+    """A row of :meth:`Dialect.reclaim_sql`, :meth:`Dialect.take_sql` and :meth:`Dialect.adopt_sql`: a claim handed out."""
+
+    token: Any
+    id: Any
+    expired: Any
+    headers: str | None
+    body: bytes | None
+    deliveries: int
+    last_error: str | None
+    seq: int
+
+
+class ErrorRow(NamedTuple):
+    """A row of :meth:`Dialect.peek_error_rows_sql`: an error queue message, locked for retrying."""
+
+    seq: int
+    id: Any
+    headers: str | None
+    body: bytes | None
+
+
+class BrowsedRow(NamedTuple):
+    """A row of :meth:`Dialect.browse_sql`: a waiting message, left in place."""
+
+    id: Any
+    headers: str | None
+    body: bytes | None
+
 
 #: One message as the send statements take it: (id, ttbr_ms or None, headers text, body).
 SendRow = tuple[uuid.UUID, int | None, str, bytes]
@@ -94,113 +147,113 @@ class Dialect(ABC):
         return TableShape()
 
     def learn_table_shape(self, address: QueueAddress, columns: Sequence[tuple[str, str]]) -> TableShape:
-        """Remember the layout from :meth:`queue_columns` rows (name lower-cased, type name)."""
+        """Remember the layout from :meth:`queue_columns_sql` rows (name lower-cased, type name)."""
         return TableShape()
 
     @abstractmethod
-    def current_catalog(self) -> str:
+    def current_catalog_sql(self) -> str:
         """No params -> one row: the database the connection works in (an address without catalog names it)."""
 
     # -- installation (needs CREATE rights) ----------------------------------------------------
 
     @abstractmethod
-    def install_lock(self, address: QueueAddress) -> str:
+    def install_lock_sql(self, address: QueueAddress) -> str:
         """Serialise installers of ``address`` until the transaction ends (NServiceBus's lock where it has one)."""
 
     @abstractmethod
-    def create_queue(self, address: QueueAddress) -> Sequence[str]:
-        """Statements that create the queue table with its indexes, run after :meth:`install_lock`
+    def create_queue_sql(self, address: QueueAddress) -> Sequence[str]:
+        """Statements that create the queue table with its indexes, run after :meth:`install_lock_sql`
         and only when the table does not exist yet: indexes are never built on a live queue."""
 
     @abstractmethod
-    def add_body_string(self, address: QueueAddress) -> str:
+    def add_body_string_sql(self, address: QueueAddress) -> str:
         """Add the optional human-readable BodyString column if absent."""
 
     @abstractmethod
-    def create_inflight(self, address: QueueAddress) -> Sequence[str]:
-        """Statements, run after :meth:`install_lock` of the in-flight table, that create it (or bring it up to date)."""
+    def create_inflight_sql(self, address: QueueAddress) -> Sequence[str]:
+        """Statements, run after :meth:`install_lock_sql` of the in-flight table, that create it (or bring it up to date)."""
 
     @abstractmethod
-    def drop_queue(self, address: QueueAddress) -> str:
+    def drop_queue_sql(self, address: QueueAddress) -> str:
         """Drop the queue table if it exists."""
 
     # -- inspection ----------------------------------------------------------------------------
 
     @abstractmethod
-    def queue_columns(self, address: QueueAddress) -> str:
+    def queue_columns_sql(self, address: QueueAddress) -> str:
         """Params schema, table -> rows (column name lower-cased, type name) of ``address``'s table.
 
         The address picks the database whose catalog is read (SQL Server addresses may name one).
         """
 
     @abstractmethod
-    def has_expires_index(self, address: QueueAddress) -> str:
+    def has_expires_index_sql(self, address: QueueAddress) -> str:
         """Params schema, table -> one row: whether an index leads with the Expires column."""
 
     @abstractmethod
-    def expires_index_ddl(self, address: QueueAddress) -> str:
+    def expires_index_ddl_sql(self, address: QueueAddress) -> str:
         """The statement that creates the missing Expires index (quoted in the warning logged)."""
 
     # -- runtime (read/write/delete rights only) ------------------------------------------------
 
     @abstractmethod
-    def send(self, address: QueueAddress, shape: TableShape) -> str:
+    def send_sql(self, address: QueueAddress, shape: TableShape) -> str:
         """Params id, ttbr_ms (None: never expires), headers, body: insert one message."""
 
     def batch_size(self, rows: Sequence[SendRow]) -> int:
-        """How many of ``rows`` the next :meth:`send_batch` statement takes."""
+        """How many of ``rows`` the next :meth:`send_batch_sql` statement takes."""
         return len(rows)
 
     @abstractmethod
-    def send_batch(self, address: QueueAddress, count: int, shape: TableShape) -> str:
+    def send_batch_sql(self, address: QueueAddress, count: int, shape: TableShape) -> str:
         """Insert ``count`` messages in one statement; params are :meth:`send_batch_params` of the messages."""
 
     @abstractmethod
     def send_batch_params(self, rows: Sequence[SendRow]) -> dict[str, object]:
-        """Bind parameters for :meth:`send_batch` from the messages' rows."""
+        """Bind parameters for :meth:`send_batch_sql` from the messages' rows."""
 
     @abstractmethod
-    def receive(self, address: QueueAddress) -> str:
+    def receive_sql(self, address: QueueAddress) -> str:
         """Params limit: delete up to ``limit`` oldest unlocked rows.
 
-        Rows: (id, expired, headers, body, seq). Never returns a row twice, never more than limit.
+        Rows: :class:`ReceivedRow`. Never returns a row twice, never more than limit.
         """
 
     @abstractmethod
-    def peek(self, address: QueueAddress) -> str:
+    def peek_sql(self, address: QueueAddress) -> str:
         """No params -> one row: estimate of pending messages from the sequence range of unlocked rows."""
 
     @abstractmethod
-    def depth(self, address: QueueAddress) -> str:
+    def depth_sql(self, address: QueueAddress) -> str:
         """No params -> one row: exact number of rows in the queue table."""
 
     @abstractmethod
-    def purge_expired(self, address: QueueAddress) -> str:
+    def purge_expired_sql(self, address: QueueAddress) -> str:
         """Params limit: delete up to ``limit`` expired rows; rowcount is the number deleted."""
 
     @abstractmethod
-    def purge_all(self, address: QueueAddress) -> str:
+    def purge_all_sql(self, address: QueueAddress) -> str:
         """Delete every message; rowcount is the number deleted."""
 
     @abstractmethod
-    def insert_error(self, error_address: QueueAddress, shape: TableShape) -> str:
+    def insert_error_sql(self, error_address: QueueAddress, shape: TableShape) -> str:
         """Params id, headers, body: insert a row that never expires (into an error queue, or back from one)."""
 
     @abstractmethod
-    def browse(self, address: QueueAddress) -> str:
-        """Read without removing or locking: unexpired rows in send order. Params limit. Rows: (id, headers, body)."""
+    def browse_sql(self, address: QueueAddress) -> str:
+        """Read without removing or locking: unexpired rows in send order. Params limit. Rows: :class:`BrowsedRow`."""
 
     @abstractmethod
-    def peek_error_rows(self, error_address: QueueAddress) -> str:
-        """Params limit: lock and return up to limit rows (seq, id, headers, body) of an error queue."""
+    def peek_error_rows_sql(self, error_address: QueueAddress) -> str:
+        """Params limit: lock and return up to limit rows of an error queue. Rows: :class:`ErrorRow`."""
 
     @abstractmethod
-    def delete_by_seq(self, address: QueueAddress) -> str:
+    def delete_by_seq_sql(self, address: QueueAddress) -> str:
         """Params seq: delete one row by its sequence value."""
 
     # -- wake-up notifications (optional) --------------------------------------------------------
 
-    def notify(self, address: QueueAddress) -> str | None:
+    def notify_sql(self, address: QueueAddress) -> str | None:
         """Statement that wakes listeners of the queue when the sending transaction commits; None if unsupported.
 
         Params channel, from :meth:`notify_channel`.
@@ -213,50 +266,50 @@ class Dialect(ABC):
 
         return "sqlqueue_" + hashlib.sha256(self.claim_key(address).encode("utf-8")).hexdigest()[:40]
 
-    def listen(self, channel: str) -> str | None:
+    def listen_sql(self, channel: str) -> str | None:
         """Statement that subscribes a session to a channel; None if the database has no notifications."""
         return None
 
     # -- claim mode ----------------------------------------------------------------------------
 
     @abstractmethod
-    def claim(self, address: QueueAddress) -> str:
+    def claim_sql(self, address: QueueAddress) -> str:
         """Params limit, queue, deliveries, lease_ms, holder: move up to limit oldest unexpired rows in flight.
 
         ``deliveries`` is 1 for a claim handed to a handler, 0 for a reservation (``holder`` NULL)
         that a task takes later. Expired rows met on the way are deleted and returned with a NULL
         token, so the caller can tell a drained queue from a run of expired messages.
-        Rows: (token, id, headers, body, deliveries, seq).
+        Rows: :class:`ClaimedRow`.
         """
 
     @abstractmethod
-    def reclaim(self, address: QueueAddress) -> str:
+    def reclaim_sql(self, address: QueueAddress) -> str:
         """Params deliveries (added), lease_ms, holder, queue, limit: renew up to limit lapsed claims.
 
         Every renewed claim gets a new token, so its previous holder can no longer settle it.
-        Rows: (token, id, expired, headers, body, deliveries, last_error, seq).
+        Rows: :class:`HeldRow`.
         """
 
     @abstractmethod
-    def take(self, address: QueueAddress) -> str:
+    def take_sql(self, address: QueueAddress) -> str:
         """Params lease_ms, holder, tokens, queue: hand reservations (holder NULL) to ``holder``.
 
-        A delivery is counted and the token replaced. Rows as :meth:`reclaim`.
+        A delivery is counted and the token replaced. Rows as :meth:`reclaim_sql`.
         """
 
     @abstractmethod
-    def adopt(self, address: QueueAddress) -> str:
-        """Params lease_ms, holder, queue, limit: :meth:`take` the queue's oldest reservations, whoever made them.
+    def adopt_sql(self, address: QueueAddress) -> str:
+        """Params lease_ms, holder, queue, limit: :meth:`take_sql` the queue's oldest reservations, whoever made them.
 
-        Rows as :meth:`take`.
+        Rows as :meth:`take_sql`.
         """
 
     @abstractmethod
-    def peek_with_claims(self, address: QueueAddress) -> str:
-        """Params queue -> one row: :meth:`peek`'s estimate plus the claims whose lease ran out, in one query."""
+    def peek_with_claims_sql(self, address: QueueAddress) -> str:
+        """Params queue -> one row: :meth:`peek_sql`'s estimate plus the claims whose lease ran out, in one query."""
 
     @abstractmethod
-    def count_inflight(self, address: QueueAddress) -> str:
+    def count_inflight_sql(self, address: QueueAddress) -> str:
         """Params queue -> one row: claims currently held on the queue."""
 
     @abstractmethod
@@ -264,18 +317,18 @@ class Dialect(ABC):
         """The parameter that carries several claim tokens into one statement."""
 
     @abstractmethod
-    def ack(self, address: QueueAddress) -> str:
+    def ack_sql(self, address: QueueAddress) -> str:
         """Params tokens, queue: delete the queue's claims; rows: the tokens that were still held."""
 
     @abstractmethod
-    def nack(self, address: QueueAddress) -> str:
+    def nack_sql(self, address: QueueAddress) -> str:
         """Params delay_ms, error, tokens, queue: end leases so the messages come again after delay_ms.
 
         Rows: the tokens that were still held.
         """
 
     @abstractmethod
-    def extend(self, address: QueueAddress) -> str:
+    def extend_sql(self, address: QueueAddress) -> str:
         """Params lease_ms, tokens, queue: renew leases; rows: the tokens still held.
 
         A token is held until it is settled or someone else renews the lapsed claim (which replaces
@@ -283,7 +336,7 @@ class Dialect(ABC):
         """
 
     @abstractmethod
-    def claim_to_error(self, address: QueueAddress, error_address: QueueAddress, shape: TableShape) -> str:
+    def claim_to_error_sql(self, address: QueueAddress, error_address: QueueAddress, shape: TableShape) -> str:
         """Params token, headers: move a claimed message, with new headers, to the error queue."""
 
     # -- errors --------------------------------------------------------------------------------

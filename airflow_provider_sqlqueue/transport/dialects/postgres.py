@@ -120,15 +120,15 @@ class PostgresDialect(Dialect):
 
     # -- installation --------------------------------------------------------------------------
 
-    def install_lock(self, address: QueueAddress) -> str:
+    def install_lock_sql(self, address: QueueAddress) -> str:
         # Serialise concurrent installers of the same table: CREATE ... IF NOT EXISTS alone can
         # still fail with a unique violation in pg_type when two sessions race.
         return f"SELECT pg_advisory_xact_lock(hashtext('sqlqueue'), hashtext({quote_literal(self.qualified_name(address))}))"
 
-    def current_catalog(self) -> str:
+    def current_catalog_sql(self) -> str:
         return "SELECT current_database()"
 
-    def create_queue(self, address: QueueAddress) -> Sequence[str]:
+    def create_queue_sql(self, address: QueueAddress) -> Sequence[str]:
         q = self.qualified_name(address)
         return [
             f"""CREATE TABLE IF NOT EXISTS {q} (
@@ -138,16 +138,16 @@ class PostgresDialect(Dialect):
     Body bytea,
     Seq serial NOT NULL UNIQUE
 )""",
-            self.expires_index_ddl(address),
+            self.expires_index_ddl_sql(address),
         ]
 
-    def add_body_string(self, address: QueueAddress) -> str:
+    def add_body_string_sql(self, address: QueueAddress) -> str:
         return (
             f"ALTER TABLE {self.qualified_name(address)} ADD COLUMN IF NOT EXISTS BodyString text "
             "GENERATED ALWAYS AS (encode(Body, 'escape')) STORED"
         )
 
-    def create_inflight(self, address: QueueAddress) -> Sequence[str]:
+    def create_inflight_sql(self, address: QueueAddress) -> Sequence[str]:
         inflight = self.inflight_address(address)
         f = self.qualified_name(inflight)
         lease_index = quote_ident(inflight.table + "_lease")
@@ -170,12 +170,12 @@ class PostgresDialect(Dialect):
             f"CREATE INDEX IF NOT EXISTS {lease_index} ON {f} (Queue, LeaseUntil)",
         ]
 
-    def drop_queue(self, address: QueueAddress) -> str:
+    def drop_queue_sql(self, address: QueueAddress) -> str:
         return f"DROP TABLE IF EXISTS {self.qualified_name(address)}"
 
     # -- inspection ----------------------------------------------------------------------------
 
-    def queue_columns(self, address: QueueAddress) -> str:
+    def queue_columns_sql(self, address: QueueAddress) -> str:
         return (
             # Exact names: NServiceBus's unquoted columns are folded to lower case, so a quoted "Id" is another column.
             "SELECT a.attname, format_type(a.atttypid, a.atttypmod) "
@@ -185,7 +185,7 @@ class PostgresDialect(Dialect):
             "ORDER BY a.attnum"
         )
 
-    def has_expires_index(self, address: QueueAddress) -> str:
+    def has_expires_index_sql(self, address: QueueAddress) -> str:
         return (
             "SELECT EXISTS (SELECT 1 FROM pg_index i "
             "JOIN pg_class c ON c.oid = i.indrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
@@ -193,7 +193,7 @@ class PostgresDialect(Dialect):
             "WHERE n.nspname = %(schema)s AND c.relname = %(table)s AND a.attname = 'expires')"
         )
 
-    def expires_index_ddl(self, address: QueueAddress) -> str:
+    def expires_index_ddl_sql(self, address: QueueAddress) -> str:
         index = quote_ident(address.table + "_Expires")
         return (
             f"CREATE INDEX IF NOT EXISTS {index} ON {self.qualified_name(address)} (Expires) WHERE Expires IS NOT NULL"
@@ -201,13 +201,13 @@ class PostgresDialect(Dialect):
 
     # -- runtime -------------------------------------------------------------------------------
 
-    def send(self, address: QueueAddress, shape: TableShape) -> str:
+    def send_sql(self, address: QueueAddress, shape: TableShape) -> str:
         return (
             f"INSERT INTO {self.qualified_name(address)} (Id, Expires, Headers, Body) "
             f"VALUES (%(id)s, {_UTC_NOW} + %(ttbr_ms)s::bigint * interval '1 millisecond', %(headers)s, %(body)s)"
         )
 
-    def send_batch(self, address: QueueAddress, count: int, shape: TableShape) -> str:
+    def send_batch_sql(self, address: QueueAddress, count: int, shape: TableShape) -> str:
         # One statement for any number of rows: arrays are unnested server side, in order, so Seq
         # follows the order of the batch. The arrays travel in binary (%(name)b): text-format arrays of
         # JSON headers cost more to escape on the client than the insert costs the server.
@@ -222,7 +222,7 @@ class PostgresDialect(Dialect):
         ids, ttbrs_ms, headers, bodies = (list(column) for column in zip(*rows, strict=True))
         return {"ids": ids, "ttbrs_ms": ttbrs_ms, "headers": headers, "bodies": bodies}
 
-    def receive(self, address: QueueAddress) -> str:
+    def receive_sql(self, address: QueueAddress) -> str:
         # The candidate set is computed once (ARRAY(...) is an init plan), so a concurrent
         # receiver can never make this return more rows than asked -- unlike DELETE ... USING.
         q = self.qualified_name(address)
@@ -232,7 +232,7 @@ class PostgresDialect(Dialect):
             f"RETURNING rs.Id, rs.Expires IS NOT NULL AND rs.Expires <= {_UTC_NOW}, rs.Headers, rs.Body, rs.Seq"
         )
 
-    def peek(self, address: QueueAddress) -> str:
+    def peek_sql(self, address: QueueAddress) -> str:
         # max(Seq) and the lowest unlocked Seq both come off the Seq index: constant time on any
         # queue size, where count(*) would scan the table.
         q = self.qualified_name(address)
@@ -241,46 +241,46 @@ class PostgresDialect(Dialect):
             f"::bigint FROM {q}"
         )
 
-    def depth(self, address: QueueAddress) -> str:
+    def depth_sql(self, address: QueueAddress) -> str:
         return f"SELECT count(*) FROM {self.qualified_name(address)}"
 
-    def purge_expired(self, address: QueueAddress) -> str:
+    def purge_expired_sql(self, address: QueueAddress) -> str:
         q = self.qualified_name(address)
         return (
             f"DELETE FROM {q} WHERE Seq = ANY(ARRAY("
             f"SELECT Seq FROM {q} WHERE Expires < {_UTC_NOW} LIMIT %(limit)s FOR UPDATE SKIP LOCKED))"
         )
 
-    def purge_all(self, address: QueueAddress) -> str:
+    def purge_all_sql(self, address: QueueAddress) -> str:
         return f"DELETE FROM {self.qualified_name(address)}"
 
-    def insert_error(self, error_address: QueueAddress, shape: TableShape) -> str:
+    def insert_error_sql(self, error_address: QueueAddress, shape: TableShape) -> str:
         return f"INSERT INTO {self.qualified_name(error_address)} (Id, Expires, Headers, Body) VALUES (%(id)s, NULL, %(headers)s, %(body)s)"
 
-    def browse(self, address: QueueAddress) -> str:
+    def browse_sql(self, address: QueueAddress) -> str:
         q = self.qualified_name(address)
         return f"SELECT Id, Headers, Body FROM {q} WHERE Expires IS NULL OR Expires > {_UTC_NOW} ORDER BY Seq LIMIT %(limit)s"
 
-    def peek_error_rows(self, error_address: QueueAddress) -> str:
+    def peek_error_rows_sql(self, error_address: QueueAddress) -> str:
         q = self.qualified_name(error_address)
         return f"SELECT Seq, Id, Headers, Body FROM {q} ORDER BY Seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
 
-    def delete_by_seq(self, address: QueueAddress) -> str:
+    def delete_by_seq_sql(self, address: QueueAddress) -> str:
         return f"DELETE FROM {self.qualified_name(address)} WHERE Seq = %(seq)s"
 
     # -- wake-up notifications ----------------------------------------------------------------
 
-    def notify(self, address: QueueAddress) -> str | None:
+    def notify_sql(self, address: QueueAddress) -> str | None:
         # Delivered at commit, and PostgreSQL folds identical notifications of one transaction
         # into one: a batch wakes listeners once.
         return "SELECT pg_notify(%(channel)s, '')"
 
-    def listen(self, channel: str) -> str | None:
+    def listen_sql(self, channel: str) -> str | None:
         return f"LISTEN {quote_ident(channel)}"
 
     # -- claim mode ----------------------------------------------------------------------------
 
-    def claim(self, address: QueueAddress) -> str:
+    def claim_sql(self, address: QueueAddress) -> str:
         q = self.qualified_name(address)
         f = self.qualified_name(self.inflight_address(address))
         return (
@@ -299,7 +299,7 @@ class PostgresDialect(Dialect):
             f"WHERE Expires IS NOT NULL AND Expires <= {_UTC_NOW} ORDER BY Seq"
         )
 
-    def reclaim(self, address: QueueAddress) -> str:
+    def reclaim_sql(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
         return (
             f"UPDATE {f} AS c SET Token = gen_random_uuid(), Deliveries = c.Deliveries + %(deliveries)s, "
@@ -324,10 +324,10 @@ class PostgresDialect(Dialect):
             "c.Deliveries, c.LastError, c.Seq"
         )
 
-    def take(self, address: QueueAddress) -> str:
+    def take_sql(self, address: QueueAddress) -> str:
         return self._take(address, "c.Token = ANY(%(tokens)s::uuid[]) AND c.Queue = %(queue)s AND c.Holder IS NULL")
 
-    def adopt(self, address: QueueAddress) -> str:
+    def adopt_sql(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
         return self._take(
             address,
@@ -335,36 +335,36 @@ class PostgresDialect(Dialect):
             "ORDER BY Seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED))",
         )
 
-    def peek_with_claims(self, address: QueueAddress) -> str:
+    def peek_with_claims_sql(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
-        return f"SELECT ({self.peek(address)}) + (SELECT count(*) FROM {f} WHERE Queue = %(queue)s AND LeaseUntil <= {_UTC_NOW})"
+        return f"SELECT ({self.peek_sql(address)}) + (SELECT count(*) FROM {f} WHERE Queue = %(queue)s AND LeaseUntil <= {_UTC_NOW})"
 
-    def count_inflight(self, address: QueueAddress) -> str:
+    def count_inflight_sql(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
         return f"SELECT count(*) FROM {f} WHERE Queue = %(queue)s"
 
     def token_list(self, tokens: Sequence[uuid.UUID]) -> object:
         return list(tokens)
 
-    def ack(self, address: QueueAddress) -> str:
+    def ack_sql(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
         return f"DELETE FROM {f} WHERE Token = ANY(%(tokens)s::uuid[]) AND Queue = %(queue)s RETURNING Token"
 
-    def nack(self, address: QueueAddress) -> str:
+    def nack_sql(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
         return (
             f"UPDATE {f} SET LeaseUntil = {_UTC_NOW} + %(delay_ms)s::bigint * interval '1 millisecond', LastError = %(error)s "
             "WHERE Token = ANY(%(tokens)s::uuid[]) AND Queue = %(queue)s RETURNING Token"
         )
 
-    def extend(self, address: QueueAddress) -> str:
+    def extend_sql(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
         return (
             f"UPDATE {f} SET LeaseUntil = {_UTC_NOW} + %(lease_ms)s::bigint * interval '1 millisecond' "
             "WHERE Token = ANY(%(tokens)s::uuid[]) AND Queue = %(queue)s RETURNING Token"
         )
 
-    def claim_to_error(self, address: QueueAddress, error_address: QueueAddress, shape: TableShape) -> str:
+    def claim_to_error_sql(self, address: QueueAddress, error_address: QueueAddress, shape: TableShape) -> str:
         f = self.qualified_name(self.inflight_address(address))
         e = self.qualified_name(error_address)
         return (

@@ -217,7 +217,7 @@ class SqlServerDialect(Dialect):
         self._shapes[self.qualified_name(address)] = shape
         return shape
 
-    def current_catalog(self) -> str:
+    def current_catalog_sql(self) -> str:
         return CURRENT_CATALOG
 
     # -- addressing ---------------------------------------------------------------------------
@@ -292,7 +292,7 @@ class SqlServerDialect(Dialect):
         """``[catalog].`` for catalog views of another database, else nothing (the current database)."""
         return quote_ident(address.catalog) + "." if address.catalog is not None else ""
 
-    def install_lock(self, address: QueueAddress) -> str:
+    def install_lock_sql(self, address: QueueAddress) -> str:
         """Serialise concurrent installers of one table until their transaction ends.
 
         The resource is NServiceBus's own, ``[catalog].[schema].[table]_lock`` (its
@@ -311,7 +311,7 @@ class SqlServerDialect(Dialect):
 
     # -- installation --------------------------------------------------------------------------
 
-    def create_queue(self, address: QueueAddress) -> Sequence[str]:
+    def create_queue_sql(self, address: QueueAddress) -> Sequence[str]:
         q = self.qualified_name(address)
         return [
             # Table and indexes together, as NServiceBus's installer creates them, and only when the
@@ -332,16 +332,16 @@ class SqlServerDialect(Dialect):
             # and senders then queue up on that page's latch. Receivers find the oldest row
             # through this index either way.
             f"CREATE NONCLUSTERED INDEX [Index_RowVersion] ON {q} (RowVersion); "
-            f"{self.expires_index_ddl(address)}; END",
+            f"{self.expires_index_ddl_sql(address)}; END",
         ]
 
-    def add_body_string(self, address: QueueAddress) -> str:
+    def add_body_string_sql(self, address: QueueAddress) -> str:
         return (
             f"IF COL_LENGTH({self._object_name(address)}, N'BodyString') IS NULL "
             f"ALTER TABLE {self.qualified_name(address)} ADD BodyString AS CAST(Body AS nvarchar(max))"
         )
 
-    def create_inflight(self, address: QueueAddress) -> Sequence[str]:
+    def create_inflight_sql(self, address: QueueAddress) -> Sequence[str]:
         inflight = self.inflight_address(address)
         f = self.qualified_name(inflight)
         return [
@@ -364,12 +364,12 @@ class SqlServerDialect(Dialect):
             f"IF COL_LENGTH({self._object_name(inflight)}, N'Holder') IS NULL ALTER TABLE {f} ADD Holder nvarchar(400) NULL",
         ]
 
-    def drop_queue(self, address: QueueAddress) -> str:
+    def drop_queue_sql(self, address: QueueAddress) -> str:
         return f"DROP TABLE IF EXISTS {self.qualified_name(address)}"
 
     # -- inspection ----------------------------------------------------------------------------
 
-    def queue_columns(self, address: QueueAddress) -> str:
+    def queue_columns_sql(self, address: QueueAddress) -> str:
         c = self._catalog_prefix(address)
         return (
             f"SELECT LOWER(col.name), typ.name FROM {c}sys.columns AS col "
@@ -379,7 +379,7 @@ class SqlServerDialect(Dialect):
             "WHERE sch.name = %(schema)s AND tab.name = %(table)s ORDER BY col.column_id"
         )
 
-    def has_expires_index(self, address: QueueAddress) -> str:
+    def has_expires_index_sql(self, address: QueueAddress) -> str:
         c = self._catalog_prefix(address)
         return (
             "SELECT CASE WHEN EXISTS (SELECT 1 "
@@ -391,7 +391,7 @@ class SqlServerDialect(Dialect):
             "THEN 1 ELSE 0 END"
         )
 
-    def expires_index_ddl(self, address: QueueAddress) -> str:
+    def expires_index_ddl_sql(self, address: QueueAddress) -> str:
         return (
             f"CREATE NONCLUSTERED INDEX [Index_Expires] ON {self.qualified_name(address)} (Expires) "
             "INCLUDE (Id, RowVersion) WHERE Expires IS NOT NULL"
@@ -414,7 +414,7 @@ class SqlServerDialect(Dialect):
             f"FROM (VALUES {values}) AS v(Ord, Id, Ttbr, Headers, Body) ORDER BY v.Ord"
         )
 
-    def send(self, address: QueueAddress, shape: TableShape) -> str:
+    def send_sql(self, address: QueueAddress, shape: TableShape) -> str:
         return self._insert_values(address, [""], shape)
 
     def batch_size(self, rows: Sequence[SendRow]) -> int:
@@ -426,7 +426,7 @@ class SqlServerDialect(Dialect):
                 return max(count, 1)
         return min(len(rows), ROWS_PER_INSERT)
 
-    def send_batch(self, address: QueueAddress, count: int, shape: TableShape) -> str:
+    def send_batch_sql(self, address: QueueAddress, count: int, shape: TableShape) -> str:
         return self._insert_values(address, [str(n) for n in range(1, count + 1)], shape)
 
     def send_batch_params(self, rows: Sequence[SendRow]) -> dict[str, object]:
@@ -438,7 +438,7 @@ class SqlServerDialect(Dialect):
     def _expired(self, alias: str) -> str:
         return f"CASE WHEN {alias}.Expires IS NOT NULL AND {alias}.Expires <= {_UTC_NOW} THEN 1 ELSE 0 END"
 
-    def receive(self, address: QueueAddress) -> str:
+    def receive_sql(self, address: QueueAddress) -> str:
         # UPDLOCK + READPAST + ROWLOCK: each receiver locks the oldest rows nobody else holds and
         # skips the rest, so competing receivers never wait on or return each other's rows.
         return (
@@ -448,7 +448,7 @@ class SqlServerDialect(Dialect):
             "deleted.RowVersion"
         )
 
-    def peek(self, address: QueueAddress) -> str:
+    def peek_sql(self, address: QueueAddress) -> str:
         # MIN and MAX come off Index_RowVersion: constant time on any queue size, where COUNT
         # would scan. READPAST leaves out rows receivers hold.
         return (
@@ -456,19 +456,19 @@ class SqlServerDialect(Dialect):
             f"FROM {self.qualified_name(address)} WITH (READPAST, READCOMMITTEDLOCK)"
         )
 
-    def depth(self, address: QueueAddress) -> str:
+    def depth_sql(self, address: QueueAddress) -> str:
         return f"SELECT COUNT_BIG(*) FROM {self.qualified_name(address)} WITH (READPAST, READCOMMITTEDLOCK)"
 
-    def purge_expired(self, address: QueueAddress) -> str:
+    def purge_expired_sql(self, address: QueueAddress) -> str:
         return (
             f"WITH expired AS (SELECT TOP (%(limit)s) * FROM {self.qualified_name(address)} "
             f"WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Expires < {_UTC_NOW}) DELETE FROM expired"
         )
 
-    def purge_all(self, address: QueueAddress) -> str:
+    def purge_all_sql(self, address: QueueAddress) -> str:
         return f"DELETE FROM {self.qualified_name(address)}"
 
-    def insert_error(self, error_address: QueueAddress, shape: TableShape) -> str:
+    def insert_error_sql(self, error_address: QueueAddress, shape: TableShape) -> str:
         # The body is typed: a NULL body (NServiceBus allows one) bound by pyodbc without a type
         # would arrive as varchar, which SQL Server refuses to convert to varbinary implicitly.
         if shape.recoverable:
@@ -481,24 +481,24 @@ class SqlServerDialect(Dialect):
             "VALUES (%(id)s, NULL, %(headers)s, CAST(%(body)s AS varbinary(max)))"
         )
 
-    def browse(self, address: QueueAddress) -> str:
+    def browse_sql(self, address: QueueAddress) -> str:
         return (
             f"SELECT TOP (%(limit)s) Id, Headers, Body FROM {self.qualified_name(address)} WITH (READPAST, READCOMMITTEDLOCK) "
             f"WHERE Expires IS NULL OR Expires > {_UTC_NOW} ORDER BY RowVersion"
         )
 
-    def peek_error_rows(self, error_address: QueueAddress) -> str:
+    def peek_error_rows_sql(self, error_address: QueueAddress) -> str:
         return (
             f"SELECT TOP (%(limit)s) RowVersion, Id, Headers, Body FROM {self.qualified_name(error_address)} "
             "WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion"
         )
 
-    def delete_by_seq(self, address: QueueAddress) -> str:
+    def delete_by_seq_sql(self, address: QueueAddress) -> str:
         return f"DELETE FROM {self.qualified_name(address)} WHERE RowVersion = %(seq)s"
 
     # -- claim mode ----------------------------------------------------------------------------
 
-    def claim(self, address: QueueAddress) -> str:
+    def claim_sql(self, address: QueueAddress) -> str:
         q = self.qualified_name(address)
         f = self.qualified_name(self.inflight_address(address))
         # One batch: delete the oldest unlocked rows into a table variable, move the unexpired ones
@@ -527,7 +527,7 @@ class SqlServerDialect(Dialect):
             "WHERE t.Expires IS NOT NULL AND t.Expires <= @now"
         )
 
-    def reclaim(self, address: QueueAddress) -> str:
+    def reclaim_sql(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
         return (
             "DECLARE @deliveries int = %(deliveries)s, @lease_ms bigint = %(lease_ms)s, @holder nvarchar(400) = %(holder)s, "
@@ -550,7 +550,7 @@ class SqlServerDialect(Dialect):
             "inserted.Deliveries, inserted.LastError, inserted.Seq"
         )
 
-    def take(self, address: QueueAddress) -> str:
+    def take_sql(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
         return (
             "DECLARE @lease_ms bigint = %(lease_ms)s, @holder nvarchar(400) = %(holder)s, @tokens nvarchar(max) = %(tokens)s, "
@@ -561,7 +561,7 @@ class SqlServerDialect(Dialect):
             )
         )
 
-    def adopt(self, address: QueueAddress) -> str:
+    def adopt_sql(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
         return (
             "DECLARE @lease_ms bigint = %(lease_ms)s, @holder nvarchar(400) = %(holder)s, @queue nvarchar(450) = %(queue)s, "
@@ -572,14 +572,14 @@ class SqlServerDialect(Dialect):
             )
         )
 
-    def peek_with_claims(self, address: QueueAddress) -> str:
+    def peek_with_claims_sql(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
         return (
-            f"SELECT ({self.peek(address)}) + "
+            f"SELECT ({self.peek_sql(address)}) + "
             f"(SELECT COUNT_BIG(*) FROM {f} WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = %(queue)s AND LeaseUntil <= {_LEASE_NOW})"
         )
 
-    def count_inflight(self, address: QueueAddress) -> str:
+    def count_inflight_sql(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
         return f"SELECT COUNT_BIG(*) FROM {f} WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = %(queue)s"
 
@@ -587,7 +587,7 @@ class SqlServerDialect(Dialect):
         # A JSON array of token strings, opened server side with OPENJSON (SQL Server 2016+).
         return json.dumps([str(token) for token in tokens])
 
-    def ack(self, address: QueueAddress) -> str:
+    def ack_sql(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
         return (
             "DECLARE @tokens nvarchar(max) = %(tokens)s, @queue nvarchar(450) = %(queue)s; "
@@ -595,7 +595,7 @@ class SqlServerDialect(Dialect):
             "DELETE FROM settled OUTPUT deleted.Token"
         )
 
-    def nack(self, address: QueueAddress) -> str:
+    def nack_sql(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
         return (
             "DECLARE @delay_ms bigint = %(delay_ms)s, @error nvarchar(max) = %(error)s, @tokens nvarchar(max) = %(tokens)s, "
@@ -605,7 +605,7 @@ class SqlServerDialect(Dialect):
             "OUTPUT inserted.Token"
         )
 
-    def extend(self, address: QueueAddress) -> str:
+    def extend_sql(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
         return (
             "DECLARE @lease_ms bigint = %(lease_ms)s, @tokens nvarchar(max) = %(tokens)s, @queue nvarchar(450) = %(queue)s; "
@@ -613,7 +613,7 @@ class SqlServerDialect(Dialect):
             f"UPDATE held SET LeaseUntil = {_after_ms('@lease_ms', _LEASE_NOW)} OUTPUT inserted.Token"
         )
 
-    def claim_to_error(self, address: QueueAddress, error_address: QueueAddress, shape: TableShape) -> str:
+    def claim_to_error_sql(self, address: QueueAddress, error_address: QueueAddress, shape: TableShape) -> str:
         f = self.qualified_name(self.inflight_address(address))
         e = self.qualified_name(error_address)
         recoverable = ("Recoverable, ", "1, ") if shape.recoverable else ("", "")

@@ -171,7 +171,7 @@ class AsyncPsycopgSession(AsyncSession):
         with translated(self.dialect, psycopg.Error):
             for channel in channels:
                 if channel not in self._listening:
-                    await self.connection.execute(self.dialect.listen(channel))
+                    await self.connection.execute(self.dialect.listen_sql(channel))
                     self._listening.add(channel)
             woken = False
             async for _ in self.connection.notifies(timeout=timeout, stop_after=1):

@@ -1,19 +1,17 @@
-"""Addressing and header encoding: pure functions, checked exhaustively and with generated input."""
+"""Addressing (``transport/addressing.py`` and the PostgreSQL address syntax): pure functions, checked
+exhaustively and with generated input; and the transport's independence from Airflow."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
-from datetime import timedelta
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airflow_provider_sqlqueue.transport import InvalidHeadersError, InvalidQueueNameError, Message, QueueAddress
+from airflow_provider_sqlqueue.transport import InvalidQueueNameError, QueueAddress
 from airflow_provider_sqlqueue.transport.dialects.postgres import PostgresDialect, quote_ident
-from airflow_provider_sqlqueue.transport.message import decode_headers, encode_headers, wire_timespan
 
 pg = PostgresDialect()
 names = st.text(
@@ -68,38 +66,6 @@ def test_quoted_identifier_is_one_token(name):
     assert '"' not in inner and "%" not in inner
 
 
-header_maps = st.dictionaries(st.text(max_size=30), st.one_of(st.none(), st.text(max_size=60)), max_size=12)
-
-
-@given(headers=header_maps)
-@settings(max_examples=300)
-def test_headers_round_trip(headers):
-    assert decode_headers(encode_headers(headers)) == headers
-
-
-@given(headers=header_maps)
-def test_headers_read_with_ascii_escapes_and_escaped_slashes(headers):
-    escaped = json.dumps(headers, ensure_ascii=True).replace("/", "\\/")
-    assert decode_headers(escaped) == headers
-
-
-def test_empty_headers_text_is_no_headers():
-    assert decode_headers("") == {}
-
-
-@pytest.mark.parametrize(
-    "text", [" ", "nope", "[]", '"str"', "1", '{"a": 1}', '{"a": {"b": "c"}}', '{"a": ["x"]}', None]
-)
-def test_malformed_headers_are_rejected(text):
-    with pytest.raises(InvalidHeadersError):
-        decode_headers(text)
-
-
-def test_wire_timespan_matches_dotnet():
-    assert wire_timespan(timedelta(minutes=5)) == "00:05:00"
-    assert wire_timespan(timedelta(days=2, hours=3, seconds=4, milliseconds=250)) == "2.03:00:04.2500000"
-
-
 def test_transport_imports_without_airflow():
     """The core runs on Spark executors and in plain scripts: importing it must not pull in Airflow."""
     code = (
@@ -118,27 +84,3 @@ def test_transport_imports_without_airflow():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok QueueClient"
-
-
-def test_ascii_only_headers_are_the_same_json_in_ascii():
-    headers = {"city": "Zürich 東京", "emoji": "\U0001f600"}
-    text = encode_headers(headers, ascii_only=True)
-    assert text.isascii() and decode_headers(text) == headers
-    assert Message(b"", headers).wire_headers(ascii_only=True).isascii()
-
-
-def test_a_varchar_headers_table_is_written_ascii_and_warned_about(caplog):
-    import logging
-
-    from airflow_provider_sqlqueue.transport.dialects import get_dialect
-
-    dialect = get_dialect("sqlserver")
-    address = QueueAddress("legacy")
-    assert dialect.table_shape(address) is None  # unknown until the catalog was read
-    with caplog.at_level(logging.WARNING, logger="airflow_provider_sqlqueue"):
-        shape = dialect.learn_table_shape(
-            address, [("id", "uniqueidentifier"), ("headers", "varchar"), ("body", "varbinary")]
-        )
-    assert (shape.recoverable, shape.ascii_headers) == (False, True)
-    assert dialect.table_shape(address) == shape
-    assert "varchar Headers column" in caplog.text
