@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import airflow
@@ -68,6 +69,9 @@ def test_hook_round_trip_on_a_postgres_connection(conn_id, client, queue, schema
     assert hook.nack(name, [claimed.claim_token], error="try later") == 1
     [again] = hook.receive(name, transaction_mode="claim")
     assert again.id == claimed.id and again.deliveries == 2
+    assert (
+        hook.extend(name, [again.claim_token, uuid.uuid4()], lease=60) == 1
+    )  # one statement; the stranger is not held
     assert hook.ack(name, [again.claim_token]) == 1 and hook.inflight(name) == 0
     [gone] = hook.receive(name, transaction_mode="none")
     assert gone.text == "b"

@@ -43,6 +43,7 @@ from ..transport.drivers import (
     AsyncThreadSession,
     PsycopgSession,
     Session,
+    opening,
     session_over,
 )
 from ..transport.errors import SqlQueueError
@@ -190,15 +191,8 @@ class SqlQueueHook(BaseHook):
         return session_over(_sqlserver_hook(conn).get_conn(), owned=True)
 
     def _connect(self, conn: Connection) -> Session:
-        try:
+        with opening(get_dialect(dialect_of(conn)), f"connection {conn.conn_id!r}"):
             return self._open_session(conn)
-        except SqlQueueError:
-            raise
-        except Exception as exc:  # the driver's own error: say which connection could not be opened
-            error = get_dialect(dialect_of(conn)).translate_error(exc, f"connection {conn.conn_id!r}")
-            if error is None:
-                raise
-            raise error from exc
 
     def get_conn(self) -> QueueClient:
         """A new blocking client on its own autocommit connection; close it (or use :meth:`client`)."""
@@ -396,6 +390,11 @@ class SqlQueueHook(BaseHook):
             return client.forward(
                 {q: list(t) for q, t in claims.items()}, {q: list(m) for q, m in sends.items()}, notify=notify
             )
+
+    def extend(self, queue_name: str, tokens: Iterable[Token], lease: timedelta | float = defaults.LEASE) -> int:
+        """Renew claims for another ``lease`` in one statement; returns how many were still held."""
+        with self.client() as client:
+            return len(client.extend(queue_name, list(tokens), lease))
 
     def keep_claims(self, claims: Mapping[str, Iterable[Token]], lease: timedelta = defaults.LEASE) -> LeaseKeeper:
         """A :class:`~airflow_provider_sqlqueue.transport.lease.LeaseKeeper` renewing ``claims`` on connections of this hook."""

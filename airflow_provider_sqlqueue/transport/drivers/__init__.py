@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..dialects import Dialect, get_dialect
-from .base import AsyncSession, AsyncSessionPool, Session, close_quietly
+from .base import AsyncSession, AsyncSessionPool, Session, close_quietly, opening
 from .postgres import AsyncPsycopgPool, AsyncPsycopgSession, PsycopgSession
 from .sqlserver import PYMSSQL_SCHEMES, PYODBC_SCHEMES, PymssqlSession, PyodbcSession, is_odbc_string
 from .threads import AsyncThreadPool, AsyncThreadSession
@@ -34,6 +34,7 @@ __all__ = [
     "open_async_session",
     "open_pool",
     "open_session",
+    "opening",
     "session_over",
 ]
 

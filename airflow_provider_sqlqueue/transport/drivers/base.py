@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from typing import Any, NoReturn, TypeVar
 
 from ..dialects import Dialect
+from ..errors import SqlQueueError
 from ..operations import Fetch, Operation, Step, drive, drive_async, is_single_statement
 
 T = TypeVar("T")
@@ -30,6 +31,18 @@ def raise_translated(dialect: Dialect, exc: BaseException, step: Step) -> NoRetu
     if error is None:
         raise exc
     raise error from exc
+
+
+@contextmanager
+def opening(dialect: Dialect, what: str) -> Iterator[None]:
+    """Translate any driver error raised while a connection is opened outside the transport (e.g. by
+    an Airflow hook), reported against ``what``; the transport's own errors pass unchanged."""
+    try:
+        yield
+    except SqlQueueError:
+        raise
+    except Exception as exc:
+        raise_translated(dialect, exc, Step("", {}, Fetch.NONE, what))
 
 
 @contextmanager

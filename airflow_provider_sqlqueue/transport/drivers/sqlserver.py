@@ -14,7 +14,7 @@ from ..dialects import get_dialect
 from ..dialects import sqlserver as tsql
 from ..errors import TransportMisconfiguredError
 from ..operations import Fetch, Step
-from .base import ANY_STEP, Session, raise_translated
+from .base import Session, translated
 
 #: URI schemes of SQL Server, and which driver each one opens.
 PYMSSQL_SCHEMES = ("mssql", "sqlserver", "mssql+pymssql")
@@ -201,8 +201,9 @@ class _SqlServerSession(Session):
     def autocommits(self) -> bool:
         return self._depth == 0  # the connection is kept in autocommit mode; _depth counts open transactions
 
-    def _driver_error(self, exc: BaseException) -> bool:
-        return type(exc).__module__.split(".", 1)[0] == self.driver
+    @abstractmethod
+    def _driver_errors(self) -> tuple[type[BaseException], ...]:
+        """The driver's exception classes, which :meth:`execute` translates."""
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
@@ -228,17 +229,13 @@ class _SqlServerSession(Session):
         self.execute(Step(self.dialect.commit_sql, {}, Fetch.NONE, "the database"))
 
     def execute(self, step: Step) -> Any:
-        try:
+        with translated(self.dialect, self._driver_errors(), step):
             cursor = self.connection.cursor()
             try:
                 self._execute(cursor, step.sql, step.params)
                 return _fetch_results(cursor, step)
             finally:
                 cursor.close()
-        except Exception as exc:
-            if not self._driver_error(exc):
-                raise
-            raise_translated(self.dialect, exc, step)
 
 
 class PymssqlSession(_SqlServerSession):
@@ -255,6 +252,12 @@ class PymssqlSession(_SqlServerSession):
     def _driver_autocommits(self) -> bool:
         return bool(self.connection.autocommit_state)
 
+    def _driver_errors(self) -> tuple[type[BaseException], ...]:
+        import pymssql
+        from pymssql import _mssql
+
+        return (pymssql.Error, _mssql.MSSQLException)
+
     @classmethod
     def connect(cls, uri: str, **kwargs: Any) -> PymssqlSession:
         """Open ``mssql://user:password@host:port/database?login_timeout=10`` in autocommit mode."""
@@ -265,7 +268,7 @@ class PymssqlSession(_SqlServerSession):
         for key in ("login_timeout", "timeout"):
             if key in options:
                 options[key] = int(options[key])
-        try:
+        with translated(get_dialect("sqlserver"), pymssql.Error):
             connection = pymssql.connect(
                 server=parts.hostname or "localhost",
                 port=str(parts.port or 1433),
@@ -275,8 +278,6 @@ class PymssqlSession(_SqlServerSession):
                 autocommit=True,
                 **options,
             )
-        except pymssql.Error as exc:
-            raise_translated(get_dialect("sqlserver"), exc, ANY_STEP)
         return cls(connection, owned=True)
 
     def _execute(self, cursor: Any, sql: str, params: Params) -> None:
@@ -292,16 +293,19 @@ class PyodbcSession(_SqlServerSession):
     def _driver_autocommits(self) -> bool:
         return bool(self.connection.autocommit)
 
+    def _driver_errors(self) -> tuple[type[BaseException], ...]:
+        import pyodbc
+
+        return (pyodbc.Error,)
+
     @classmethod
     def connect(cls, target: str, **kwargs: Any) -> PyodbcSession:
         """Open an ODBC connection string, or ``mssql+pyodbc://user:password@host:port/db?driver=FreeTDS``."""
         import pyodbc
 
         connection_string = target if is_odbc_string(target) else odbc_connection_string(target)
-        try:
+        with translated(get_dialect("sqlserver"), pyodbc.Error):
             connection = pyodbc.connect(connection_string, autocommit=True, **kwargs)
-        except pyodbc.Error as exc:
-            raise_translated(get_dialect("sqlserver"), exc, ANY_STEP)
         return cls(connection, owned=True)
 
     def _execute(self, cursor: Any, sql: str, params: Params) -> None:
