@@ -205,6 +205,16 @@ def test_retry_errors_sends_messages_back_without_failure_headers(client, queue,
 POISON_HEADERS = ["not json at all", '["a", "list"]', '{"nested": {"x": 1}}', '{"number": 5}', "null"]
 
 
+def receive_one(client, queue, mode):
+    """Receive one message in ``mode`` (none, native or claim); a list, empty when nothing came."""
+    if mode == "none":
+        return client.receive(queue, 1)
+    if mode == "native":
+        with client.receive_native(queue) as message:
+            return [message] if message is not None else []
+    return client.claim(queue, 1)
+
+
 def insert_poison(raw, schema, backend, headers_text):
     poison_id = uuid.uuid4()
     backend.nservicebus_send(raw, schema, "orders", poison_id, headers_text, b"\xde\xad")
@@ -218,15 +228,7 @@ def test_poison_row_goes_to_error_queue_unchanged_and_never_blocks(
 ):
     poison_id = insert_poison(raw, schema, backend, headers_text)
     client.send(queue, Message("good"))
-
-    if mode == "none":
-        got = client.receive(queue, 1)
-    elif mode == "native":
-        with client.receive_native(queue) as message:
-            got = [message]
-    else:
-        got = client.claim(queue, 1)
-
+    got = receive_one(client, queue, mode)
     assert [m.text for m in got] == ["good"]
     assert error_rows(raw, schema, backend) == [(poison_id, headers_text, b"\xde\xad")]
     assert client.depth(queue) == 0
@@ -237,13 +239,7 @@ def test_poison_row_goes_to_error_queue_unchanged_and_never_blocks(
 def test_empty_headers_are_no_headers_as_nservicebus_reads_them(client, queue, raw, schema, mode, backend):
     """An empty Headers text is a message without headers to NServiceBus; it is delivered, not dead-lettered."""
     message_id = insert_poison(raw, schema, backend, "")
-    if mode == "none":
-        got = client.receive(queue, 1)
-    elif mode == "native":
-        with client.receive_native(queue) as message:
-            got = [message]
-    else:
-        got = client.claim(queue, 1)
+    got = receive_one(client, queue, mode)
     assert [(m.id, m.headers, m.body) for m in got] == [(message_id, {}, b"\xde\xad")]
     assert error_rows(raw, schema, backend) == []
 

@@ -322,18 +322,21 @@ class SqlQueueHook(BaseHook):
         holder: str | None = None,
     ) -> list[dict[str, Any]]:
         """:meth:`receive`, returning the JSON-safe dicts that XCom and trigger events carry."""
-        with self.client() as client:
-            received = _receive(
-                client,
-                queue_name,
-                max_messages,
-                TransactionMode(transaction_mode),
-                lease,
-                max_deliveries,
-                error_queue,
-                holder,
-            )
-            return _as_dicts(client, queue_name, received)
+        received = self.receive(
+            queue_name,
+            max_messages,
+            transaction_mode=transaction_mode,
+            lease=lease,
+            max_deliveries=max_deliveries,
+            error_queue=error_queue,
+            holder=holder,
+        )
+        return [message.to_dict(self.canonical_address(queue_name)) for message in received]
+
+    def canonical_address(self, queue_name: str) -> str:
+        """The queue's address as NServiceBus writes it, which settling the messages later needs."""
+        dialect = get_dialect(self.dialect_name)
+        return dialect.format_address(dialect.parse_address(queue_name))
 
     def take_dicts(
         self,
