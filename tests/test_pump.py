@@ -6,10 +6,12 @@ import asyncio
 import logging
 from collections import Counter
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 
 from airflow_provider_sqlqueue.transport import AsyncPsycopgPool, Message, MessagePump, QueueAddress
+from airflow_provider_sqlqueue.transport.dialects import get_dialect
 from airflow_provider_sqlqueue.transport.drivers import AsyncSessionPool, AsyncThreadPool, PsycopgSession, open_pool
 from airflow_provider_sqlqueue.transport.pump import check_peek_interval, parse_timespan
 from tests.backends import aexecute
@@ -100,8 +102,9 @@ async def pool(backend):
     await p.close()
 
 
+@pytest.mark.parametrize("batch", [None, 25], ids=["batch-of-concurrency", "batch-25"])
 @pytest.mark.parametrize("mode", ["none", "native", "claim"])
-async def test_pump_drains_with_at_most_max_concurrency_in_flight(pool, client, queue, schema, mode):
+async def test_pump_drains_with_at_most_max_concurrency_in_flight(pool, client, queue, schema, mode, batch):
     client.send(queue, [Message(str(i)) for i in range(150)])
     seen: Counter[str] = Counter()
     in_flight = 0
@@ -122,6 +125,7 @@ async def test_pump_drains_with_at_most_max_concurrency_in_flight(pool, client, 
         transaction_mode=mode,
         error_queue=QueueAddress("error", schema),
         max_concurrency=3,
+        receive_batch_size=batch,
         peek_interval=0.1,
     )
     await run_until(pump, lambda: len(seen) == 150)
@@ -130,6 +134,38 @@ async def test_pump_drains_with_at_most_max_concurrency_in_flight(pool, client, 
     assert 1 < peak <= 3
     assert client.depth(queue) == 0 and client.inflight(queue) == 0
     assert pump.handled == 150 and pump.failed == 0
+
+
+async def test_a_claim_batch_settles_each_message_by_its_own_outcome(pool, client, queue, raw, schema):
+    """In one claimed batch, handled messages are acknowledged together and a failing one alone comes back."""
+    client.send(queue, [Message(f"m{i}") for i in range(20)])
+    attempts: Counter[str] = Counter()
+
+    async def handler(message, connection):
+        attempts[message.text] += 1
+        if message.text == "m7" and attempts["m7"] == 1:
+            raise ValueError("first attempt of m7 fails")
+
+    pump = MessagePump(
+        pool,
+        queue,
+        handler,
+        transaction_mode="claim",
+        error_queue=QueueAddress("error", schema),
+        max_concurrency=4,
+        receive_batch_size=20,
+        peek_interval=0.05,
+    )
+    await run_until(pump, lambda: attempts["m7"] == 2 and client.inflight(queue) == 0)
+    assert attempts == Counter({f"m{i}": 2 if i == 7 else 1 for i in range(20)})
+    assert pump.handled == 20 and pump.failed == 1
+    assert client.depth(queue) == 0 and client.depth(QueueAddress("error", schema)) == 0
+
+
+def test_receive_batch_size_is_checked():
+    never_used = SimpleNamespace(dialect=get_dialect("postgres"))  # the pump is built, never run
+    with pytest.raises(ValueError, match="receive_batch_size must be between 1 and"):
+        MessagePump(never_used, QueueAddress("orders"), lambda m, c: None, receive_batch_size=0)
 
 
 async def test_pump_only_peeks_while_idle_and_picks_up_messages_sent_later(backend, client, queue, schema):

@@ -116,6 +116,7 @@ class MessagePump:
         max_concurrency: int = 1,
         peek_interval: float = defaults.PEEK_INTERVAL,
         peek_batch_size: int = 50,
+        receive_batch_size: int | None = None,
         lease: timedelta = defaults.LEASE,
         max_deliveries: int = defaults.MAX_DELIVERIES,
         smallest_ttbr: timedelta | None = None,
@@ -126,6 +127,9 @@ class MessagePump:
             raise ValueError(f"max_concurrency must be at least 1, got {max_concurrency}")
         if peek_batch_size < 1:
             raise ValueError(f"peek_batch_size must be at least 1, got {peek_batch_size}")
+        receive_batch_size = max_concurrency if receive_batch_size is None else receive_batch_size
+        if not 1 <= receive_batch_size <= defaults.MAX_BATCH:
+            raise ValueError(f"receive_batch_size must be between 1 and {defaults.MAX_BATCH}, got {receive_batch_size}")
         peek_interval = duration("peek_interval", peek_interval, maximum=defaults.MAX_PEEK_INTERVAL).total_seconds()
         self.pool = pool
         self.dialect = pool.dialect
@@ -137,6 +141,7 @@ class MessagePump:
         self.max_concurrency = max_concurrency
         self.peek_interval = peek_interval
         self.peek_batch_size = peek_batch_size
+        self.receive_batch_size = receive_batch_size
         self.lease = lease
         self.lease_ms = lease_ms(lease)
         self.holder = default_holder()
@@ -159,10 +164,12 @@ class MessagePump:
     async def run(self) -> None:
         """Peek and receive until stopped. Returns once in-flight handlers are done."""
         log.info(
-            "Queue %s: pump started (transaction_mode=%s, max_concurrency=%d, peek_interval=%.3gs, peek_batch_size=%d)",
+            "Queue %s: pump started (transaction_mode=%s, max_concurrency=%d, receive_batch_size=%d, "
+            "peek_interval=%.3gs, peek_batch_size=%d)",
             self.name,
             self.transaction_mode.value,
             self.max_concurrency,
+            self.receive_batch_size,
             self.peek_interval,
             self.peek_batch_size,
         )
@@ -207,7 +214,100 @@ class MessagePump:
             pass
 
     async def _receive_mode(self, budget: int) -> int:
-        """Run up to ``budget`` receives, at most ``max_concurrency`` at once; stop at the first empty one."""
+        """Receive and handle up to ``budget`` messages; stop when the queue runs dry.
+
+        ``none`` and ``claim`` receive ``receive_batch_size`` messages per statement and run their
+        handlers ``max_concurrency`` at a time; ``native`` keeps one transaction per message, since
+        the handler's own writes commit with its receive.
+        """
+        if self.transaction_mode is TransactionMode.NATIVE:
+            return await self._receive_singly(budget)
+        received = 0
+        while received < budget and not self._stop.is_set():
+            wanted = min(self.receive_batch_size, budget - received)
+            try:
+                got = await self._receive_batch(wanted)
+            except Exception as exc:  # database failure mid-receive: the transaction rolled back
+                await self._sleep(self.breaker.failure(exc, self.name))
+                break
+            received += got
+            if got < wanted:
+                break
+        return received
+
+    async def _receive_batch(self, wanted: int) -> int:
+        """One receive (none) or claim (claim) of up to ``wanted`` messages, handled; returns how many came."""
+        async with self.pool.session() as session:
+            if self.transaction_mode is TransactionMode.NONE:
+                messages = await session.run(ops.receive(self.dialect, self.queue, self.error_queue, wanted))
+            else:
+                messages = await session.run(
+                    ops.claim(
+                        self.dialect,
+                        self.queue,
+                        self.error_queue,
+                        wanted,
+                        self.lease_ms,
+                        self.max_deliveries,
+                        self.holder,
+                    )
+                )
+        if not messages:
+            return 0
+        if self.transaction_mode is TransactionMode.NONE:
+            outcomes = await self._handle_all(messages)
+            for message, error in zip(messages, outcomes, strict=True):
+                if error is not None:
+                    await self._copy_to_error(message, error)
+            return len(messages)
+        tokens = [message.claim_token for message in messages]
+        renewing = asyncio.create_task(self._renew(tokens))
+        try:
+            outcomes = await self._handle_all(messages)
+        finally:
+            renewing.cancel()
+        await self._settle(messages, outcomes)
+        return len(messages)
+
+    async def _handle_all(self, messages: list[ReceivedMessage]) -> list[BaseException | None]:
+        """Run the handler on every message, at most ``max_concurrency`` at once; each one's failure or None."""
+        slots = asyncio.Semaphore(self.max_concurrency)
+
+        async def one(message: ReceivedMessage) -> BaseException | None:
+            async with slots:
+                return await self._handle(message, None)
+
+        return list(await asyncio.gather(*(one(message) for message in messages)))
+
+    async def _copy_to_error(self, message: ReceivedMessage, error: BaseException) -> None:
+        """A failed message of ``none`` mode is already gone from the queue: keep a copy in the error queue."""
+        try:
+            async with self.pool.session() as session:
+                await session.run(ops.move_to_error(self.dialect, self.queue, self.error_queue, message, error))
+        except Exception as exc:  # best effort: the failure is logged, the pump goes on
+            log.error("Queue %s: could not copy failed message %s to the error queue: %s", self.name, message.id, exc)
+
+    async def _settle(self, messages: list[ReceivedMessage], outcomes: list[BaseException | None]) -> None:
+        """Acknowledge the handled claims in one statement; give each failed one back with its failure."""
+        done = [m.claim_token for m, error in zip(messages, outcomes, strict=True) if error is None and m.claim_token]
+        held: set[Any] = set()
+        async with self.pool.session() as session:
+            if done:
+                held |= await session.run(ops.ack(self.dialect, self.queue, done))
+            for message, error in zip(messages, outcomes, strict=True):
+                if error is not None and message.claim_token is not None:
+                    failure = Failure.of(error, self.name)
+                    held |= await session.run(ops.nack(self.dialect, self.queue, [message.claim_token], failure, 0))
+        for message in messages:
+            if message.claim_token not in held:
+                log.warning(
+                    "Queue %s: lease on message %s ran out before it was settled; it may be handled again",
+                    self.name,
+                    message.id,
+                )
+
+    async def _receive_singly(self, budget: int) -> int:
+        """Run up to ``budget`` native receives, at most ``max_concurrency`` at once; stop at the first empty one."""
         slots = asyncio.Semaphore(self.max_concurrency)
         exhausted = asyncio.Event()
         tasks: set[asyncio.Task[bool]] = set()
@@ -215,7 +315,7 @@ class MessagePump:
 
         async def one() -> bool:
             try:
-                got = await self._receive_one()
+                got = await self._receive_native()
             except Exception as exc:  # database failure mid-receive: the transaction rolled back
                 exhausted.set()
                 await self._sleep(self.breaker.failure(exc, self.name))
@@ -235,13 +335,6 @@ class MessagePump:
         for result in await asyncio.gather(*tasks):
             received += int(result)
         return received
-
-    async def _receive_one(self) -> bool:
-        if self.transaction_mode is TransactionMode.NONE:
-            return await self._receive_none()
-        if self.transaction_mode is TransactionMode.NATIVE:
-            return await self._receive_native()
-        return await self._receive_claim()
 
     def _note_ttbr(self, message: ReceivedMessage) -> None:
         if self._ttbr_warned:
@@ -263,24 +356,6 @@ class MessagePump:
             return exc
         self.handled += 1
         return None
-
-    async def _receive_none(self) -> bool:
-        async with self.pool.session() as session:
-            received = await session.run(ops.receive(self.dialect, self.queue, self.error_queue, 1))
-        if not received:
-            return False
-        message = received[0]
-        error = await self._handle(message, None)
-        if error is not None:
-            # Already removed from the queue: keep a copy in the error queue rather than lose it silently.
-            try:
-                async with self.pool.session() as session:
-                    await session.run(ops.move_to_error(self.dialect, self.queue, self.error_queue, message, error))
-            except Exception as exc:  # best effort: the failure is logged, the pump goes on
-                log.error(
-                    "Queue %s: could not copy failed message %s to the error queue: %s", self.name, message.id, exc
-                )
-        return True
 
     async def _receive_native(self) -> bool:
         async with self.pool.session() as session:
@@ -319,36 +394,6 @@ class MessagePump:
                 self.failures.forget(message.id)
             else:
                 self.failures.record(message.id, outcome)
-        return True
-
-    async def _receive_claim(self) -> bool:
-        async with self.pool.session() as session:
-            claimed = await session.run(
-                ops.claim(
-                    self.dialect, self.queue, self.error_queue, 1, self.lease_ms, self.max_deliveries, self.holder
-                )
-            )
-        if not claimed:
-            return False
-        message = claimed[0]
-        tokens = [message.claim_token]
-        renewing = asyncio.create_task(self._renew(tokens))
-        try:
-            error = await self._handle(message, None)
-        finally:
-            renewing.cancel()
-        async with self.pool.session() as session:
-            if error is None:
-                settled = await session.run(ops.ack(self.dialect, self.queue, tokens))
-            else:
-                failure = Failure.of(error, self.name)
-                settled = await session.run(ops.nack(self.dialect, self.queue, tokens, failure, 0))
-        if not settled:
-            log.warning(
-                "Queue %s: lease on message %s ran out before it was settled; it may be handled again",
-                self.name,
-                message.id,
-            )
         return True
 
     async def _renew(self, tokens: list[Any]) -> None:
