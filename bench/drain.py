@@ -94,7 +94,7 @@ async def drain_pump(uri: str, count: int, mode: str, concurrency: int, batch: i
             transaction_mode=mode,
             max_concurrency=concurrency,
             receive_batch_size=batch,
-            peek_batch_size=max(batch, 50),
+            peek_batch_size=10 * batch,  # keep receiving while the peek says thousands wait
             peek_interval=0.1,
         )
         began = time.perf_counter()
@@ -143,13 +143,17 @@ def send_sqlqueue(uri: str, calls: int, per_call: int) -> float:
 
 
 async def with_pgqueuer(uri: str, run: Callable[[Any, Any], Awaitable[float]]) -> float:
-    """Install PgQueuer's tables in a fresh schema and run ``run(queries, connection)`` there."""
-    from pgqueuer import PsycopgDriver, Queries
+    """Install PgQueuer's tables in a fresh schema and run ``run(queries, connection)`` there.
+
+    PgQueuer runs on asyncpg, its own first-choice driver (what its documentation benchmarks).
+    """
+    import asyncpg
+    from pgqueuer import AsyncpgDriver, Queries
 
     schema = fresh_schema(uri)
     try:
-        connection = await psycopg.AsyncConnection.connect(uri, autocommit=True, options=f"-c search_path={schema}")
-        queries = Queries(PsycopgDriver(connection))
+        connection = await asyncpg.connect(uri, server_settings={"search_path": schema})
+        queries = Queries(AsyncpgDriver(connection))
         await queries.install()
         try:
             return await run(queries, connection)

@@ -192,8 +192,8 @@ def test_sqlserver_reads_a_tables_layout_once_and_writes_to_it_as_it_is():
 @pytest.mark.parametrize("name", DIALECTS)
 def test_one_message_is_one_statement_and_a_batch_follows_the_dialects_batch_size(name):
     d = dialect_with_known_tables(name)
-    assert ops.is_single_statement(ops.send(d, QUEUE, [Message(b"x")]))
-    assert not ops.is_single_statement(ops.send(d, QUEUE, [Message(b"x")], notify=True))
+    assert ops.needs_no_transaction(ops.send(d, QUEUE, [Message(b"x")]))
+    assert not ops.needs_no_transaction(ops.send(d, QUEUE, [Message(b"x")], notify=True))
     big = [Message(b"\x01" * (600 * 1024)) for _ in range(5)]
     script = Script(d, {})
     assert drive(ops.send(d, QUEUE, big), script) == 5
@@ -237,3 +237,15 @@ def test_retry_matches_failedq_written_with_the_catalog_and_leaves_what_it_canno
     assert [p["id"] for p in inserted] == [ids[0]]
     assert json.loads(inserted[0]["headers"]) == {"x": "1"}  # failure headers removed
     assert [step.params["seq"] for name, step in script.ran if name == "delete_by_seq"] == [1]
+
+
+@pytest.mark.parametrize("name", DIALECTS)
+def test_which_operations_run_without_a_transaction(name):
+    """None-mode receives and claims commit statement by statement (one round trip each); a native
+    receive and a forward must commit as one."""
+    d = dialect_with_known_tables(name)
+    assert ops.needs_no_transaction(ops.receive(d, QUEUE, ERROR, 10, atomic=False))
+    assert not ops.needs_no_transaction(ops.receive(d, QUEUE, ERROR, 10))
+    assert ops.needs_no_transaction(ops.claim(d, QUEUE, ERROR, 10, 60_000, 5, "me"))
+    assert ops.needs_no_transaction(ops.ack(d, QUEUE, [uuid.uuid4()]))
+    assert not ops.needs_no_transaction(ops.forward(d, [(QUEUE, [uuid.uuid4()])], [(QUEUE, [Message(b"r")])]))

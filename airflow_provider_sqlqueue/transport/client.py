@@ -121,11 +121,18 @@ class _Addressing(Generic[S]):
     # Operation builders shared by the sync and async clients: argument checks live here once.
 
     def _receive_op(
-        self, queue: str | QueueAddress, max_messages: int, error_queue: str | QueueAddress | None
+        self,
+        queue: str | QueueAddress,
+        max_messages: int,
+        error_queue: str | QueueAddress | None,
+        *,
+        atomic: bool = False,
     ) -> ops.Operation[list[ReceivedMessage]]:
         check_positive("max_messages", max_messages)
         address = self.address(queue)
-        return ops.receive(self.session.dialect, address, self.error_address(error_queue, address), max_messages)
+        return ops.receive(
+            self.session.dialect, address, self.error_address(error_queue, address), max_messages, atomic=atomic
+        )
 
     def _claim_op(
         self,
@@ -322,7 +329,7 @@ class QueueClient(_Addressing[Session]):
         Yields None when the queue is empty.
         """
         with self._lock, self.session.transaction():
-            received = ops.drive(self._receive_op(queue, 1, error_queue), self.session.execute)
+            received = ops.drive(self._receive_op(queue, 1, error_queue, atomic=True), self.session.execute)
             yield received[0] if received else None
 
     def claim(
@@ -580,7 +587,7 @@ class AsyncQueueClient(_Addressing[AsyncSession]):
         self, queue: str | QueueAddress, *, error_queue: str | QueueAddress | None = None
     ) -> AsyncIterator[ReceivedMessage | None]:
         async with self.session.transaction():
-            received = await ops.drive_async(self._receive_op(queue, 1, error_queue), self.session.execute)
+            received = await ops.drive_async(self._receive_op(queue, 1, error_queue, atomic=True), self.session.execute)
             yield received[0] if received else None
 
     async def claim(

@@ -95,6 +95,10 @@ def validate_headers(headers: object) -> Headers:
     """Check that ``headers`` is a flat mapping of ``str`` to ``str | None`` and return it as a dict."""
     if not isinstance(headers, dict):
         raise InvalidHeadersError(f"headers must be a JSON object, got {type(headers).__name__}")
+    # Fast path for what nearly every message has: string keys, string values, all ASCII.
+    values = headers.values()
+    if {*map(type, headers), *map(type, values)} <= {str} and ("".join(headers) + "".join(values)).isascii():
+        return dict(headers)
     for key, value in headers.items():
         if not isinstance(key, str):
             raise InvalidHeadersError(f"header names must be strings, got {key!r}")
@@ -104,6 +108,8 @@ def validate_headers(headers: object) -> Headers:
                 "NServiceBus headers are a flat string map, serialise structured values yourself"
             )
         for text in (key, value or ""):
+            if text.isascii():  # the common case, and ASCII cannot hold a lone surrogate
+                continue
             try:
                 text.encode("utf-8")
             except UnicodeEncodeError:
@@ -120,7 +126,12 @@ def encode_headers(headers: Headers, *, ascii_only: bool = False) -> str:
     ``ascii_only`` escapes every non-ASCII character (``\\u00e9``): for a legacy ``varchar``
     Headers column, which would otherwise store it as ``?``. Both spellings are the same JSON.
     """
-    return json.dumps(validate_headers(headers), ensure_ascii=ascii_only, separators=(",", ":"))
+    return _dumps(validate_headers(headers), ascii_only)
+
+
+def _dumps(headers: Headers, ascii_only: bool) -> str:
+    """Headers already known to be valid, as JSON text."""
+    return json.dumps(headers, ensure_ascii=ascii_only, separators=(",", ":"))
 
 
 def decode_headers(text: str | None) -> Headers:
@@ -260,7 +271,7 @@ class Message:
         headers.setdefault(TIME_SENT, time_sent or wire_timestamp(datetime.now(timezone.utc)))
         if self.time_to_be_received is not None:
             headers.setdefault(TIME_TO_BE_RECEIVED, wire_timespan(self.time_to_be_received))
-        return encode_headers(headers, ascii_only=ascii_only)
+        return _dumps(headers, ascii_only)  # validated by the constructor; the defaults added are text
 
     def ttbr_ms(self) -> int | None:
         """TTBR in whole milliseconds for the database to add to its clock (None: never expires)."""

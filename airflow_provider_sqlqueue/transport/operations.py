@@ -63,10 +63,10 @@ Operation = Generator[Step, Any, T]
 P = ParamSpec("P")
 
 
-class _OneStatement(Generator[Step, Any, T]):
-    """An operation that runs exactly one statement (see :func:`one_statement`)."""
+class _Autocommit(Generator[Step, Any, T]):
+    """An operation whose statements need no enclosing transaction (see :func:`needs_no_transaction`)."""
 
-    single_statement = True
+    autocommit = True
 
     def __init__(self, op: Operation[T]) -> None:
         self._op = op
@@ -78,24 +78,30 @@ class _OneStatement(Generator[Step, Any, T]):
         return self._op.throw(typ, val, tb)
 
 
-def one_statement(make: Callable[P, Operation[T]]) -> Callable[P, Operation[T]]:
-    """Declare that an operation is a single statement.
+def autocommitted(make: Callable[P, Operation[T]]) -> Callable[P, Operation[T]]:
+    """Declare that an operation's statements may each commit alone.
 
-    A statement is atomic by itself: on an autocommit connection the drivers then send it without
-    BEGIN and COMMIT, which saves two round trips. Operations of several statements always run in
-    a transaction.
+    Either it is a single statement (atomic by itself), or each of its statements is atomic and
+    its guarantee does not need them to commit together -- a claim moves rows in flight in one
+    statement, and whatever follows (dead-lettering, dropping expired claims) works on rows that
+    are already safe in the in-flight table.
     """
 
     @functools.wraps(make)
     def declared(*args: P.args, **kwargs: P.kwargs) -> Operation[T]:
-        return _OneStatement(make(*args, **kwargs))
+        return _Autocommit(make(*args, **kwargs))
 
     return declared
 
 
-def is_single_statement(op: Operation[Any]) -> bool:
-    """Whether ``op`` was declared with :func:`one_statement`."""
-    return getattr(op, "single_statement", False) is True
+def needs_no_transaction(op: Operation[Any]) -> bool:
+    """Whether ``op`` may run with each statement committing by itself.
+
+    True for single statements, and for operations whose statements are each atomic and whose
+    guarantee does not need them to commit together. On an autocommit connection the drivers
+    then send no BEGIN and COMMIT, which saves two round trips.
+    """
+    return getattr(op, "autocommit", False) is True
 
 
 def drive(op: Operation[T], execute: Callable[[Step], Any]) -> T:
@@ -201,7 +207,7 @@ def check_queue(d: Dialect, address: QueueAddress) -> Operation[None]:
         )
 
 
-@one_statement
+@autocommitted
 def drop_queue(d: Dialect, address: QueueAddress) -> Operation[None]:
     yield Step(d.drop_queue_sql(address), {}, Fetch.NONE, d.qualified_name(address))
 
@@ -217,7 +223,7 @@ def send(d: Dialect, address: QueueAddress, messages: Sequence[Message], notify:
     a notification is one statement (its table's layout, read once per session, is only read).
     """
     op = _send(d, address, messages, notify)
-    return _OneStatement(op) if len(messages) == 1 and not notify else op
+    return _Autocommit(op) if len(messages) == 1 and not notify else op
 
 
 def _send(d: Dialect, address: QueueAddress, messages: Sequence[Message], notify: bool) -> Operation[int]:
@@ -248,7 +254,7 @@ def _send(d: Dialect, address: QueueAddress, messages: Sequence[Message], notify
 
 
 def receive(
-    d: Dialect, address: QueueAddress, error_address: QueueAddress, limit: int
+    d: Dialect, address: QueueAddress, error_address: QueueAddress, limit: int, *, atomic: bool = True
 ) -> Operation[list[ReceivedMessage]]:
     """Delete and return up to ``limit`` of the oldest messages.
 
@@ -258,7 +264,18 @@ def receive(
     queue look empty -- except on a queue that is its own error queue, where a moved row goes to
     the back of the same queue: then the receive returns what it has, so it never meets that row
     again within one call.
+
+    ``atomic=False`` (``none`` mode, at-most-once already) lets each statement commit by itself:
+    a receive is then one round trip, and a poison row is moved by a second statement -- a process
+    that dies between the two loses that row, as it would any message it had received.
     """
+    op = _receive(d, address, error_address, limit)
+    return op if atomic else _Autocommit(op)
+
+
+def _receive(
+    d: Dialect, address: QueueAddress, error_address: QueueAddress, limit: int
+) -> Operation[list[ReceivedMessage]]:
     target = d.qualified_name(address)
     received: list[ReceivedMessage] = []
     requeued = False
@@ -325,6 +342,7 @@ def move_to_error(
 # -- claim mode --------------------------------------------------------------------------------
 
 
+@autocommitted
 def claim(
     d: Dialect,
     address: QueueAddress,
@@ -446,6 +464,7 @@ def _claim_poison_to_error(
     )
 
 
+@autocommitted
 def take(
     d: Dialect,
     address: QueueAddress,
@@ -475,7 +494,7 @@ def take(
     return (yield from _hand_out(d, address, error_address, [HeldRow(*row) for row in found], 1, None))
 
 
-@one_statement
+@autocommitted
 def ack(d: Dialect, address: QueueAddress, tokens: Sequence[uuid.UUID]) -> Operation[set[uuid.UUID]]:
     """Finish claims; returns the tokens that were still held (a missing one may be with someone else)."""
     params = {"tokens": d.token_list(tokens), "queue": d.claim_key(address)}
@@ -483,7 +502,7 @@ def ack(d: Dialect, address: QueueAddress, tokens: Sequence[uuid.UUID]) -> Opera
     return {as_uuid(row[0]) for row in rows}
 
 
-@one_statement
+@autocommitted
 def nack(
     d: Dialect, address: QueueAddress, tokens: Sequence[uuid.UUID], failure: Failure | None, delay_ms: int
 ) -> Operation[set[uuid.UUID]]:
@@ -498,7 +517,7 @@ def nack(
     return {as_uuid(row[0]) for row in rows}
 
 
-@one_statement
+@autocommitted
 def extend(d: Dialect, address: QueueAddress, tokens: Sequence[uuid.UUID], lease_ms: int) -> Operation[set[uuid.UUID]]:
     """Renew leases; returns the tokens still held."""
     params = {"lease_ms": lease_ms, "tokens": d.token_list(tokens), "queue": d.claim_key(address)}
@@ -553,7 +572,7 @@ def fail_claim(
 # -- inspection and maintenance ------------------------------------------------------------------
 
 
-@one_statement
+@autocommitted
 def peek(d: Dialect, address: QueueAddress, include_claims: bool = False) -> Operation[int]:
     """Estimate pending messages cheaply (sequence range of unlocked rows); plus claims ready again.
 
@@ -567,14 +586,14 @@ def peek(d: Dialect, address: QueueAddress, include_claims: bool = False) -> Ope
     return int(row[0] or 0)
 
 
-@one_statement
+@autocommitted
 def depth(d: Dialect, address: QueueAddress) -> Operation[int]:
     """Exact number of messages waiting (a full count: use for reports, not in a polling loop)."""
     row = yield Step(d.depth_sql(address), {}, Fetch.ONE, d.qualified_name(address))
     return int(row[0])
 
 
-@one_statement
+@autocommitted
 def browse(d: Dialect, address: QueueAddress, limit: int) -> Operation[list[ReceivedMessage]]:
     """Waiting, unexpired messages in send order, left in the queue (no locks: receivers are not blocked).
 
@@ -590,7 +609,7 @@ def browse(d: Dialect, address: QueueAddress, limit: int) -> Operation[list[Rece
     return messages
 
 
-@one_statement
+@autocommitted
 def inflight(d: Dialect, address: QueueAddress) -> Operation[int]:
     """Number of claimed, unacknowledged messages of the queue."""
     row = yield Step(
@@ -599,14 +618,14 @@ def inflight(d: Dialect, address: QueueAddress) -> Operation[int]:
     return int(row[0])
 
 
-@one_statement
+@autocommitted
 def purge_expired_batch(d: Dialect, address: QueueAddress, batch_size: int) -> Operation[int]:
     """Delete one bounded batch of expired messages; the caller loops while batches come back full."""
     count = yield Step(d.purge_expired_sql(address), {"limit": batch_size}, Fetch.ROWCOUNT, d.qualified_name(address))
     return int(count)
 
 
-@one_statement
+@autocommitted
 def purge_all(d: Dialect, address: QueueAddress) -> Operation[int]:
     count = yield Step(d.purge_all_sql(address), {}, Fetch.ROWCOUNT, d.qualified_name(address))
     return int(count)

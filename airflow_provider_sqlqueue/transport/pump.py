@@ -239,7 +239,9 @@ class MessagePump:
         """One receive (none) or claim (claim) of up to ``wanted`` messages, handled; returns how many came."""
         async with self.pool.session() as session:
             if self.transaction_mode is TransactionMode.NONE:
-                messages = await session.run(ops.receive(self.dialect, self.queue, self.error_queue, wanted))
+                messages = await session.run(
+                    ops.receive(self.dialect, self.queue, self.error_queue, wanted, atomic=False)
+                )
             else:
                 messages = await session.run(
                     ops.claim(
@@ -270,14 +272,24 @@ class MessagePump:
         return len(messages)
 
     async def _handle_all(self, messages: list[ReceivedMessage]) -> list[BaseException | None]:
-        """Run the handler on every message, at most ``max_concurrency`` at once; each one's failure or None."""
-        slots = asyncio.Semaphore(self.max_concurrency)
+        """Run the handler on every message, at most ``max_concurrency`` at once; each one's failure or None.
 
-        async def one(message: ReceivedMessage) -> BaseException | None:
-            async with slots:
-                return await self._handle(message, None)
+        ``max_concurrency`` workers take the batch's messages in order, rather than a task per
+        message: a batch of hundreds costs a few tasks, not hundreds.
+        """
+        outcomes: list[BaseException | None] = [None] * len(messages)
+        next_index = iter(range(len(messages)))
 
-        return list(await asyncio.gather(*(one(message) for message in messages)))
+        async def worker() -> None:
+            for index in next_index:
+                outcomes[index] = await self._handle(messages[index], None)
+
+        workers = min(self.max_concurrency, len(messages))
+        if workers == 1:
+            await worker()
+        else:
+            await asyncio.gather(*(worker() for _ in range(workers)))
+        return outcomes
 
     async def _copy_to_error(self, message: ReceivedMessage, error: BaseException) -> None:
         """A failed message of ``none`` mode is already gone from the queue: keep a copy in the error queue."""

@@ -17,7 +17,7 @@ from typing import Any, NoReturn, TypeVar
 
 from ..dialects import Dialect
 from ..errors import SqlQueueError
-from ..operations import Fetch, Operation, Step, drive, drive_async, is_single_statement
+from ..operations import Fetch, Operation, Step, drive, drive_async, needs_no_transaction
 
 T = TypeVar("T")
 
@@ -98,7 +98,7 @@ class Session(ABC):
         An operation of one statement needs no explicit transaction on an autocommit connection
         (the statement is atomic by itself), which saves the BEGIN and COMMIT round trips.
         """
-        if is_single_statement(op) and self.autocommits():
+        if needs_no_transaction(op) and self.autocommits():
             return drive(op, self.execute)
         with self.transaction():
             return drive(op, self.execute)
@@ -131,7 +131,7 @@ class AsyncSession(ABC):
 
     async def run(self, op: Operation[T]) -> T:
         """Run a whole operation in its own transaction (none for one statement, as :meth:`Session.run`)."""
-        if is_single_statement(op) and self.autocommits():
+        if needs_no_transaction(op) and self.autocommits():
             return await drive_async(op, self.execute)
         async with self.transaction():
             return await drive_async(op, self.execute)

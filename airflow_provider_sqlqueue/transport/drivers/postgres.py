@@ -15,7 +15,7 @@ from psycopg.pq import TransactionStatus
 from .. import defaults
 from ..dialects import get_dialect
 from ..errors import TransportUnavailableError
-from ..operations import Operation, Step, drive, drive_async, is_single_statement
+from ..operations import Operation, Step, drive, drive_async, needs_no_transaction
 from .base import (
     ANY_STEP,
     AsyncSession,
@@ -61,7 +61,7 @@ class PsycopgSession(Session):
         """
         if not self.autocommits():
             return super().run(op)
-        if is_single_statement(op):
+        if needs_no_transaction(op):
             return drive(op, self.execute)
         began = False
 
@@ -185,7 +185,7 @@ class AsyncPsycopgSession(AsyncSession):
         """As :meth:`PsycopgSession.run`: BEGIN travels with the first statement."""
         if not self.autocommits():
             return await super().run(op)
-        if is_single_statement(op):
+        if needs_no_transaction(op):
             return await drive_async(op, self.execute)
         began = False
 
