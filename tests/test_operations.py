@@ -249,3 +249,9 @@ def test_which_operations_run_without_a_transaction(name):
     assert ops.needs_no_transaction(ops.claim(d, QUEUE, ERROR, 10, 60_000, 5, "me"))
     assert ops.needs_no_transaction(ops.ack(d, QUEUE, [uuid.uuid4()]))
     assert not ops.needs_no_transaction(ops.forward(d, [(QUEUE, [uuid.uuid4()])], [(QUEUE, [Message(b"r")])]))
+
+
+def test_a_postgres_batch_is_one_insert_and_needs_no_transaction_unlike_sql_servers():
+    batch = [Message(b"x") for _ in range(50)]
+    assert ops.needs_no_transaction(ops.send(dialect_with_known_tables("postgres"), QUEUE, batch))
+    assert not ops.needs_no_transaction(ops.send(dialect_with_known_tables("sqlserver"), QUEUE, batch))

@@ -219,11 +219,13 @@ def send(d: Dialect, address: QueueAddress, messages: Sequence[Message], notify:
     """Insert messages in as few statements as the dialect allows; returns how many were sent.
 
     With ``notify`` (where the database has notifications) listeners of the queue are woken when
-    the transaction commits, once per send however many messages it holds. One message without
-    a notification is one statement (its table's layout, read once per session, is only read).
+    the transaction commits, once per send however many messages it holds. A send that is one
+    INSERT (one message, or any batch where the dialect inserts batches whole) needs no transaction
+    unless it notifies (the table's layout, read once per session, is only read).
     """
     op = _send(d, address, messages, notify)
-    return _Autocommit(op) if len(messages) == 1 and not notify else op
+    one_statement = len(messages) == 1 or d.one_statement_sends
+    return _Autocommit(op) if one_statement and not notify else op
 
 
 def _send(d: Dialect, address: QueueAddress, messages: Sequence[Message], notify: bool) -> Operation[int]:

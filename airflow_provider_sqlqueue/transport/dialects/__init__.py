@@ -105,6 +105,9 @@ class Dialect(ABC):
     required_columns: tuple[str, ...]
     #: Table holding claimed (in-flight) messages, one per schema, shared by that schema's queues.
     inflight_table: str = "sqlqueue_inflight"
+    #: Whether :meth:`send_batch_sql` takes any number of messages in one statement (then a batched
+    #: send is atomic by itself and needs no transaction).
+    one_statement_sends: bool = False
     #: Transaction control, sent by the drivers around an operation's statements.
     begin_sql: str
     commit_sql: str

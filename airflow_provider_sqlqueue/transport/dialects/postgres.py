@@ -66,6 +66,7 @@ class PostgresDialect(Dialect):
     """NServiceBus-compatible queue tables on PostgreSQL, driven through psycopg 3."""
 
     name = "postgres"
+    one_statement_sends = True  # a batch travels as arrays, unnested by one INSERT
     begin_sql = "BEGIN"
     commit_sql = "COMMIT"
     rollback_sql = "ROLLBACK"
