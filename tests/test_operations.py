@@ -255,3 +255,14 @@ def test_a_postgres_batch_is_one_insert_and_needs_no_transaction_unlike_sql_serv
     batch = [Message(b"x") for _ in range(50)]
     assert ops.needs_no_transaction(ops.send(dialect_with_known_tables("postgres"), QUEUE, batch))
     assert not ops.needs_no_transaction(ops.send(dialect_with_known_tables("sqlserver"), QUEUE, batch))
+
+
+@pytest.mark.parametrize("name", DIALECTS)
+def test_a_claim_told_there_are_no_lapsed_claims_skips_looking_for_them(name):
+    d = dialect_with_known_tables(name)
+    script = Script(d, {"claim": lambda step: []})
+    assert drive(ops.claim(d, QUEUE, ERROR, 5, 60_000, 5, "me", reclaim=False), script) == []
+    assert script.names() == ["claim"]
+    script = Script(d, {"reclaim": lambda step: [], "claim": lambda step: []})
+    drive(ops.claim(d, QUEUE, ERROR, 5, 60_000, 5, "me"), script)
+    assert script.names() == ["reclaim", "claim"]

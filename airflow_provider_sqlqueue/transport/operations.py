@@ -353,8 +353,13 @@ def claim(
     lease_ms: int,
     max_deliveries: int,
     holder: str | None,
+    *,
+    reclaim: bool = True,
 ) -> Operation[list[ReceivedMessage]]:
     """Claim up to ``limit`` messages: first those whose lease ran out, then fresh ones from the queue.
+
+    ``reclaim=False`` skips looking for lapsed claims (one statement less), for a caller that has
+    just seen there are none (:func:`peek_claims`); claims lapsing meanwhile wait for the next look.
 
     With a ``holder`` the messages are delivered to it (their delivery count goes up); without one
     they are *reserved*: held for a task that takes them later (:func:`take`, :func:`adopt`), and
@@ -368,8 +373,10 @@ def claim(
     queue_key = d.claim_key(address)
     counted = 1 if holder is not None else 0
     params = {"deliveries": counted, "lease_ms": lease_ms, "holder": holder, "queue": queue_key, "limit": limit}
-    held = [HeldRow(*row) for row in (yield Step(d.reclaim_sql(address), params, Fetch.ALL, target))]
-    claimed = yield from _hand_out(d, address, error_address, held, counted, max_deliveries)
+    claimed: list[ReceivedMessage] = []
+    if reclaim:
+        held = [HeldRow(*row) for row in (yield Step(d.reclaim_sql(address), params, Fetch.ALL, target))]
+        claimed = yield from _hand_out(d, address, error_address, held, counted, max_deliveries)
     requeued = False  # a poison row moved into this very queue (its own error queue): do not meet it again
     while len(claimed) < limit and not requeued:
         wanted = limit - len(claimed)
@@ -580,12 +587,19 @@ def peek(d: Dialect, address: QueueAddress, include_claims: bool = False) -> Ope
 
     One query either way: a poller peeks many queues every interval.
     """
-    target = d.qualified_name(address)
     if include_claims:
-        row = yield Step(d.peek_with_claims_sql(address), {"queue": d.claim_key(address)}, Fetch.ONE, target)
-    else:
-        row = yield Step(d.peek_sql(address), {}, Fetch.ONE, target)
+        pending, lapsed = yield from peek_claims(d, address)
+        return pending + lapsed
+    row = yield Step(d.peek_sql(address), {}, Fetch.ONE, d.qualified_name(address))
     return int(row[0] or 0)
+
+
+@autocommitted
+def peek_claims(d: Dialect, address: QueueAddress) -> Operation[tuple[int, int]]:
+    """(pending, lapsed): :func:`peek`'s estimate and the claims whose lease ran out, in one query."""
+    target = d.qualified_name(address)
+    row = yield Step(d.peek_with_claims_sql(address), {"queue": d.claim_key(address)}, Fetch.ONE, target)
+    return int(row[0] or 0), int(row[1] or 0)
 
 
 @autocommitted

@@ -152,6 +152,8 @@ class MessagePump:
         self.handled = 0
         self.failed = 0
         self._stop = asyncio.Event()
+        #: Whether the last peek saw claims whose lease ran out: only then does a claim look for them.
+        self._lapsed = True
         # Warn about a short TTBR once: up front when the caller knows it, else on the first message showing it.
         self._ttbr_warned = smallest_ttbr is not None and peek_interval > smallest_ttbr.total_seconds()
         for warning in check_peek_interval(peek_interval, smallest_ttbr):
@@ -176,11 +178,12 @@ class MessagePump:
         while not self._stop.is_set():
             try:
                 async with self.pool.session() as session:
-                    pending = await session.run(
-                        ops.peek(
-                            self.dialect, self.queue, include_claims=self.transaction_mode is TransactionMode.CLAIM
-                        )
-                    )
+                    if self.transaction_mode is TransactionMode.CLAIM:
+                        pending, lapsed = await session.run(ops.peek_claims(self.dialect, self.queue))
+                        self._lapsed = lapsed > 0
+                        pending += lapsed
+                    else:
+                        pending = await session.run(ops.peek(self.dialect, self.queue))
             except TransportMisconfiguredError as exc:  # retrying cannot fix the connection's settings
                 log.error("Queue %s: pump stopped: %s", self.name, exc)
                 raise
@@ -252,6 +255,7 @@ class MessagePump:
                         self.lease_ms,
                         self.max_deliveries,
                         self.holder,
+                        reclaim=self._lapsed,
                     )
                 )
         if not messages:

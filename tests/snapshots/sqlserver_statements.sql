@@ -80,7 +80,7 @@ DECLARE @lease_ms bigint = @p_lease_ms, @holder nvarchar(400) = @p_holder, @toke
 DECLARE @lease_ms bigint = @p_lease_ms, @holder nvarchar(400) = @p_holder, @queue nvarchar(450) = @p_queue, @limit int = @p_limit; WITH taken AS (SELECT TOP (@limit) * FROM [dbo].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL ORDER BY Seq) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
 
 -- plain: peek_with_claims
-SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [dbo].[orders] WITH (READPAST, READCOMMITTEDLOCK)) + (SELECT COUNT_BIG(*) FROM [dbo].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p_queue AND LeaseUntil <= SYSUTCDATETIME());
+SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [dbo].[orders] WITH (READPAST, READCOMMITTEDLOCK)), (SELECT COUNT_BIG(*) FROM [dbo].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p_queue AND LeaseUntil <= SYSUTCDATETIME());
 
 -- plain: count_inflight
 SELECT COUNT_BIG(*) FROM [dbo].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p_queue;
@@ -182,7 +182,7 @@ DECLARE @lease_ms bigint = @p_lease_ms, @holder nvarchar(400) = @p_holder, @toke
 DECLARE @lease_ms bigint = @p_lease_ms, @holder nvarchar(400) = @p_holder, @queue nvarchar(450) = @p_queue, @limit int = @p_limit; WITH taken AS (SELECT TOP (@limit) * FROM [sa]]les].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL ORDER BY Seq) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
 
 -- escaping: peek_with_claims
-SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (READPAST, READCOMMITTEDLOCK)) + (SELECT COUNT_BIG(*) FROM [sa]]les].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p_queue AND LeaseUntil <= SYSUTCDATETIME());
+SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (READPAST, READCOMMITTEDLOCK)), (SELECT COUNT_BIG(*) FROM [sa]]les].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p_queue AND LeaseUntil <= SYSUTCDATETIME());
 
 -- escaping: count_inflight
 SELECT COUNT_BIG(*) FROM [sa]]les].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p_queue;
@@ -284,7 +284,7 @@ DECLARE @lease_ms bigint = @p_lease_ms, @holder nvarchar(400) = @p_holder, @toke
 DECLARE @lease_ms bigint = @p_lease_ms, @holder nvarchar(400) = @p_holder, @queue nvarchar(450) = @p_queue, @limit int = @p_limit; WITH taken AS (SELECT TOP (@limit) * FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL ORDER BY Seq) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
 
 -- catalog: peek_with_claims
-SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (READPAST, READCOMMITTEDLOCK)) + (SELECT COUNT_BIG(*) FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p_queue AND LeaseUntil <= SYSUTCDATETIME());
+SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (READPAST, READCOMMITTEDLOCK)), (SELECT COUNT_BIG(*) FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p_queue AND LeaseUntil <= SYSUTCDATETIME());
 
 -- catalog: count_inflight
 SELECT COUNT_BIG(*) FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p_queue;
@@ -386,7 +386,7 @@ DECLARE @lease_ms bigint = @p_lease_ms, @holder nvarchar(400) = @p_holder, @toke
 DECLARE @lease_ms bigint = @p_lease_ms, @holder nvarchar(400) = @p_holder, @queue nvarchar(450) = @p_queue, @limit int = @p_limit; WITH taken AS (SELECT TOP (@limit) * FROM [ünï].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND Holder IS NULL ORDER BY Seq) UPDATE taken SET Token = NEWID(), Deliveries = Deliveries + 1, LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())), Holder = @holder OUTPUT inserted.Token, inserted.Id, CASE WHEN inserted.Expires IS NOT NULL AND inserted.Expires <= GETUTCDATE() THEN 1 ELSE 0 END, inserted.Headers, inserted.Body, inserted.Deliveries, inserted.LastError, inserted.Seq;
 
 -- unicode: peek_with_claims
-SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [ünï].[東京 queue] WITH (READPAST, READCOMMITTEDLOCK)) + (SELECT COUNT_BIG(*) FROM [ünï].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p_queue AND LeaseUntil <= SYSUTCDATETIME());
+SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [ünï].[東京 queue] WITH (READPAST, READCOMMITTEDLOCK)), (SELECT COUNT_BIG(*) FROM [ünï].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p_queue AND LeaseUntil <= SYSUTCDATETIME());
 
 -- unicode: count_inflight
 SELECT COUNT_BIG(*) FROM [ünï].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p_queue;

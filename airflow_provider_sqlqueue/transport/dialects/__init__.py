@@ -309,7 +309,8 @@ class Dialect(ABC):
 
     @abstractmethod
     def peek_with_claims_sql(self, address: QueueAddress) -> str:
-        """Params queue -> one row: :meth:`peek_sql`'s estimate plus the claims whose lease ran out, in one query."""
+        """Params queue -> one row (pending, lapsed): :meth:`peek_sql`'s estimate, and the claims whose lease
+        ran out, in one query."""
 
     @abstractmethod
     def count_inflight_sql(self, address: QueueAddress) -> str:

@@ -338,7 +338,7 @@ class PostgresDialect(Dialect):
 
     def peek_with_claims_sql(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
-        return f"SELECT ({self.peek_sql(address)}) + (SELECT count(*) FROM {f} WHERE Queue = %(queue)s AND LeaseUntil <= {_UTC_NOW})"
+        return f"SELECT ({self.peek_sql(address)}), (SELECT count(*) FROM {f} WHERE Queue = %(queue)s AND LeaseUntil <= {_UTC_NOW})"
 
     def count_inflight_sql(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))

@@ -575,7 +575,7 @@ class SqlServerDialect(Dialect):
     def peek_with_claims_sql(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
         return (
-            f"SELECT ({self.peek_sql(address)}) + "
+            f"SELECT ({self.peek_sql(address)}), "
             f"(SELECT COUNT_BIG(*) FROM {f} WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = %(queue)s AND LeaseUntil <= {_LEASE_NOW})"
         )
 
