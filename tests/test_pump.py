@@ -345,3 +345,56 @@ def test_parse_timespan():
     assert parse_timespan("00:05:00") == timedelta(minutes=5)
     assert parse_timespan("1.02:03:04.5000000") == timedelta(days=1, hours=2, minutes=3, seconds=4, milliseconds=500)
     assert parse_timespan("garbage") is None
+
+
+async def test_a_native_batch_handler_commits_or_rolls_back_the_whole_batch(pool, client, queue, raw, schema, backend):
+    """The handler's writes and the receive of every message of the batch commit together, or none do."""
+    raw.execute(f'CREATE TABLE "{schema}".ledger (body {backend.text_type})')
+    client.send(queue, [Message(f"m{i}") for i in range(12)] + [Message("poison-pill")])
+    batches: list[list[str]] = []
+
+    async def batch_handler(messages, connection):
+        batches.append([m.text for m in messages])
+        for message in messages:
+            await aexecute(connection, f'INSERT INTO "{schema}".ledger VALUES (%s)', (message.text,))
+        if "poison-pill" in batches[-1]:
+            raise ValueError("this batch cannot be processed")
+
+    pump = MessagePump(
+        pool,
+        queue,
+        None,
+        batch_handler=batch_handler,
+        transaction_mode="native",
+        error_queue=QueueAddress("error", schema),
+        receive_batch_size=5,
+        max_deliveries=2,
+        peek_interval=0.05,
+    )
+    await run_until(pump, lambda: client.depth(QueueAddress("error", schema)) == 1)
+    ledger = sorted(row[0] for row in raw.execute(f'SELECT body FROM "{schema}".ledger').fetchall())
+    assert ledger == sorted(f"m{i}" for i in range(12))  # every failed batch's writes were rolled back
+    assert client.depth(queue) == 0
+    assert [m.text for m in client.browse(QueueAddress("error", schema))] == ["poison-pill"]
+    # The last batch (m10, m11, the pill) failed whole; its messages then came one at a time: m10 and
+    # m11 passed alone, and only the pill, failing alone twice, went to the error queue.
+    assert batches[2] == ["m10", "m11", "poison-pill"] and batches[3:] == [
+        ["m10"],
+        ["m11"],
+        ["poison-pill"],
+        ["poison-pill"],
+    ]
+    assert pump.failed == 3 + 2
+    assert pump.handled == 12
+
+
+def test_a_batch_handler_needs_native_mode_and_no_single_handler():
+    never_used = SimpleNamespace(dialect=get_dialect("postgres"))
+
+    async def batch_handler(messages, connection):
+        return None
+
+    with pytest.raises(ValueError, match="needs transaction_mode='native'"):
+        MessagePump(never_used, QueueAddress("orders"), None, batch_handler=batch_handler, transaction_mode="claim")
+    with pytest.raises(ValueError, match="not both"):
+        MessagePump(never_used, QueueAddress("orders"), lambda m, c: None, batch_handler=batch_handler)

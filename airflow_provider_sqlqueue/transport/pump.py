@@ -36,6 +36,9 @@ log = logging.getLogger("airflow_provider_sqlqueue.pump")
 #: (do your own SQL on it to commit atomically with the receive) and None otherwise. Raising marks
 #: the message failed.
 Handler = Callable[[ReceivedMessage, Any], Awaitable[None]]
+#: Handler of a whole batch in ``native`` mode: the messages and the connection of the one
+#: transaction that received them all. Raising rolls the batch back: every message stays queued.
+BatchHandler = Callable[[list[ReceivedMessage], Any], Awaitable[None]]
 
 _TIMESPAN = re.compile(r"^(?:(\d+)\.)?(\d+):(\d+):(\d+)(?:\.(\d+))?$")
 
@@ -109,7 +112,7 @@ class MessagePump:
         self,
         pool: AsyncSessionPool,
         queue: QueueAddress,
-        handler: Handler,
+        handler: Handler | None,
         *,
         transaction_mode: TransactionMode | str = TransactionMode.CLAIM,
         error_queue: QueueAddress | None = None,
@@ -122,7 +125,14 @@ class MessagePump:
         smallest_ttbr: timedelta | None = None,
         max_backoff: float = defaults.MAX_BACKOFF_SECONDS,
         breaker_alarm: float = defaults.BREAKER_ALARM_SECONDS,
+        batch_handler: BatchHandler | None = None,
     ) -> None:
+        if (handler is None) == (batch_handler is None):
+            raise ValueError("give a handler (one message at a time) or a batch_handler (native mode), not both")
+        if batch_handler is not None and TransactionMode(transaction_mode) is not TransactionMode.NATIVE:
+            raise ValueError(
+                "batch_handler runs a batch inside its receive transaction: it needs transaction_mode='native'"
+            )
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be at least 1, got {max_concurrency}")
         if peek_batch_size < 1:
@@ -137,6 +147,7 @@ class MessagePump:
         self.queue = queue
         self.error_queue = error_queue or queue.sibling(defaults.ERROR_QUEUE)
         self.handler = handler
+        self.batch_handler = batch_handler
         self.transaction_mode = TransactionMode(transaction_mode)
         self.max_concurrency = max_concurrency
         self.peek_interval = peek_interval
@@ -154,6 +165,8 @@ class MessagePump:
         self._stop = asyncio.Event()
         #: Whether the last peek saw claims whose lease ran out: only then does a claim look for them.
         self._lapsed = True
+        #: Receives left that take one message at a time, after a batch handler failed on a batch.
+        self._isolating = 0
         # Warn about a short TTBR once: up front when the caller knows it, else on the first message showing it.
         self._ttbr_warned = smallest_ttbr is not None and peek_interval > smallest_ttbr.total_seconds()
         for warning in check_peek_interval(peek_interval, smallest_ttbr):
@@ -223,7 +236,7 @@ class MessagePump:
         handlers ``max_concurrency`` at a time; ``native`` keeps one transaction per message, since
         the handler's own writes commit with its receive.
         """
-        if self.transaction_mode is TransactionMode.NATIVE:
+        if self.transaction_mode is TransactionMode.NATIVE and self.batch_handler is None:
             return await self._receive_singly(budget)
         received = 0
         while received < budget and not self._stop.is_set():
@@ -240,6 +253,8 @@ class MessagePump:
 
     async def _receive_batch(self, wanted: int) -> int:
         """One receive (none) or claim (claim) of up to ``wanted`` messages, handled; returns how many came."""
+        if self.batch_handler is not None:
+            return await self._receive_native_batch(wanted, self.batch_handler)
         async with self.pool.session() as session:
             if self.transaction_mode is TransactionMode.NONE:
                 messages = await session.run(
@@ -352,6 +367,74 @@ class MessagePump:
             received += int(result)
         return received
 
+    async def _receive_native_batch(self, wanted: int, batch_handler: BatchHandler) -> int:
+        """Receive up to ``wanted`` messages and run ``batch_handler`` on them in one transaction.
+
+        The batch commits or rolls back whole: the handler's writes and the receive of every
+        message. A failed batch of several messages says nothing of which one is at fault, so
+        its messages come back one at a time (they are the oldest in the queue): the good ones
+        pass alone, and only a message failing on its own counts towards ``max_deliveries``,
+        after which it is moved to the error queue instead of being handed out again.
+        """
+        if self._isolating:
+            wanted = 1
+        received: list[ReceivedMessage] = []
+        batch: list[ReceivedMessage] = []
+        outcome: BaseException | None = None
+        async with self.pool.session() as session:
+            try:
+                async with session.transaction():
+                    received = await ops.drive_async(
+                        ops.receive(self.dialect, self.queue, self.error_queue, wanted), session.execute
+                    )
+                    for message in received:
+                        count, last_error = self.failures.get(message.id)
+                        if count < self.max_deliveries:
+                            batch.append(message)
+                            continue
+                        log.error(
+                            "Queue %s: message %s failed %d times; moving it to %s",
+                            self.name,
+                            message.id,
+                            count,
+                            self.dialect.qualified_name(self.error_queue),
+                        )
+                        await ops.drive_async(
+                            ops.move_to_error(self.dialect, self.queue, self.error_queue, message, last_error),
+                            session.execute,
+                        )
+                    if batch:
+                        for message in batch:
+                            self._note_ttbr(message)
+                        try:
+                            await batch_handler(batch, session.connection)
+                        except Exception as exc:  # the batch's failure rolls it back; the pump goes on
+                            outcome = exc
+                            raise _Rollback from exc
+            except _Rollback:
+                pass
+        if self._isolating:
+            self._isolating -= 1
+        if outcome is None:
+            self.handled += len(batch)
+            for message in received:  # handled, or moved to the error queue: either way done
+                self.failures.forget(message.id)
+        else:
+            self.failed += len(batch)
+            log.warning(
+                "Queue %s: batch handler failed for %d message(s), all received again: %s: %s",
+                self.name,
+                len(batch),
+                type(outcome).__name__,
+                outcome,
+            )
+            if len(batch) > 1:
+                self._isolating = len(batch)  # the next receives take these messages one by one
+            else:
+                for message in batch:
+                    self.failures.record(message.id, outcome)
+        return len(received)
+
     def _note_ttbr(self, message: ReceivedMessage) -> None:
         if self._ttbr_warned:
             return
@@ -362,6 +445,8 @@ class MessagePump:
 
     async def _handle(self, message: ReceivedMessage, connection: Any) -> BaseException | None:
         self._note_ttbr(message)
+        if self.handler is None:  # not reached: a pump with a batch handler handles whole batches
+            raise TypeError("this pump has a batch_handler")
         try:
             await self.handler(message, connection)
         except Exception as exc:  # the handler's failure is data for recoverability, not a pump crash
