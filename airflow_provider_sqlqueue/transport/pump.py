@@ -26,7 +26,7 @@ from . import operations as ops
 from .addressing import QueueAddress
 from .breaker import CircuitBreaker
 from .client import default_holder, lease_ms
-from .drivers import AsyncSessionPool
+from .drivers import AsyncSession, AsyncSessionPool
 from .errors import QueueNotFoundError, TransportMisconfiguredError
 from .message import TIME_TO_BE_RECEIVED, Failure, ReceivedMessage, TransactionMode, duration
 
@@ -388,21 +388,8 @@ class MessagePump:
                         ops.receive(self.dialect, self.queue, self.error_queue, wanted), session.execute
                     )
                     for message in received:
-                        count, last_error = self.failures.get(message.id)
-                        if count < self.max_deliveries:
+                        if not await self._dead_letter_if_exhausted(session, message):
                             batch.append(message)
-                            continue
-                        log.error(
-                            "Queue %s: message %s failed %d times; moving it to %s",
-                            self.name,
-                            message.id,
-                            count,
-                            self.dialect.qualified_name(self.error_queue),
-                        )
-                        await ops.drive_async(
-                            ops.move_to_error(self.dialect, self.queue, self.error_queue, message, last_error),
-                            session.execute,
-                        )
                     if batch:
                         for message in batch:
                             self._note_ttbr(message)
@@ -434,6 +421,24 @@ class MessagePump:
                 for message in batch:
                     self.failures.record(message.id, outcome)
         return len(received)
+
+    async def _dead_letter_if_exhausted(self, session: AsyncSession, message: ReceivedMessage) -> bool:
+        """In a native receive transaction: move a message that failed ``max_deliveries`` times to the error
+        queue (with its last failure) instead of handing it out again; whether it was moved."""
+        count, last_error = self.failures.get(message.id)
+        if count < self.max_deliveries:
+            return False
+        log.error(
+            "Queue %s: message %s failed %d times; moving it to %s",
+            self.name,
+            message.id,
+            count,
+            self.dialect.qualified_name(self.error_queue),
+        )
+        await ops.drive_async(
+            ops.move_to_error(self.dialect, self.queue, self.error_queue, message, last_error), session.execute
+        )
+        return True
 
     def _note_ttbr(self, message: ReceivedMessage) -> None:
         if self._ttbr_warned:
@@ -470,19 +475,7 @@ class MessagePump:
                     if not received:
                         return False
                     message = received[0]
-                    count, last_error = self.failures.get(message.id)
-                    if count >= self.max_deliveries:
-                        log.error(
-                            "Queue %s: message %s failed %d times; moving it to %s",
-                            self.name,
-                            message.id,
-                            count,
-                            self.dialect.qualified_name(self.error_queue),
-                        )
-                        await ops.drive_async(
-                            ops.move_to_error(self.dialect, self.queue, self.error_queue, message, last_error),
-                            session.execute,
-                        )
+                    if await self._dead_letter_if_exhausted(session, message):
                         self.failures.forget(message.id)
                         return True
                     outcome = await self._handle(message, session.connection)
