@@ -27,12 +27,46 @@ def test_headers_read_with_ascii_escapes_and_escaped_slashes(headers):
     assert decode_headers(escaped) == headers
 
 
+@given(headers=header_maps, ascii_only=st.booleans())
+def test_headers_are_encoded_as_json_dumps_would(headers, ascii_only):
+    expected = json.dumps(headers, ensure_ascii=ascii_only, separators=(",", ":"))
+    assert encode_headers(headers, ascii_only=ascii_only) == expected
+
+
+@given(headers=header_maps, given_id=st.booleans(), ttbr=st.none() | st.integers(1, 10**6))
+def test_wire_headers_add_the_defaults_after_what_was_given(headers, given_id, ttbr):
+    if given_id:
+        headers = {**headers, "NServiceBus.MessageId": "mine"}
+    message = Message(b"", headers, time_to_be_received=ttbr)
+    wire = decode_headers(message.wire_headers("2026-11-23 10:00:00:000000 Z"))
+    assert list(wire)[: len(headers)] == list(headers) and wire.items() >= headers.items()
+    assert wire["NServiceBus.MessageId"] == ("mine" if given_id else str(message.id))
+    assert wire.get("NServiceBus.TimeSent", headers.get("NServiceBus.TimeSent")) is not None
+    if ttbr is not None and "NServiceBus.TimeToBeReceived" not in headers:
+        assert wire["NServiceBus.TimeToBeReceived"] == wire_timespan(timedelta(seconds=ttbr))
+
+
 def test_empty_headers_text_is_no_headers():
     assert decode_headers("") == {}
 
 
 @pytest.mark.parametrize(
-    "text", [" ", "nope", "[]", '"str"', "1", '{"a": 1}', '{"a": {"b": "c"}}', '{"a": ["x"]}', None]
+    "text",
+    [
+        " ",
+        "nope",
+        "[]",
+        '"str"',
+        "1",
+        '{"a": 1}',
+        '{"a": {"b": "c"}}',
+        '{"a": ["x"]}',
+        '{"a": true}',
+        '{"a": "x"} trailing',
+        '{"a": "\\ud800"}',  # a lone surrogate: no UTF-8 spelling, NServiceBus could not read it
+        '{"\\udc00": "x"}',
+        None,
+    ],
 )
 def test_malformed_headers_are_rejected(text):
     with pytest.raises(InvalidHeadersError):

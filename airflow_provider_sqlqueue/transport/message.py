@@ -17,6 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from enum import Enum
+from json.encoder import encode_basestring, encode_basestring_ascii
+
+import msgspec
 
 from . import defaults
 from .errors import InvalidHeadersError
@@ -129,26 +132,41 @@ def encode_headers(headers: Headers, *, ascii_only: bool = False) -> str:
     return _dumps(validate_headers(headers), ascii_only)
 
 
-def _dumps(headers: Headers, ascii_only: bool) -> str:
-    """Headers already known to be valid, as JSON text."""
-    return json.dumps(headers, ensure_ascii=ascii_only, separators=(",", ":"))
+def _dumps(headers: Headers, ascii_only: bool, *tail: str) -> str:
+    """Headers already known to be valid, as JSON text, with ``tail`` members (``"name":"value"``) appended.
+
+    The same text as ``json.dumps(headers, ensure_ascii=ascii_only, separators=(",", ":"))``, built
+    from the encoder's own string quoting: every value is a string or null, so no general encoder
+    (built anew on every ``json.dumps`` call) is needed. A batched send spends most of its client
+    time here.
+    """
+    quote = encode_basestring_ascii if ascii_only else encode_basestring
+    members = [f"{quote(k)}:null" if v is None else f"{quote(k)}:{quote(v)}" for k, v in headers.items()]
+    members += tail
+    return "{" + ",".join(members) + "}"
+
+
+_HEADERS_DECODER = msgspec.json.Decoder(dict[str, str | None])
 
 
 def decode_headers(text: str | None) -> Headers:
     """Parse the Headers column; raise :class:`InvalidHeadersError` for anything NServiceBus could not read.
 
     Accepts every JSON spelling of the same strings (``\\/`` and ``/``, raw non-ASCII and ``\\u``
-    escapes), as the wire format allows.
+    escapes), as the wire format allows. Parsing and checking the shape (an object of strings or
+    nulls, no lone surrogates) happen in one pass of msgspec's decoder: every received row goes
+    through here, and it costs a fraction of ``json.loads`` plus a Python-level check.
     """
     if text is None:
         raise InvalidHeadersError("headers column is NULL")
     if text == "":  # NServiceBus reads an empty Headers column as no headers
         return {}
     try:
-        parsed = json.loads(text)
-    except (ValueError, TypeError) as exc:
+        return _HEADERS_DECODER.decode(text)
+    except msgspec.ValidationError as exc:
+        raise InvalidHeadersError(f"headers must be a JSON object of strings or nulls: {exc}") from None
+    except msgspec.DecodeError as exc:
         raise InvalidHeadersError(f"headers are not valid JSON: {exc}") from None
-    return validate_headers(parsed)
 
 
 def coerce_body(body: bytes | bytearray | memoryview | str | None) -> bytes:
@@ -266,12 +284,17 @@ class Message:
         ``time_sent`` is the wire timestamp of the send; a batch passes one for all its messages.
         ``ascii_only`` as in :func:`encode_headers`.
         """
-        headers = dict(self.headers)
-        headers.setdefault(MESSAGE_ID, str(self.id))
-        headers.setdefault(TIME_SENT, time_sent or wire_timestamp(datetime.now(timezone.utc)))
-        if self.time_to_be_received is not None:
-            headers.setdefault(TIME_TO_BE_RECEIVED, wire_timespan(self.time_to_be_received))
-        return _dumps(headers, ascii_only)  # validated by the constructor; the defaults added are text
+        # The defaults are appended as JSON members (their names and values are ASCII needing no
+        # escapes), in the order a dict's setdefault would have put them.
+        given = self.headers
+        appended: list[str] = []
+        if MESSAGE_ID not in given:
+            appended.append(f'"{MESSAGE_ID}":"{self.id}"')
+        if TIME_SENT not in given:
+            appended.append(f'"{TIME_SENT}":"{time_sent or wire_timestamp(datetime.now(timezone.utc))}"')
+        if self.time_to_be_received is not None and TIME_TO_BE_RECEIVED not in given:
+            appended.append(f'"{TIME_TO_BE_RECEIVED}":"{wire_timespan(self.time_to_be_received)}"')
+        return _dumps(given, ascii_only, *appended)  # validated by the constructor
 
     def ttbr_ms(self) -> int | None:
         """TTBR in whole milliseconds for the database to add to its clock (None: never expires)."""
