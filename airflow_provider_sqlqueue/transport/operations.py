@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from enum import Enum
+from operator import itemgetter
 from typing import Any, ParamSpec, TypeVar
 
 from .addressing import QueueAddress
@@ -275,6 +276,9 @@ def receive(
     return op if atomic else _Autocommit(op)
 
 
+_RECEIVED_SEQ = itemgetter(ReceivedRow._fields.index("seq"))
+
+
 def _receive(
     d: Dialect, address: QueueAddress, error_address: QueueAddress, limit: int
 ) -> Operation[list[ReceivedMessage]]:
@@ -283,10 +287,8 @@ def _receive(
     requeued = False
     while len(received) < limit and not requeued:
         wanted = limit - len(received)
-        rows = sorted(
-            (ReceivedRow(*row) for row in (yield Step(d.receive_sql(address), {"limit": wanted}, Fetch.ALL, target))),
-            key=lambda row: row.seq,
-        )
+        rows: list[ReceivedRow] = yield Step(d.receive_sql(address), {"limit": wanted}, Fetch.ALL, target)
+        rows.sort(key=_RECEIVED_SEQ)  # plain driver tuples, in the shape of ReceivedRow
         for message_id, expired, headers_text, body, _seq in rows:
             if expired:
                 log.debug("Dropped expired message %s from %s", message_id, target)
