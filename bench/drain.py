@@ -8,6 +8,8 @@ the other on the same PostgreSQL, each into a fresh schema:
   statement (as NServiceBus does) and ``--batch`` per statement; PgQueuer's ``QueueManager``
   (``mode=drain``, ``batch_size=--batch``); and the raw ``DELETE ... RETURNING`` of ``--batch`` rows
   per statement, typed by hand (the database's limit for this work, no handler at all);
+* receive ``--batch`` and 1 message per call with ``QueueClient.receive`` against the same
+  ``DELETE ... RETURNING`` typed by hand, in alternating rounds (best of three each);
 * send one message per call and ``--batch`` per call: ``QueueClient.send`` against PgQueuer's
   ``Queries.enqueue``.
 
@@ -66,7 +68,7 @@ def drop_schema(uri: str, schema: str) -> None:
 def fill(uri: str, schema: str, count: int) -> QueueAddress:
     queue = QueueAddress("orders", schema)
     with QueueClient.connect(uri) as client:
-        client.create_queue(queue)
+        client.create_queue(queue)  # a no-op when it exists
         for start in range(0, count, 1000):
             client.send(queue, [Message(BODY, HEADERS) for _ in range(min(1000, count - start))])
     return queue
@@ -124,6 +126,42 @@ def drain_raw(uri: str, count: int, batch: int) -> float:
             while received < count:
                 received += len(connection.execute(sql, (batch,)).fetchall())
             return count / (time.perf_counter() - began)
+    finally:
+        drop_schema(uri, schema)
+
+
+RECEIVE_SQL = (
+    "DELETE FROM {table} AS rs WHERE rs.Seq = ANY(ARRAY(SELECT Seq FROM {table} ORDER BY Seq LIMIT %s "
+    "FOR UPDATE SKIP LOCKED)) RETURNING rs.Id, rs.Expires IS NOT NULL AND rs.Expires <= (now() AT TIME ZONE 'UTC'), "
+    "rs.Headers, rs.Body, rs.Seq"
+)
+
+
+def receive_pair(uri: str, count: int, per_call: int, rounds: int = 3) -> tuple[float, float]:
+    """``QueueClient.receive`` and the same DELETE ... RETURNING typed by hand, in alternating rounds.
+
+    Each round refills the queue with ``count`` messages for each side; the best round of each is
+    kept, so a burst of noise on this shared machine does not decide the ratio.
+    """
+    schema = fresh_schema(uri)
+    try:
+        queue = fill(uri, schema, 0)
+        sql = RECEIVE_SQL.format(table=f'"{schema}"."orders"')
+        ours: list[float] = []
+        raw: list[float] = []
+        with QueueClient.connect(uri) as client, psycopg.connect(uri, autocommit=True) as connection:
+            for _ in range(rounds):
+                fill(uri, schema, count)
+                began = time.perf_counter()
+                for _ in range(count // per_call):
+                    client.receive(queue, per_call)
+                ours.append(count / (time.perf_counter() - began))
+                fill(uri, schema, count)
+                began = time.perf_counter()
+                for _ in range(count // per_call):
+                    connection.execute(sql, (per_call,)).fetchall()
+                raw.append(count / (time.perf_counter() - began))
+        return max(ours), max(raw)
     finally:
         drop_schema(uri, schema)
 
@@ -232,6 +270,8 @@ def main() -> None:
     rows["drain: MessagePump claim + ack, batch"] = asyncio.run(drain_pump(uri, n, "claim", c, b))
     if pgq:
         rows["drain: PgQueuer QueueManager, batch"] = asyncio.run(drain_pgqueuer(uri, n, b))
+    rows[f"receive {b}: QueueClient"], rows[f"receive {b}: raw DELETE ... RETURNING"] = receive_pair(uri, n, b)
+    rows["receive 1: QueueClient"], rows["receive 1: raw DELETE ... RETURNING"] = receive_pair(uri, 2000, 1)
     rows["send 1: QueueClient"] = send_sqlqueue(uri, 2000, 1)
     rows[f"send {b}: QueueClient"] = send_sqlqueue(uri, 200, b)
     if pgq:
@@ -246,6 +286,10 @@ def main() -> None:
     ratios: dict[str, float] = {}
     raw = rows["drain: raw DELETE ... RETURNING, batch"]
     ratios["pump none batch / raw batched DELETE"] = rows["drain: MessagePump none, batch"] / raw
+    for per_call in (b, 1):
+        ratios[f"receive {per_call} / raw DELETE ... RETURNING {per_call}"] = (
+            rows[f"receive {per_call}: QueueClient"] / rows[f"receive {per_call}: raw DELETE ... RETURNING"]
+        )
     if pgq:
         pq = rows["drain: PgQueuer QueueManager, batch"]
         ratios["pump none batch / PgQueuer drain"] = rows["drain: MessagePump none, batch"] / pq
