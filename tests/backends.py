@@ -12,6 +12,7 @@ import asyncio
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any, ClassVar
 
 from airflow_provider_sqlqueue.transport import QueueAddress, QueueClient
@@ -185,6 +186,47 @@ class PostgresBackend(Backend):
             "Expired, rs.Headers, rs.Body"
         ).fetchone()
 
+    def nservicebus_create_delayed(self, raw: Raw, schema: str, table: str) -> None:
+        """NServiceBus's own DDL of a delayed table, with its UNIQUE index on Due."""
+        t = self.table(schema, table)
+        raw.execute(
+            f"CREATE TABLE IF NOT EXISTS {t} (Id uuid NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY, "
+            "Headers text NOT NULL, Body bytea, Due timestamptz NOT NULL) "
+            "WITH (fillfactor=100, autovacuum_enabled=off, toast.autovacuum_enabled=off)"
+        )
+        raw.execute(f'CREATE UNIQUE INDEX "{table}_Due" on {t}(Due)')
+
+    def nservicebus_store_delayed(
+        self, raw: Raw, schema: str, table: str, headers: str, body: bytes, due_after: timedelta
+    ) -> None:
+        """NServiceBus's StoreDelayedMessageText, parameters split as it splits a TimeSpan."""
+        days, rest = due_after.days, due_after.seconds
+        raw.execute(
+            "WITH params (DueDate) as (values (timestamptz (now() AT TIME ZONE 'UTC') + (%s || ' days ')::INTERVAL "
+            "+ (%s || ' hours ')::INTERVAL + (%s || ' mins ')::INTERVAL + (%s || ' s ')::INTERVAL "
+            f"+ (%s || ' ms')::INTERVAL)) INSERT INTO {self.table(schema, table)} (Headers, Body, Due) "
+            "SELECT %s, %s, DueDate FROM params",
+            (
+                days,
+                rest // 3600,
+                rest % 3600 // 60,
+                rest % 60,
+                due_after.microseconds // 1000,
+                headers,
+                body,
+            ),
+        )
+
+    def nservicebus_move_due(self, raw: Raw, schema: str, delayed: str, queue: str, batch: int) -> None:
+        """NServiceBus's MoveDueDelayedMessageText: due rows into the endpoint's own queue, Id kept."""
+        d, q = self.table(schema, delayed), self.table(schema, queue)
+        raw.execute(
+            f"WITH message as (DELETE FROM {d} WHERE id in (SELECT id from {d} WHERE {d}.Due < now() AT TIME ZONE 'UTC' "
+            f"LIMIT %s) RETURNING id, headers, body) INSERT into {q} (id, expires, headers, body) "
+            "SELECT id, NULL, headers, body FROM message",
+            (batch,),
+        )
+
     def drop_expires_index(self, raw: Raw, schema: str, table: str) -> str:
         raw.execute(f'DROP INDEX "{schema}"."{table}_Expires"')
         return f'CREATE INDEX IF NOT EXISTS "{table}_Expires" ON "{schema}"."{table}" (Expires)'
@@ -250,6 +292,35 @@ class SqlServerBackend(Backend):
             "deleted.Headers, deleted.Body"
         ).fetchone()
         return (uuid.UUID(str(row[0])), *row[1:])
+
+    def nservicebus_create_delayed(self, raw: Raw, schema: str, table: str) -> None:
+        t = self.table(schema, table)
+        raw.execute(
+            f"CREATE TABLE {t} (Headers nvarchar(max) NOT NULL, Body varbinary(max), Due datetime NOT NULL, "
+            "RowVersion bigint IDENTITY(1,1) NOT NULL)"
+        )
+        raw.execute(f"CREATE NONCLUSTERED INDEX [Index_Due] ON {t} ([Due])")
+
+    def nservicebus_store_delayed(
+        self, raw: Raw, schema: str, table: str, headers: str, body: bytes, due_after: timedelta
+    ) -> None:
+        days, rest = due_after.days, due_after.seconds
+        raw.execute(
+            "DECLARE @DueAfter DATETIME = GETUTCDATE(); SET @DueAfter = DATEADD(ms, %s, @DueAfter); "
+            "SET @DueAfter = DATEADD(s, %s, @DueAfter); SET @DueAfter = DATEADD(n, %s, @DueAfter); "
+            "SET @DueAfter = DATEADD(hh, %s, @DueAfter); SET @DueAfter = DATEADD(d, %s, @DueAfter); "
+            f"INSERT INTO {self.table(schema, table)} (Headers, Body, Due) VALUES (%s, %s, @DueAfter)",
+            (due_after.microseconds // 1000, rest % 60, rest % 3600 // 60, rest // 3600, days, headers, body),
+        )
+
+    def nservicebus_move_due(self, raw: Raw, schema: str, delayed: str, queue: str, batch: int) -> None:
+        raw.execute(
+            f"WITH message AS (SELECT TOP(%s) * FROM {self.table(schema, delayed)} WITH (UPDLOCK, READPAST, ROWLOCK) "
+            "WHERE Due < GETUTCDATE()) DELETE FROM message OUTPUT NEWID(), NULL, NULL, 1, NULL, deleted.Headers, "
+            f"deleted.Body INTO {self.table(schema, queue)} (Id, CorrelationId, ReplyToAddress, Recoverable, Expires, "
+            "Headers, Body)",
+            (batch,),
+        )
 
     def drop_expires_index(self, raw: Raw, schema: str, table: str) -> str:
         raw.execute(f"DROP INDEX [Index_Expires] ON {self.table(schema, table)}")

@@ -84,6 +84,11 @@ STATEMENTS: dict[str, Statement] = {
     "extend": lambda d, a, e: d.extend_sql(a),
     "claim_to_error": lambda d, a, e: d.claim_to_error_sql(a, e, SHAPE),
     "claim_to_error_legacy": lambda d, a, e: d.claim_to_error_sql(a, e, LEGACY_SHAPE),
+    "create_delayed": lambda d, a, e: list(d.create_delayed_sql(a.delayed())),
+    "store_delayed": lambda d, a, e: d.store_delayed_sql(a.delayed()),
+    "due_delayed": lambda d, a, e: d.due_delayed_sql(a.delayed()),
+    "delete_delayed": lambda d, a, e: d.delete_delayed_sql(a.delayed()),
+    "next_due": lambda d, a, e: d.next_due_sql(a.delayed()),
 }
 #: Dialect methods that return no statement, and statement variants tested under another name.
 NOT_STATEMENTS = {
@@ -94,6 +99,7 @@ NOT_STATEMENTS = {
     "translate_error",
     "send_batch_params",
     "token_list",
+    "key_list",
 }
 VARIANTS = {"send_legacy", "insert_error_legacy", "claim_to_error_legacy"}
 SESSION_STATEMENTS = {
@@ -148,6 +154,7 @@ def test_every_statement_parses_as_tsql_and_names_exactly_the_queue_tables(label
         (address.catalog or "", schema, address.table),
         (address.catalog or "", schema, "error"),
         (address.catalog or "", schema, "sqlqueue_inflight"),
+        (address.catalog or "", schema, address.table + ".Delayed"),
     }
     for name, sql in statements(address):
         parsed = parse(sql)
@@ -205,6 +212,11 @@ def test_placeholder_names_match_the_parameters_the_operations_pass():
         "drop_queue": set(),
         "add_body_string": set(),
         "expires_index_ddl": set(),
+        "create_delayed": set(),
+        "store_delayed": {"headers", "body", "delay_ms"},
+        "due_delayed": {"limit"},
+        "delete_delayed": {"keys"},
+        "next_due": set(),
     }
     for name, names in expected.items():
         produced = STATEMENTS[name](dialect, address, error)
@@ -438,6 +450,8 @@ SAMPLE_PARAMS: dict[str, dict[str, object]] = {
     "adopt": {"lease_ms": 120_000, "holder": "dag/run/task#1", "queue": "orders@[dbo]", "limit": 100},
     "peek_with_claims": {"queue": "orders@[dbo]"},
     "count_inflight": {"queue": "orders@[dbo]"},
+    "due_delayed": {"limit": 100},
+    "delete_delayed": {"keys": dialect.key_list([1, 2, 2**40])},
     "ack": {"tokens": dialect.token_list([uuid.uuid4()]), "queue": "orders@[dbo]"},
     "nack": {
         "delay_ms": 0,
@@ -507,6 +521,8 @@ def sample_params(name: str, body: bytes | None, headers: str) -> dict[str, obje
         return dialect.send_batch_params(rows)
     if name in ("insert_error", "insert_error_legacy"):
         return {"id": uuid.uuid4(), "headers": headers, "body": body}
+    if name == "store_delayed":
+        return {"headers": headers, "body": body, "delay_ms": 2**40}
     if name in ("claim_to_error", "claim_to_error_legacy"):
         return {"token": uuid.uuid4(), "headers": headers}
     return SAMPLE_PARAMS.get(name, {})
@@ -520,7 +536,13 @@ def checker_tables(address: QueueAddress, legacy: bool) -> dict[str, dict[str, s
             name: ("varchar" if name == "headers" else kind) for name, kind in queue.items() if name != "recoverable"
         }
     inflight = tsql_types.table_columns(dialect.create_inflight_sql(address)[0])
-    return {address.table.lower(): queue, "error": queue, "sqlqueue_inflight": inflight}
+    delayed = tsql_types.table_columns(dialect.create_delayed_sql(address.delayed())[0])
+    return {
+        address.table.lower(): queue,
+        "error": queue,
+        "sqlqueue_inflight": inflight,
+        address.delayed().table.lower(): delayed,
+    }
 
 
 def pyodbc_types(values: tuple[object, ...]) -> dict[str, tsql_types.Typed]:
@@ -557,14 +579,16 @@ def type_problems(
 
 
 RENDERED = [
-    name for name in STATEMENTS if name in SAMPLE_PARAMS or name.startswith(("send", "insert_error", "claim_to_error"))
+    name
+    for name in STATEMENTS
+    if name in SAMPLE_PARAMS or name.startswith(("send", "insert_error", "claim_to_error", "store_delayed"))
 ]
 
 
 def rendering_cases() -> Iterator[tuple[str, str, str, bool]]:
     """(statement, body, headers, legacy table): every shape for statements that carry them, once for the rest."""
     for name in RENDERED:
-        if name.startswith(("send", "insert_error", "claim_to_error")):
+        if name.startswith(("send", "insert_error", "claim_to_error", "store_delayed")):
             legacy = name.endswith("_legacy")
             for body in BODIES:
                 for headers in HEADERS:

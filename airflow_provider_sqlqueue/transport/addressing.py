@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import defaults
 from .errors import InvalidQueueNameError
 
 
@@ -55,6 +56,11 @@ class QueueAddress:
         """The per-instance queue ``Endpoint.Machine`` used for replies that must reach this instance."""
         check_name("machine", machine)
         return QueueAddress(f"{self.table}.{machine}", self.schema, self.catalog)
+
+    def delayed(self, suffix: str = defaults.DELAYED_TABLE_SUFFIX) -> QueueAddress:
+        """The queue's delayed-message table, ``<queue>.Delayed``, as NServiceBus names it."""
+        check_name("delayed table suffix", suffix)
+        return QueueAddress(f"{self.table}.{suffix}", self.schema, self.catalog)
 
     def sibling(self, table: str) -> QueueAddress:
         """Another queue in the same schema and catalog (e.g. the endpoint's error queue)."""

@@ -15,7 +15,7 @@ import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, Generic, TypeVar, overload
 
@@ -24,7 +24,7 @@ from . import operations as ops
 from .addressing import QueueAddress
 from .drivers import AsyncSession, Session, open_async_session, open_session
 from .errors import ObjectExistsError
-from .message import Failure, Message, ReceivedMessage, duration
+from .message import Failure, Message, ReceivedMessage, delivery_delay, duration
 
 T = TypeVar("T")
 #: The session type of a client: blocking for QueueClient, asyncio for AsyncQueueClient.
@@ -119,6 +119,26 @@ class _Addressing(Generic[S]):
         return address
 
     # Operation builders shared by the sync and async clients: argument checks live here once.
+
+    def _send_op(
+        self,
+        queue: str | QueueAddress,
+        batch: list[Message],
+        notify: bool,
+        delay: timedelta | float | None,
+        due: datetime | None,
+    ) -> ops.Operation[int]:
+        address = self.address(queue)
+        wait = delivery_delay(delay, due)
+        if wait is None:
+            return ops.send(self.session.dialect, address, batch, notify)
+        delay_ms = max(1, round(wait / timedelta(milliseconds=1)))
+        return ops.send_delayed(self.session.dialect, address, address.delayed(), batch, delay_ms)
+
+    def _move_due_op(self, queue: str | QueueAddress, batch_size: int) -> ops.Operation[int]:
+        check_positive("batch_size", batch_size)
+        address = self.address(queue)
+        return ops.move_due(self.session.dialect, address, address.delayed(), min(batch_size, defaults.MAX_BATCH))
 
     def _receive_op(
         self,
@@ -264,8 +284,11 @@ class QueueClient(_Addressing[Session]):
         error_queue: str | QueueAddress | None = None,
         secondary: str | None = None,
         body_string: bool = False,
+        delayed: bool = True,
     ) -> list[QueueAddress]:
-        """Create the queue, its error queue, optionally its ``Endpoint.Machine`` secondary, and the claim store.
+        """Create the queue, its error queue, optionally its ``Endpoint.Machine`` secondary, the claim
+        store, and (``delayed``) its delayed-message table ``<queue>.Delayed``, as an NServiceBus
+        endpoint's installer does.
 
         Idempotent and safe to run from several processes at once. Needs the installer's rights
         (CREATE on the schema). Returns the addresses of the queue tables.
@@ -278,6 +301,8 @@ class QueueClient(_Addressing[Session]):
         for each in addresses:
             self._install(partial(ops.create_queue, dialect, each, body_string))
         self._install(partial(ops.create_inflight, dialect, address))
+        if delayed:
+            self._install(partial(ops.create_delayed, dialect, address, address.delayed()))
         return addresses
 
     def _install(self, make: Callable[[], ops.Operation[None]]) -> None:
@@ -298,17 +323,48 @@ class QueueClient(_Addressing[Session]):
 
     # -- sending -----------------------------------------------------------------------------
 
-    def send(self, queue: str | QueueAddress, messages: Message | Iterable[Message], *, notify: bool = False) -> int:
+    def send(
+        self,
+        queue: str | QueueAddress,
+        messages: Message | Iterable[Message],
+        *,
+        notify: bool = False,
+        delay: timedelta | float | None = None,
+        due: datetime | None = None,
+    ) -> int:
         """Send one message or many (in one transaction, batched into as few statements as possible).
 
         ``notify=True`` wakes receivers that listen for the queue (PostgreSQL LISTEN/NOTIFY) when
         the send commits, instead of leaving them to find the messages at their next peek.
+
+        ``delay`` (a timedelta or seconds) or ``due`` (an aware datetime) stores the messages in
+        the queue's delayed table (``<queue>.Delayed``) instead; they reach the queue when due,
+        moved by :meth:`move_due` (which the pump runs) or by the NServiceBus endpoint owning the
+        queue. Messages with a time-to-be-received cannot be delayed, as in NServiceBus.
         """
         batch = as_messages(messages)
         if not batch:
             return 0
-        op = ops.send(self.session.dialect, self.address(queue), batch, notify)
-        return self._run(op)
+        return self._run(self._send_op(queue, batch, notify, delay, due))
+
+    def move_due(self, queue: str | QueueAddress, *, batch_size: int = defaults.DELAYED_BATCH) -> int:
+        """Move every due message of the queue's delayed table on to its destination; returns how many.
+
+        One transaction per ``batch_size`` messages; safe beside other movers (each message is moved
+        once). Raises QueueNotFoundError when the queue has no delayed table.
+        """
+        moved = 0
+        while True:
+            count = self._run(self._move_due_op(queue, batch_size))
+            moved += count
+            if count < batch_size:
+                return moved
+
+    def next_due(self, queue: str | QueueAddress) -> timedelta | None:
+        """How long until the queue's earliest delayed message is due (negative: overdue); None when none waits."""
+        delayed = self.address(queue).delayed()
+        wait_ms = self._run(ops.next_due(self.session.dialect, delayed))
+        return None if wait_ms is None else timedelta(milliseconds=wait_ms)
 
     # -- receiving ---------------------------------------------------------------------------
 
@@ -558,13 +614,26 @@ class AsyncQueueClient(_Addressing[AsyncSession]):
         await self.close()
 
     async def send(
-        self, queue: str | QueueAddress, messages: Message | Iterable[Message], *, notify: bool = False
+        self,
+        queue: str | QueueAddress,
+        messages: Message | Iterable[Message],
+        *,
+        notify: bool = False,
+        delay: timedelta | float | None = None,
+        due: datetime | None = None,
     ) -> int:
         batch = as_messages(messages)
         if not batch:
             return 0
-        op = ops.send(self.session.dialect, self.address(queue), batch, notify)
-        return await self.session.run(op)
+        return await self.session.run(self._send_op(queue, batch, notify, delay, due))
+
+    async def move_due(self, queue: str | QueueAddress, *, batch_size: int = defaults.DELAYED_BATCH) -> int:
+        moved = 0
+        while True:
+            count = await self.session.run(self._move_due_op(queue, batch_size))
+            moved += count
+            if count < batch_size:
+                return moved
 
     async def wait_for_notifications(self, queues: Iterable[str | QueueAddress], timeout: float) -> bool:
         """Listen for the queues' send notifications and wait up to ``timeout`` seconds for one.

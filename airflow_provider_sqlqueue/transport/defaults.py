@@ -47,6 +47,14 @@ BREAKER_ALARM_SECONDS = 120.0
 #: Most messages or rows one call receives, claims, browses or purges (a statement's LIMIT / TOP).
 MAX_BATCH = 100_000
 
+#: NServiceBus's delayed-message table of a queue is ``<queue>.<suffix>`` in the queue's schema.
+DELAYED_TABLE_SUFFIX = "Delayed"
+#: Due delayed messages moved per transaction, and seconds between looks for due ones (NServiceBus's defaults).
+DELAYED_BATCH = 100
+DELAYED_INTERVAL = 1.0
+#: Longest delivery delay accepted: Due must stay a date every reader can hold (as for TTBR).
+MAX_DELAY = timedelta(days=365 * 1000)
+
 #: Most reservations an Airflow run adopts at once (event-driven DAGs).
 ADOPT_LIMIT = 100
 

@@ -37,6 +37,8 @@ EXCEPTION_TYPE = "NServiceBus.ExceptionInfo.ExceptionType"
 EXCEPTION_MESSAGE = "NServiceBus.ExceptionInfo.Message"
 EXCEPTION_SOURCE = "NServiceBus.ExceptionInfo.Source"
 EXCEPTION_STACK_TRACE = "NServiceBus.ExceptionInfo.StackTrace"
+#: Where a delayed message goes when it is due: set by the store, read and removed by the mover.
+FORWARD_DESTINATION = "NServiceBus.SqlServer.ForwardDestination"
 DELIVERY_COUNT = "SqlQueue.DeliveryCount"
 
 #: Headers written when a message is moved to the error queue; removed again on retry.
@@ -232,6 +234,25 @@ def coerce_ttbr(ttbr: timedelta | float | int | None) -> timedelta | None:
     if ttbr is None:
         return None
     return duration("time_to_be_received", ttbr, maximum=defaults.MAX_TIME_TO_BE_RECEIVED)
+
+
+def delivery_delay(delay: timedelta | float | None = None, due: datetime | None = None) -> timedelta | None:
+    """How long a message must wait before it is delivered, from a delay or a due time; None: send now.
+
+    A due time is turned into a delay against this machine's clock, as NServiceBus does; the
+    database then adds the delay to its own clock. A delay of zero or a due time already past
+    means no delay (the message is sent at once).
+    """
+    if delay is not None and due is not None:
+        raise ValueError("give a delay or a due time, not both")
+    if due is not None:
+        if not isinstance(due, datetime) or due.tzinfo is None:
+            raise TypeError(f"due must be a timezone-aware datetime, got {due!r:.60}")
+        delay = max(due - datetime.now(timezone.utc), timedelta(0))
+    if delay is None:
+        return None
+    span = duration("delay", delay, maximum=defaults.MAX_DELAY, minimum=timedelta(0))
+    return span if span > timedelta(0) else None
 
 
 @dataclass(init=False)

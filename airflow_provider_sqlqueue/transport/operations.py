@@ -21,11 +21,12 @@ from operator import itemgetter
 from typing import Any, ParamSpec, TypeVar
 
 from .addressing import QueueAddress
-from .dialects import BrowsedRow, ClaimedRow, Dialect, ErrorRow, HeldRow, ReceivedRow, SendRow, TableShape
+from .dialects import BrowsedRow, ClaimedRow, Dialect, DueRow, ErrorRow, HeldRow, ReceivedRow, SendRow, TableShape
 from .errors import InvalidHeadersError, LeaseLostError, QueueNotFoundError, SqlQueueError
 from .message import (
     DELIVERY_COUNT,
     FAILED_QUEUE,
+    FORWARD_DESTINATION,
     Failure,
     Message,
     ReceivedMessage,
@@ -236,21 +237,133 @@ def _send(d: Dialect, address: QueueAddress, messages: Sequence[Message], notify
     rows: list[SendRow] = [
         (m.id, m.ttbr_ms(), m.wire_headers(sent_at, ascii_only=shape.ascii_headers), m.body) for m in messages
     ]
-    if len(rows) == 1:
-        message_id, ttbr_ms, headers, body = rows[0]
-        params = {"id": message_id, "ttbr_ms": ttbr_ms, "headers": headers, "body": body}
-        yield Step(d.send_sql(address, shape), params, Fetch.NONE, target)
-    else:
-        sent = 0
-        while sent < len(rows):
-            count = d.batch_size(rows[sent:])
-            chunk = rows[sent : sent + count]
-            yield Step(d.send_batch_sql(address, count, shape), d.send_batch_params(chunk), Fetch.NONE, target)
-            sent += count
+    yield from _insert(d, address, shape, rows)
     notify_sql = d.notify_sql(address) if notify else None
     if notify_sql is not None:
         yield Step(notify_sql, {"channel": d.notify_channel(address)}, Fetch.ONE, target)
     return len(rows)
+
+
+def _insert(d: Dialect, address: QueueAddress, shape: TableShape, rows: Sequence[SendRow]) -> Operation[None]:
+    """Insert ready-made rows into a queue table in as few statements as the dialect allows."""
+    target = d.qualified_name(address)
+    if len(rows) == 1:
+        message_id, ttbr_ms, headers, body = rows[0]
+        params = {"id": message_id, "ttbr_ms": ttbr_ms, "headers": headers, "body": body}
+        yield Step(d.send_sql(address, shape), params, Fetch.NONE, target)
+        return
+    sent = 0
+    while sent < len(rows):
+        count = d.batch_size(rows[sent:])
+        chunk = rows[sent : sent + count]
+        yield Step(d.send_batch_sql(address, count, shape), d.send_batch_params(chunk), Fetch.NONE, target)
+        sent += count
+
+
+# -- delayed delivery ----------------------------------------------------------------------------
+
+
+def create_delayed(d: Dialect, address: QueueAddress, delayed: QueueAddress) -> Operation[None]:
+    """Create the delayed-message table of the queue at ``address`` (idempotent, safe concurrently)."""
+    target = d.qualified_name(delayed)
+    yield Step(d.install_lock_sql(delayed), {}, Fetch.NONE, target)
+    existing = yield Step(d.queue_columns_sql(delayed), _table_key(d, delayed), Fetch.ALL, target)
+    if not existing:
+        for sql in d.create_delayed_sql(delayed):
+            yield Step(sql, {}, Fetch.NONE, target)
+
+
+def send_delayed(
+    d: Dialect, address: QueueAddress, delayed: QueueAddress, messages: Sequence[Message], delay_ms: int
+) -> Operation[int]:
+    """Store messages in the queue's delayed table, due ``delay_ms`` after the database's clock.
+
+    Each is stored as NServiceBus stores one: its headers (with id and time sent filled in) plus
+    ``NServiceBus.SqlServer.ForwardDestination`` naming the queue, which whoever moves it when it
+    is due -- :func:`move_due` here, or the NServiceBus endpoint that owns the queue -- sends it on to.
+    """
+    for message in messages:
+        if message.time_to_be_received is not None:
+            # NServiceBus's rule: a delayed message would wait out part of its TTBR unseen.
+            raise ValueError(
+                "Delayed delivery of messages with TimeToBeReceived set is not supported. "
+                "Remove the time_to_be_received to delay this message."
+            )
+    target = d.qualified_name(delayed)
+    yield from table_shape(d, delayed)  # a clear QueueNotFoundError when the table is missing
+    destination = d.format_address(address)
+    sent_at = wire_timestamp(datetime.now(timezone.utc))
+    for message in messages:
+        stored = Message(message.body, {**message.headers, FORWARD_DESTINATION: destination}, id=message.id)
+        params = {"headers": stored.wire_headers(sent_at), "body": stored.body, "delay_ms": delay_ms}
+        yield Step(d.store_delayed_sql(delayed), params, Fetch.NONE, target)
+    return len(messages)
+
+
+def move_due(d: Dialect, address: QueueAddress, delayed: QueueAddress, limit: int) -> Operation[int]:
+    """Move up to ``limit`` due messages from the delayed table to where they are going, in one transaction.
+
+    Rows are locked as they are read and rows other movers hold are skipped, so any number of
+    movers (this package's and NServiceBus's own) can run at once: each row is moved by the one
+    that deleted it, once. A row goes to the queue its ``ForwardDestination`` header names
+    (without that header, as NServiceBus forwards it), or to the table's own queue when the header
+    is missing, names no queue of this database, or the row's headers cannot be read -- there its
+    receiver deals with it as with any message. Returns how many rows were moved.
+    """
+    target = d.qualified_name(delayed)
+    found = yield Step(d.due_delayed_sql(delayed), {"limit": limit}, Fetch.ALL, target)
+    rows = [DueRow(*row) for row in found]
+    if not rows:
+        return 0
+    routed: dict[QueueAddress, list[SendRow]] = {}
+    for key, headers_text, body in rows:
+        message_id = key if isinstance(key, uuid.UUID) else uuid.uuid4()
+        destination, headers = _due_destination(d, address, headers_text)
+        routed.setdefault(destination, []).append((message_id, None, headers, bytes(body or b"")))
+    for destination, batch in routed.items():
+        try:
+            if destination != address:  # a name read from a header: make sure it is a queue table
+                yield from check_columns(d, destination)
+            shape = yield from table_shape(d, destination)
+        except QueueNotFoundError:
+            log.warning(
+                "Delayed messages in %s are due for %s, which does not exist; moving %d of them to %s instead",
+                target,
+                d.qualified_name(destination),
+                len(batch),
+                d.qualified_name(address),
+            )
+            destination = address
+            shape = yield from table_shape(d, address)
+        yield from _insert(d, destination, shape, batch)
+    yield Step(d.delete_delayed_sql(delayed), {"keys": d.key_list([row.key for row in rows])}, Fetch.NONE, target)
+    log.debug("Moved %d due delayed message(s) out of %s", len(rows), target)
+    return len(rows)
+
+
+def _due_destination(d: Dialect, address: QueueAddress, headers_text: str | None) -> tuple[QueueAddress, str]:
+    """Where a due row goes and the headers it goes with (see :func:`move_due`)."""
+    try:
+        headers = decode_headers(headers_text)
+    except InvalidHeadersError:
+        return address, headers_text or ""
+    forward = headers.pop(FORWARD_DESTINATION, None)
+    if forward is None:
+        return address, headers_text or ""
+    try:
+        destination = d.parse_address(forward)
+    except SqlQueueError as exc:
+        log.warning(
+            "A delayed message names an unreadable destination %r (%s); moving it to its own queue", forward, exc
+        )
+        return address, headers_text or ""
+    return destination, encode_headers(headers)
+
+
+def next_due(d: Dialect, delayed: QueueAddress) -> Operation[int | None]:
+    """Milliseconds until the earliest delayed message is due (negative: overdue), None when there is none."""
+    row = yield Step(d.next_due_sql(delayed), {}, Fetch.ONE, d.qualified_name(delayed))
+    return None if row is None or row[0] is None else int(row[0])
 
 
 # -- receiving ---------------------------------------------------------------------------------

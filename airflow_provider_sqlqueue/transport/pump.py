@@ -126,6 +126,7 @@ class MessagePump:
         max_backoff: float = defaults.MAX_BACKOFF_SECONDS,
         breaker_alarm: float = defaults.BREAKER_ALARM_SECONDS,
         batch_handler: BatchHandler | None = None,
+        move_delayed: bool = True,
     ) -> None:
         if (handler is None) == (batch_handler is None):
             raise ValueError("give a handler (one message at a time) or a batch_handler (native mode), not both")
@@ -159,6 +160,7 @@ class MessagePump:
         self.max_deliveries = max_deliveries
         self.breaker = CircuitBreaker(min(peek_interval, 1.0), max_backoff, breaker_alarm)
         self.failures = FailureCounter()
+        self.move_delayed = move_delayed
         self.name = self.dialect.qualified_name(queue)
         self.handled = 0
         self.failed = 0
@@ -188,6 +190,39 @@ class MessagePump:
             self.peek_interval,
             self.peek_batch_size,
         )
+        mover = asyncio.create_task(self._move_delayed()) if self.move_delayed else None
+        try:
+            await self._consume()
+        finally:
+            if mover is not None:
+                mover.cancel()
+                await asyncio.gather(mover, return_exceptions=True)
+        log.info("Queue %s: pump stopped (handled %d, failed %d)", self.name, self.handled, self.failed)
+
+    async def _move_delayed(self) -> None:
+        """Move the queue's due delayed messages on while the pump runs, as an NServiceBus endpoint does.
+
+        Looks every ``DELAYED_INTERVAL`` seconds, at once again after a full batch. A queue
+        without a delayed table (``create_queue(..., delayed=False)``) is said once and left
+        alone; other failures are logged and retried at the next look, never stopping the pump.
+        """
+        delayed = self.queue.delayed()
+        while not self._stop.is_set():
+            try:
+                async with self.pool.session() as session:
+                    moved = await session.run(ops.move_due(self.dialect, self.queue, delayed, defaults.DELAYED_BATCH))
+            except QueueNotFoundError:
+                log.info("Queue %s: no delayed table %s, so no delayed messages to move", self.name, delayed)
+                return
+            except Exception as exc:  # the consumer loop reports lasting outages; this one retries
+                log.warning("Queue %s: moving due delayed messages failed (%s); trying again", self.name, exc)
+                moved = 0
+            if moved:
+                log.info("Queue %s: moved %d due delayed message(s) into place", self.name, moved)
+            if moved < defaults.DELAYED_BATCH:
+                await self._sleep(defaults.DELAYED_INTERVAL)
+
+    async def _consume(self) -> None:
         while not self._stop.is_set():
             try:
                 async with self.pool.session() as session:
@@ -221,7 +256,6 @@ class MessagePump:
                     self.handled,
                     self.failed,
                 )
-        log.info("Queue %s: pump stopped (handled %d, failed %d)", self.name, self.handled, self.failed)
 
     async def _sleep(self, seconds: float) -> None:
         try:

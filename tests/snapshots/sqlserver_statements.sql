@@ -100,6 +100,21 @@ DECLARE @token uniqueidentifier = @p_token, @headers nvarchar(max) = @p_headers;
 -- plain: claim_to_error_legacy
 DECLARE @token uniqueidentifier = @p_token, @headers nvarchar(max) = @p_headers; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [dbo].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [dbo].[error] (Id, Expires, Headers, Body) SELECT m.Id, NULL, @headers, m.Body FROM @moved AS m;
 
+-- plain: create_delayed[0]
+IF OBJECT_ID(N'[dbo].[orders.Delayed]', N'U') IS NULL BEGIN CREATE TABLE [dbo].[orders.Delayed] (Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, Due datetime NOT NULL, RowVersion bigint IDENTITY(1,1) NOT NULL); CREATE NONCLUSTERED INDEX [Index_Due] ON [dbo].[orders.Delayed] (Due); END;
+
+-- plain: store_delayed
+DECLARE @delay_ms bigint = @p_delay_ms; INSERT INTO [dbo].[orders.Delayed] (Headers, Body, Due) VALUES (@p_headers, CAST(@p_body AS varbinary(max)), DATEADD(millisecond, @delay_ms % 86400000, DATEADD(day, @delay_ms / 86400000, GETUTCDATE())));
+
+-- plain: due_delayed
+SELECT TOP (@p_limit) RowVersion, Headers, Body FROM [dbo].[orders.Delayed] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Due < GETUTCDATE() ORDER BY Due;
+
+-- plain: delete_delayed
+DELETE FROM [dbo].[orders.Delayed] WHERE RowVersion IN (SELECT CAST(j.value AS bigint) FROM OPENJSON(@p_keys) AS j);
+
+-- plain: next_due
+SELECT DATEDIFF_BIG(millisecond, GETUTCDATE(), min(Due)) FROM [dbo].[orders.Delayed] WITH (READPAST, READCOMMITTEDLOCK);
+
 -- escaping: install_lock
 DECLARE @resource nvarchar(255) = QUOTENAME(DB_NAME()) + N'.' + QUOTENAME(N'sa]les') + N'.' + QUOTENAME(N'we]ird [name]; DROP TABLE x--''%s') + N'_lock'; EXEC sp_getapplock @Resource = @resource, @LockMode = N'Exclusive', @LockOwner = N'Transaction';
 
@@ -201,6 +216,21 @@ DECLARE @token uniqueidentifier = @p_token, @headers nvarchar(max) = @p_headers;
 
 -- escaping: claim_to_error_legacy
 DECLARE @token uniqueidentifier = @p_token, @headers nvarchar(max) = @p_headers; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [sa]]les].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [sa]]les].[error] (Id, Expires, Headers, Body) SELECT m.Id, NULL, @headers, m.Body FROM @moved AS m;
+
+-- escaping: create_delayed[0]
+IF OBJECT_ID(N'[sa]]les].[we]]ird [name]]; DROP TABLE x--''%s.Delayed]', N'U') IS NULL BEGIN CREATE TABLE [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s.Delayed] (Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, Due datetime NOT NULL, RowVersion bigint IDENTITY(1,1) NOT NULL); CREATE NONCLUSTERED INDEX [Index_Due] ON [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s.Delayed] (Due); END;
+
+-- escaping: store_delayed
+DECLARE @delay_ms bigint = @p_delay_ms; INSERT INTO [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s.Delayed] (Headers, Body, Due) VALUES (@p_headers, CAST(@p_body AS varbinary(max)), DATEADD(millisecond, @delay_ms % 86400000, DATEADD(day, @delay_ms / 86400000, GETUTCDATE())));
+
+-- escaping: due_delayed
+SELECT TOP (@p_limit) RowVersion, Headers, Body FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s.Delayed] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Due < GETUTCDATE() ORDER BY Due;
+
+-- escaping: delete_delayed
+DELETE FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s.Delayed] WHERE RowVersion IN (SELECT CAST(j.value AS bigint) FROM OPENJSON(@p_keys) AS j);
+
+-- escaping: next_due
+SELECT DATEDIFF_BIG(millisecond, GETUTCDATE(), min(Due)) FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s.Delayed] WITH (READPAST, READCOMMITTEDLOCK);
 
 -- catalog: install_lock
 DECLARE @resource nvarchar(255) = QUOTENAME(N'Shop''s DB') + N'.' + QUOTENAME(N'ops') + N'.' + QUOTENAME(N'Sales.WORKER01') + N'_lock'; EXEC sp_getapplock @Resource = @resource, @LockMode = N'Exclusive', @LockOwner = N'Transaction';
@@ -304,6 +334,21 @@ DECLARE @token uniqueidentifier = @p_token, @headers nvarchar(max) = @p_headers;
 -- catalog: claim_to_error_legacy
 DECLARE @token uniqueidentifier = @p_token, @headers nvarchar(max) = @p_headers; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [Shop's DB].[ops].[error] (Id, Expires, Headers, Body) SELECT m.Id, NULL, @headers, m.Body FROM @moved AS m;
 
+-- catalog: create_delayed[0]
+IF OBJECT_ID(N'[Shop''s DB].[ops].[Sales.WORKER01.Delayed]', N'U') IS NULL BEGIN CREATE TABLE [Shop's DB].[ops].[Sales.WORKER01.Delayed] (Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, Due datetime NOT NULL, RowVersion bigint IDENTITY(1,1) NOT NULL); CREATE NONCLUSTERED INDEX [Index_Due] ON [Shop's DB].[ops].[Sales.WORKER01.Delayed] (Due); END;
+
+-- catalog: store_delayed
+DECLARE @delay_ms bigint = @p_delay_ms; INSERT INTO [Shop's DB].[ops].[Sales.WORKER01.Delayed] (Headers, Body, Due) VALUES (@p_headers, CAST(@p_body AS varbinary(max)), DATEADD(millisecond, @delay_ms % 86400000, DATEADD(day, @delay_ms / 86400000, GETUTCDATE())));
+
+-- catalog: due_delayed
+SELECT TOP (@p_limit) RowVersion, Headers, Body FROM [Shop's DB].[ops].[Sales.WORKER01.Delayed] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Due < GETUTCDATE() ORDER BY Due;
+
+-- catalog: delete_delayed
+DELETE FROM [Shop's DB].[ops].[Sales.WORKER01.Delayed] WHERE RowVersion IN (SELECT CAST(j.value AS bigint) FROM OPENJSON(@p_keys) AS j);
+
+-- catalog: next_due
+SELECT DATEDIFF_BIG(millisecond, GETUTCDATE(), min(Due)) FROM [Shop's DB].[ops].[Sales.WORKER01.Delayed] WITH (READPAST, READCOMMITTEDLOCK);
+
 -- unicode: install_lock
 DECLARE @resource nvarchar(255) = QUOTENAME(DB_NAME()) + N'.' + QUOTENAME(N'ünï') + N'.' + QUOTENAME(N'東京 queue') + N'_lock'; EXEC sp_getapplock @Resource = @resource, @LockMode = N'Exclusive', @LockOwner = N'Transaction';
 
@@ -405,6 +450,21 @@ DECLARE @token uniqueidentifier = @p_token, @headers nvarchar(max) = @p_headers;
 
 -- unicode: claim_to_error_legacy
 DECLARE @token uniqueidentifier = @p_token, @headers nvarchar(max) = @p_headers; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [ünï].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [ünï].[error] (Id, Expires, Headers, Body) SELECT m.Id, NULL, @headers, m.Body FROM @moved AS m;
+
+-- unicode: create_delayed[0]
+IF OBJECT_ID(N'[ünï].[東京 queue.Delayed]', N'U') IS NULL BEGIN CREATE TABLE [ünï].[東京 queue.Delayed] (Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, Due datetime NOT NULL, RowVersion bigint IDENTITY(1,1) NOT NULL); CREATE NONCLUSTERED INDEX [Index_Due] ON [ünï].[東京 queue.Delayed] (Due); END;
+
+-- unicode: store_delayed
+DECLARE @delay_ms bigint = @p_delay_ms; INSERT INTO [ünï].[東京 queue.Delayed] (Headers, Body, Due) VALUES (@p_headers, CAST(@p_body AS varbinary(max)), DATEADD(millisecond, @delay_ms % 86400000, DATEADD(day, @delay_ms / 86400000, GETUTCDATE())));
+
+-- unicode: due_delayed
+SELECT TOP (@p_limit) RowVersion, Headers, Body FROM [ünï].[東京 queue.Delayed] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Due < GETUTCDATE() ORDER BY Due;
+
+-- unicode: delete_delayed
+DELETE FROM [ünï].[東京 queue.Delayed] WHERE RowVersion IN (SELECT CAST(j.value AS bigint) FROM OPENJSON(@p_keys) AS j);
+
+-- unicode: next_due
+SELECT DATEDIFF_BIG(millisecond, GETUTCDATE(), min(Due)) FROM [ünï].[東京 queue.Delayed] WITH (READPAST, READCOMMITTEDLOCK);
 
 -- session: setup
 SET ANSI_NULLS ON; SET ANSI_PADDING ON; SET ANSI_WARNINGS ON; SET ARITHABORT ON; SET CONCAT_NULL_YIELDS_NULL ON; SET QUOTED_IDENTIFIER ON; SET NUMERIC_ROUNDABORT OFF; SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SET XACT_ABORT ON;

@@ -9,7 +9,7 @@ both databases and both sync and async callers.
 Statement parameters are named (``%(queue)s``), with one name per concept in every statement:
 ``schema``, ``table``, ``id``, ``ttbr_ms``, ``headers``, ``body``, ``limit``, ``seq``, ``queue`` (the
 claim key), ``deliveries``, ``lease_ms``, ``holder``, ``token``, ``tokens``, ``delay_ms``, ``error``,
-``channel``. Each method below says which it takes and what rows it returns; reviewing a
+``channel``, ``keys`` (rows of a delayed table). Each method below says which it takes and what rows it returns; reviewing a
 database's SQL means reading one file.
 """
 
@@ -64,6 +64,14 @@ class ErrorRow(NamedTuple):
 
     seq: int
     id: Any
+    headers: str | None
+    body: bytes | None
+
+
+class DueRow(NamedTuple):
+    """A row of :meth:`Dialect.due_delayed_sql`: a delayed message whose time has come, locked for moving."""
+
+    key: Any  # the row's key in the delayed table: Id on PostgreSQL, RowVersion on SQL Server
     headers: str | None
     body: bytes | None
 
@@ -253,6 +261,34 @@ class Dialect(ABC):
     @abstractmethod
     def delete_by_seq_sql(self, address: QueueAddress) -> str:
         """Params seq: delete one row by its sequence value."""
+
+    # -- delayed delivery: NServiceBus's ``<queue>.Delayed`` table ------------------------------
+
+    @abstractmethod
+    def create_delayed_sql(self, delayed: QueueAddress) -> Sequence[str]:
+        """DDL of a delayed-message table with its index on Due, as NServiceBus creates it (idempotent)."""
+
+    @abstractmethod
+    def store_delayed_sql(self, delayed: QueueAddress) -> str:
+        """Insert one delayed message (``headers``, ``body``) due ``delay_ms`` after the database's UTC clock."""
+
+    @abstractmethod
+    def due_delayed_sql(self, delayed: QueueAddress) -> str:
+        """Lock up to ``limit`` rows whose Due has passed, earliest first, skipping rows another mover
+        holds. Rows: :class:`DueRow`."""
+
+    @abstractmethod
+    def delete_delayed_sql(self, delayed: QueueAddress) -> str:
+        """Delete the rows of a delayed table whose keys are in ``keys`` (see :meth:`key_list`)."""
+
+    @abstractmethod
+    def next_due_sql(self, delayed: QueueAddress) -> str:
+        """One row: milliseconds from the database clock to the earliest Due (negative when overdue),
+        NULL when the table is empty."""
+
+    @abstractmethod
+    def key_list(self, keys: Sequence[Any]) -> object:
+        """The ``keys`` parameter of :meth:`delete_delayed_sql` for keys read by :meth:`due_delayed_sql`."""
 
     # -- wake-up notifications (optional) --------------------------------------------------------
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 from ..addressing import QueueAddress, split_outside, unquote
 from ..errors import (
@@ -171,6 +172,21 @@ class PostgresDialect(Dialect):
             f"CREATE INDEX IF NOT EXISTS {lease_index} ON {f} (Queue, LeaseUntil)",
         ]
 
+    def create_delayed_sql(self, delayed: QueueAddress) -> Sequence[str]:
+        d = self.qualified_name(delayed)
+        # NServiceBus's columns and types; its index on Due is UNIQUE, which makes two messages
+        # stored for the same instant collide (one of them fails). This one is not unique, and
+        # both transports read and write either kind.
+        return [
+            f"""CREATE TABLE IF NOT EXISTS {d} (
+    Id uuid NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY,
+    Headers text NOT NULL,
+    Body bytea,
+    Due timestamptz NOT NULL
+)""",
+            f"CREATE INDEX IF NOT EXISTS {quote_ident(delayed.table + '_Due')} ON {d} (Due)",
+        ]
+
     def drop_queue_sql(self, address: QueueAddress) -> str:
         return f"DROP TABLE IF EXISTS {self.qualified_name(address)}"
 
@@ -232,6 +248,35 @@ class PostgresDialect(Dialect):
             f"WHERE rs.Seq = ANY(ARRAY(SELECT Seq FROM {q} ORDER BY Seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED)) "
             f"RETURNING rs.Id, rs.Expires IS NOT NULL AND rs.Expires <= {_UTC_NOW}, rs.Headers, rs.Body, rs.Seq"
         )
+
+    # Due is a timestamptz holding UTC wall-clock time read in the session's time zone, exactly as
+    # NServiceBus writes and compares it (timestamptz(now() AT TIME ZONE 'UTC') + delay); the two
+    # agree as long as both run with the server's default TimeZone.
+
+    def store_delayed_sql(self, delayed: QueueAddress) -> str:
+        return (
+            f"INSERT INTO {self.qualified_name(delayed)} (Headers, Body, Due) VALUES (%(headers)s, %(body)s, "
+            f"(clock_timestamp() AT TIME ZONE 'UTC')::timestamptz + %(delay_ms)s::bigint * interval '1 millisecond')"
+        )
+
+    def due_delayed_sql(self, delayed: QueueAddress) -> str:
+        d = self.qualified_name(delayed)
+        return (
+            f"SELECT Id, Headers, Body FROM {d} WHERE Due < {_UTC_NOW} ORDER BY Due "
+            "LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
+        )
+
+    def delete_delayed_sql(self, delayed: QueueAddress) -> str:
+        return f"DELETE FROM {self.qualified_name(delayed)} WHERE Id = ANY(%(keys)s::uuid[])"
+
+    def next_due_sql(self, delayed: QueueAddress) -> str:
+        return (
+            f"SELECT (EXTRACT(EPOCH FROM min(Due) - {_UTC_NOW}::timestamptz) * 1000)::bigint "
+            f"FROM {self.qualified_name(delayed)}"
+        )
+
+    def key_list(self, keys: Sequence[Any]) -> object:
+        return list(keys)
 
     def peek_sql(self, address: QueueAddress) -> str:
         # max(Seq) and the lowest unlocked Seq both come off the Seq index: constant time on any

@@ -24,6 +24,7 @@ import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..addressing import QueueAddress, split_outside, unquote
 from ..errors import (
@@ -335,6 +336,18 @@ class SqlServerDialect(Dialect):
             f"{self.expires_index_ddl_sql(address)}; END",
         ]
 
+    def create_delayed_sql(self, delayed: QueueAddress) -> Sequence[str]:
+        d = self.qualified_name(delayed)
+        return [
+            f"IF OBJECT_ID({self._object_name(delayed)}, N'U') IS NULL BEGIN "
+            f"CREATE TABLE {d} ("
+            "Headers nvarchar(max) NOT NULL, "
+            "Body varbinary(max) NULL, "
+            "Due datetime NOT NULL, "
+            "RowVersion bigint IDENTITY(1,1) NOT NULL); "
+            f"CREATE NONCLUSTERED INDEX [Index_Due] ON {d} (Due); END",
+        ]
+
     def add_body_string_sql(self, address: QueueAddress) -> str:
         return (
             f"IF COL_LENGTH({self._object_name(address)}, N'BodyString') IS NULL "
@@ -480,6 +493,35 @@ class SqlServerDialect(Dialect):
             f"INSERT INTO {self.qualified_name(error_address)} (Id, Expires, Headers, Body) "
             "VALUES (%(id)s, NULL, %(headers)s, CAST(%(body)s AS varbinary(max)))"
         )
+
+    def store_delayed_sql(self, delayed: QueueAddress) -> str:
+        return (
+            "DECLARE @delay_ms bigint = %(delay_ms)s; "
+            f"INSERT INTO {self.qualified_name(delayed)} (Headers, Body, Due) "
+            f"VALUES (%(headers)s, CAST(%(body)s AS varbinary(max)), {_after_ms('@delay_ms', _UTC_NOW)})"
+        )
+
+    def due_delayed_sql(self, delayed: QueueAddress) -> str:
+        return (
+            f"SELECT TOP (%(limit)s) RowVersion, Headers, Body FROM {self.qualified_name(delayed)} "
+            f"WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Due < {_UTC_NOW} ORDER BY Due"
+        )
+
+    def delete_delayed_sql(self, delayed: QueueAddress) -> str:
+        return (
+            f"DELETE FROM {self.qualified_name(delayed)} "
+            "WHERE RowVersion IN (SELECT CAST(j.value AS bigint) FROM OPENJSON(%(keys)s) AS j)"
+        )
+
+    def next_due_sql(self, delayed: QueueAddress) -> str:
+        return (
+            f"SELECT DATEDIFF_BIG(millisecond, {_UTC_NOW}, min(Due)) FROM {self.qualified_name(delayed)} "
+            "WITH (READPAST, READCOMMITTEDLOCK)"
+        )
+
+    def key_list(self, keys: Sequence[Any]) -> object:
+        # A JSON array of RowVersions, opened server side with OPENJSON (SQL Server 2016+).
+        return json.dumps([int(key) for key in keys])
 
     def browse_sql(self, address: QueueAddress) -> str:
         return (

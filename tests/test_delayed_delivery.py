@@ -1,0 +1,236 @@
+"""Delayed delivery through NServiceBus's ``<queue>.Delayed`` table, on every database of the suite.
+
+Messages are stored with a delay computed by the database clock and reach their queue when due,
+moved by :meth:`QueueClient.move_due` (which the pump runs) or by NServiceBus's own mover; rows
+NServiceBus's own statements stored are moved by this package, and the other way round. Counted:
+nothing moved early, nothing lost, nothing moved twice by competing movers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+from collections import Counter
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from airflow_provider_sqlqueue.transport import (
+    AsyncQueueClient,
+    Message,
+    MessagePump,
+    QueueAddress,
+    QueueClient,
+    QueueNotFoundError,
+)
+from airflow_provider_sqlqueue.transport.drivers import open_pool
+from airflow_provider_sqlqueue.transport.message import FORWARD_DESTINATION, decode_headers
+
+pytestmark = pytest.mark.every_dialect
+
+
+def delayed_rows(backend, raw, queue: QueueAddress) -> list[dict[str, str]]:
+    delayed = backend.table(queue.schema, queue.delayed().table)
+    return [decode_headers(row[0]) for row in raw.execute(f"SELECT Headers FROM {delayed}").fetchall()]
+
+
+def test_create_queue_creates_the_delayed_table_as_nservicebus_names_it(backend, raw, client, queue):
+    assert f"{queue.table}.Delayed" in backend.tables(raw, queue.schema)
+    columns = {name: kind for name, kind, _ in backend.columns(raw, queue.schema, "orders.Delayed")}
+    assert {"headers", "body", "due"} <= set(columns)
+
+
+def test_a_delayed_message_reaches_its_queue_when_due_and_not_before(backend, raw, client, queue):
+    message = Message("later", {"NServiceBus.EnclosedMessageTypes": "Shop.Remind"})
+    assert client.send(queue, message, delay=1.5) == 1
+
+    assert client.peek(queue) == 0
+    [stored] = delayed_rows(backend, raw, queue)
+    assert stored[FORWARD_DESTINATION] == client.canonical_address(queue)
+    assert stored["NServiceBus.MessageId"] == str(message.id)
+    wait = client.next_due(queue)
+    assert wait is not None and timedelta(seconds=1) < wait <= timedelta(seconds=1.5)
+    assert client.move_due(queue) == 0  # not due yet: nothing moves
+    assert client.receive(queue) == []
+
+    time.sleep(1.6)
+    assert client.move_due(queue) == 1
+    [received] = client.receive(queue)
+    assert received.text == "later"
+    assert received.headers["NServiceBus.MessageId"] == str(message.id)
+    assert FORWARD_DESTINATION not in received.headers  # removed on the way, as NServiceBus forwards
+    assert client.next_due(queue) is None
+    assert delayed_rows(backend, raw, queue) == []
+
+
+def test_a_due_time_in_the_past_or_a_zero_delay_sends_at_once(client, queue):
+    client.send(queue, Message("now"), due=datetime.now(timezone.utc) - timedelta(minutes=1))
+    client.send(queue, Message("also now"), delay=0)
+    assert sorted(m.text for m in client.receive(queue, 5)) == ["also now", "now"]
+
+
+def test_a_due_time_is_a_delay_from_now(client, queue):
+    client.send(queue, Message("tomorrow"), due=datetime.now(timezone.utc) + timedelta(days=1))
+    wait = client.next_due(queue)
+    assert wait is not None and timedelta(hours=23, minutes=59) < wait <= timedelta(days=1)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"delay": 5, "due": datetime.now(timezone.utc)}, ValueError, "not both"),
+        ({"delay": -1}, ValueError, "delay must be at least"),
+        ({"delay": "soon"}, TypeError, "delay must be a timedelta"),
+        ({"due": datetime(2030, 1, 1)}, TypeError, "timezone-aware"),
+    ],
+)
+def test_bad_delays_are_refused_before_anything_is_stored(backend, raw, client, queue, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        client.send(queue, Message("x"), **kwargs)
+    assert delayed_rows(backend, raw, queue) == [] and client.peek(queue) == 0
+
+
+def test_a_message_with_a_ttbr_cannot_be_delayed_as_in_nservicebus(backend, raw, client, queue):
+    with pytest.raises(ValueError, match="TimeToBeReceived set is not supported"):
+        client.send(queue, [Message("ok"), Message("x", time_to_be_received=60)], delay=10)
+    assert delayed_rows(backend, raw, queue) == []
+
+
+def test_a_queue_without_delayed_table_says_so(client, schema):
+    plain = QueueAddress("plain", schema)
+    client.create_queue(plain, delayed=False)
+    with pytest.raises(QueueNotFoundError, match=r"plain\.Delayed"):
+        client.send(plain, Message("x"), delay=5)
+    with pytest.raises(QueueNotFoundError, match=r"plain\.Delayed"):
+        client.move_due(plain)
+
+
+def test_competing_movers_move_every_due_message_exactly_once(backend, client, queue, schema):
+    count = 600
+    client.send(queue, [Message(str(n)) for n in range(count)], delay=0.05)
+    time.sleep(0.1)
+    moved: list[int] = []
+    errors: list[BaseException] = []
+
+    def mover() -> None:
+        try:
+            with backend.client(schema) as own:
+                moved.append(own.move_due(queue, batch_size=25))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=mover) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert sum(moved) == count
+    received = Counter(m.text for m in client.receive(queue, 2 * count))
+    assert len(received) == count and set(received.values()) == {1}
+
+
+def test_rows_nservicebus_stored_are_moved_here_to_the_destination_they_name(backend, raw, client, queue, schema):
+    other = QueueAddress("shipping", schema)
+    client.create_queue(other)
+    headers = json.dumps(
+        {
+            "NServiceBus.MessageId": "m-1",
+            "NServiceBus.EnclosedMessageTypes": "Shop.Ship",
+            FORWARD_DESTINATION: client.canonical_address(other),
+        }
+    )
+    backend.nservicebus_store_delayed(raw, schema, queue.delayed().table, headers, b"ship it", timedelta(0))
+    own = '{"NServiceBus.MessageId":"m-2"}'  # no destination: the table's own queue
+    backend.nservicebus_store_delayed(raw, schema, queue.delayed().table, own, b"mine", timedelta(0))
+    time.sleep(0.05)
+
+    assert client.move_due(queue) == 2
+    [shipped] = client.receive(other)
+    assert shipped.body == b"ship it" and shipped.headers == {
+        "NServiceBus.MessageId": "m-1",
+        "NServiceBus.EnclosedMessageTypes": "Shop.Ship",
+    }
+    assert [m.body for m in client.receive(queue)] == [b"mine"]
+
+
+def test_rows_stored_here_are_moved_by_nservicebus_into_the_queue(backend, raw, client, queue, schema):
+    message = Message(b"\x00binary", {"NServiceBus.ContentType": "application/octet-stream"})
+    client.send(queue, message, delay=0.05)
+    time.sleep(0.1)
+    backend.nservicebus_move_due(raw, schema, queue.delayed().table, queue.table, 10)
+
+    row = backend.nservicebus_receive(raw, schema, queue.table)
+    headers = decode_headers(row[2])
+    assert bytes(row[3]) == b"\x00binary"
+    # What the NServiceBus receiver reads to forward it: this very queue, so it processes it.
+    assert headers[FORWARD_DESTINATION] == client.canonical_address(queue)
+    assert headers["NServiceBus.MessageId"] == str(message.id)
+
+
+def test_stores_into_nservicebus_own_table_with_its_unique_due_index(backend, raw, schema):
+    """NServiceBus's PostgreSQL table makes Due unique; stores of one batch must not collide there."""
+    with QueueClient.connect(backend.uri) as client:
+        queue = QueueAddress("nsb", schema)
+        client.create_queue(queue, delayed=False)
+        backend.nservicebus_create_delayed(raw, schema, queue.delayed().table)
+        assert client.send(queue, [Message(str(n)) for n in range(20)], delay=0.05) == 20
+        time.sleep(0.1)
+        assert client.move_due(queue) == 20
+        assert sorted(int(m.text) for m in client.receive(queue, 50)) == list(range(20))
+
+
+def test_async_client_sends_delayed_and_moves(backend, queue):
+    async def run() -> list[str]:
+        client = await AsyncQueueClient.connect(backend.uri)
+        try:
+            await client.send(queue, Message("async later"), delay=timedelta(milliseconds=50))
+            await asyncio.sleep(0.1)
+            assert await client.move_due(queue) == 1
+            return [m.text for m in await client.receive(queue)]
+        finally:
+            await client.close()
+
+    assert asyncio.run(run()) == ["async later"]
+
+
+def test_a_destination_that_does_not_exist_falls_back_to_the_own_queue(backend, raw, client, queue, schema):
+    nowhere = client.canonical_address(QueueAddress("gone", "nowhere"))
+    headers = json.dumps({"NServiceBus.MessageId": str(uuid.uuid4()), FORWARD_DESTINATION: nowhere})
+    backend.nservicebus_store_delayed(raw, schema, queue.delayed().table, headers, b"lost?", timedelta(0))
+    time.sleep(0.05)
+    assert client.move_due(queue) == 1
+    assert [m.body for m in client.receive(queue)] == [b"lost?"]
+
+
+def test_the_pump_moves_due_delayed_messages_and_handles_them(backend, client, queue):
+    client.send(queue, [Message(f"d{n}") for n in range(5)], delay=0.3)
+    client.send(queue, Message("now"))
+
+    async def run() -> list[str]:
+        handled: list[str] = []
+        pool = open_pool(backend.uri, max_size=3)
+        await pool.open()
+        try:
+
+            async def handler(message, connection) -> None:
+                handled.append(message.text)
+
+            pump = MessagePump(pool, queue, handler, transaction_mode="none", peek_interval=0.1)
+            task = asyncio.create_task(pump.run())
+            for _ in range(100):
+                if len(handled) == 6:
+                    break
+                await asyncio.sleep(0.05)
+            pump.stop()
+            await task
+        finally:
+            await pool.close()
+        return handled
+
+    handled = asyncio.run(run())
+    assert handled[0] == "now" and sorted(handled[1:]) == [f"d{n}" for n in range(5)]
+    assert client.next_due(queue) is None
