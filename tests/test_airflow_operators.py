@@ -29,9 +29,15 @@ def test_create_and_send(schema, raw, client):
     tables = {
         r[0] for r in raw.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = %s", [schema])
     }
-    assert {"orders", "error", "orders.worker1", "sqlqueue_inflight"} <= tables
+    assert {"orders", "error", "orders.worker1", "sqlqueue_inflight", "orders.Delayed"} <= tables
     rows = raw.execute(f'SELECT id, headers, body, expires FROM "{schema}".orders ORDER BY seq').fetchall()
     assert len(rows) == 6
+    delayed = raw.execute(
+        f"""SELECT body, EXTRACT(EPOCH FROM Due - (now() AT TIME ZONE 'UTC')::timestamptz) FROM "{schema}"."orders.Delayed" """
+    ).fetchall()
+    due_in = {bytes(body): seconds for body, seconds in delayed}
+    assert 3500 < due_in[b"reminder"] <= 3600
+    assert due_in[b"new year"] > 365 * 24 * 3600  # the templated due time, as a delay from the send
     by_body = {bytes(r[2]): (str(r[0]), json.loads(r[1]), r[3]) for r in rows}
     order_id, headers, expires = by_body[b'{"order":1}']
     assert headers["NServiceBus.ContentType"] == "application/json"

@@ -16,7 +16,7 @@ import asyncio
 import json
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -256,11 +256,13 @@ class SqlQueueHook(BaseHook):
         error_queue: str | None = None,
         secondary: str | None = None,
         body_string: bool = False,
+        delayed: bool = True,
     ) -> list[str]:
-        """Create the queue, its error queue and optional secondary queue (idempotent); returns their addresses."""
+        """Create the queue, its error queue, optional secondary queue and (``delayed``) its delayed-message
+        table (idempotent); returns the queue tables' addresses."""
         with self.client() as client:
             created = client.create_queue(
-                queue_name, error_queue=error_queue, secondary=secondary, body_string=body_string
+                queue_name, error_queue=error_queue, secondary=secondary, body_string=body_string, delayed=delayed
             )
             return [client.canonical_address(address) for address in created]
 
@@ -273,15 +275,30 @@ class SqlQueueHook(BaseHook):
         with self.client() as client:
             client.check_queue(queue_name)
 
-    def send(self, queue_name: str, messages: Message | Iterable[Message], *, notify: bool = False) -> list[str]:
+    def send(
+        self,
+        queue_name: str,
+        messages: Message | Iterable[Message],
+        *,
+        notify: bool = False,
+        delay: timedelta | float | None = None,
+        due: datetime | None = None,
+    ) -> list[str]:
         """Send one message or many in one transaction; returns their ids.
 
         ``notify=True`` wakes sensors and triggers waiting with ``wake_on_notify`` at once (PostgreSQL).
+        ``delay`` (timedelta or seconds) or ``due`` (aware datetime) holds the messages in the queue's
+        delayed table until then (:meth:`~.QueueClient.send`); :meth:`move_due` or a pump moves them.
         """
         batch = [messages] if isinstance(messages, Message) else list(messages)
         with self.client() as client:
-            client.send(queue_name, batch, notify=notify)
+            client.send(queue_name, batch, notify=notify, delay=delay, due=due)
         return [str(message.id) for message in batch]
+
+    def move_due(self, queue_name: str, *, batch_size: int = defaults.DELAYED_BATCH) -> int:
+        """Move the queue's due delayed messages into place; returns how many moved."""
+        with self.client() as client:
+            return client.move_due(queue_name, batch_size=batch_size)
 
     def receive(
         self,

@@ -11,7 +11,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
 from airflow.sdk import BaseOperator, get_current_context
@@ -121,22 +121,56 @@ class SendMessageOperator(_SendingOperator):
     :param time_to_be_received: expiry (timedelta or seconds); expired messages are never delivered.
     :param notify: wake sensors/triggers waiting with ``wake_on_notify`` as the send commits (PostgreSQL
         NOTIFY, one per send however many messages), instead of at their next peek.
+    :param delay: deliver no sooner than this long after the send (timedelta or seconds): the
+        messages wait in the queue's delayed table (``<queue>.Delayed``) until a pump or
+        ``move_due`` -- or the NServiceBus endpoint owning the queue -- moves them in.
+    :param due: deliver no sooner than this time (an aware datetime; templated, so
+        ``"{{ data_interval_end }}"`` works). Give ``delay`` or ``due``, not both.
     """
 
-    template_fields: Sequence[str] = ("queue_name", "body", "messages", "headers", "message_type", "sqlqueue_conn_id")
+    template_fields: Sequence[str] = (
+        "queue_name",
+        "body",
+        "messages",
+        "headers",
+        "message_type",
+        "due",
+        "sqlqueue_conn_id",
+    )
     template_fields_renderers: ClassVar[dict[str, str]] = {"body": "json", "messages": "json", "headers": "json"}
 
-    def __init__(self, *, body: Any = None, messages: Iterable[Any] | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        body: Any = None,
+        messages: Iterable[Any] | None = None,
+        delay: timedelta | float | None = None,
+        due: datetime | str | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         if (body is None) == (messages is None):
             raise ValueError("give exactly one of body (one message) or messages (a list of bodies)")
+        if delay is not None and due is not None:
+            raise ValueError("give delay or due, not both")
         self.body = body
         self.messages = messages
+        self.delay = delay
+        self.due = due
 
     def execute(self, context: Any) -> list[str]:
         batch = [self._message(self.body)] if self.messages is None else self._batch(self.messages)
-        ids = self.hook.send(self.queue_name, batch, notify=self.notify)
-        self.log.info("Queue %s: sent %d message(s)", self.queue_name, len(ids))
+        due = datetime.fromisoformat(self.due) if isinstance(self.due, str) else self.due
+        ids = self.hook.send(self.queue_name, batch, notify=self.notify, delay=self.delay, due=due)
+        if due is not None or self.delay is not None:
+            self.log.info(
+                "Queue %s: sent %d message(s), delayed until %s",
+                self.queue_name,
+                len(ids),
+                due or f"{self.delay} from now",
+            )
+        else:
+            self.log.info("Queue %s: sent %d message(s)", self.queue_name, len(ids))
         return ids
 
 

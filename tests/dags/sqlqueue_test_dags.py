@@ -40,7 +40,11 @@ with DAG("sqlqueue_install_and_send", schedule=None, start_date=START, catchup=F
     send_expiring = SendMessageOperator(
         task_id="send_expiring", queue_name=ORDERS, body=b"\x00\xff", time_to_be_received=0.05, **common
     )
-    create >> [send_one, send_many, send_expiring]
+    send_later = SendMessageOperator(task_id="send_later", queue_name=ORDERS, body="reminder", delay=3600, **common)
+    send_at = SendMessageOperator(
+        task_id="send_at", queue_name=ORDERS, body="new year", due="{{ '2099-01-01T00:00:00+00:00' }}", **common
+    )
+    create >> [send_one, send_many, send_expiring, send_later, send_at]
 
 with DAG("sqlqueue_purge_expired", schedule=None, start_date=START, catchup=False):
     PurgeExpiredMessagesOperator(task_id="purge", queue_name=ORDERS, batch_size=2, **common)
