@@ -227,6 +227,23 @@ class PostgresBackend(Backend):
             (batch,),
         )
 
+    def nservicebus_subscribe(self, raw: Raw, schema: str, address: str, endpoint: str, topic: str) -> None:
+        """NServiceBus's SubscribeText on PostgreSQL."""
+        raw.execute(
+            f'INSERT INTO "{schema}"."SubscriptionRouting" (QueueAddress, Topic, Endpoint) VALUES (%s, %s, %s) '
+            "ON CONFLICT (Endpoint, Topic) DO UPDATE SET QueueAddress = %s",
+            (address, topic, endpoint, address),
+        )
+
+    def nservicebus_subscribers(self, raw: Raw, schema: str, topics: list[str]) -> set[str]:
+        """NServiceBus's GetSubscribersText (its topic list is formatted in as parameters)."""
+        marks = ", ".join(["%s"] * len(topics))
+        rows = raw.execute(
+            f'SELECT DISTINCT QueueAddress FROM "{schema}"."SubscriptionRouting" WHERE Topic IN ({marks})',
+            tuple(topics),
+        ).fetchall()
+        return {row[0] for row in rows}
+
     def drop_expires_index(self, raw: Raw, schema: str, table: str) -> str:
         raw.execute(f'DROP INDEX "{schema}"."{table}_Expires"')
         return f'CREATE INDEX IF NOT EXISTS "{table}_Expires" ON "{schema}"."{table}" (Expires)'
@@ -321,6 +338,25 @@ class SqlServerBackend(Backend):
             "Headers, Body)",
             (batch,),
         )
+
+    def nservicebus_subscribe(self, raw: Raw, schema: str, address: str, endpoint: str, topic: str) -> None:
+        raw.execute(
+            f"MERGE {self.table(schema, 'SubscriptionRouting')} WITH (HOLDLOCK, TABLOCK) AS target "
+            "USING(SELECT %s AS Endpoint, %s AS QueueAddress, %s AS Topic) AS source "
+            "ON target.Endpoint = source.Endpoint AND target.Topic = source.Topic "
+            "WHEN MATCHED AND target.QueueAddress <> source.QueueAddress THEN UPDATE SET QueueAddress = source.QueueAddress "
+            "WHEN NOT MATCHED THEN INSERT (QueueAddress, Topic, Endpoint) "
+            "VALUES (source.QueueAddress, source.Topic, source.Endpoint);",
+            (endpoint, address, topic),
+        )
+
+    def nservicebus_subscribers(self, raw: Raw, schema: str, topics: list[str]) -> set[str]:
+        marks = ", ".join(["%s"] * len(topics))
+        rows = raw.execute(
+            f"SELECT DISTINCT QueueAddress FROM {self.table(schema, 'SubscriptionRouting')} WHERE Topic IN ({marks})",
+            tuple(topics),
+        ).fetchall()
+        return {row[0] for row in rows}
 
     def drop_expires_index(self, raw: Raw, schema: str, table: str) -> str:
         raw.execute(f"DROP INDEX [Index_Expires] ON {self.table(schema, table)}")

@@ -89,6 +89,10 @@ STATEMENTS: dict[str, Statement] = {
     "due_delayed": lambda d, a, e: d.due_delayed_sql(a.delayed()),
     "delete_delayed": lambda d, a, e: d.delete_delayed_sql(a.delayed()),
     "next_due": lambda d, a, e: d.next_due_sql(a.delayed()),
+    "create_subscriptions": lambda d, a, e: list(d.create_subscriptions_sql(a.sibling("SubscriptionRouting"))),
+    "subscribe": lambda d, a, e: d.subscribe_sql(a.sibling("SubscriptionRouting")),
+    "unsubscribe": lambda d, a, e: d.unsubscribe_sql(a.sibling("SubscriptionRouting")),
+    "subscribers": lambda d, a, e: d.subscribers_sql(a.sibling("SubscriptionRouting")),
 }
 #: Dialect methods that return no statement, and statement variants tested under another name.
 NOT_STATEMENTS = {
@@ -100,6 +104,7 @@ NOT_STATEMENTS = {
     "send_batch_params",
     "token_list",
     "key_list",
+    "topic_list",
 }
 VARIANTS = {"send_legacy", "insert_error_legacy", "claim_to_error_legacy"}
 SESSION_STATEMENTS = {
@@ -155,6 +160,7 @@ def test_every_statement_parses_as_tsql_and_names_exactly_the_queue_tables(label
         (address.catalog or "", schema, "error"),
         (address.catalog or "", schema, "sqlqueue_inflight"),
         (address.catalog or "", schema, address.table + ".Delayed"),
+        (address.catalog or "", schema, "SubscriptionRouting"),
     }
     for name, sql in statements(address):
         parsed = parse(sql)
@@ -217,6 +223,10 @@ def test_placeholder_names_match_the_parameters_the_operations_pass():
         "due_delayed": {"limit"},
         "delete_delayed": {"keys"},
         "next_due": set(),
+        "create_subscriptions": set(),
+        "subscribe": {"address", "endpoint", "topic"},
+        "unsubscribe": {"endpoint", "topic"},
+        "subscribers": {"topics"},
     }
     for name, names in expected.items():
         produced = STATEMENTS[name](dialect, address, error)
@@ -452,6 +462,9 @@ SAMPLE_PARAMS: dict[str, dict[str, object]] = {
     "count_inflight": {"queue": "orders@[dbo]"},
     "due_delayed": {"limit": 100},
     "delete_delayed": {"keys": dialect.key_list([1, 2, 2**40])},
+    "subscribe": {"address": "Billing@[dbo]@[Shop's]", "endpoint": "Billing", "topic": "Shop.OrderPlaced"},
+    "unsubscribe": {"endpoint": "Billing", "topic": "Shop.OrderPlaced"},
+    "subscribers": {"topics": dialect.topic_list(["Shop.OrderPlaced", "Shop.IEvent's"])},
     "ack": {"tokens": dialect.token_list([uuid.uuid4()]), "queue": "orders@[dbo]"},
     "nack": {
         "delay_ms": 0,
@@ -537,7 +550,9 @@ def checker_tables(address: QueueAddress, legacy: bool) -> dict[str, dict[str, s
         }
     inflight = tsql_types.table_columns(dialect.create_inflight_sql(address)[0])
     delayed = tsql_types.table_columns(dialect.create_delayed_sql(address.delayed())[0])
+    routing = tsql_types.table_columns(dialect.create_subscriptions_sql(address.sibling("SubscriptionRouting"))[0])
     return {
+        "subscriptionrouting": routing,
         address.table.lower(): queue,
         "error": queue,
         "sqlqueue_inflight": inflight,

@@ -24,7 +24,7 @@ from . import operations as ops
 from .addressing import QueueAddress
 from .drivers import AsyncSession, Session, open_async_session, open_session
 from .errors import ObjectExistsError
-from .message import Failure, Message, ReceivedMessage, delivery_delay, duration
+from .message import Failure, Message, ReceivedMessage, delivery_delay, duration, subscription_text, topic_names
 
 T = TypeVar("T")
 #: The session type of a client: blocking for QueueClient, asyncio for AsyncQueueClient.
@@ -134,6 +134,39 @@ class _Addressing(Generic[S]):
             return ops.send(self.session.dialect, address, batch, notify)
         delay_ms = max(1, round(wait / timedelta(milliseconds=1)))
         return ops.send_delayed(self.session.dialect, address, address.delayed(), batch, delay_ms)
+
+    def subscription_table(self, table: str | QueueAddress | None = None) -> QueueAddress:
+        """NServiceBus's subscription table: ``table``, else ``SubscriptionRouting`` in the default schema."""
+        return self.address(defaults.SUBSCRIPTION_TABLE if table is None else table)
+
+    def _subscribe_op(
+        self,
+        queue: str | QueueAddress,
+        topics: str | Iterable[str],
+        endpoint: str | None,
+        table: str | QueueAddress | None,
+        *,
+        unsubscribe: bool = False,
+    ) -> ops.Operation[None]:
+        address = self.address(queue)
+        canonical = self.session.dialect.format_address(address)
+        endpoint = subscription_text("endpoint", address.table if endpoint is None else endpoint)
+        subscription_text("queue address", canonical)
+        names = topic_names(topics)
+        dialect, where = self.session.dialect, self.subscription_table(table)
+        if unsubscribe:
+            return ops.unsubscribe(dialect, where, endpoint, names)
+        return ops.subscribe(dialect, where, canonical, endpoint, names)
+
+    def _publish_op(
+        self,
+        topics: str | Iterable[str],
+        messages: Message | Iterable[Message],
+        table: str | QueueAddress | None,
+        notify: bool,
+    ) -> ops.Operation[list[QueueAddress]]:
+        batch = as_messages(messages)
+        return ops.publish(self.session.dialect, self.subscription_table(table), topic_names(topics), batch, notify)
 
     def _move_due_op(self, queue: str | QueueAddress, batch_size: int) -> ops.Operation[int]:
         check_positive("batch_size", batch_size)
@@ -365,6 +398,58 @@ class QueueClient(_Addressing[Session]):
         delayed = self.address(queue).delayed()
         wait_ms = self._run(ops.next_due(self.session.dialect, delayed))
         return None if wait_ms is None else timedelta(milliseconds=wait_ms)
+
+    # -- publish/subscribe -------------------------------------------------------------------
+
+    def create_subscription_table(self, table: str | QueueAddress | None = None) -> QueueAddress:
+        """Create NServiceBus's subscription table (``SubscriptionRouting``) if missing; returns its address."""
+        where = self.subscription_table(table)
+        self._install(partial(ops.create_subscriptions, self.session.dialect, where))
+        return where
+
+    def subscribe(
+        self,
+        queue: str | QueueAddress,
+        topics: str | Iterable[str],
+        *,
+        endpoint: str | None = None,
+        table: str | QueueAddress | None = None,
+    ) -> None:
+        """Have events published on ``topics`` delivered to ``queue``, as an NServiceBus subscriber does.
+
+        ``endpoint`` names the subscriber (default: the queue's table name, an NServiceBus endpoint's
+        name); one endpoint has one subscription per topic. Idempotent and safe concurrently.
+        """
+        self._run(self._subscribe_op(queue, topics, endpoint, table))
+
+    def unsubscribe(
+        self,
+        queue: str | QueueAddress,
+        topics: str | Iterable[str],
+        *,
+        endpoint: str | None = None,
+        table: str | QueueAddress | None = None,
+    ) -> None:
+        self._run(self._subscribe_op(queue, topics, endpoint, table, unsubscribe=True))
+
+    def subscribers(self, topics: str | Iterable[str], *, table: str | QueueAddress | None = None) -> list[str]:
+        """The queue addresses (NServiceBus's form) subscribed to any of ``topics``."""
+        return self._run(ops.subscribers(self.session.dialect, self.subscription_table(table), topic_names(topics)))
+
+    def publish(
+        self,
+        topics: str | Iterable[str],
+        messages: Message | Iterable[Message],
+        *,
+        table: str | QueueAddress | None = None,
+        notify: bool = False,
+    ) -> list[QueueAddress]:
+        """Send ``messages`` to every queue subscribed to any of ``topics``, in one transaction.
+
+        ``topics``: the event's type name, then the types it derives from (NServiceBus matches a
+        subscription to any of them). Returns the queues reached (none when nobody subscribed).
+        """
+        return self._run(self._publish_op(topics, messages, table, notify))
 
     # -- receiving ---------------------------------------------------------------------------
 

@@ -55,6 +55,9 @@ DELAYED_INTERVAL = 1.0
 #: Longest delivery delay accepted: Due must stay a date every reader can hold (as for TTBR).
 MAX_DELAY = timedelta(days=365 * 1000)
 
+#: NServiceBus's subscription table (in the default schema unless given with one).
+SUBSCRIPTION_TABLE = "SubscriptionRouting"
+
 #: Most reservations an Airflow run adopts at once (event-driven DAGs).
 ADOPT_LIMIT = 100
 

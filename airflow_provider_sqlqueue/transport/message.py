@@ -13,7 +13,7 @@ import json
 import math
 import traceback
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from enum import Enum
@@ -37,6 +37,10 @@ EXCEPTION_TYPE = "NServiceBus.ExceptionInfo.ExceptionType"
 EXCEPTION_MESSAGE = "NServiceBus.ExceptionInfo.Message"
 EXCEPTION_SOURCE = "NServiceBus.ExceptionInfo.Source"
 EXCEPTION_STACK_TRACE = "NServiceBus.ExceptionInfo.StackTrace"
+#: Why a message was sent (``Send``, ``Publish``, ``Reply``); a published event says ``Publish``.
+MESSAGE_INTENT = "NServiceBus.MessageIntent"
+#: What NServiceBus's subscription table holds per row, at most (its varchar/nvarchar(200) columns).
+SUBSCRIPTION_TEXT_LIMIT = 200
 #: Where a delayed message goes when it is due: set by the store, read and removed by the mover.
 FORWARD_DESTINATION = "NServiceBus.SqlServer.ForwardDestination"
 DELIVERY_COUNT = "SqlQueue.DeliveryCount"
@@ -253,6 +257,26 @@ def delivery_delay(delay: timedelta | float | None = None, due: datetime | None 
         return None
     span = duration("delay", delay, maximum=defaults.MAX_DELAY, minimum=timedelta(0))
     return span if span > timedelta(0) else None
+
+
+def subscription_text(kind: str, value: object) -> str:
+    """A topic, endpoint name or queue address as the subscription table holds it, or a clear error."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{kind} must be non-empty text, got {value!r:.60}")
+    if len(value) > SUBSCRIPTION_TEXT_LIMIT:
+        raise ValueError(
+            f"{kind} {value[:40]!r}... is {len(value)} characters; NServiceBus's subscription table holds "
+            f"{SUBSCRIPTION_TEXT_LIMIT}"
+        )
+    return value
+
+
+def topic_names(topics: str | Iterable[str]) -> list[str]:
+    """One topic or several, checked; at least one."""
+    names = [subscription_text("topic", t) for t in ([topics] if isinstance(topics, str) else topics)]
+    if not names:
+        raise ValueError("give at least one topic")
+    return list(dict.fromkeys(names))
 
 
 @dataclass(init=False)

@@ -25,8 +25,10 @@ from .dialects import BrowsedRow, ClaimedRow, Dialect, DueRow, ErrorRow, HeldRow
 from .errors import InvalidHeadersError, LeaseLostError, QueueNotFoundError, SqlQueueError
 from .message import (
     DELIVERY_COUNT,
+    ENCLOSED_MESSAGE_TYPES,
     FAILED_QUEUE,
     FORWARD_DESTINATION,
+    MESSAGE_INTENT,
     Failure,
     Message,
     ReceivedMessage,
@@ -364,6 +366,68 @@ def next_due(d: Dialect, delayed: QueueAddress) -> Operation[int | None]:
     """Milliseconds until the earliest delayed message is due (negative: overdue), None when there is none."""
     row = yield Step(d.next_due_sql(delayed), {}, Fetch.ONE, d.qualified_name(delayed))
     return None if row is None or row[0] is None else int(row[0])
+
+
+# -- publish/subscribe ----------------------------------------------------------------------------
+
+
+def create_subscriptions(d: Dialect, table: QueueAddress) -> Operation[None]:
+    """Create the subscription table (idempotent, safe concurrently)."""
+    target = d.qualified_name(table)
+    yield Step(d.install_lock_sql(table), {}, Fetch.NONE, target)
+    existing = yield Step(d.queue_columns_sql(table), _table_key(d, table), Fetch.ALL, target)
+    if not existing:
+        for sql in d.create_subscriptions_sql(table):
+            yield Step(sql, {}, Fetch.NONE, target)
+
+
+def subscribe(d: Dialect, table: QueueAddress, address: str, endpoint: str, topics: Sequence[str]) -> Operation[None]:
+    """Subscribe ``endpoint`` (whose queue is ``address``, in NServiceBus's form) to each topic.
+
+    Idempotent: subscribing again changes nothing, or moves the subscription to a new address.
+    """
+    target = d.qualified_name(table)
+    for topic in topics:
+        params = {"address": address, "endpoint": endpoint, "topic": topic}
+        yield Step(d.subscribe_sql(table), params, Fetch.NONE, target)
+
+
+def unsubscribe(d: Dialect, table: QueueAddress, endpoint: str, topics: Sequence[str]) -> Operation[None]:
+    target = d.qualified_name(table)
+    for topic in topics:
+        yield Step(d.unsubscribe_sql(table), {"endpoint": endpoint, "topic": topic}, Fetch.NONE, target)
+
+
+@autocommitted
+def subscribers(d: Dialect, table: QueueAddress, topics: Sequence[str]) -> Operation[list[str]]:
+    """The queue addresses subscribed to any of ``topics``, each once."""
+    target = d.qualified_name(table)
+    rows = yield Step(d.subscribers_sql(table), {"topics": d.topic_list(topics)}, Fetch.ALL, target)
+    return [row[0] for row in rows]
+
+
+def publish(
+    d: Dialect, table: QueueAddress, topics: Sequence[str], messages: Sequence[Message], notify: bool = False
+) -> Operation[list[QueueAddress]]:
+    """Send ``messages`` to every queue subscribed to any of ``topics``, in this one transaction.
+
+    ``topics`` are the event's type and the types it derives from, most specific first, as
+    NServiceBus publishes; each message goes out with ``NServiceBus.MessageIntent: Publish`` and,
+    unless it has them, ``NServiceBus.EnclosedMessageTypes`` naming the topics. Every subscriber
+    gets the same message ids. A subscribed queue that does not exist fails the whole publish
+    (nothing is sent), so no subscriber silently misses an event. Returns the queues reached.
+    """
+    found = yield from subscribers(d, table, topics)
+    destinations = [d.parse_address(text) for text in found]
+    event_headers = {MESSAGE_INTENT: "Publish", ENCLOSED_MESSAGE_TYPES: ";".join(topics)}
+    published = [
+        Message(m.body, {**event_headers, **m.headers}, id=m.id, time_to_be_received=m.time_to_be_received)
+        for m in messages
+    ]
+    for destination in destinations:
+        yield from _send(d, destination, published, notify)
+    log.debug("Published %d message(s) on %s to %d queue(s)", len(messages), ", ".join(topics), len(destinations))
+    return destinations
 
 
 # -- receiving ---------------------------------------------------------------------------------

@@ -115,6 +115,18 @@ DELETE FROM [dbo].[orders.Delayed] WHERE RowVersion IN (SELECT CAST(j.value AS b
 -- plain: next_due
 SELECT DATEDIFF_BIG(millisecond, GETUTCDATE(), min(Due)) FROM [dbo].[orders.Delayed] WITH (READPAST, READCOMMITTEDLOCK);
 
+-- plain: create_subscriptions[0]
+IF OBJECT_ID(N'[dbo].[SubscriptionRouting]', N'U') IS NULL CREATE TABLE [dbo].[SubscriptionRouting] (QueueAddress nvarchar(200) NOT NULL, Endpoint nvarchar(200) NOT NULL, Topic nvarchar(200) NOT NULL, PRIMARY KEY (Endpoint, Topic));
+
+-- plain: subscribe
+MERGE [dbo].[SubscriptionRouting] WITH (HOLDLOCK, TABLOCK) AS target USING (SELECT CAST(@p_endpoint AS nvarchar(200)) AS Endpoint, CAST(@p_address AS nvarchar(200)) AS QueueAddress, CAST(@p_topic AS nvarchar(200)) AS Topic) AS source ON target.Endpoint = source.Endpoint AND target.Topic = source.Topic WHEN MATCHED AND target.QueueAddress <> source.QueueAddress THEN UPDATE SET QueueAddress = source.QueueAddress WHEN NOT MATCHED THEN INSERT (QueueAddress, Topic, Endpoint) VALUES (source.QueueAddress, source.Topic, source.Endpoint);;
+
+-- plain: unsubscribe
+DELETE FROM [dbo].[SubscriptionRouting] WHERE Endpoint = @p_endpoint AND Topic = @p_topic;
+
+-- plain: subscribers
+SELECT DISTINCT QueueAddress FROM [dbo].[SubscriptionRouting] WHERE Topic IN (SELECT CAST(j.value AS nvarchar(200)) FROM OPENJSON(@p_topics) AS j) ORDER BY QueueAddress;
+
 -- escaping: install_lock
 DECLARE @resource nvarchar(255) = QUOTENAME(DB_NAME()) + N'.' + QUOTENAME(N'sa]les') + N'.' + QUOTENAME(N'we]ird [name]; DROP TABLE x--''%s') + N'_lock'; EXEC sp_getapplock @Resource = @resource, @LockMode = N'Exclusive', @LockOwner = N'Transaction';
 
@@ -231,6 +243,18 @@ DELETE FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s.Delayed] WHERE RowVers
 
 -- escaping: next_due
 SELECT DATEDIFF_BIG(millisecond, GETUTCDATE(), min(Due)) FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s.Delayed] WITH (READPAST, READCOMMITTEDLOCK);
+
+-- escaping: create_subscriptions[0]
+IF OBJECT_ID(N'[sa]]les].[SubscriptionRouting]', N'U') IS NULL CREATE TABLE [sa]]les].[SubscriptionRouting] (QueueAddress nvarchar(200) NOT NULL, Endpoint nvarchar(200) NOT NULL, Topic nvarchar(200) NOT NULL, PRIMARY KEY (Endpoint, Topic));
+
+-- escaping: subscribe
+MERGE [sa]]les].[SubscriptionRouting] WITH (HOLDLOCK, TABLOCK) AS target USING (SELECT CAST(@p_endpoint AS nvarchar(200)) AS Endpoint, CAST(@p_address AS nvarchar(200)) AS QueueAddress, CAST(@p_topic AS nvarchar(200)) AS Topic) AS source ON target.Endpoint = source.Endpoint AND target.Topic = source.Topic WHEN MATCHED AND target.QueueAddress <> source.QueueAddress THEN UPDATE SET QueueAddress = source.QueueAddress WHEN NOT MATCHED THEN INSERT (QueueAddress, Topic, Endpoint) VALUES (source.QueueAddress, source.Topic, source.Endpoint);;
+
+-- escaping: unsubscribe
+DELETE FROM [sa]]les].[SubscriptionRouting] WHERE Endpoint = @p_endpoint AND Topic = @p_topic;
+
+-- escaping: subscribers
+SELECT DISTINCT QueueAddress FROM [sa]]les].[SubscriptionRouting] WHERE Topic IN (SELECT CAST(j.value AS nvarchar(200)) FROM OPENJSON(@p_topics) AS j) ORDER BY QueueAddress;
 
 -- catalog: install_lock
 DECLARE @resource nvarchar(255) = QUOTENAME(N'Shop''s DB') + N'.' + QUOTENAME(N'ops') + N'.' + QUOTENAME(N'Sales.WORKER01') + N'_lock'; EXEC sp_getapplock @Resource = @resource, @LockMode = N'Exclusive', @LockOwner = N'Transaction';
@@ -349,6 +373,18 @@ DELETE FROM [Shop's DB].[ops].[Sales.WORKER01.Delayed] WHERE RowVersion IN (SELE
 -- catalog: next_due
 SELECT DATEDIFF_BIG(millisecond, GETUTCDATE(), min(Due)) FROM [Shop's DB].[ops].[Sales.WORKER01.Delayed] WITH (READPAST, READCOMMITTEDLOCK);
 
+-- catalog: create_subscriptions[0]
+IF OBJECT_ID(N'[Shop''s DB].[ops].[SubscriptionRouting]', N'U') IS NULL CREATE TABLE [Shop's DB].[ops].[SubscriptionRouting] (QueueAddress nvarchar(200) NOT NULL, Endpoint nvarchar(200) NOT NULL, Topic nvarchar(200) NOT NULL, PRIMARY KEY (Endpoint, Topic));
+
+-- catalog: subscribe
+MERGE [Shop's DB].[ops].[SubscriptionRouting] WITH (HOLDLOCK, TABLOCK) AS target USING (SELECT CAST(@p_endpoint AS nvarchar(200)) AS Endpoint, CAST(@p_address AS nvarchar(200)) AS QueueAddress, CAST(@p_topic AS nvarchar(200)) AS Topic) AS source ON target.Endpoint = source.Endpoint AND target.Topic = source.Topic WHEN MATCHED AND target.QueueAddress <> source.QueueAddress THEN UPDATE SET QueueAddress = source.QueueAddress WHEN NOT MATCHED THEN INSERT (QueueAddress, Topic, Endpoint) VALUES (source.QueueAddress, source.Topic, source.Endpoint);;
+
+-- catalog: unsubscribe
+DELETE FROM [Shop's DB].[ops].[SubscriptionRouting] WHERE Endpoint = @p_endpoint AND Topic = @p_topic;
+
+-- catalog: subscribers
+SELECT DISTINCT QueueAddress FROM [Shop's DB].[ops].[SubscriptionRouting] WHERE Topic IN (SELECT CAST(j.value AS nvarchar(200)) FROM OPENJSON(@p_topics) AS j) ORDER BY QueueAddress;
+
 -- unicode: install_lock
 DECLARE @resource nvarchar(255) = QUOTENAME(DB_NAME()) + N'.' + QUOTENAME(N'ünï') + N'.' + QUOTENAME(N'東京 queue') + N'_lock'; EXEC sp_getapplock @Resource = @resource, @LockMode = N'Exclusive', @LockOwner = N'Transaction';
 
@@ -465,6 +501,18 @@ DELETE FROM [ünï].[東京 queue.Delayed] WHERE RowVersion IN (SELECT CAST(j.va
 
 -- unicode: next_due
 SELECT DATEDIFF_BIG(millisecond, GETUTCDATE(), min(Due)) FROM [ünï].[東京 queue.Delayed] WITH (READPAST, READCOMMITTEDLOCK);
+
+-- unicode: create_subscriptions[0]
+IF OBJECT_ID(N'[ünï].[SubscriptionRouting]', N'U') IS NULL CREATE TABLE [ünï].[SubscriptionRouting] (QueueAddress nvarchar(200) NOT NULL, Endpoint nvarchar(200) NOT NULL, Topic nvarchar(200) NOT NULL, PRIMARY KEY (Endpoint, Topic));
+
+-- unicode: subscribe
+MERGE [ünï].[SubscriptionRouting] WITH (HOLDLOCK, TABLOCK) AS target USING (SELECT CAST(@p_endpoint AS nvarchar(200)) AS Endpoint, CAST(@p_address AS nvarchar(200)) AS QueueAddress, CAST(@p_topic AS nvarchar(200)) AS Topic) AS source ON target.Endpoint = source.Endpoint AND target.Topic = source.Topic WHEN MATCHED AND target.QueueAddress <> source.QueueAddress THEN UPDATE SET QueueAddress = source.QueueAddress WHEN NOT MATCHED THEN INSERT (QueueAddress, Topic, Endpoint) VALUES (source.QueueAddress, source.Topic, source.Endpoint);;
+
+-- unicode: unsubscribe
+DELETE FROM [ünï].[SubscriptionRouting] WHERE Endpoint = @p_endpoint AND Topic = @p_topic;
+
+-- unicode: subscribers
+SELECT DISTINCT QueueAddress FROM [ünï].[SubscriptionRouting] WHERE Topic IN (SELECT CAST(j.value AS nvarchar(200)) FROM OPENJSON(@p_topics) AS j) ORDER BY QueueAddress;
 
 -- session: setup
 SET ANSI_NULLS ON; SET ANSI_PADDING ON; SET ANSI_WARNINGS ON; SET ARITHABORT ON; SET CONCAT_NULL_YIELDS_NULL ON; SET QUOTED_IDENTIFIER ON; SET NUMERIC_ROUNDABORT OFF; SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SET XACT_ABORT ON;

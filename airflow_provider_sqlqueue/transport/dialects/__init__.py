@@ -9,7 +9,8 @@ both databases and both sync and async callers.
 Statement parameters are named (``%(queue)s``), with one name per concept in every statement:
 ``schema``, ``table``, ``id``, ``ttbr_ms``, ``headers``, ``body``, ``limit``, ``seq``, ``queue`` (the
 claim key), ``deliveries``, ``lease_ms``, ``holder``, ``token``, ``tokens``, ``delay_ms``, ``error``,
-``channel``, ``keys`` (rows of a delayed table). Each method below says which it takes and what rows it returns; reviewing a
+``channel``, ``keys`` (rows of a delayed table), ``address``, ``endpoint``, ``topic``, ``topics``
+(subscriptions). Each method below says which it takes and what rows it returns; reviewing a
 database's SQL means reading one file.
 """
 
@@ -289,6 +290,28 @@ class Dialect(ABC):
     @abstractmethod
     def key_list(self, keys: Sequence[Any]) -> object:
         """The ``keys`` parameter of :meth:`delete_delayed_sql` for keys read by :meth:`due_delayed_sql`."""
+
+    # -- publish/subscribe: NServiceBus's ``SubscriptionRouting`` table --------------------------
+
+    @abstractmethod
+    def create_subscriptions_sql(self, table: QueueAddress) -> Sequence[str]:
+        """DDL of the subscription table (QueueAddress, Endpoint, Topic; key Endpoint + Topic), idempotent."""
+
+    @abstractmethod
+    def subscribe_sql(self, table: QueueAddress) -> str:
+        """Subscribe ``endpoint`` at queue ``address`` to ``topic``; a repeat (or another address) updates the row."""
+
+    @abstractmethod
+    def unsubscribe_sql(self, table: QueueAddress) -> str:
+        """Remove the subscription of ``endpoint`` to ``topic`` (nothing when there is none)."""
+
+    @abstractmethod
+    def subscribers_sql(self, table: QueueAddress) -> str:
+        """Rows (QueueAddress,): the distinct queue addresses subscribed to any of ``topics`` (see :meth:`topic_list`)."""
+
+    @abstractmethod
+    def topic_list(self, topics: Sequence[str]) -> object:
+        """The ``topics`` parameter of :meth:`subscribers_sql`."""
 
     # -- wake-up notifications (optional) --------------------------------------------------------
 

@@ -187,6 +187,16 @@ class PostgresDialect(Dialect):
             f"CREATE INDEX IF NOT EXISTS {quote_ident(delayed.table + '_Due')} ON {d} (Due)",
         ]
 
+    def create_subscriptions_sql(self, table: QueueAddress) -> Sequence[str]:
+        return [
+            f"""CREATE TABLE IF NOT EXISTS {self.qualified_name(table)} (
+    QueueAddress varchar(200) NOT NULL,
+    Endpoint varchar(200) NOT NULL,
+    Topic varchar(200) NOT NULL,
+    PRIMARY KEY (Endpoint, Topic)
+)"""
+        ]
+
     def drop_queue_sql(self, address: QueueAddress) -> str:
         return f"DROP TABLE IF EXISTS {self.qualified_name(address)}"
 
@@ -277,6 +287,25 @@ class PostgresDialect(Dialect):
 
     def key_list(self, keys: Sequence[Any]) -> object:
         return list(keys)
+
+    def subscribe_sql(self, table: QueueAddress) -> str:
+        return (
+            f"INSERT INTO {self.qualified_name(table)} (QueueAddress, Topic, Endpoint) "
+            "VALUES (%(address)s, %(topic)s, %(endpoint)s) "
+            "ON CONFLICT (Endpoint, Topic) DO UPDATE SET QueueAddress = EXCLUDED.QueueAddress"
+        )
+
+    def unsubscribe_sql(self, table: QueueAddress) -> str:
+        return f"DELETE FROM {self.qualified_name(table)} WHERE Endpoint = %(endpoint)s AND Topic = %(topic)s"
+
+    def subscribers_sql(self, table: QueueAddress) -> str:
+        return (
+            f"SELECT DISTINCT QueueAddress FROM {self.qualified_name(table)} WHERE Topic = ANY(%(topics)s::text[]) "
+            "ORDER BY QueueAddress"
+        )
+
+    def topic_list(self, topics: Sequence[str]) -> object:
+        return list(topics)
 
     def peek_sql(self, address: QueueAddress) -> str:
         # max(Seq) and the lowest unlocked Seq both come off the Seq index: constant time on any

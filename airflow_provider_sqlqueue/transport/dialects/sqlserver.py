@@ -348,6 +348,19 @@ class SqlServerDialect(Dialect):
             f"CREATE NONCLUSTERED INDEX [Index_Due] ON {d} (Due); END",
         ]
 
+    def create_subscriptions_sql(self, table: QueueAddress) -> Sequence[str]:
+        t = self.qualified_name(table)
+        # NServiceBus writes PRIMARY KEY CLUSTERED; a primary key on a table without a clustered
+        # index is clustered by default, so this is the same table.
+        return [
+            f"IF OBJECT_ID({self._object_name(table)}, N'U') IS NULL "
+            f"CREATE TABLE {t} ("
+            "QueueAddress nvarchar(200) NOT NULL, "
+            "Endpoint nvarchar(200) NOT NULL, "
+            "Topic nvarchar(200) NOT NULL, "
+            "PRIMARY KEY (Endpoint, Topic))",
+        ]
+
     def add_body_string_sql(self, address: QueueAddress) -> str:
         return (
             f"IF COL_LENGTH({self._object_name(address)}, N'BodyString') IS NULL "
@@ -522,6 +535,31 @@ class SqlServerDialect(Dialect):
     def key_list(self, keys: Sequence[Any]) -> object:
         # A JSON array of RowVersions, opened server side with OPENJSON (SQL Server 2016+).
         return json.dumps([int(key) for key in keys])
+
+    def subscribe_sql(self, table: QueueAddress) -> str:
+        # NServiceBus's own statement: HOLDLOCK makes the match-then-insert one step, so two
+        # subscribers racing for the same key cannot both insert.
+        return (
+            f"MERGE {self.qualified_name(table)} WITH (HOLDLOCK, TABLOCK) AS target "
+            "USING (SELECT CAST(%(endpoint)s AS nvarchar(200)) AS Endpoint, CAST(%(address)s AS nvarchar(200)) "
+            "AS QueueAddress, CAST(%(topic)s AS nvarchar(200)) AS Topic) AS source "
+            "ON target.Endpoint = source.Endpoint AND target.Topic = source.Topic "
+            "WHEN MATCHED AND target.QueueAddress <> source.QueueAddress THEN UPDATE SET QueueAddress = source.QueueAddress "
+            "WHEN NOT MATCHED THEN INSERT (QueueAddress, Topic, Endpoint) "
+            "VALUES (source.QueueAddress, source.Topic, source.Endpoint);"
+        )
+
+    def unsubscribe_sql(self, table: QueueAddress) -> str:
+        return f"DELETE FROM {self.qualified_name(table)} WHERE Endpoint = %(endpoint)s AND Topic = %(topic)s"
+
+    def subscribers_sql(self, table: QueueAddress) -> str:
+        return (
+            f"SELECT DISTINCT QueueAddress FROM {self.qualified_name(table)} "
+            "WHERE Topic IN (SELECT CAST(j.value AS nvarchar(200)) FROM OPENJSON(%(topics)s) AS j) ORDER BY QueueAddress"
+        )
+
+    def topic_list(self, topics: Sequence[str]) -> object:
+        return json.dumps(list(topics))
 
     def browse_sql(self, address: QueueAddress) -> str:
         return (
