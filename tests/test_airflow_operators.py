@@ -58,6 +58,19 @@ def test_create_and_send(schema, raw, client):
     assert raw.execute(f'SELECT count(*) FROM "{schema}".orders').fetchone()[0] == 10
 
 
+def test_queues_subscribe_in_setup_and_a_publish_reaches_both(schema, client):
+    run = load_dag("sqlqueue_publish").test()
+    assert run.state == "success", states(run)
+    assert sorted(xcom(run, "publish")) == sorted(
+        client.canonical_address(QueueAddress(name, schema)) for name in ("billing", "shipping")
+    )
+    for name in ("billing", "shipping"):
+        [event] = client.receive(QueueAddress(name, schema))
+        assert json.loads(event.body) == {"order": 9}
+        assert event.headers["NServiceBus.MessageIntent"] == "Publish"
+        assert event.headers["NServiceBus.EnclosedMessageTypes"] == "Shop.OrderPlaced;Shop.IEvent"
+
+
 @pytest.mark.parametrize("deferrable", [True, False], ids=["deferrable", "poke"])
 def test_sensor_receives_acks_and_hands_messages_downstream(deferrable, client, queue, schema, raw):
     client.send(

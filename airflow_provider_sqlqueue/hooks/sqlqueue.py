@@ -295,6 +295,48 @@ class SqlQueueHook(BaseHook):
             client.send(queue_name, batch, notify=notify, delay=delay, due=due)
         return [str(message.id) for message in batch]
 
+    def subscribe(
+        self,
+        queue_name: str,
+        topics: str | Iterable[str],
+        *,
+        endpoint: str | None = None,
+        subscription_table: str | None = None,
+    ) -> None:
+        """Subscribe the queue to events published on ``topics`` (creating the subscription table if missing).
+
+        The table is NServiceBus's ``SubscriptionRouting`` in the connection's default schema unless
+        ``subscription_table`` names another: an NServiceBus endpoint publishing through the same
+        table reaches this queue too, and the other way round.
+        """
+        with self.client() as client:
+            client.create_subscription_table(subscription_table)
+            client.subscribe(queue_name, topics, endpoint=endpoint, table=subscription_table)
+
+    def unsubscribe(
+        self,
+        queue_name: str,
+        topics: str | Iterable[str],
+        *,
+        endpoint: str | None = None,
+        subscription_table: str | None = None,
+    ) -> None:
+        with self.client() as client:
+            client.unsubscribe(queue_name, topics, endpoint=endpoint, table=subscription_table)
+
+    def publish(
+        self,
+        topics: str | Iterable[str],
+        messages: Message | Iterable[Message],
+        *,
+        notify: bool = False,
+        subscription_table: str | None = None,
+    ) -> list[str]:
+        """Send the messages to every queue subscribed to any of ``topics``, in one transaction; returns those queues."""
+        with self.client() as client:
+            reached = client.publish(topics, messages, notify=notify, table=subscription_table)
+            return [client.canonical_address(address) for address in reached]
+
     def move_due(self, queue_name: str, *, batch_size: int = defaults.DELAYED_BATCH) -> int:
         """Move the queue's due delayed messages into place; returns how many moved."""
         with self.client() as client:

@@ -48,17 +48,38 @@ class CreateQueueOperator(_QueueOperator):
     :param error_queue: its error queue (default: the connection's, else ``error``).
     :param secondary: machine name for a secondary queue ``<queue>.<machine>``.
     :param body_string: also add NServiceBus's computed ``BodyString`` column (for reading bodies in SQL tools).
+    :param subscribe_to: event topics (type names) the queue subscribes to, in NServiceBus's
+        ``SubscriptionRouting`` table: events published on them (``PublishMessageOperator``, or an
+        NServiceBus endpoint) arrive in this queue.
+    :param subscription_table: the subscription table (default ``SubscriptionRouting`` in the
+        connection's default schema); publishers must use the same one.
     """
 
-    template_fields: Sequence[str] = ("queue_name", "error_queue", "secondary", "sqlqueue_conn_id")
+    template_fields: Sequence[str] = (
+        "queue_name",
+        "error_queue",
+        "secondary",
+        "subscribe_to",
+        "subscription_table",
+        "sqlqueue_conn_id",
+    )
 
     def __init__(
-        self, *, queue_name: str, secondary: str | None = None, body_string: bool = False, **kwargs: Any
+        self,
+        *,
+        queue_name: str,
+        secondary: str | None = None,
+        body_string: bool = False,
+        subscribe_to: Sequence[str] = (),
+        subscription_table: str | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.queue_name = queue_name
         self.secondary = secondary
         self.body_string = body_string
+        self.subscribe_to = subscribe_to
+        self.subscription_table = subscription_table
 
     def execute(self, context: Any) -> list[str]:
         hook = self.hook
@@ -66,6 +87,9 @@ class CreateQueueOperator(_QueueOperator):
             self.queue_name, error_queue=hook.error_queue, secondary=self.secondary, body_string=self.body_string
         )
         self.log.info("Queue tables ready: %s", ", ".join(created))
+        if self.subscribe_to:
+            hook.subscribe(self.queue_name, self.subscribe_to, subscription_table=self.subscription_table)
+            self.log.info("Queue %s subscribed to %s", self.queue_name, ", ".join(self.subscribe_to))
         return created
 
 
@@ -75,7 +99,6 @@ class _SendingOperator(_QueueOperator):
     def __init__(
         self,
         *,
-        queue_name: str,
         headers: Mapping[str, str | None] | None = None,
         message_type: str | None = None,
         time_to_be_received: timedelta | float | None = None,
@@ -83,7 +106,6 @@ class _SendingOperator(_QueueOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.queue_name = queue_name
         self.headers = headers
         self.message_type = message_type
         self.time_to_be_received = time_to_be_received
@@ -142,6 +164,7 @@ class SendMessageOperator(_SendingOperator):
     def __init__(
         self,
         *,
+        queue_name: str,
         body: Any = None,
         messages: Iterable[Any] | None = None,
         delay: timedelta | float | None = None,
@@ -149,6 +172,7 @@ class SendMessageOperator(_SendingOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.queue_name = queue_name
         if (body is None) == (messages is None):
             raise ValueError("give exactly one of body (one message) or messages (a list of bodies)")
         if delay is not None and due is not None:
@@ -174,6 +198,59 @@ class SendMessageOperator(_SendingOperator):
         return ids
 
 
+class PublishMessageOperator(_SendingOperator):
+    """Publish one event (``body``) or many (``messages``) to every queue subscribed to its topics.
+
+    One transaction: every subscriber gets every message, or none does. Each message carries
+    ``NServiceBus.MessageIntent: Publish`` and ``NServiceBus.EnclosedMessageTypes`` (the topics,
+    unless ``message_type`` or ``headers`` set it). Returns the addresses of the queues reached.
+
+    :param topics: the event's type name, then the types it derives from (subscribers of any of
+        them receive it), as NServiceBus publishes.
+    :param subscription_table: the subscription table the subscribers used (default
+        ``SubscriptionRouting`` in the connection's default schema).
+
+    ``body``, ``messages``, ``headers``, ``message_type``, ``time_to_be_received`` and ``notify``
+    are as for :class:`SendMessageOperator`.
+    """
+
+    template_fields: Sequence[str] = (
+        "topics",
+        "body",
+        "messages",
+        "headers",
+        "message_type",
+        "subscription_table",
+        "sqlqueue_conn_id",
+    )
+    template_fields_renderers: ClassVar[dict[str, str]] = {"body": "json", "messages": "json", "headers": "json"}
+
+    def __init__(
+        self,
+        *,
+        topics: str | Sequence[str],
+        body: Any = None,
+        messages: Iterable[Any] | None = None,
+        subscription_table: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if (body is None) == (messages is None):
+            raise ValueError("give exactly one of body (one message) or messages (a list of bodies)")
+        self.topics = topics
+        self.subscription_table = subscription_table
+        self.body = body
+        self.messages = messages
+
+    def execute(self, context: Any) -> list[str]:
+        batch = [self._message(self.body)] if self.messages is None else self._batch(self.messages)
+        reached = self.hook.publish(self.topics, batch, notify=self.notify, subscription_table=self.subscription_table)
+        self.log.info(
+            "Published %d message(s) on %s to %d queue(s): %s", len(batch), self.topics, len(reached), reached
+        )
+        return reached
+
+
 class ForwardMessagesOperator(_SendingOperator):
     """Send a stage's results and acknowledge the claims they came from, in one database transaction.
 
@@ -193,8 +270,9 @@ class ForwardMessagesOperator(_SendingOperator):
     template_fields: Sequence[str] = ("queue_name", "messages", "claims", "headers", "message_type", "sqlqueue_conn_id")
     template_fields_renderers: ClassVar[dict[str, str]] = {"messages": "json", "headers": "json"}
 
-    def __init__(self, *, messages: Any, claims: Any, **kwargs: Any) -> None:
+    def __init__(self, *, queue_name: str, messages: Any, claims: Any, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.queue_name = queue_name
         self.messages = messages
         self.claims = claims
 

@@ -12,6 +12,7 @@ from airflow_provider_sqlqueue.operators.sqlqueue import (
     AckMessagesOperator,
     CreateQueueOperator,
     NackMessagesOperator,
+    PublishMessageOperator,
     PurgeExpiredMessagesOperator,
     RetryErrorMessagesOperator,
     SendMessageOperator,
@@ -45,6 +46,28 @@ with DAG("sqlqueue_install_and_send", schedule=None, start_date=START, catchup=F
         task_id="send_at", queue_name=ORDERS, body="new year", due="{{ '2099-01-01T00:00:00+00:00' }}", **common
     )
     create >> [send_one, send_many, send_expiring, send_later, send_at]
+
+ROUTING = f'SubscriptionRouting@"{SCHEMA}"'
+
+with DAG("sqlqueue_publish", schedule=None, start_date=START, catchup=False):
+    subscribers = [
+        CreateQueueOperator(
+            task_id=f"create_{name}",
+            queue_name=f'{name}@"{SCHEMA}"',
+            subscribe_to=["Shop.OrderPlaced"],
+            subscription_table=ROUTING,
+            **common,
+        )
+        for name in ("billing", "shipping")
+    ]
+    publish = PublishMessageOperator(
+        task_id="publish",
+        topics=["Shop.OrderPlaced", "Shop.IEvent"],
+        body={"order": 9},
+        subscription_table=ROUTING,
+        **common,
+    )
+    subscribers >> publish
 
 with DAG("sqlqueue_purge_expired", schedule=None, start_date=START, catchup=False):
     PurgeExpiredMessagesOperator(task_id="purge", queue_name=ORDERS, batch_size=2, **common)
