@@ -122,7 +122,7 @@ def test_peek_estimates_pending_and_skips_locked_rows(client, queue, backend):
 def test_create_is_idempotent_and_makes_nservicebus_compatible_tables(client, queue, raw, schema, backend):
     client.create_queue(queue)  # second time: no error, nothing changed
     assert backend.columns(raw, schema, "orders") == backend.queue_columns
-    assert backend.tables(raw, schema) == {"orders", "error", "sqlqueue_inflight"}
+    assert backend.tables(raw, schema) == {"orders", "error", "sqlqueue_inflight", "orders.Delayed"}
 
 
 @pytest.mark.postgres_only

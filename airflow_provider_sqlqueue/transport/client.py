@@ -23,7 +23,7 @@ from . import defaults
 from . import operations as ops
 from .addressing import QueueAddress
 from .drivers import AsyncSession, Session, open_async_session, open_session
-from .errors import ObjectExistsError
+from .errors import InvalidQueueNameError, ObjectExistsError
 from .message import Failure, Message, ReceivedMessage, delivery_delay, duration, subscription_text, topic_names
 
 T = TypeVar("T")
@@ -335,7 +335,12 @@ class QueueClient(_Addressing[Session]):
             self._install(partial(ops.create_queue, dialect, each, body_string))
         self._install(partial(ops.create_inflight, dialect, address))
         if delayed:
-            self._install(partial(ops.create_delayed, dialect, address, address.delayed()))
+            try:
+                dialect.validate_address(address.delayed())
+            except InvalidQueueNameError as exc:
+                log.warning("Queue %s gets no delayed-message table, so no delayed delivery: %s", address, exc)
+            else:
+                self._install(partial(ops.create_delayed, dialect, address, address.delayed()))
         return addresses
 
     def _install(self, make: Callable[[], ops.Operation[None]]) -> None:
