@@ -27,7 +27,7 @@ from .addressing import QueueAddress
 from .breaker import CircuitBreaker
 from .client import default_holder, lease_ms
 from .drivers import AsyncSession, AsyncSessionPool
-from .errors import QueueNotFoundError, TransportMisconfiguredError
+from .errors import PermissionDeniedError, QueueNotFoundError, TransportMisconfiguredError
 from .message import TIME_TO_BE_RECEIVED, Failure, ReceivedMessage, TransactionMode, duration
 
 log = logging.getLogger("airflow_provider_sqlqueue.pump")
@@ -213,6 +213,9 @@ class MessagePump:
                     moved = await session.run(ops.move_due(self.dialect, self.queue, delayed, defaults.DELAYED_BATCH))
             except QueueNotFoundError:
                 log.info("Queue %s: no delayed table %s, so no delayed messages to move", self.name, delayed)
+                return
+            except PermissionDeniedError as exc:  # retrying cannot grant rights
+                log.error("Queue %s: not moving delayed messages: %s", self.name, exc)
                 return
             except Exception as exc:  # the consumer loop reports lasting outages; this one retries
                 log.warning("Queue %s: moving due delayed messages failed (%s); trying again", self.name, exc)
