@@ -169,9 +169,8 @@ class _Addressing(Generic[S]):
         return ops.publish(self.session.dialect, self.subscription_table(table), topic_names(topics), batch, notify)
 
     def _move_due_op(self, queue: str | QueueAddress, batch_size: int) -> ops.Operation[int]:
-        check_positive("batch_size", batch_size)
         address = self.address(queue)
-        return ops.move_due(self.session.dialect, address, address.delayed(), min(batch_size, defaults.MAX_BATCH))
+        return ops.move_due(self.session.dialect, address, address.delayed(), check_positive("batch_size", batch_size))
 
     def _receive_op(
         self,
