@@ -9,6 +9,7 @@ nothing moved early, nothing lost, nothing moved twice by competing movers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -26,6 +27,7 @@ from airflow_provider_sqlqueue.transport import (
     QueueClient,
     QueueNotFoundError,
 )
+from airflow_provider_sqlqueue.transport import operations as ops
 from airflow_provider_sqlqueue.transport.drivers import open_pool
 from airflow_provider_sqlqueue.transport.message import FORWARD_DESTINATION, decode_headers
 
@@ -234,3 +236,17 @@ def test_the_pump_moves_due_delayed_messages_and_handles_them(backend, client, q
     handled = asyncio.run(run())
     assert handled[0] == "now" and sorted(handled[1:]) == [f"d{n}" for n in range(5)]
     assert client.next_due(queue) is None
+
+
+def test_a_mover_whose_connection_dies_mid_batch_moves_nothing(backend, client, queue, schema):
+    client.send(queue, [Message(str(n)) for n in range(10)], delay=0.05)
+    time.sleep(0.1)
+    dying = backend.client(schema)
+    session = dying.session
+    with contextlib.suppress(Exception), session.transaction():
+        moved = ops.drive(ops.move_due(session.dialect, queue, queue.delayed(), 100), session.execute)
+        assert moved == 10  # inserted and deleted, not committed
+        dying.connection.close()  # the process dies here: the server rolls the batch back
+    assert client.peek(queue) == 0
+    assert client.move_due(queue) == 10
+    assert sorted(int(m.text) for m in client.receive(queue, 20)) == list(range(10))
