@@ -334,12 +334,13 @@ class QueueClient(_Addressing[Session]):
             self._install(partial(ops.create_queue, dialect, each, body_string))
         self._install(partial(ops.create_inflight, dialect, address))
         if delayed:
+            delayed_table = address.delayed()
             try:
-                dialect.validate_address(address.delayed())
+                dialect.validate_address(delayed_table)
             except InvalidQueueNameError as exc:
                 log.warning("Queue %s gets no delayed-message table, so no delayed delivery: %s", address, exc)
             else:
-                self._install(partial(ops.create_delayed, dialect, address, address.delayed()))
+                self._install(partial(ops.create_delayed, dialect, delayed_table))
         return addresses
 
     def _install(self, make: Callable[[], ops.Operation[None]]) -> None:

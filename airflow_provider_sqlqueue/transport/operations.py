@@ -144,15 +144,20 @@ def create_queue(d: Dialect, address: QueueAddress, body_string: bool = False) -
     An existing table is never altered for indexes: building one on a live queue locks it. A
     missing Index_Expires is warned about, with the statement to create it at a quiet time.
     """
-    target = d.qualified_name(address)
-    yield Step(d.install_lock_sql(address), {}, Fetch.NONE, target)
-    existing = yield Step(d.queue_columns_sql(address), _table_key(d, address), Fetch.ALL, target)
-    if not existing:
-        for sql in d.create_queue_sql(address):
-            yield Step(sql, {}, Fetch.NONE, target)
+    yield from _install_table(d, address, d.create_queue_sql(address))
     yield from check_queue(d, address)
     if body_string:
-        yield Step(d.add_body_string_sql(address), {}, Fetch.NONE, target)
+        yield Step(d.add_body_string_sql(address), {}, Fetch.NONE, d.qualified_name(address))
+
+
+def _install_table(d: Dialect, table: QueueAddress, ddl: Sequence[str]) -> Operation[None]:
+    """Run ``ddl`` under the installer lock when ``table`` does not exist yet; an existing table is left as it is."""
+    target = d.qualified_name(table)
+    yield Step(d.install_lock_sql(table), {}, Fetch.NONE, target)
+    existing = yield Step(d.queue_columns_sql(table), _table_key(d, table), Fetch.ALL, target)
+    if not existing:
+        for sql in ddl:
+            yield Step(sql, {}, Fetch.NONE, target)
 
 
 def _table_key(d: Dialect, address: QueueAddress) -> dict[str, object]:
@@ -265,14 +270,9 @@ def _insert(d: Dialect, address: QueueAddress, shape: TableShape, rows: Sequence
 # -- delayed delivery ----------------------------------------------------------------------------
 
 
-def create_delayed(d: Dialect, address: QueueAddress, delayed: QueueAddress) -> Operation[None]:
-    """Create the delayed-message table of the queue at ``address`` (idempotent, safe concurrently)."""
-    target = d.qualified_name(delayed)
-    yield Step(d.install_lock_sql(delayed), {}, Fetch.NONE, target)
-    existing = yield Step(d.queue_columns_sql(delayed), _table_key(d, delayed), Fetch.ALL, target)
-    if not existing:
-        for sql in d.create_delayed_sql(delayed):
-            yield Step(sql, {}, Fetch.NONE, target)
+def create_delayed(d: Dialect, delayed: QueueAddress) -> Operation[None]:
+    """Create a queue's delayed-message table (idempotent, safe concurrently)."""
+    yield from _install_table(d, delayed, d.create_delayed_sql(delayed))
 
 
 def send_delayed(
@@ -373,12 +373,7 @@ def next_due(d: Dialect, delayed: QueueAddress) -> Operation[int | None]:
 
 def create_subscriptions(d: Dialect, table: QueueAddress) -> Operation[None]:
     """Create the subscription table (idempotent, safe concurrently)."""
-    target = d.qualified_name(table)
-    yield Step(d.install_lock_sql(table), {}, Fetch.NONE, target)
-    existing = yield Step(d.queue_columns_sql(table), _table_key(d, table), Fetch.ALL, target)
-    if not existing:
-        for sql in d.create_subscriptions_sql(table):
-            yield Step(sql, {}, Fetch.NONE, target)
+    yield from _install_table(d, table, d.create_subscriptions_sql(table))
 
 
 def subscribe(d: Dialect, table: QueueAddress, address: str, endpoint: str, topics: Sequence[str]) -> Operation[None]:
