@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import datetime
 
 import pytest
 
-from airflow_provider_sqlqueue.transport import Message, QueueAddress
+from airflow_provider_sqlqueue.transport import Message, QueueAddress, QueueClient
+from airflow_provider_sqlqueue.transport.message import wire_timestamp
+from demo.services import airflow_connection
 
 from .conftest import load_dag
 
@@ -85,6 +88,33 @@ def test_sensor_receives_acks_and_hands_messages_downstream(deferrable, client, 
     assert xcom(run, "handle") == [{"n": 0}, {"n": 1}, {"n": 2}]
     assert xcom(run, "ack") == {"acknowledged": 3, "expired": 0}
     assert client.depth(queue) == 2 and client.inflight(queue) == 0
+
+
+def test_an_audit_queue_on_the_connection_gets_a_copy_of_each_acknowledged_message(
+    client, queue, schema, raw, pg_uri, monkeypatch
+):
+    """The connection's ``audit_queue`` extra: the ack task copies what it acknowledges, processing headers and all."""
+    monkeypatch.setenv("AIRFLOW_CONN_SQLQUEUE_TEST", airflow_connection(pg_uri, audit_queue=True))
+    with QueueClient.connect(pg_uri, audit_queue=True) as installer:
+        installer.create_queue(queue)  # adds the audit queue beside it
+    client.send(
+        queue, [Message(json.dumps({"n": n}), {"NServiceBus.ContentType": "application/json"}) for n in range(5)]
+    )
+    run = load_dag("sqlqueue_consume_deferrable").test()
+    assert run.state == "success", states(run)
+    assert xcom(run, "ack") == {"acknowledged": 3, "expired": 0}
+    received = {m["id"]: m for m in xcom(run, "wait")}
+    rows = raw.execute(f'SELECT Headers, Body FROM "{schema}".audit').fetchall()
+    copies = {
+        json.loads(headers)["NServiceBus.MessageId"]: (json.loads(headers), bytes(body)) for headers, body in rows
+    }
+    assert set(copies) == set(received) and len(rows) == 3
+    for message_id, (headers, body) in copies.items():
+        assert json.loads(body) == received[message_id]["body"]
+        assert headers["NServiceBus.ProcessingEndpoint"] == "orders"
+        started = datetime.fromisoformat(received[message_id]["received_at"])
+        assert headers["NServiceBus.ProcessingStarted"] == wire_timestamp(started)
+        assert headers["NServiceBus.ProcessingEnded"] >= headers["NServiceBus.ProcessingStarted"]
 
 
 def test_deferrable_sensor_defers_then_resumes_when_a_message_arrives(client, queue, schema):

@@ -65,6 +65,7 @@ _PRODUCERS: dict[str, Callable[[Dialect], set[str]]] = {
     "reclaim": lambda d: _all(d.reclaim_sql(QUEUE)),
     "claim_to_error": lambda d: _all(d.claim_to_error_sql(QUEUE, ERROR, d.table_shape(ERROR) or _shape())),
     "ack": lambda d: _all(d.ack_sql(QUEUE)),
+    "ack_copy": lambda d: _all(d.ack_copy_sql(QUEUE)),
     "send": lambda d: _all(d.send_sql(QUEUE, d.table_shape(QUEUE) or _shape())),
     "send_batch": lambda d: {d.send_batch_sql(QUEUE, n, d.table_shape(QUEUE) or _shape()) for n in range(1, 6)},
     "queue_columns": lambda d: _all(*(d.queue_columns_sql(a) for a in _addresses(d, QUEUE, CATALOGED))),

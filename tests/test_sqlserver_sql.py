@@ -80,6 +80,7 @@ STATEMENTS: dict[str, Statement] = {
     "peek_with_claims": lambda d, a, e: d.peek_with_claims_sql(a),
     "count_inflight": lambda d, a, e: d.count_inflight_sql(a),
     "ack": lambda d, a, e: d.ack_sql(a),
+    "ack_copy": lambda d, a, e: d.ack_copy_sql(a),
     "nack": lambda d, a, e: d.nack_sql(a),
     "extend": lambda d, a, e: d.extend_sql(a),
     "claim_to_error": lambda d, a, e: d.claim_to_error_sql(a, e, SHAPE),
@@ -204,6 +205,7 @@ def test_placeholder_names_match_the_parameters_the_operations_pass():
         "peek_with_claims": {"queue"},
         "count_inflight": {"queue"},
         "ack": {"tokens", "queue"},
+        "ack_copy": {"tokens", "queue"},
         "nack": {"delay_ms", "error", "tokens", "queue"},
         "extend": {"lease_ms", "tokens", "queue"},
         "claim_to_error": {"token", "headers"},
@@ -466,6 +468,7 @@ SAMPLE_PARAMS: dict[str, dict[str, object]] = {
     "unsubscribe": {"endpoint": "Billing", "topic": "Shop.OrderPlaced"},
     "subscribers": {"topics": dialect.topic_list(["Shop.OrderPlaced", "Shop.IEvent's"])},
     "ack": {"tokens": dialect.token_list([uuid.uuid4()]), "queue": "orders@[dbo]"},
+    "ack_copy": {"tokens": dialect.token_list([uuid.uuid4(), uuid.uuid4()]), "queue": "orders@[dbo]"},
     "nack": {
         "delay_ms": 0,
         "error": '{"type": "ValueError", "message": "it\'s bad"}',

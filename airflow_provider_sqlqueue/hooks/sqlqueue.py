@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime, timedelta
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
     from airflow.sdk import Connection
 
 #: Extras of a connection that configure the queue rather than the database driver.
-QUEUE_EXTRAS = frozenset({"dialect", "error_queue"})
+QUEUE_EXTRAS = frozenset({"dialect", "error_queue", "audit_queue"})
 
 #: Which dialect serves each connection type.
 DIALECT_OF_CONN_TYPE = {"postgres": "postgres", "postgresql": "postgres", "mssql": "sqlserver", "odbc": "sqlserver"}
@@ -139,6 +140,9 @@ class SqlQueueHook(BaseHook):
     :param sqlqueue_conn_id: a ``postgres``, ``mssql``, ``odbc`` or ``sqlqueue`` connection.
     :param error_queue: where poison and failed messages go; defaults to the connection's
         ``error_queue`` extra, else ``error``. Named without a schema, it is in the queue's schema.
+    :param audit_queue: where acknowledged messages are copied (NServiceBus's audit queue);
+        defaults to the connection's ``audit_queue`` extra. ``True`` means ``audit``; None or
+        ``False`` (and no extra): no audit copies. Named without a schema, it is in the queue's schema.
     """
 
     conn_name_attr = "sqlqueue_conn_id"
@@ -151,11 +155,13 @@ class SqlQueueHook(BaseHook):
         sqlqueue_conn_id: str = default_conn_name,
         *,
         error_queue: str | None = None,
+        audit_queue: str | bool | None = None,
         connection: Connection | None = None,
     ) -> None:
         super().__init__()
         self.sqlqueue_conn_id = sqlqueue_conn_id
         self._error_queue = error_queue
+        self._audit_queue = audit_queue
         self._connection = connection
 
     # -- connection --------------------------------------------------------------------------
@@ -181,6 +187,16 @@ class SqlQueueHook(BaseHook):
         """The configured error queue, or None for the core's rule (``error`` in the queue's schema)."""
         return self._error_queue or self.connection.extra_dejson.get("error_queue") or None
 
+    @property
+    def audit_queue(self) -> str | bool | None:
+        """The audit queue: the hook's, else the connection's ``audit_queue`` extra (None: no auditing)."""
+        chosen = self._audit_queue if self._audit_queue is not None else self.connection.extra_dejson.get("audit_queue")
+        if chosen is None or isinstance(chosen, (bool, str)):
+            return chosen or None
+        raise UnsupportedConnectionError(
+            f"connection {self.sqlqueue_conn_id!r}: extra 'audit_queue' is {chosen!r}; expected a queue name or true"
+        )
+
     def _postgres_kwargs(self, conn: Connection) -> dict[str, Any]:
         return _PostgresConnector(postgres_conn_id=conn.conn_id, connection=conn).connect_kwargs()
 
@@ -196,7 +212,7 @@ class SqlQueueHook(BaseHook):
 
     def get_conn(self) -> QueueClient:
         """A new blocking client on its own autocommit connection; close it (or use :meth:`client`)."""
-        return QueueClient(self._connect(self.connection), self.error_queue)
+        return QueueClient(self._connect(self.connection), self.error_queue, self.audit_queue)
 
     @contextmanager
     def client(self) -> Iterator[QueueClient]:
@@ -219,7 +235,7 @@ class SqlQueueHook(BaseHook):
             session: AsyncSession = await AsyncPsycopgSession.connect("", **kwargs)
         else:
             session = await AsyncThreadSession.open(lambda: self._connect(conn))
-        return AsyncQueueClient(session, self.error_queue)
+        return AsyncQueueClient(session, self.error_queue, self.audit_queue)
 
     def conninfo(self) -> str:
         """A connection string for processes outside Airflow, such as Spark executors (it holds the password).
@@ -423,10 +439,16 @@ class SqlQueueHook(BaseHook):
         with self.client() as client, client.receive_native(queue_name, error_queue=error_queue) as message:
             yield message, client.connection
 
-    def ack(self, queue_name: str, tokens: Iterable[Token]) -> int:
-        """Acknowledge claims in one statement; returns how many were still held (the rest may come again)."""
+    def ack(
+        self, queue_name: str, tokens: Iterable[Token], *, started: Mapping[uuid.UUID, datetime] | None = None
+    ) -> int:
+        """Acknowledge claims in one statement; returns how many were still held (the rest may come again).
+
+        With an audit queue each acknowledged message is copied there in the same transaction;
+        ``started`` (message id -> time) says when its processing began.
+        """
         with self.client() as client:
-            return len(client.ack(queue_name, list(tokens)))
+            return len(client.ack(queue_name, list(tokens), started=started))
 
     def nack(
         self,
@@ -446,11 +468,15 @@ class SqlQueueHook(BaseHook):
         sends: Mapping[str, Iterable[Message]],
         *,
         notify: bool = False,
+        started: Mapping[uuid.UUID, datetime] | None = None,
     ) -> int:
         """Acknowledge ``claims`` and send ``sends`` in one transaction (see ``QueueClient.forward``); returns how many were sent."""
         with self.client() as client:
             return client.forward(
-                {q: list(t) for q, t in claims.items()}, {q: list(m) for q, m in sends.items()}, notify=notify
+                {q: list(t) for q, t in claims.items()},
+                {q: list(m) for q, m in sends.items()},
+                notify=notify,
+                started=started,
             )
 
     def extend(self, queue_name: str, tokens: Iterable[Token], lease: timedelta | float = defaults.LEASE) -> int:

@@ -22,20 +22,26 @@ from ..transport.message import ENCLOSED_MESSAGE_TYPES
 
 
 class _QueueOperator(BaseOperator):
-    """Holds the connection settings every queue operator shares."""
+    """Holds the connection settings every queue operator shares: connection, error queue, audit queue (as the hook takes them)."""
 
     ui_color = "#d8ecf3"
 
     def __init__(
-        self, *, sqlqueue_conn_id: str = SqlQueueHook.default_conn_name, error_queue: str | None = None, **kwargs: Any
+        self,
+        *,
+        sqlqueue_conn_id: str = SqlQueueHook.default_conn_name,
+        error_queue: str | None = None,
+        audit_queue: str | bool | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.sqlqueue_conn_id = sqlqueue_conn_id
         self.error_queue = error_queue
+        self.audit_queue = audit_queue
 
     @property
     def hook(self) -> SqlQueueHook:
-        return SqlQueueHook(self.sqlqueue_conn_id, error_queue=self.error_queue)
+        return SqlQueueHook(self.sqlqueue_conn_id, error_queue=self.error_queue, audit_queue=self.audit_queue)
 
 
 class CreateQueueOperator(_QueueOperator):
@@ -277,11 +283,12 @@ class ForwardMessagesOperator(_SendingOperator):
         self.claims = claims
 
     def execute(self, context: Any) -> int:
-        claims = tokens_by_queue(claimed_messages(self.claims, context))
+        claimed = claimed_messages(self.claims, context)
+        claims = tokens_by_queue(claimed)
         batch = self._batch(self.messages or [])
         hook = self.hook
         try:
-            sent = hook.forward(claims, {self.queue_name: batch}, notify=self.notify)
+            sent = hook.forward(claims, {self.queue_name: batch}, notify=self.notify, started=received_times(claimed))
         except LeaseLostError:
             raise
         except Exception as exc:
@@ -442,6 +449,17 @@ def take_reserved(hook: SqlQueueHook, context: Any, lease: timedelta, limit: int
     return taken
 
 
+def received_times(messages: Iterable[Mapping[str, Any]]) -> dict[uuid.UUID, datetime]:
+    """When each message dict was received (by message id): where an audit copy's processing started."""
+    times: dict[uuid.UUID, datetime] = {}
+    for message in messages:
+        try:
+            times[uuid.UUID(str(message["id"]))] = datetime.fromisoformat(str(message["received_at"]))
+        except (KeyError, ValueError):  # a dict from an older version, or hand-made: the ack's time stands in
+            continue
+    return times
+
+
 def tokens_by_queue(messages: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]:
     """Claim tokens grouped by the queue they were claimed from; messages received in none mode have none."""
     grouped: dict[str, list[str]] = defaultdict(list)
@@ -475,11 +493,13 @@ class AckMessagesOperator(_QueueOperator):
         self.fail_on_expired = fail_on_expired
 
     def execute(self, context: Any) -> dict[str, int]:
-        grouped = tokens_by_queue(claimed_messages(self.messages, context))
+        claimed = claimed_messages(self.messages, context)
+        grouped = tokens_by_queue(claimed)
+        started = received_times(claimed)
         hook = self.hook
         acknowledged = expired = 0
         for queue, tokens in grouped.items():
-            held = hook.ack(queue, tokens)
+            held = hook.ack(queue, tokens, started=started)
             acknowledged += held
             expired += len(tokens) - held
             self.log.info("Queue %s: acknowledged %d of %d claim(s)", queue, held, len(tokens))

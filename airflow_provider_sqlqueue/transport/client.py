@@ -15,7 +15,7 @@ import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from functools import partial
 from typing import Any, Generic, TypeVar, overload
 
@@ -87,6 +87,7 @@ class _Addressing(Generic[S]):
 
     session: S
     error_queue: str | QueueAddress | None
+    audit_queue: str | QueueAddress | bool | None
 
     def address(self, queue: str | QueueAddress) -> QueueAddress:
         dialect = self.session.dialect
@@ -117,6 +118,18 @@ class _Addressing(Generic[S]):
         if address.schema is None and queue is not None:
             address = queue.sibling(address.table)
         return address
+
+    def audit_address(self, queue: QueueAddress) -> QueueAddress | None:
+        """Where processed messages of ``queue`` are copied: None when the client does not audit.
+
+        ``audit_queue=True`` means ``audit``; like the error queue, an audit queue named without a
+        schema lives in the queue's own schema, where ``create_queue`` creates it.
+        """
+        chosen = self.audit_queue
+        if chosen is None or chosen is False:
+            return None
+        address = self.address(defaults.AUDIT_QUEUE if chosen is True else chosen)
+        return queue.sibling(address.table) if address.schema is None else address
 
     # Operation builders shared by the sync and async clients: argument checks live here once.
 
@@ -244,13 +257,37 @@ class _Addressing(Generic[S]):
         claims: Mapping[str | QueueAddress, Token | Iterable[Token]],
         sends: Mapping[str | QueueAddress, Message | Iterable[Message]],
         notify: bool,
+        started: Mapping[uuid.UUID, datetime] | None,
     ) -> ops.Operation[int]:
+        settled = [(self.address(queue), as_tokens(tokens)) for queue, tokens in claims.items()]
+        audit = {address: where for address, _ in settled if (where := self.audit_address(address)) is not None}
         return ops.forward(
             self.session.dialect,
-            [(self.address(queue), as_tokens(tokens)) for queue, tokens in claims.items()],
+            settled,
             [(self.address(queue), as_messages(messages)) for queue, messages in sends.items()],
             notify,
+            audit,
+            started,
         )
+
+    def _ack_op(
+        self, queue: str | QueueAddress, tokens: Token | Iterable[Token], started: Mapping[uuid.UUID, datetime] | None
+    ) -> ops.Operation[set[uuid.UUID]]:
+        address = self.address(queue)
+        audit_address = self.audit_address(address)
+        if audit_address is None:
+            return ops.ack(self.session.dialect, address, as_tokens(tokens))
+        return ops.ack_audited(self.session.dialect, address, as_tokens(tokens), audit_address, started or {})
+
+    def _audit_op(
+        self, queue: str | QueueAddress, message: ReceivedMessage, started: datetime
+    ) -> ops.Operation[None] | None:
+        """The audit copy of a message just processed; None when the client does not audit."""
+        address = self.address(queue)
+        audit_address = self.audit_address(address)
+        if audit_address is None:
+            return None
+        return ops.audit(self.session.dialect, address, audit_address, [message], {message.id: started})
 
     def _move_to_error_op(
         self,
@@ -278,9 +315,15 @@ class QueueClient(_Addressing[Session]):
     thread a client of its own.
     """
 
-    def __init__(self, session: Session, error_queue: str | QueueAddress | None = None) -> None:
+    def __init__(
+        self,
+        session: Session,
+        error_queue: str | QueueAddress | None = None,
+        audit_queue: str | QueueAddress | bool | None = None,
+    ) -> None:
         self.session = session
         self.error_queue = error_queue
+        self.audit_queue = audit_queue
         self._lock = threading.RLock()
 
     def _run(self, op: ops.Operation[T]) -> T:
@@ -289,9 +332,14 @@ class QueueClient(_Addressing[Session]):
             return self.session.run(op)
 
     @classmethod
-    def connect(cls, target: Any, error_queue: str | QueueAddress | None = None) -> QueueClient:
+    def connect(
+        cls,
+        target: Any,
+        error_queue: str | QueueAddress | None = None,
+        audit_queue: str | QueueAddress | bool | None = None,
+    ) -> QueueClient:
         """Open a client from a URI/DSN (owned connection) or wrap an existing DB-API connection (borrowed)."""
-        return cls(open_session(target), error_queue)
+        return cls(open_session(target), error_queue, audit_queue)
 
     @property
     def connection(self) -> Any:
@@ -318,7 +366,8 @@ class QueueClient(_Addressing[Session]):
         body_string: bool = False,
         delayed: bool = True,
     ) -> list[QueueAddress]:
-        """Create the queue, its error queue, optionally its ``Endpoint.Machine`` secondary, the claim
+        """Create the queue, its error queue, its audit queue (when the client audits), optionally its
+        ``Endpoint.Machine`` secondary, the claim
         store, and (``delayed``) its delayed-message table ``<queue>.Delayed``, as an NServiceBus
         endpoint's installer does.
 
@@ -327,6 +376,9 @@ class QueueClient(_Addressing[Session]):
         """
         address = self.address(queue)
         addresses = [address, self.error_address(error_queue, address)]
+        audit_address = self.audit_address(address)
+        if audit_address is not None:
+            addresses.append(audit_address)
         if secondary is not None:
             addresses.append(address.secondary(secondary))
         dialect = self.session.dialect
@@ -471,12 +523,16 @@ class QueueClient(_Addressing[Session]):
         """Receive in ``native`` mode: the block runs inside the receive transaction.
 
         Leaving the block normally commits the receive together with anything the block did on
-        :attr:`connection`; an exception rolls both back and the message stays in the queue.
-        Yields None when the queue is empty.
+        :attr:`connection` (and the message's audit copy, when the client audits); an exception
+        rolls them all back and the message stays in the queue. Yields None when the queue is empty.
         """
         with self._lock, self.session.transaction():
             received = ops.drive(self._receive_op(queue, 1, error_queue, atomic=True), self.session.execute)
+            started = datetime.now(timezone.utc)
             yield received[0] if received else None
+            audit = self._audit_op(queue, received[0], started) if received else None
+            if audit is not None:
+                ops.drive(audit, self.session.execute)
 
     def claim(
         self,
@@ -531,17 +587,32 @@ class QueueClient(_Addressing[Session]):
         return self._run(self._take_op(queue, tokens, lease, holder or default_holder(), limit, error_queue))
 
     @overload
-    def ack(self, queue: str | QueueAddress, tokens: Token) -> bool: ...  # type: ignore[overload-overlap]  # str is Iterable too; this overload wins, as at run time
+    def ack(  # type: ignore[overload-overlap]  # str is Iterable too; this overload wins, as at run time
+        self, queue: str | QueueAddress, tokens: Token, *, started: Mapping[uuid.UUID, datetime] | None = None
+    ) -> bool: ...
     @overload
-    def ack(self, queue: str | QueueAddress, tokens: Iterable[Token]) -> set[uuid.UUID]: ...
-    def ack(self, queue: str | QueueAddress, tokens: Token | Iterable[Token]) -> bool | set[uuid.UUID]:
+    def ack(
+        self,
+        queue: str | QueueAddress,
+        tokens: Iterable[Token],
+        *,
+        started: Mapping[uuid.UUID, datetime] | None = None,
+    ) -> set[uuid.UUID]: ...
+    def ack(
+        self,
+        queue: str | QueueAddress,
+        tokens: Token | Iterable[Token],
+        *,
+        started: Mapping[uuid.UUID, datetime] | None = None,
+    ) -> bool | set[uuid.UUID]:
         """Acknowledge claims (one statement for any number).
 
         For one token: False means the lease ran out and someone else took the message. For many:
-        the tokens that were still held.
+        the tokens that were still held. When the client audits, each acknowledged message is
+        copied to the audit queue in the same transaction; ``started`` (message id -> time) says
+        when its processing began, for the copy's ``NServiceBus.ProcessingStarted``.
         """
-        held = self._run(ops.ack(self.session.dialect, self.address(queue), as_tokens(tokens)))
-        return one_or_many(tokens, held)
+        return one_or_many(tokens, self._run(self._ack_op(queue, tokens, started)))
 
     @overload
     def nack(  # type: ignore[overload-overlap]  # str is Iterable too; this overload wins, as at run time
@@ -592,15 +663,16 @@ class QueueClient(_Addressing[Session]):
         sends: Mapping[str | QueueAddress, Message | Iterable[Message]],
         *,
         notify: bool = False,
+        started: Mapping[uuid.UUID, datetime] | None = None,
     ) -> int:
         """Acknowledge ``claims`` ({queue: tokens}) and send ``sends`` ({queue: messages}) in one transaction.
 
         Raises :class:`~.errors.LeaseLostError`, having sent and acknowledged nothing, when a claim
         is no longer held: the message may be with another consumer, whose result will be the one
         sent. Between stages in one database this makes the hand-off exactly-once. Returns how many
-        messages were sent.
+        messages were sent. Audit copies, when the client audits, are made as :meth:`ack` makes them.
         """
-        return self._run(self._forward_op(claims, sends, notify))
+        return self._run(self._forward_op(claims, sends, notify, started))
 
     def fail(
         self,
@@ -682,13 +754,24 @@ class QueueClient(_Addressing[Session]):
 class AsyncQueueClient(_Addressing[AsyncSession]):
     """The asyncio twin of :class:`QueueClient`, used by the message pump and Airflow triggers."""
 
-    def __init__(self, session: AsyncSession, error_queue: str | QueueAddress | None = None) -> None:
+    def __init__(
+        self,
+        session: AsyncSession,
+        error_queue: str | QueueAddress | None = None,
+        audit_queue: str | QueueAddress | bool | None = None,
+    ) -> None:
         self.session = session
         self.error_queue = error_queue
+        self.audit_queue = audit_queue
 
     @classmethod
-    async def connect(cls, target: Any, error_queue: str | QueueAddress | None = None) -> AsyncQueueClient:
-        return cls(await open_async_session(target), error_queue)
+    async def connect(
+        cls,
+        target: Any,
+        error_queue: str | QueueAddress | None = None,
+        audit_queue: str | QueueAddress | bool | None = None,
+    ) -> AsyncQueueClient:
+        return cls(await open_async_session(target), error_queue, audit_queue)
 
     @property
     def connection(self) -> Any:
@@ -747,7 +830,11 @@ class AsyncQueueClient(_Addressing[AsyncSession]):
     ) -> AsyncIterator[ReceivedMessage | None]:
         async with self.session.transaction():
             received = await ops.drive_async(self._receive_op(queue, 1, error_queue, atomic=True), self.session.execute)
+            started = datetime.now(timezone.utc)
             yield received[0] if received else None
+            audit = self._audit_op(queue, received[0], started) if received else None
+            if audit is not None:
+                await ops.drive_async(audit, self.session.execute)
 
     async def claim(
         self,
@@ -774,9 +861,15 @@ class AsyncQueueClient(_Addressing[AsyncSession]):
     ) -> list[ReceivedMessage]:
         return await self.session.run(self._claim_op(queue, max_messages, lease, max_deliveries, error_queue, None))
 
-    async def ack(self, queue: str | QueueAddress, tokens: Token | Iterable[Token]) -> set[uuid.UUID]:
-        """Acknowledge claims; returns the tokens that were still held."""
-        return await self.session.run(ops.ack(self.session.dialect, self.address(queue), as_tokens(tokens)))
+    async def ack(
+        self,
+        queue: str | QueueAddress,
+        tokens: Token | Iterable[Token],
+        *,
+        started: Mapping[uuid.UUID, datetime] | None = None,
+    ) -> set[uuid.UUID]:
+        """Acknowledge claims (and audit them, as :meth:`QueueClient.ack`); returns the tokens that were still held."""
+        return await self.session.run(self._ack_op(queue, tokens, started))
 
     async def nack(
         self,

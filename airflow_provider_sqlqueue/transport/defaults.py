@@ -14,6 +14,10 @@ from datetime import timedelta
 #: Name of the error queue; an error queue named without a schema lives in the queue's own schema.
 ERROR_QUEUE = "error"
 
+#: Name of the audit queue a client or pump copies processed messages to when auditing is on
+#: (``audit_queue=True``); named without a schema, like the error queue, it is in the queue's schema.
+AUDIT_QUEUE = "audit"
+
 #: How long a claim stays reserved without being renewed (the hand-off lease).
 LEASE = timedelta(minutes=2)
 

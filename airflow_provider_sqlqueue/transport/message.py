@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import socket
 import traceback
 import uuid
 from collections.abc import Iterable, Mapping
@@ -44,6 +45,13 @@ SUBSCRIPTION_TEXT_LIMIT = 200
 #: Where a delayed message goes when it is due: set by the store, read and removed by the mover.
 FORWARD_DESTINATION = "NServiceBus.SqlServer.ForwardDestination"
 DELIVERY_COUNT = "SqlQueue.DeliveryCount"
+#: What NServiceBus adds to the copy of a processed message it sends to the audit queue.
+PROCESSING_STARTED = "NServiceBus.ProcessingStarted"
+PROCESSING_ENDED = "NServiceBus.ProcessingEnded"
+PROCESSING_ENDPOINT = "NServiceBus.ProcessingEndpoint"
+PROCESSING_MACHINE = "NServiceBus.ProcessingMachine"
+HOST_ID = "$.diagnostics.hostid"
+HOST_DISPLAY_NAME = "$.diagnostics.hostdisplayname"
 
 #: Headers written when a message is moved to the error queue; removed again on retry.
 FAILURE_HEADERS = (
@@ -376,7 +384,9 @@ class ReceivedMessage:
 
         ``body`` is the parsed JSON when the content type says JSON (and it parses), else the text
         when the bytes are UTF-8, else base64; ``body_encoding`` says which (``json``, ``text``,
-        ``base64``). ``queue`` and ``claim_token`` are what ``ack``/``nack`` need later.
+        ``base64``). ``queue`` and ``claim_token`` are what ``ack``/``nack`` need later;
+        ``received_at`` (ISO 8601, UTC: when the dict was made, right after the receive) becomes the
+        audit copy's ``NServiceBus.ProcessingStarted``.
         """
         body: object
         try:
@@ -398,6 +408,7 @@ class ReceivedMessage:
             "body_encoding": encoding,
             "claim_token": None if self.claim_token is None else str(self.claim_token),
             "deliveries": self.deliveries,
+            "received_at": datetime.now(timezone.utc).isoformat(),
         }
 
 
@@ -462,6 +473,24 @@ def failure_headers(headers: Headers, source_address: str, error: BaseException 
     result[EXCEPTION_MESSAGE] = failure.message
     result[EXCEPTION_SOURCE] = failure.source
     result[EXCEPTION_STACK_TRACE] = failure.stack_trace
+    return result
+
+
+def audit_headers(headers: Headers, endpoint: str, started: datetime, ended: datetime) -> Headers:
+    """Headers of the audit copy of a processed message, as NServiceBus's auditing writes them.
+
+    ``endpoint`` is the queue that processed it (an NServiceBus endpoint is named after its input
+    queue); the machine and host headers name this host, so ServiceControl groups the copies
+    by endpoint instance as it does NServiceBus's own.
+    """
+    machine = socket.gethostname()
+    result = dict(headers)
+    result[PROCESSING_STARTED] = wire_timestamp(started)
+    result[PROCESSING_ENDED] = wire_timestamp(ended)
+    result[PROCESSING_ENDPOINT] = endpoint
+    result[PROCESSING_MACHINE] = machine
+    result[HOST_ID] = str(uuid.uuid5(uuid.NAMESPACE_DNS, machine))
+    result[HOST_DISPLAY_NAME] = machine
     return result
 
 

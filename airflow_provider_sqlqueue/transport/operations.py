@@ -28,10 +28,13 @@ from .message import (
     ENCLOSED_MESSAGE_TYPES,
     FAILED_QUEUE,
     FORWARD_DESTINATION,
+    MESSAGE_ID,
     MESSAGE_INTENT,
     Failure,
+    Headers,
     Message,
     ReceivedMessage,
+    audit_headers,
     decode_headers,
     encode_headers,
     failure_headers,
@@ -685,6 +688,72 @@ def ack(d: Dialect, address: QueueAddress, tokens: Sequence[uuid.UUID]) -> Opera
     return {as_uuid(row[0]) for row in rows}
 
 
+def ack_audited(
+    d: Dialect,
+    address: QueueAddress,
+    tokens: Sequence[uuid.UUID],
+    audit_address: QueueAddress,
+    started: Mapping[uuid.UUID, datetime],
+) -> Operation[set[uuid.UUID]]:
+    """Finish claims and copy each finished message to the audit queue, in one transaction.
+
+    Both happen or neither: no message is audited without being acknowledged, none acknowledged
+    without its audit copy. A claim no longer held is neither. ``started`` says when the
+    processing of each message (by id) began; one missing from it is stamped with the ack's time.
+    """
+    params = {"tokens": d.token_list(tokens), "queue": d.claim_key(address)}
+    rows = yield Step(d.ack_copy_sql(address), params, Fetch.ALL, d.qualified_name(address))
+    copies = [(as_uuid(message_id), headers_text, body) for _token, message_id, headers_text, body in rows]
+    yield from _audit_copies(d, address, audit_address, copies, started)
+    return {as_uuid(row[0]) for row in rows}
+
+
+def audit(
+    d: Dialect,
+    address: QueueAddress,
+    audit_address: QueueAddress,
+    messages: Sequence[ReceivedMessage],
+    started: Mapping[uuid.UUID, datetime],
+) -> Operation[None]:
+    """Copy messages received from ``address`` and processed to the audit queue.
+
+    Run it in the transaction of their native receive, so that the copy commits with the receive.
+    """
+    yield from _audit_copies(d, address, audit_address, [(m.id, m.headers, m.body) for m in messages], started)
+
+
+def _audit_copies(
+    d: Dialect,
+    address: QueueAddress,
+    audit_address: QueueAddress,
+    copies: Sequence[tuple[uuid.UUID, Headers | str | None, bytes | None]],
+    started: Mapping[uuid.UUID, datetime],
+) -> Operation[None]:
+    """Insert the audit copies of processed messages, as NServiceBus's auditing sends them.
+
+    Each copy is a new row (its own row id, never expiring) whose ``NServiceBus.MessageId``
+    still names the original, with the processing headers added.
+    """
+    if not copies:
+        return
+    shape = yield from table_shape(d, audit_address)
+    ended = datetime.now(timezone.utc)
+    rows: list[SendRow] = []
+    for message_id, headers, body in copies:
+        if not isinstance(headers, dict):
+            try:
+                headers = decode_headers(headers)
+            except InvalidHeadersError:  # a claim with unreadable headers goes to the error queue, never out
+                raise SqlQueueError(f"acknowledged message {message_id} has unreadable headers") from None
+        copy = audit_headers(headers, address.table, started.get(message_id, ended), ended)
+        copy.setdefault(MESSAGE_ID, str(message_id))
+        rows.append((uuid.uuid4(), None, encode_headers(copy, ascii_only=shape.ascii_headers), bytes(body or b"")))
+    yield from _insert(d, audit_address, shape, rows)
+    log.debug(
+        "Audited %d message(s) of %s in %s", len(rows), d.qualified_name(address), d.qualified_name(audit_address)
+    )
+
+
 @autocommitted
 def nack(
     d: Dialect, address: QueueAddress, tokens: Sequence[uuid.UUID], failure: Failure | None, delay_ms: int
@@ -713,16 +782,23 @@ def forward(
     claims: Sequence[tuple[QueueAddress, Sequence[uuid.UUID]]],
     sends: Sequence[tuple[QueueAddress, Sequence[Message]]],
     notify: bool = False,
+    audit: Mapping[QueueAddress, QueueAddress] | None = None,
+    started: Mapping[uuid.UUID, datetime] | None = None,
 ) -> Operation[int]:
     """Acknowledge ``claims`` and send ``sends`` in one transaction: both happen, or neither.
 
     If any claim is no longer held (its lease ran out and someone else may be handling the
     message) :class:`LeaseLostError` is raised and the caller's transaction rolls the whole
-    forward back, so a stage's result is never sent twice for one message.
+    forward back, so a stage's result is never sent twice for one message. The claims of a queue
+    that ``audit`` maps to an audit queue are audited as :func:`ack_audited` does.
     """
     for address, tokens in claims:
         wanted = set(tokens)
-        held = yield from ack(d, address, list(wanted))
+        audit_address = (audit or {}).get(address)
+        if audit_address is None:
+            held = yield from ack(d, address, list(wanted))
+        else:
+            held = yield from ack_audited(d, address, list(wanted), audit_address, started or {})
         if held != wanted:
             raise LeaseLostError(d.qualified_name(address), sorted(str(token) for token in wanted - held))
     sent = 0

@@ -16,9 +16,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from . import defaults
@@ -106,6 +107,11 @@ class MessagePump:
     ``max_deliveries`` bounds how often one message is handed to a failing handler before it is
     moved to the error queue (``native`` and ``claim`` modes; in ``none`` mode a failed message is
     copied to the error queue at once since it is already gone from the queue).
+
+    With an ``audit_queue`` every message a handler processed is copied there with NServiceBus's
+    processing headers: in the transaction of its ack (``claim``) or of its receive (``native``),
+    so the copy exists exactly when the message is done; in ``none`` mode, where the receive has
+    already committed, right after the handler, on a best-effort basis like the error copy.
     """
 
     def __init__(
@@ -127,6 +133,7 @@ class MessagePump:
         breaker_alarm: float = defaults.BREAKER_ALARM_SECONDS,
         batch_handler: BatchHandler | None = None,
         move_delayed: bool = True,
+        audit_queue: QueueAddress | None = None,
     ) -> None:
         if (handler is None) == (batch_handler is None):
             raise ValueError("give a handler (one message at a time) or a batch_handler (native mode), not both")
@@ -147,6 +154,7 @@ class MessagePump:
         self.dialect.validate_address(queue)
         self.queue = queue
         self.error_queue = error_queue or queue.sibling(defaults.ERROR_QUEUE)
+        self.audit_queue = audit_queue
         self.handler = handler
         self.batch_handler = batch_handler
         self.transaction_mode = TransactionMode(transaction_mode)
@@ -312,32 +320,40 @@ class MessagePump:
                 )
         if not messages:
             return 0
+        started: dict[uuid.UUID, datetime] = {}
         if self.transaction_mode is TransactionMode.NONE:
-            outcomes = await self._handle_all(messages)
+            outcomes = await self._handle_all(messages, started)
             for message, error in zip(messages, outcomes, strict=True):
                 if error is not None:
                     await self._copy_to_error(message, error)
+            await self._copy_to_audit(
+                [m for m, error in zip(messages, outcomes, strict=True) if error is None], started
+            )
             return len(messages)
         tokens = [message.claim_token for message in messages]
         renewing = asyncio.create_task(self._renew(tokens))
         try:
-            outcomes = await self._handle_all(messages)
+            outcomes = await self._handle_all(messages, started)
         finally:
             renewing.cancel()
-        await self._settle(messages, outcomes)
+        await self._settle(messages, outcomes, started)
         return len(messages)
 
-    async def _handle_all(self, messages: list[ReceivedMessage]) -> list[BaseException | None]:
+    async def _handle_all(
+        self, messages: list[ReceivedMessage], started: dict[uuid.UUID, datetime]
+    ) -> list[BaseException | None]:
         """Run the handler on every message, at most ``max_concurrency`` at once; each one's failure or None.
 
         ``max_concurrency`` workers take the batch's messages in order, rather than a task per
-        message: a batch of hundreds costs a few tasks, not hundreds.
+        message: a batch of hundreds costs a few tasks, not hundreds. ``started`` gets when each
+        message's handler began (by message id), for its audit copy.
         """
         outcomes: list[BaseException | None] = [None] * len(messages)
         next_index = iter(range(len(messages)))
 
         async def worker() -> None:
             for index in next_index:
+                started[messages[index].id] = datetime.now(timezone.utc)
                 outcomes[index] = await self._handle(messages[index], None)
 
         workers = min(self.max_concurrency, len(messages))
@@ -355,12 +371,28 @@ class MessagePump:
         except Exception as exc:  # best effort: the failure is logged, the pump goes on
             log.error("Queue %s: could not copy failed message %s to the error queue: %s", self.name, message.id, exc)
 
-    async def _settle(self, messages: list[ReceivedMessage], outcomes: list[BaseException | None]) -> None:
-        """Acknowledge the handled claims in one statement; give each failed one back with its failure."""
+    async def _copy_to_audit(self, messages: list[ReceivedMessage], started: dict[uuid.UUID, datetime]) -> None:
+        """``none`` mode: the processed messages are already gone from the queue; copy them to the audit queue."""
+        if self.audit_queue is None or not messages:
+            return
+        try:
+            async with self.pool.session() as session:
+                await session.run(ops.audit(self.dialect, self.queue, self.audit_queue, messages, started))
+        except Exception as exc:  # best effort: the failure is logged, the pump goes on
+            log.error(
+                "Queue %s: could not copy %d processed message(s) to the audit queue: %s", self.name, len(messages), exc
+            )
+
+    async def _settle(
+        self, messages: list[ReceivedMessage], outcomes: list[BaseException | None], started: dict[uuid.UUID, datetime]
+    ) -> None:
+        """Acknowledge the handled claims in one statement (with their audit copies); give each failed one back."""
         done = [m.claim_token for m, error in zip(messages, outcomes, strict=True) if error is None and m.claim_token]
         held: set[Any] = set()
         async with self.pool.session() as session:
-            if done:
+            if done and self.audit_queue is not None:
+                held |= await session.run(ops.ack_audited(self.dialect, self.queue, done, self.audit_queue, started))
+            elif done:
                 held |= await session.run(ops.ack(self.dialect, self.queue, done))
             for message, error in zip(messages, outcomes, strict=True):
                 if error is not None and message.claim_token is not None:
@@ -430,11 +462,13 @@ class MessagePump:
                     if batch:
                         for message in batch:
                             self._note_ttbr(message)
+                        started = datetime.now(timezone.utc)
                         try:
                             await batch_handler(batch, session.connection)
                         except Exception as exc:  # the batch's failure rolls it back; the pump goes on
                             outcome = exc
                             raise _Rollback from exc
+                        await self._audit_in(session, batch, dict.fromkeys((m.id for m in batch), started))
             except _Rollback:
                 pass
         if self._isolating:
@@ -515,9 +549,11 @@ class MessagePump:
                     if await self._dead_letter_if_exhausted(session, message):
                         self.failures.forget(message.id)
                         return True
+                    started = datetime.now(timezone.utc)
                     outcome = await self._handle(message, session.connection)
                     if outcome is not None:
                         raise _Rollback
+                    await self._audit_in(session, [message], {message.id: started})
             except _Rollback:
                 pass
         if message is not None:
@@ -526,6 +562,15 @@ class MessagePump:
             else:
                 self.failures.record(message.id, outcome)
         return True
+
+    async def _audit_in(
+        self, session: AsyncSession, messages: list[ReceivedMessage], started: dict[uuid.UUID, datetime]
+    ) -> None:
+        """In a native receive transaction: the audit copies of the messages just handled, committed with it."""
+        if self.audit_queue is not None:
+            await ops.drive_async(
+                ops.audit(self.dialect, self.queue, self.audit_queue, messages, started), session.execute
+            )
 
     async def _renew(self, tokens: list[Any]) -> None:
         """Renew a handler's claim every third of the lease while it runs, so a long handler keeps its message."""

@@ -88,6 +88,9 @@ SELECT COUNT_BIG(*) FROM [dbo].[sqlqueue_inflight] WITH (READPAST, READCOMMITTED
 -- plain: ack
 DECLARE @tokens nvarchar(max) = @p_tokens, @queue nvarchar(450) = @p_queue; WITH settled AS (SELECT * FROM [dbo].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) DELETE FROM settled OUTPUT deleted.Token;
 
+-- plain: ack_copy
+DECLARE @tokens nvarchar(max) = @p_tokens, @queue nvarchar(450) = @p_queue; WITH settled AS (SELECT * FROM [dbo].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) DELETE FROM settled OUTPUT deleted.Token, deleted.Id, deleted.Headers, deleted.Body;
+
 -- plain: nack
 DECLARE @delay_ms bigint = @p_delay_ms, @error nvarchar(max) = @p_error, @tokens nvarchar(max) = @p_tokens, @queue nvarchar(450) = @p_queue; WITH given AS (SELECT * FROM [dbo].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE given SET LeaseUntil = DATEADD(millisecond, @delay_ms % 86400000, DATEADD(day, @delay_ms / 86400000, SYSUTCDATETIME())), LastError = @error OUTPUT inserted.Token;
 
@@ -216,6 +219,9 @@ SELECT COUNT_BIG(*) FROM [sa]]les].[sqlqueue_inflight] WITH (READPAST, READCOMMI
 
 -- escaping: ack
 DECLARE @tokens nvarchar(max) = @p_tokens, @queue nvarchar(450) = @p_queue; WITH settled AS (SELECT * FROM [sa]]les].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) DELETE FROM settled OUTPUT deleted.Token;
+
+-- escaping: ack_copy
+DECLARE @tokens nvarchar(max) = @p_tokens, @queue nvarchar(450) = @p_queue; WITH settled AS (SELECT * FROM [sa]]les].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) DELETE FROM settled OUTPUT deleted.Token, deleted.Id, deleted.Headers, deleted.Body;
 
 -- escaping: nack
 DECLARE @delay_ms bigint = @p_delay_ms, @error nvarchar(max) = @p_error, @tokens nvarchar(max) = @p_tokens, @queue nvarchar(450) = @p_queue; WITH given AS (SELECT * FROM [sa]]les].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE given SET LeaseUntil = DATEADD(millisecond, @delay_ms % 86400000, DATEADD(day, @delay_ms / 86400000, SYSUTCDATETIME())), LastError = @error OUTPUT inserted.Token;
@@ -346,6 +352,9 @@ SELECT COUNT_BIG(*) FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (READPAST, R
 -- catalog: ack
 DECLARE @tokens nvarchar(max) = @p_tokens, @queue nvarchar(450) = @p_queue; WITH settled AS (SELECT * FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) DELETE FROM settled OUTPUT deleted.Token;
 
+-- catalog: ack_copy
+DECLARE @tokens nvarchar(max) = @p_tokens, @queue nvarchar(450) = @p_queue; WITH settled AS (SELECT * FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) DELETE FROM settled OUTPUT deleted.Token, deleted.Id, deleted.Headers, deleted.Body;
+
 -- catalog: nack
 DECLARE @delay_ms bigint = @p_delay_ms, @error nvarchar(max) = @p_error, @tokens nvarchar(max) = @p_tokens, @queue nvarchar(450) = @p_queue; WITH given AS (SELECT * FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE given SET LeaseUntil = DATEADD(millisecond, @delay_ms % 86400000, DATEADD(day, @delay_ms / 86400000, SYSUTCDATETIME())), LastError = @error OUTPUT inserted.Token;
 
@@ -474,6 +483,9 @@ SELECT COUNT_BIG(*) FROM [ünï].[sqlqueue_inflight] WITH (READPAST, READCOMMITT
 
 -- unicode: ack
 DECLARE @tokens nvarchar(max) = @p_tokens, @queue nvarchar(450) = @p_queue; WITH settled AS (SELECT * FROM [ünï].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) DELETE FROM settled OUTPUT deleted.Token;
+
+-- unicode: ack_copy
+DECLARE @tokens nvarchar(max) = @p_tokens, @queue nvarchar(450) = @p_queue; WITH settled AS (SELECT * FROM [ünï].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) DELETE FROM settled OUTPUT deleted.Token, deleted.Id, deleted.Headers, deleted.Body;
 
 -- unicode: nack
 DECLARE @delay_ms bigint = @p_delay_ms, @error nvarchar(max) = @p_error, @tokens nvarchar(max) = @p_tokens, @queue nvarchar(450) = @p_queue; WITH given AS (SELECT * FROM [ünï].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE given SET LeaseUntil = DATEADD(millisecond, @delay_ms % 86400000, DATEADD(day, @delay_ms / 86400000, SYSUTCDATETIME())), LastError = @error OUTPUT inserted.Token;

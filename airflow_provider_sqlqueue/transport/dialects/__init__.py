@@ -384,6 +384,10 @@ class Dialect(ABC):
         """Params tokens, queue: delete the queue's claims; rows: the tokens that were still held."""
 
     @abstractmethod
+    def ack_copy_sql(self, address: QueueAddress) -> str:
+        """As :meth:`ack_sql`, with rows (Token, Id, Headers, Body): what an audit copy of each is made of."""
+
+    @abstractmethod
     def nack_sql(self, address: QueueAddress) -> str:
         """Params delay_ms, error, tokens, queue: end leases so the messages come again after delay_ms.
 

@@ -425,6 +425,13 @@ class PostgresDialect(Dialect):
         f = self.qualified_name(self.inflight_address(address))
         return f"DELETE FROM {f} WHERE Token = ANY(%(tokens)s::uuid[]) AND Queue = %(queue)s RETURNING Token"
 
+    def ack_copy_sql(self, address: QueueAddress) -> str:
+        f = self.qualified_name(self.inflight_address(address))
+        return (
+            f"DELETE FROM {f} WHERE Token = ANY(%(tokens)s::uuid[]) AND Queue = %(queue)s "
+            "RETURNING Token, Id, Headers, Body"
+        )
+
     def nack_sql(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
         return (

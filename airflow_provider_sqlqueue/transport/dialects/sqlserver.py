@@ -675,6 +675,14 @@ class SqlServerDialect(Dialect):
             "DELETE FROM settled OUTPUT deleted.Token"
         )
 
+    def ack_copy_sql(self, address: QueueAddress) -> str:
+        f = self.qualified_name(self.inflight_address(address))
+        return (
+            "DECLARE @tokens nvarchar(max) = %(tokens)s, @queue nvarchar(450) = %(queue)s; "
+            f"WITH settled AS (SELECT * FROM {f} WHERE Queue = @queue AND Token IN ({_TOKENS})) "
+            "DELETE FROM settled OUTPUT deleted.Token, deleted.Id, deleted.Headers, deleted.Body"
+        )
+
     def nack_sql(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
         return (
