@@ -62,8 +62,15 @@ def get_provider_info() -> dict[str, Any]:
                         "description": "Queue that poison and failed messages are moved to (NServiceBus default: error).",
                         "schema": {"type": ["string", "null"], "default": "error"},
                     },
+                    "audit_queue": {
+                        "label": "Audit queue",
+                        "description": "Queue that acknowledged messages are copied to, with NServiceBus's processing "
+                        "headers (NServiceBus default: audit); empty for no audit copies.",
+                        "schema": {"type": ["string", "null"], "default": None},
+                    },
                 },
             }
         ],
+        "cli": ["airflow_provider_sqlqueue.cli.airflow_commands"],
         "queues": ["airflow_provider_sqlqueue.queues.sqlqueue.SqlQueueMessageQueueProvider"],
     }

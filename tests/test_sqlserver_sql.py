@@ -71,6 +71,7 @@ STATEMENTS: dict[str, Statement] = {
     "insert_error": lambda d, a, e: d.insert_error_sql(e, SHAPE),
     "insert_error_legacy": lambda d, a, e: d.insert_error_sql(e, LEGACY_SHAPE),
     "browse": lambda d, a, e: d.browse_sql(a),
+    "newest_headers": lambda d, a, e: d.newest_headers_sql(e),
     "peek_error_rows": lambda d, a, e: d.peek_error_rows_sql(e),
     "delete_by_seq": lambda d, a, e: d.delete_by_seq_sql(e),
     "claim": lambda d, a, e: d.claim_sql(a),
@@ -94,6 +95,8 @@ STATEMENTS: dict[str, Statement] = {
     "subscribe": lambda d, a, e: d.subscribe_sql(a.sibling("SubscriptionRouting")),
     "unsubscribe": lambda d, a, e: d.unsubscribe_sql(a.sibling("SubscriptionRouting")),
     "subscribers": lambda d, a, e: d.subscribers_sql(a.sibling("SubscriptionRouting")),
+    "grant_schema_usage": lambda d, a, e: list(d.grant_schema_usage_sql(a, "app]rt")),
+    "grant_runtime": lambda d, a, e: list(d.grant_runtime_sql(a, "app]rt", sequence=True)),
 }
 #: Dialect methods that return no statement, and statement variants tested under another name.
 NOT_STATEMENTS = {
@@ -166,6 +169,9 @@ def test_every_statement_parses_as_tsql_and_names_exactly_the_queue_tables(label
     for name, sql in statements(address):
         parsed = parse(sql)
         tables = {(t.catalog, t.db, t.name) for p in parsed for t in p.find_all(exp.Table) if t.db and t.db != "sys"}
+        if name.startswith("grant_"):  # GRANT names objects by schema only, after USE of the queue's database
+            assert sql.startswith(f"USE {tsql.quote_ident(address.catalog)}; ") if address.catalog else "USE" not in sql
+            tables = {(address.catalog or "", db, table) for _, db, table in tables}
         assert tables <= expected_tables, (name, tables)
         catalog_views = {t.catalog for p in parsed for t in p.find_all(exp.Table) if t.db == "sys"}
         assert catalog_views <= {address.catalog or ""}, (name, catalog_views)  # the queue's database's views
@@ -196,6 +202,7 @@ def test_placeholder_names_match_the_parameters_the_operations_pass():
         "insert_error": {"id", "headers", "body"},
         "insert_error_legacy": {"id", "headers", "body"},
         "browse": {"limit"},
+        "newest_headers": {"limit"},
         "peek_error_rows": {"limit"},
         "delete_by_seq": {"seq"},
         "claim": claims | {"limit", "deliveries"},
@@ -229,6 +236,8 @@ def test_placeholder_names_match_the_parameters_the_operations_pass():
         "subscribe": {"address", "endpoint", "topic"},
         "unsubscribe": {"endpoint", "topic"},
         "subscribers": {"topics"},
+        "grant_schema_usage": set(),
+        "grant_runtime": set(),
     }
     for name, names in expected.items():
         produced = STATEMENTS[name](dialect, address, error)
@@ -463,6 +472,7 @@ SAMPLE_PARAMS: dict[str, dict[str, object]] = {
     "peek_with_claims": {"queue": "orders@[dbo]"},
     "count_inflight": {"queue": "orders@[dbo]"},
     "due_delayed": {"limit": 100},
+    "newest_headers": {"limit": 10_000},
     "delete_delayed": {"keys": dialect.key_list([1, 2, 2**40])},
     "subscribe": {"address": "Billing@[dbo]@[Shop's]", "endpoint": "Billing", "topic": "Shop.OrderPlaced"},
     "unsubscribe": {"endpoint": "Billing", "topic": "Shop.OrderPlaced"},

@@ -22,8 +22,10 @@ from typing import Any, Generic, TypeVar, overload
 from . import defaults
 from . import operations as ops
 from .addressing import QueueAddress
+from .dialects import Dialect
 from .drivers import AsyncSession, Session, open_async_session, open_session
 from .errors import InvalidQueueNameError, ObjectExistsError
+from .install import Installation, TableKind
 from .message import Failure, Message, ReceivedMessage, delivery_delay, duration, subscription_text, topic_names
 
 T = TypeVar("T")
@@ -82,15 +84,25 @@ def check_positive(name: str, value: int) -> int:
     return value
 
 
-class _Addressing(Generic[S]):
-    """Resolves queue names to validated addresses for the session's dialect."""
+class Addressing:
+    """Resolves queue names to validated addresses of one dialect, with a client's error and audit queues.
 
-    session: S
-    error_queue: str | QueueAddress | None
-    audit_queue: str | QueueAddress | bool | None
+    Clients are addressings over a connection; on its own it plans what an installer creates
+    (:meth:`installation`) without connecting, for the scripts a DBA reviews.
+    """
+
+    def __init__(
+        self,
+        dialect: Dialect,
+        error_queue: str | QueueAddress | None = None,
+        audit_queue: str | QueueAddress | bool | None = None,
+    ) -> None:
+        self.dialect = dialect
+        self.error_queue = error_queue
+        self.audit_queue = audit_queue
 
     def address(self, queue: str | QueueAddress) -> QueueAddress:
-        dialect = self.session.dialect
+        dialect = self.dialect
         if isinstance(queue, QueueAddress):
             dialect.validate_address(queue)
             return queue
@@ -100,12 +112,12 @@ class _Addressing(Generic[S]):
 
     def canonical_address(self, queue: str | QueueAddress) -> str:
         """The queue's address as NServiceBus writes it (``orders@[dbo]``, ``orders@"public"``): for logs and payloads."""
-        return self.session.dialect.format_address(self.address(queue))
+        return self.dialect.format_address(self.address(queue))
 
     @property
     def database(self) -> str:
         """The kind of database the client talks to (``postgres`` or ``sqlserver``)."""
-        return self.session.dialect.name
+        return self.dialect.name
 
     def error_address(self, error_queue: str | QueueAddress | None, queue: QueueAddress | None = None) -> QueueAddress:
         """The error queue of ``queue``: ``error_queue``, else the client's, else ``error``.
@@ -131,6 +143,43 @@ class _Addressing(Generic[S]):
         address = self.address(defaults.AUDIT_QUEUE if chosen is True else chosen)
         return queue.sibling(address.table) if address.schema is None else address
 
+    def installation(
+        self,
+        queue: str | QueueAddress,
+        *,
+        error_queue: str | QueueAddress | None = None,
+        secondary: str | None = None,
+        body_string: bool = False,
+        delayed: bool = True,
+    ) -> Installation:
+        """Every table ``create_queue`` makes for ``queue``, in the order it makes them."""
+        address = self.address(queue)
+        tables: list[tuple[TableKind, QueueAddress]] = [
+            (TableKind.QUEUE, address),
+            (TableKind.QUEUE, self.error_address(error_queue, address)),
+        ]
+        audit_address = self.audit_address(address)
+        if audit_address is not None:
+            tables.append((TableKind.QUEUE, audit_address))
+        if secondary is not None:
+            tables.append((TableKind.QUEUE, address.secondary(secondary)))
+        tables.append((TableKind.INFLIGHT, self.dialect.inflight_address(address)))
+        if delayed:
+            delayed_table = address.delayed()
+            try:
+                self.dialect.validate_address(delayed_table)
+            except InvalidQueueNameError as exc:
+                log.warning("Queue %s gets no delayed-message table, so no delayed delivery: %s", address, exc)
+            else:
+                tables.append((TableKind.DELAYED, delayed_table))
+        return Installation(self.dialect, tuple(tables), body_string)
+
+
+class _Addressing(Addressing, Generic[S]):
+    """A client's addressing, over a session of its dialect."""
+
+    session: S
+
     # Operation builders shared by the sync and async clients: argument checks live here once.
 
     def _send_op(
@@ -144,9 +193,9 @@ class _Addressing(Generic[S]):
         address = self.address(queue)
         wait = delivery_delay(delay, due)
         if wait is None:
-            return ops.send(self.session.dialect, address, batch, notify)
+            return ops.send(self.dialect, address, batch, notify)
         delay_ms = max(1, round(wait / timedelta(milliseconds=1)))
-        return ops.send_delayed(self.session.dialect, address, address.delayed(), batch, delay_ms)
+        return ops.send_delayed(self.dialect, address, address.delayed(), batch, delay_ms)
 
     def subscription_table(self, table: str | QueueAddress | None = None) -> QueueAddress:
         """NServiceBus's subscription table: ``table``, else ``SubscriptionRouting`` in the default schema."""
@@ -162,11 +211,11 @@ class _Addressing(Generic[S]):
         unsubscribe: bool = False,
     ) -> ops.Operation[None]:
         address = self.address(queue)
-        canonical = self.session.dialect.format_address(address)
+        canonical = self.dialect.format_address(address)
         endpoint = subscription_text("endpoint", address.table if endpoint is None else endpoint)
         subscription_text("queue address", canonical)
         names = topic_names(topics)
-        dialect, where = self.session.dialect, self.subscription_table(table)
+        dialect, where = self.dialect, self.subscription_table(table)
         if unsubscribe:
             return ops.unsubscribe(dialect, where, endpoint, names)
         return ops.subscribe(dialect, where, canonical, endpoint, names)
@@ -179,11 +228,11 @@ class _Addressing(Generic[S]):
         notify: bool,
     ) -> ops.Operation[list[QueueAddress]]:
         batch = as_messages(messages)
-        return ops.publish(self.session.dialect, self.subscription_table(table), topic_names(topics), batch, notify)
+        return ops.publish(self.dialect, self.subscription_table(table), topic_names(topics), batch, notify)
 
     def _move_due_op(self, queue: str | QueueAddress, batch_size: int) -> ops.Operation[int]:
         address = self.address(queue)
-        return ops.move_due(self.session.dialect, address, address.delayed(), check_positive("batch_size", batch_size))
+        return ops.move_due(self.dialect, address, address.delayed(), check_positive("batch_size", batch_size))
 
     def _receive_op(
         self,
@@ -195,9 +244,7 @@ class _Addressing(Generic[S]):
     ) -> ops.Operation[list[ReceivedMessage]]:
         check_positive("max_messages", max_messages)
         address = self.address(queue)
-        return ops.receive(
-            self.session.dialect, address, self.error_address(error_queue, address), max_messages, atomic=atomic
-        )
+        return ops.receive(self.dialect, address, self.error_address(error_queue, address), max_messages, atomic=atomic)
 
     def _claim_op(
         self,
@@ -212,7 +259,7 @@ class _Addressing(Generic[S]):
         check_positive("max_deliveries", max_deliveries)
         address = self.address(queue)
         return ops.claim(
-            self.session.dialect,
+            self.dialect,
             address,
             self.error_address(error_queue, address),
             max_messages,
@@ -233,7 +280,7 @@ class _Addressing(Generic[S]):
         check_positive("limit", limit)
         address = self.address(queue)
         return ops.take(
-            self.session.dialect,
+            self.dialect,
             address,
             self.error_address(error_queue, address),
             None if tokens is None else as_tokens(tokens),
@@ -250,7 +297,7 @@ class _Addressing(Generic[S]):
         delay: timedelta | float,
     ) -> ops.Operation[set[uuid.UUID]]:
         failure = None if error is None else Failure.of(error)
-        return ops.nack(self.session.dialect, self.address(queue), as_tokens(tokens), failure, delay_ms(delay))
+        return ops.nack(self.dialect, self.address(queue), as_tokens(tokens), failure, delay_ms(delay))
 
     def _forward_op(
         self,
@@ -262,7 +309,7 @@ class _Addressing(Generic[S]):
         settled = [(self.address(queue), as_tokens(tokens)) for queue, tokens in claims.items()]
         audit = {address: where for address, _ in settled if (where := self.audit_address(address)) is not None}
         return ops.forward(
-            self.session.dialect,
+            self.dialect,
             settled,
             [(self.address(queue), as_messages(messages)) for queue, messages in sends.items()],
             notify,
@@ -276,8 +323,8 @@ class _Addressing(Generic[S]):
         address = self.address(queue)
         audit_address = self.audit_address(address)
         if audit_address is None:
-            return ops.ack(self.session.dialect, address, as_tokens(tokens))
-        return ops.ack_audited(self.session.dialect, address, as_tokens(tokens), audit_address, started or {})
+            return ops.ack(self.dialect, address, as_tokens(tokens))
+        return ops.ack_audited(self.dialect, address, as_tokens(tokens), audit_address, started or {})
 
     def _audit_op(
         self, queue: str | QueueAddress, message: ReceivedMessage, started: datetime
@@ -287,7 +334,7 @@ class _Addressing(Generic[S]):
         audit_address = self.audit_address(address)
         if audit_address is None:
             return None
-        return ops.audit(self.session.dialect, address, audit_address, [message], {message.id: started})
+        return ops.audit(self.dialect, address, audit_address, [message], {message.id: started})
 
     def _move_to_error_op(
         self,
@@ -297,9 +344,7 @@ class _Addressing(Generic[S]):
         error_queue: str | QueueAddress | None,
     ) -> ops.Operation[None]:
         address = self.address(queue)
-        return ops.move_to_error(
-            self.session.dialect, address, self.error_address(error_queue, address), message, error
-        )
+        return ops.move_to_error(self.dialect, address, self.error_address(error_queue, address), message, error)
 
 
 class QueueClient(_Addressing[Session]):
@@ -321,9 +366,8 @@ class QueueClient(_Addressing[Session]):
         error_queue: str | QueueAddress | None = None,
         audit_queue: str | QueueAddress | bool | None = None,
     ) -> None:
+        super().__init__(session.dialect, error_queue, audit_queue)
         self.session = session
-        self.error_queue = error_queue
-        self.audit_queue = audit_queue
         self._lock = threading.RLock()
 
     def _run(self, op: ops.Operation[T]) -> T:
@@ -374,26 +418,12 @@ class QueueClient(_Addressing[Session]):
         Idempotent and safe to run from several processes at once. Needs the installer's rights
         (CREATE on the schema). Returns the addresses of the queue tables.
         """
-        address = self.address(queue)
-        addresses = [address, self.error_address(error_queue, address)]
-        audit_address = self.audit_address(address)
-        if audit_address is not None:
-            addresses.append(audit_address)
-        if secondary is not None:
-            addresses.append(address.secondary(secondary))
-        dialect = self.session.dialect
-        for each in addresses:
-            self._install(partial(ops.create_queue, dialect, each, body_string))
-        self._install(partial(ops.create_inflight, dialect, address))
-        if delayed:
-            delayed_table = address.delayed()
-            try:
-                dialect.validate_address(delayed_table)
-            except InvalidQueueNameError as exc:
-                log.warning("Queue %s gets no delayed-message table, so no delayed delivery: %s", address, exc)
-            else:
-                self._install(partial(ops.create_delayed, dialect, delayed_table))
-        return addresses
+        installation = self.installation(
+            queue, error_queue=error_queue, secondary=secondary, body_string=body_string, delayed=delayed
+        )
+        for make in installation.operations():
+            self._install(make)
+        return installation.queue_tables()
 
     def _install(self, make: Callable[[], ops.Operation[None]]) -> None:
         """Run an installer; run it once more if another installer, one that does not take the same
@@ -405,11 +435,11 @@ class QueueClient(_Addressing[Session]):
             self._run(make())
 
     def drop_queue(self, queue: str | QueueAddress) -> None:
-        self._run(ops.drop_queue(self.session.dialect, self.address(queue)))
+        self._run(ops.drop_queue(self.dialect, self.address(queue)))
 
     def check_queue(self, queue: str | QueueAddress) -> None:
         """Raise QueueNotFoundError if the table is missing; log a warning if Index_Expires is."""
-        self._run(ops.check_queue(self.session.dialect, self.address(queue)))
+        self._run(ops.check_queue(self.dialect, self.address(queue)))
 
     # -- sending -----------------------------------------------------------------------------
 
@@ -453,7 +483,7 @@ class QueueClient(_Addressing[Session]):
     def next_due(self, queue: str | QueueAddress) -> timedelta | None:
         """How long until the queue's earliest delayed message is due (negative: overdue); None when none waits."""
         delayed = self.address(queue).delayed()
-        wait_ms = self._run(ops.next_due(self.session.dialect, delayed))
+        wait_ms = self._run(ops.next_due(self.dialect, delayed))
         return None if wait_ms is None else timedelta(milliseconds=wait_ms)
 
     # -- publish/subscribe -------------------------------------------------------------------
@@ -461,7 +491,7 @@ class QueueClient(_Addressing[Session]):
     def create_subscription_table(self, table: str | QueueAddress | None = None) -> QueueAddress:
         """Create NServiceBus's subscription table (``SubscriptionRouting``) if missing; returns its address."""
         where = self.subscription_table(table)
-        self._install(partial(ops.create_subscriptions, self.session.dialect, where))
+        self._install(partial(ops.create_subscriptions, self.dialect, where))
         return where
 
     def subscribe(
@@ -491,7 +521,7 @@ class QueueClient(_Addressing[Session]):
 
     def subscribers(self, topics: str | Iterable[str], *, table: str | QueueAddress | None = None) -> list[str]:
         """The queue addresses (NServiceBus's form) subscribed to any of ``topics``."""
-        return self._run(ops.subscribers(self.session.dialect, self.subscription_table(table), topic_names(topics)))
+        return self._run(ops.subscribers(self.dialect, self.subscription_table(table), topic_names(topics)))
 
     def publish(
         self,
@@ -654,7 +684,7 @@ class QueueClient(_Addressing[Session]):
         self, queue: str | QueueAddress, tokens: Token | Iterable[Token], lease: timedelta | float = defaults.LEASE
     ) -> bool | set[uuid.UUID]:
         """Renew claims for another ``lease``. False (or a missing token) means someone else has the message."""
-        op = ops.extend(self.session.dialect, self.address(queue), as_tokens(tokens), lease_ms(lease))
+        op = ops.extend(self.dialect, self.address(queue), as_tokens(tokens), lease_ms(lease))
         return one_or_many(tokens, self._run(op))
 
     def forward(
@@ -686,7 +716,7 @@ class QueueClient(_Addressing[Session]):
         if message.claim_token is None:
             raise ValueError("fail() takes a claimed message; use move_to_error() for one received in none mode")
         address = self.address(queue)
-        op = ops.fail_claim(self.session.dialect, address, self.error_address(error_queue, address), message, error)
+        op = ops.fail_claim(self.dialect, address, self.error_address(error_queue, address), message, error)
         return self._run(op)
 
     def move_to_error(
@@ -714,26 +744,45 @@ class QueueClient(_Addressing[Session]):
         """
         check_positive("limit", limit)
         only = self.address(queue) if queue is not None else None
-        return self._run(ops.retry_from_error(self.session.dialect, self.error_address(error_queue, only), limit, only))
+        return self._run(ops.retry_from_error(self.dialect, self.error_address(error_queue, only), limit, only))
+
+    def error_summary(
+        self,
+        error_queue: str | QueueAddress | None = None,
+        *,
+        queue: str | QueueAddress | None = None,
+        limit: int = defaults.ERROR_SUMMARY_ROWS,
+    ) -> list[ops.ErrorGroup]:
+        """The newest ``limit`` failed messages grouped by source queue and exception type (headers only).
+
+        The error queue is chosen as for :meth:`retry_errors`.
+        """
+        check_positive("limit", limit)
+        near = self.address(queue) if queue is not None else None
+        return self._run(ops.error_summary(self.dialect, self.error_address(error_queue, near), limit))
 
     # -- inspection and maintenance ------------------------------------------------------------
 
     def peek(self, queue: str | QueueAddress, *, include_claims: bool = False) -> int:
         """Cheap estimate of waiting messages (plus claims whose lease ran out, when asked)."""
-        return self._run(ops.peek(self.session.dialect, self.address(queue), include_claims))
+        return self._run(ops.peek(self.dialect, self.address(queue), include_claims))
 
     def depth(self, queue: str | QueueAddress) -> int:
         """Exact count of waiting messages (scans the table)."""
-        return self._run(ops.depth(self.session.dialect, self.address(queue)))
+        return self._run(ops.depth(self.dialect, self.address(queue)))
 
     def browse(self, queue: str | QueueAddress, limit: int = 1000) -> list[ReceivedMessage]:
         """Waiting, unexpired messages in send order, without removing or locking them."""
         check_positive("limit", limit)
-        return self._run(ops.browse(self.session.dialect, self.address(queue), limit))
+        return self._run(ops.browse(self.dialect, self.address(queue), limit))
+
+    def lapsed_claims(self, queue: str | QueueAddress) -> int:
+        """Claims on ``queue`` whose lease ran out: their holders are gone or stuck, and the messages are receivable again."""
+        return self._run(ops.peek_claims(self.dialect, self.address(queue)))[1]
 
     def inflight(self, queue: str | QueueAddress) -> int:
         """Claimed, unacknowledged messages of the queue."""
-        return self._run(ops.inflight(self.session.dialect, self.address(queue)))
+        return self._run(ops.inflight(self.dialect, self.address(queue)))
 
     def purge_expired(self, queue: str | QueueAddress, batch_size: int = defaults.PURGE_BATCH) -> int:
         """Delete expired messages in batches of ``batch_size``, each in its own short transaction."""
@@ -741,14 +790,14 @@ class QueueClient(_Addressing[Session]):
         address = self.address(queue)
         total = 0
         while True:
-            count = self._run(ops.purge_expired_batch(self.session.dialect, address, batch_size))
+            count = self._run(ops.purge_expired_batch(self.dialect, address, batch_size))
             total += count
             if count < batch_size:
                 return total
 
     def purge(self, queue: str | QueueAddress) -> int:
         """Delete every message in the queue; returns how many."""
-        return self._run(ops.purge_all(self.session.dialect, self.address(queue)))
+        return self._run(ops.purge_all(self.dialect, self.address(queue)))
 
 
 class AsyncQueueClient(_Addressing[AsyncSession]):
@@ -760,9 +809,8 @@ class AsyncQueueClient(_Addressing[AsyncSession]):
         error_queue: str | QueueAddress | None = None,
         audit_queue: str | QueueAddress | bool | None = None,
     ) -> None:
+        super().__init__(session.dialect, error_queue, audit_queue)
         self.session = session
-        self.error_queue = error_queue
-        self.audit_queue = audit_queue
 
     @classmethod
     async def connect(
@@ -815,7 +863,7 @@ class AsyncQueueClient(_Addressing[AsyncSession]):
         notifications (then it just waits). Notifications that arrived meanwhile are all consumed,
         so a burst of sends wakes the caller once.
         """
-        dialect = self.session.dialect
+        dialect = self.dialect
         channels = [dialect.notify_channel(self.address(queue)) for queue in queues]
         return await self.session.wait_for_notification(channels, timeout)
 
@@ -886,7 +934,7 @@ class AsyncQueueClient(_Addressing[AsyncSession]):
         self, queue: str | QueueAddress, tokens: Token | Iterable[Token], lease: timedelta | float = defaults.LEASE
     ) -> set[uuid.UUID]:
         """Renew claims; returns the tokens still held."""
-        op = ops.extend(self.session.dialect, self.address(queue), as_tokens(tokens), lease_ms(lease))
+        op = ops.extend(self.dialect, self.address(queue), as_tokens(tokens), lease_ms(lease))
         return await self.session.run(op)
 
     async def move_to_error(
@@ -900,7 +948,7 @@ class AsyncQueueClient(_Addressing[AsyncSession]):
         await self.session.run(self._move_to_error_op(queue, message, error, error_queue))
 
     async def peek(self, queue: str | QueueAddress, *, include_claims: bool = False) -> int:
-        return await self.session.run(ops.peek(self.session.dialect, self.address(queue), include_claims))
+        return await self.session.run(ops.peek(self.dialect, self.address(queue), include_claims))
 
     async def depth(self, queue: str | QueueAddress) -> int:
-        return await self.session.run(ops.depth(self.session.dialect, self.address(queue)))
+        return await self.session.run(ops.depth(self.dialect, self.address(queue)))

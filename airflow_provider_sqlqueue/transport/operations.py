@@ -14,7 +14,7 @@ import functools
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from enum import Enum
 from operator import itemgetter
@@ -26,10 +26,13 @@ from .errors import InvalidHeadersError, LeaseLostError, QueueNotFoundError, Sql
 from .message import (
     DELIVERY_COUNT,
     ENCLOSED_MESSAGE_TYPES,
+    EXCEPTION_MESSAGE,
+    EXCEPTION_TYPE,
     FAILED_QUEUE,
     FORWARD_DESTINATION,
     MESSAGE_ID,
     MESSAGE_INTENT,
+    TIME_OF_FAILURE,
     Failure,
     Headers,
     Message,
@@ -895,6 +898,41 @@ def purge_expired_batch(d: Dialect, address: QueueAddress, batch_size: int) -> O
 def purge_all(d: Dialect, address: QueueAddress) -> Operation[int]:
     count = yield Step(d.purge_all_sql(address), {}, Fetch.ROWCOUNT, d.qualified_name(address))
     return int(count)
+
+
+@dataclass(frozen=True)
+class ErrorGroup:
+    """Failed messages of one source queue with one exception type, as an operator triages them."""
+
+    source: str  #: ``NServiceBus.FailedQ``, or why the message names none
+    exception_type: str  #: ``NServiceBus.ExceptionInfo.ExceptionType``, or why there is none
+    count: int
+    newest_failure: str | None  #: ``NServiceBus.TimeOfFailure`` of the newest one
+    newest_message: str  #: its ``NServiceBus.ExceptionInfo.Message``, cut to 200 characters
+
+
+@autocommitted
+def error_summary(d: Dialect, error_address: QueueAddress, limit: int) -> Operation[list[ErrorGroup]]:
+    """The newest ``limit`` messages of an error queue grouped by source queue and exception type, biggest group first.
+
+    Only headers are read, newest first, so the cost is bounded by ``limit`` whatever the queue
+    holds. Rows whose headers cannot be read form a group of their own.
+    """
+    rows = yield Step(d.newest_headers_sql(error_address), {"limit": limit}, Fetch.ALL, d.qualified_name(error_address))
+    groups: dict[tuple[str, str], ErrorGroup] = {}
+    for (headers_text,) in rows:
+        try:
+            headers = decode_headers(headers_text)
+        except InvalidHeadersError:
+            headers = {FAILED_QUEUE: "(unreadable headers)", EXCEPTION_TYPE: "(unreadable headers)"}
+        key = (headers.get(FAILED_QUEUE) or "(no FailedQ)", headers.get(EXCEPTION_TYPE) or "(no exception type)")
+        group = groups.get(key)
+        if group is None:  # rows come newest first: the first of a group is its newest
+            message = (headers.get(EXCEPTION_MESSAGE) or "")[:200]
+            groups[key] = ErrorGroup(*key, 1, headers.get(TIME_OF_FAILURE), message)
+        else:
+            groups[key] = replace(group, count=group.count + 1)
+    return sorted(groups.values(), key=lambda g: (-g.count, g.source, g.exception_type))
 
 
 def retry_from_error(

@@ -61,6 +61,9 @@ INSERT INTO [dbo].[error] (Id, Expires, Headers, Body) VALUES (@p_id, NULL, @p_h
 -- plain: browse
 SELECT TOP (@p_limit) Id, Headers, Body FROM [dbo].[orders] WITH (READPAST, READCOMMITTEDLOCK) WHERE Expires IS NULL OR Expires > GETUTCDATE() ORDER BY RowVersion;
 
+-- plain: newest_headers
+SELECT TOP (@p_limit) Headers FROM [dbo].[error] WITH (READPAST, READCOMMITTEDLOCK) ORDER BY RowVersion DESC;
+
 -- plain: peek_error_rows
 SELECT TOP (@p_limit) RowVersion, Id, Headers, Body FROM [dbo].[error] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion;
 
@@ -130,6 +133,9 @@ DELETE FROM [dbo].[SubscriptionRouting] WHERE Endpoint = @p_endpoint AND Topic =
 -- plain: subscribers
 SELECT DISTINCT QueueAddress FROM [dbo].[SubscriptionRouting] WHERE Topic IN (SELECT CAST(j.value AS nvarchar(200)) FROM OPENJSON(@p_topics) AS j) ORDER BY QueueAddress;
 
+-- plain: grant_runtime[0]
+GRANT SELECT, INSERT, UPDATE, DELETE ON [dbo].[orders] TO [app]]rt];
+
 -- escaping: install_lock
 DECLARE @resource nvarchar(255) = QUOTENAME(DB_NAME()) + N'.' + QUOTENAME(N'sa]les') + N'.' + QUOTENAME(N'we]ird [name]; DROP TABLE x--''%s') + N'_lock'; EXEC sp_getapplock @Resource = @resource, @LockMode = N'Exclusive', @LockOwner = N'Transaction';
 
@@ -192,6 +198,9 @@ INSERT INTO [sa]]les].[error] (Id, Expires, Headers, Body) VALUES (@p_id, NULL, 
 
 -- escaping: browse
 SELECT TOP (@p_limit) Id, Headers, Body FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (READPAST, READCOMMITTEDLOCK) WHERE Expires IS NULL OR Expires > GETUTCDATE() ORDER BY RowVersion;
+
+-- escaping: newest_headers
+SELECT TOP (@p_limit) Headers FROM [sa]]les].[error] WITH (READPAST, READCOMMITTEDLOCK) ORDER BY RowVersion DESC;
 
 -- escaping: peek_error_rows
 SELECT TOP (@p_limit) RowVersion, Id, Headers, Body FROM [sa]]les].[error] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion;
@@ -262,6 +271,9 @@ DELETE FROM [sa]]les].[SubscriptionRouting] WHERE Endpoint = @p_endpoint AND Top
 -- escaping: subscribers
 SELECT DISTINCT QueueAddress FROM [sa]]les].[SubscriptionRouting] WHERE Topic IN (SELECT CAST(j.value AS nvarchar(200)) FROM OPENJSON(@p_topics) AS j) ORDER BY QueueAddress;
 
+-- escaping: grant_runtime[0]
+GRANT SELECT, INSERT, UPDATE, DELETE ON [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] TO [app]]rt];
+
 -- catalog: install_lock
 DECLARE @resource nvarchar(255) = QUOTENAME(N'Shop''s DB') + N'.' + QUOTENAME(N'ops') + N'.' + QUOTENAME(N'Sales.WORKER01') + N'_lock'; EXEC sp_getapplock @Resource = @resource, @LockMode = N'Exclusive', @LockOwner = N'Transaction';
 
@@ -324,6 +336,9 @@ INSERT INTO [Shop's DB].[ops].[error] (Id, Expires, Headers, Body) VALUES (@p_id
 
 -- catalog: browse
 SELECT TOP (@p_limit) Id, Headers, Body FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (READPAST, READCOMMITTEDLOCK) WHERE Expires IS NULL OR Expires > GETUTCDATE() ORDER BY RowVersion;
+
+-- catalog: newest_headers
+SELECT TOP (@p_limit) Headers FROM [Shop's DB].[ops].[error] WITH (READPAST, READCOMMITTEDLOCK) ORDER BY RowVersion DESC;
 
 -- catalog: peek_error_rows
 SELECT TOP (@p_limit) RowVersion, Id, Headers, Body FROM [Shop's DB].[ops].[error] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion;
@@ -394,6 +409,9 @@ DELETE FROM [Shop's DB].[ops].[SubscriptionRouting] WHERE Endpoint = @p_endpoint
 -- catalog: subscribers
 SELECT DISTINCT QueueAddress FROM [Shop's DB].[ops].[SubscriptionRouting] WHERE Topic IN (SELECT CAST(j.value AS nvarchar(200)) FROM OPENJSON(@p_topics) AS j) ORDER BY QueueAddress;
 
+-- catalog: grant_runtime[0]
+USE [Shop's DB]; GRANT SELECT, INSERT, UPDATE, DELETE ON [ops].[Sales.WORKER01] TO [app]]rt];
+
 -- unicode: install_lock
 DECLARE @resource nvarchar(255) = QUOTENAME(DB_NAME()) + N'.' + QUOTENAME(N'ünï') + N'.' + QUOTENAME(N'東京 queue') + N'_lock'; EXEC sp_getapplock @Resource = @resource, @LockMode = N'Exclusive', @LockOwner = N'Transaction';
 
@@ -456,6 +474,9 @@ INSERT INTO [ünï].[error] (Id, Expires, Headers, Body) VALUES (@p_id, NULL, @p
 
 -- unicode: browse
 SELECT TOP (@p_limit) Id, Headers, Body FROM [ünï].[東京 queue] WITH (READPAST, READCOMMITTEDLOCK) WHERE Expires IS NULL OR Expires > GETUTCDATE() ORDER BY RowVersion;
+
+-- unicode: newest_headers
+SELECT TOP (@p_limit) Headers FROM [ünï].[error] WITH (READPAST, READCOMMITTEDLOCK) ORDER BY RowVersion DESC;
 
 -- unicode: peek_error_rows
 SELECT TOP (@p_limit) RowVersion, Id, Headers, Body FROM [ünï].[error] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion;
@@ -525,6 +546,9 @@ DELETE FROM [ünï].[SubscriptionRouting] WHERE Endpoint = @p_endpoint AND Topic
 
 -- unicode: subscribers
 SELECT DISTINCT QueueAddress FROM [ünï].[SubscriptionRouting] WHERE Topic IN (SELECT CAST(j.value AS nvarchar(200)) FROM OPENJSON(@p_topics) AS j) ORDER BY QueueAddress;
+
+-- unicode: grant_runtime[0]
+GRANT SELECT, INSERT, UPDATE, DELETE ON [ünï].[東京 queue] TO [app]]rt];
 
 -- session: setup
 SET ANSI_NULLS ON; SET ANSI_PADDING ON; SET ANSI_WARNINGS ON; SET ARITHABORT ON; SET CONCAT_NULL_YIELDS_NULL ON; SET QUOTED_IDENTIFIER ON; SET NUMERIC_ROUNDABORT OFF; SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SET XACT_ABORT ON;

@@ -121,6 +121,8 @@ class Dialect(ABC):
     begin_sql: str
     commit_sql: str
     rollback_sql: str
+    #: What ends each statement of a script run by hand (a batch separator where the tools want one).
+    script_separator: str
 
     # -- addressing ---------------------------------------------------------------------------
 
@@ -184,6 +186,21 @@ class Dialect(ABC):
     @abstractmethod
     def create_inflight_sql(self, address: QueueAddress) -> Sequence[str]:
         """Statements, run after :meth:`install_lock_sql` of the in-flight table, that create it (or bring it up to date)."""
+
+    @abstractmethod
+    def grant_schema_usage_sql(self, address: QueueAddress, role: str) -> Sequence[str]:
+        """What ``role`` needs on the schema of ``address`` to reach its tables (nothing more: no CREATE)."""
+
+    @abstractmethod
+    def grant_runtime_sql(self, table: QueueAddress, role: str, *, sequence: bool) -> Sequence[str]:
+        """The rights ``role`` needs on ``table`` at run time; ``sequence``: also on a queue table's Seq sequence."""
+
+    def script(self, statements: Sequence[str]) -> str:
+        """Statements as a DBA runs them by hand: the drivers' ``%%`` escape undone, each ended by :attr:`script_separator`."""
+        for sql in statements:
+            if "%(" in sql.replace("%%", ""):
+                raise ValueError(f"a statement with parameters cannot go into a script: {sql[:80]}")
+        return "".join(sql.replace("%%", "%") + self.script_separator for sql in statements)
 
     @abstractmethod
     def drop_queue_sql(self, address: QueueAddress) -> str:
@@ -258,6 +275,10 @@ class Dialect(ABC):
     @abstractmethod
     def peek_error_rows_sql(self, error_address: QueueAddress) -> str:
         """Params limit: lock and return up to limit rows of an error queue. Rows: :class:`ErrorRow`."""
+
+    @abstractmethod
+    def newest_headers_sql(self, address: QueueAddress) -> str:
+        """Params limit: the Headers of the newest ``limit`` rows, newest first (bodies are not read)."""
 
     @abstractmethod
     def delete_by_seq_sql(self, address: QueueAddress) -> str:

@@ -58,6 +58,14 @@ def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""').replace("%", "%%") + '"'
 
 
+def _dollar_quoted(body: str) -> str:
+    """``body`` between dollar quotes whose tag it does not contain, so no text in it can end the quote."""
+    tag = "grant"
+    while f"${tag}$" in body:
+        tag += "_"
+    return f"${tag}$ {body} ${tag}$"
+
+
 def quote_literal(text: str) -> str:
     """A PostgreSQL string literal, for the one place a name must appear as text (the advisory lock key)."""
     return "'" + text.replace("'", "''").replace("%", "%%") + "'"
@@ -69,6 +77,7 @@ class PostgresDialect(Dialect):
     name = "postgres"
     one_statement_sends = True  # a batch travels as arrays, unnested by one INSERT
     begin_sql = "BEGIN"
+    script_separator = ";\n\n"
     commit_sql = "COMMIT"
     rollback_sql = "ROLLBACK"
     default_schema = "public"
@@ -196,6 +205,23 @@ class PostgresDialect(Dialect):
     PRIMARY KEY (Endpoint, Topic)
 )"""
         ]
+
+    def grant_schema_usage_sql(self, address: QueueAddress, role: str) -> Sequence[str]:
+        return [f"GRANT USAGE ON SCHEMA {quote_ident(address.schema or self.default_schema)} TO {quote_ident(role)}"]
+
+    def grant_runtime_sql(self, table: QueueAddress, role: str, *, sequence: bool) -> Sequence[str]:
+        # UPDATE as well: FOR UPDATE SKIP LOCKED, which every receive and move takes, needs it.
+        statements = [f"GRANT SELECT, INSERT, UPDATE, DELETE ON {self.qualified_name(table)} TO {quote_ident(role)}"]
+        if sequence:
+            # Seq is a serial: a send draws from its sequence, whose name PostgreSQL chose (and
+            # may have shortened), so the server looks it up. format() quotes the role.
+            name = self.qualified_name(table).replace("%%", "%")
+            body = (
+                "BEGIN EXECUTE format('GRANT USAGE ON SEQUENCE %%s TO %%I', "
+                f"pg_get_serial_sequence({quote_literal(name)}, 'seq'), {quote_literal(role)}); END"
+            )
+            statements.append(f"DO {_dollar_quoted(body)}")
+        return statements
 
     def drop_queue_sql(self, address: QueueAddress) -> str:
         return f"DROP TABLE IF EXISTS {self.qualified_name(address)}"
@@ -339,6 +365,9 @@ class PostgresDialect(Dialect):
     def peek_error_rows_sql(self, error_address: QueueAddress) -> str:
         q = self.qualified_name(error_address)
         return f"SELECT Seq, Id, Headers, Body FROM {q} ORDER BY Seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
+
+    def newest_headers_sql(self, address: QueueAddress) -> str:
+        return f"SELECT Headers FROM {self.qualified_name(address)} ORDER BY Seq DESC LIMIT %(limit)s"
 
     def delete_by_seq_sql(self, address: QueueAddress) -> str:
         return f"DELETE FROM {self.qualified_name(address)} WHERE Seq = %(seq)s"

@@ -188,6 +188,7 @@ class SqlServerDialect(Dialect):
     name = "sqlserver"
     default_schema = "dbo"
     begin_sql = BEGIN_TRANSACTION
+    script_separator = "\nGO\n\n"
     commit_sql = COMMIT_TRANSACTION
     rollback_sql = ROLLBACK_TRANSACTION
     # Recoverable is not required: NServiceBus reads and writes tables without it too.
@@ -360,6 +361,15 @@ class SqlServerDialect(Dialect):
             "Topic nvarchar(200) NOT NULL, "
             "PRIMARY KEY (Endpoint, Topic))",
         ]
+
+    def grant_schema_usage_sql(self, address: QueueAddress, role: str) -> Sequence[str]:
+        return []  # rights on a table reach it; the schema needs none of its own
+
+    def grant_runtime_sql(self, table: QueueAddress, role: str, *, sequence: bool) -> Sequence[str]:
+        # GRANT names objects by schema only: a table in another database is granted from there.
+        use = f"USE {quote_ident(table.catalog)}; " if table.catalog is not None else ""
+        name = f"{quote_ident(table.schema or self.default_schema)}.{quote_ident(table.table)}"
+        return [f"{use}GRANT SELECT, INSERT, UPDATE, DELETE ON {name} TO {quote_ident(role)}"]
 
     def add_body_string_sql(self, address: QueueAddress) -> str:
         return (
@@ -565,6 +575,12 @@ class SqlServerDialect(Dialect):
         return (
             f"SELECT TOP (%(limit)s) Id, Headers, Body FROM {self.qualified_name(address)} WITH (READPAST, READCOMMITTEDLOCK) "
             f"WHERE Expires IS NULL OR Expires > {_UTC_NOW} ORDER BY RowVersion"
+        )
+
+    def newest_headers_sql(self, address: QueueAddress) -> str:
+        return (
+            f"SELECT TOP (%(limit)s) Headers FROM {self.qualified_name(address)} WITH (READPAST, READCOMMITTEDLOCK) "
+            "ORDER BY RowVersion DESC"
         )
 
     def peek_error_rows_sql(self, error_address: QueueAddress) -> str:

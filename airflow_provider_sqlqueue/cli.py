@@ -1,0 +1,255 @@
+"""``sqlqueue`` (and ``airflow sqlqueue``): scripts a DBA reviews before anything runs, and a look at live queues.
+
+``ddl`` and ``grants`` print, without connecting, what ``create_queue`` would create for the
+given queues and what a runtime role needs on it; ``depths``, ``errors`` and ``retry`` work on a
+database named by ``--conn`` (a URI, as ``QueueClient.connect`` takes; default
+``$SQLQUEUE_CONN``) or, where Airflow is installed, by ``--conn-id`` (an Airflow connection).
+
+The same commands are the console script ``sqlqueue`` for hosts without Airflow and, through
+the provider's ``cli`` entry, ``airflow sqlqueue ...``. Arguments are declared once and handed to
+argparse or to Airflow's CLI, so the two never differ. Errors of the library end the command
+with its message and exit status 1; no credentials are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from .transport import QueueClient, defaults
+from .transport.client import Addressing
+from .transport.dialects import Dialect, get_dialect
+from .transport.drivers import dialect_for
+from .transport.errors import SqlQueueError
+from .transport.install import Installation
+
+#: An argument: its flags and the keyword arguments argparse's add_argument takes (those Airflow's Arg takes too).
+ArgSpec = tuple[tuple[str, ...], dict[str, Any]]
+
+QUEUES: ArgSpec = (("queues",), {"nargs": "+", "metavar": "QUEUE", "help": "queues, in the database's address syntax"})
+DIALECT: ArgSpec = (
+    ("--dialect",),
+    {"choices": ["postgres", "sqlserver"], "help": "the database the script is for (default: the connection's)"},
+)
+ERROR_QUEUE: ArgSpec = (
+    ("--error-queue",),
+    {"help": f"the error queue (default {defaults.ERROR_QUEUE!r} in each queue's schema)"},
+)
+AUDIT: ArgSpec = (("--audit",), {"action": "store_true", "help": f"include the audit queue ({defaults.AUDIT_QUEUE!r})"})
+AUDIT_QUEUE: ArgSpec = (("--audit-queue",), {"help": "include the audit queue, by this name"})
+SECONDARY: ArgSpec = (("--secondary",), {"metavar": "MACHINE", "help": "include the secondary queue <queue>.<MACHINE>"})
+NO_DELAYED: ArgSpec = (("--no-delayed",), {"action": "store_true", "help": "leave out the delayed-message tables"})
+BODY_STRING: ArgSpec = (("--body-string",), {"action": "store_true", "help": "add the computed BodyString column"})
+SUBSCRIPTIONS: ArgSpec = (
+    ("--subscriptions",),
+    {"action": "store_true", "help": f"include the subscription table ({defaults.SUBSCRIPTION_TABLE!r})"},
+)
+SUBSCRIPTION_TABLE: ArgSpec = (("--subscription-table",), {"help": "include the subscription table, by this name"})
+ROLE: ArgSpec = (("--role",), {"required": True, "help": "the runtime role (user or database role) to grant to"})
+CONN: ArgSpec = (("--conn",), {"help": "database URI (default: $SQLQUEUE_CONN)"})
+CONN_ID: ArgSpec = (("--conn-id",), {"help": "an Airflow connection instead of --conn"})
+SOME_QUEUES: ArgSpec = (("queues",), {"nargs": "+", "metavar": "QUEUE", "help": "queues to look at"})
+QUEUE_FILTER: ArgSpec = (
+    ("--queue",),
+    {"help": "only messages that failed in this queue (and its schema's error queue)"},
+)
+LIMIT: ArgSpec = (
+    ("--limit",),
+    {"type": int, "default": defaults.ERROR_SUMMARY_ROWS, "help": "most error messages read (newest first)"},
+)
+RETRY_LIMIT: ArgSpec = (("--limit",), {"type": int, "default": 1000, "help": "most error messages retried"})
+
+PLAN_ARGS = [QUEUES, DIALECT, ERROR_QUEUE, AUDIT, AUDIT_QUEUE, SECONDARY, NO_DELAYED, BODY_STRING, SUBSCRIPTIONS]
+PLAN_ARGS += [SUBSCRIPTION_TABLE, CONN, CONN_ID]
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    help: str
+    run: Callable[[argparse.Namespace, TextIO], None]
+    args: Sequence[ArgSpec]
+
+
+def _dialect(args: argparse.Namespace) -> Dialect:
+    """The dialect named, else the connection's (looked up, not connected to)."""
+    if args.dialect:
+        return get_dialect(args.dialect)
+    if args.conn_id:
+        from .hooks.sqlqueue import SqlQueueHook
+
+        return get_dialect(SqlQueueHook(args.conn_id).dialect_name)
+    uri = args.conn or os.environ.get("SQLQUEUE_CONN")
+    if not uri:
+        raise SqlQueueError("say which database the script is for: --dialect, --conn or --conn-id")
+    return dialect_for(uri)
+
+
+def _installation(args: argparse.Namespace) -> Installation:
+    audit: str | bool | None = args.audit_queue or (True if args.audit else None)
+    addressing = Addressing(_dialect(args), args.error_queue, audit)
+    plan = Installation.combine(
+        addressing.installation(
+            queue, secondary=args.secondary, body_string=args.body_string, delayed=not args.no_delayed
+        )
+        for queue in args.queues
+    )
+    if args.subscriptions or args.subscription_table:
+        plan = plan.with_subscriptions(addressing.address(args.subscription_table or defaults.SUBSCRIPTION_TABLE))
+    return plan
+
+
+def run_ddl(args: argparse.Namespace, out: TextIO) -> None:
+    plan = _installation(args)
+    out.write(
+        f"-- Tables and indexes for {', '.join(map(repr, args.queues))} ({plan.dialect.name}), as create_queue makes them.\n"
+    )
+    out.write("-- Run as the installer (CREATE on the schema). Every statement leaves an existing table as it is.\n\n")
+    out.write(plan.dialect.script(plan.ddl()))
+
+
+def run_grants(args: argparse.Namespace, out: TextIO) -> None:
+    plan = _installation(args)
+    out.write(
+        f"-- What role {args.role!r} needs to use {', '.join(map(repr, args.queues))} at run time, and no more.\n"
+    )
+    out.write("-- Run after the tables exist, as a role that may grant on them and on their schema (its owner).\n\n")
+    out.write(plan.dialect.script(plan.grants(args.role)))
+
+
+def _client(args: argparse.Namespace) -> QueueClient:
+    if args.conn_id:
+        from .hooks.sqlqueue import SqlQueueHook
+
+        return SqlQueueHook(args.conn_id, error_queue=args.error_queue).get_conn()
+    uri = args.conn or os.environ.get("SQLQUEUE_CONN")
+    if not uri:
+        raise SqlQueueError("say which database to use: --conn URI, $SQLQUEUE_CONN or --conn-id")
+    return QueueClient.connect(uri, error_queue=args.error_queue)
+
+
+def _table(out: TextIO, header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    cells = [list(header)] + [[str(cell) for cell in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    for row in cells:
+        out.write("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() + "\n")
+
+
+def run_depths(args: argparse.Namespace, out: TextIO) -> None:
+    rows = []
+    with _client(args) as client:
+        for name in args.queues:
+            queue = client.address(name)
+            lapsed = client.lapsed_claims(queue)
+            error = client.error_address(None, queue)
+            rows.append(
+                [
+                    client.canonical_address(queue),
+                    client.depth(queue),
+                    client.inflight(queue),
+                    lapsed,
+                    client.depth(error),
+                ]
+            )
+    _table(out, ["queue", "waiting", "in flight", "lapsed claims", "in its error queue"], rows)
+
+
+def run_errors(args: argparse.Namespace, out: TextIO) -> None:
+    with _client(args) as client:
+        groups = client.error_summary(queue=args.queue, limit=args.limit)
+    rows = [[g.count, g.source, g.exception_type, g.newest_failure or "-", g.newest_message] for g in groups]
+    _table(out, ["count", "failed in", "exception", "newest failure", "newest message"], rows)
+    if not rows:
+        out.write("(the error queue is empty)\n")
+
+
+def run_retry(args: argparse.Namespace, out: TextIO) -> None:
+    with _client(args) as client:
+        moved = client.retry_errors(queue=args.queue, limit=args.limit)
+    out.write(f"sent {moved} message(s) back to the queue(s) they failed in\n")
+
+
+COMMANDS = [
+    Command("ddl", "print the installer's DDL for queues (no connection needed)", run_ddl, PLAN_ARGS),
+    Command("grants", "print the least-privilege GRANTs for a runtime role", run_grants, [*PLAN_ARGS, ROLE]),
+    Command(
+        "depths",
+        "waiting, in-flight and failed messages of queues",
+        run_depths,
+        [SOME_QUEUES, CONN, CONN_ID, ERROR_QUEUE],
+    ),
+    Command(
+        "errors",
+        "the error queue grouped by source queue and exception type",
+        run_errors,
+        [CONN, CONN_ID, ERROR_QUEUE, QUEUE_FILTER, LIMIT],
+    ),
+    Command(
+        "retry",
+        "send error messages back to the queues they failed in",
+        run_retry,
+        [CONN, CONN_ID, ERROR_QUEUE, QUEUE_FILTER, RETRY_LIMIT],
+    ),
+]
+
+
+def _run(command: Command, args: argparse.Namespace) -> int:
+    """Run a command, turning the library's own errors into a message and exit status 1."""
+    try:
+        command.run(args, sys.stdout)
+    except (SqlQueueError, ValueError) as exc:
+        print(f"sqlqueue {command.name}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sqlqueue", description=__doc__.splitlines()[0] if __doc__ else None)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:
+        sub = commands.add_parser(command.name, help=command.help, description=command.help)
+        for flags, options in command.args:
+            sub.add_argument(*flags, **options)
+        sub.set_defaults(command_object=command)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The console script ``sqlqueue``."""
+    args = build_parser().parse_args(argv)
+    return _run(args.command_object, args)
+
+
+def airflow_commands() -> list[Any]:
+    """The ``airflow sqlqueue`` commands (the provider's ``cli`` entry): the same commands and arguments."""
+    from airflow.cli.cli_config import ActionCommand, Arg, GroupCommand
+
+    def action(command: Command) -> Any:
+        def func(args: argparse.Namespace) -> None:
+            status = _run(command, args)
+            if status:
+                raise SystemExit(status)
+
+        func.__name__ = f"sqlqueue_{command.name}"
+        return ActionCommand(
+            name=command.name,
+            help=command.help,
+            func=func,
+            args=[Arg(flags, **options) for flags, options in command.args],
+        )
+
+    return [
+        GroupCommand(
+            name="sqlqueue",
+            help="SQL queues: DBA scripts, depths, errors, retry",
+            subcommands=[action(c) for c in COMMANDS],
+        )
+    ]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""What an installer creates, as operations to run or as a script a DBA reviews and runs.
+
+One plan serves both: :meth:`~.client.QueueClient.create_queue` runs :meth:`Installation.operations`
+and ``sqlqueue ddl`` prints :meth:`Installation.ddl`, built from the same dialect statements, so
+the script is what the installer would have run (minus its lock and its checks of existing
+tables). :meth:`Installation.grants` gives a runtime role exactly the rights the queue operations
+use on those tables, and nothing on the schema beyond reaching them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from functools import partial
+
+from . import operations as ops
+from .addressing import QueueAddress
+from .dialects import Dialect
+
+
+class TableKind(Enum):
+    """What a table is for, which decides its DDL and the rights the runtime needs on it."""
+
+    QUEUE = "queue"  # a queue table: queues, error and audit queues, secondaries
+    INFLIGHT = "inflight"  # the claim store of a schema
+    DELAYED = "delayed"  # a queue's delayed-message table
+    SUBSCRIPTIONS = "subscriptions"  # NServiceBus's SubscriptionRouting
+
+
+@dataclass(frozen=True)
+class Installation:
+    """The tables an installer creates, in the order it creates them (each at most once)."""
+
+    dialect: Dialect
+    tables: tuple[tuple[TableKind, QueueAddress], ...]
+    body_string: bool = False
+
+    @classmethod
+    def combine(cls, installations: Iterable[Installation]) -> Installation:
+        """One plan for several queues: tables they share (an error queue, the claim store) appear once."""
+        plans = list(installations)
+        if not plans:
+            raise ValueError("nothing to install: name at least one queue")
+        dialect = plans[0].dialect
+        seen: dict[str, tuple[TableKind, QueueAddress]] = {}
+        for plan in plans:
+            for kind, address in plan.tables:
+                seen.setdefault(dialect.qualified_name(address), (kind, address))
+        return cls(dialect, tuple(seen.values()), any(plan.body_string for plan in plans))
+
+    def with_subscriptions(self, table: QueueAddress) -> Installation:
+        """This plan plus NServiceBus's subscription table (publishers and subscribers share it)."""
+        return Installation.combine([self, Installation(self.dialect, ((TableKind.SUBSCRIPTIONS, table),))])
+
+    def queue_tables(self) -> list[QueueAddress]:
+        return [address for kind, address in self.tables if kind is TableKind.QUEUE]
+
+    def operations(self) -> list[Callable[[], ops.Operation[None]]]:
+        """The installer's operations (each takes the installer lock and leaves existing tables as they are)."""
+        d = self.dialect
+        makers: dict[TableKind, Callable[[QueueAddress], Callable[[], ops.Operation[None]]]] = {
+            TableKind.QUEUE: lambda a: partial(ops.create_queue, d, a, self.body_string),
+            TableKind.INFLIGHT: lambda a: partial(ops.create_inflight, d, a),
+            TableKind.DELAYED: lambda a: partial(ops.create_delayed, d, a),
+            TableKind.SUBSCRIPTIONS: lambda a: partial(ops.create_subscriptions, d, a),
+        }
+        return [makers[kind](address) for kind, address in self.tables]
+
+    def ddl(self) -> list[str]:
+        """The statements that create every table and index (each one idempotent), as the operations run them."""
+        d = self.dialect
+        statements: list[str] = []
+        for kind, address in self.tables:
+            if kind is TableKind.QUEUE:
+                statements += d.create_queue_sql(address)
+                if self.body_string:
+                    statements.append(d.add_body_string_sql(address))
+            elif kind is TableKind.INFLIGHT:
+                statements += d.create_inflight_sql(address)
+            elif kind is TableKind.DELAYED:
+                statements += d.create_delayed_sql(address)
+            else:
+                statements += d.create_subscriptions_sql(address)
+        return statements
+
+    def grants(self, role: str) -> list[str]:
+        """What a runtime role needs to use the tables (send, receive in every mode, delay, publish, audit).
+
+        Rights on the tables only (and, where the database asks for it, on the schema and on the
+        queue tables' sequences): no CREATE, so a runtime role cannot install or alter anything.
+        """
+        d = self.dialect
+        statements: list[str] = []
+        for schema_of in _distinct_schemas(d, [address for _, address in self.tables]):
+            statements += d.grant_schema_usage_sql(schema_of, role)
+        for kind, address in self.tables:
+            statements += d.grant_runtime_sql(address, role, sequence=kind is TableKind.QUEUE)
+        return statements
+
+
+def _distinct_schemas(d: Dialect, addresses: Sequence[QueueAddress]) -> list[QueueAddress]:
+    """One address per schema (and catalog) among ``addresses``, in order."""
+    seen: dict[tuple[str | None, str], QueueAddress] = {}
+    for address in addresses:
+        seen.setdefault((address.catalog, address.schema or d.default_schema), address)
+    return list(seen.values())

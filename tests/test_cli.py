@@ -1,0 +1,272 @@
+"""``sqlqueue`` / ``airflow sqlqueue``: the DBA scripts run by hand, and the commands on live queues.
+
+The scripts are checked against what they promise: the DDL is what ``create_queue`` runs (recorded
+from a real install), run as an installer role it yields the same tables and indexes, and a
+runtime role holding only the printed grants can do everything the transport does at run time
+-- and cannot create anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+import sqlglot
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from sqlglot import exp
+
+from airflow_provider_sqlqueue import cli
+from airflow_provider_sqlqueue.transport import Message, PermissionDeniedError, QueueAddress, QueueClient
+from airflow_provider_sqlqueue.transport.client import Addressing
+from airflow_provider_sqlqueue.transport.dialects import get_dialect
+from airflow_provider_sqlqueue.transport.install import Installation
+from airflow_provider_sqlqueue.transport.message import FAILED_QUEUE, MESSAGE_ID
+
+SQLQUEUE = [sys.executable, "-m", "airflow_provider_sqlqueue.cli"]
+
+
+def sqlqueue(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the console script as a DBA would, in a process of its own."""
+    return subprocess.run(
+        [*SQLQUEUE, *args], capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})}
+    )
+
+
+def plan_args(schema: str) -> list[str]:
+    return [
+        "orders",
+        "billing",
+        "--dialect",
+        "postgres",
+        "--error-queue",
+        f'error@"{schema}"',
+        "--audit",
+        "--subscriptions",
+        "--subscription-table",
+        f'SubscriptionRouting@"{schema}"',
+    ]
+
+
+def with_schema(schema: str, queues: list[str]) -> list[str]:
+    return [f'{name}@"{schema}"' for name in queues]
+
+
+@pytest.fixture
+def roles(pg_uri: str, schema: str) -> Iterator[tuple[str, str]]:
+    """(installer URI, runtime URI): an installer with CREATE on the test's schema, a runtime role with nothing yet."""
+    suffix = uuid.uuid4().hex[:8]
+    installer, runtime = f"sqlqueue_inst_{suffix}", f"sqlqueue_rt_{suffix}"
+    with psycopg.connect(pg_uri, autocommit=True) as admin:
+        admin.execute(f'CREATE ROLE "{installer}" LOGIN')
+        admin.execute(f'CREATE ROLE "{runtime}" LOGIN')
+        admin.execute(f'GRANT USAGE, CREATE ON SCHEMA "{schema}" TO "{installer}"')
+    base = conninfo_to_dict(pg_uri)
+    try:
+        yield make_conninfo(**{**base, "user": installer}), make_conninfo(**{**base, "user": runtime})
+    finally:
+        with psycopg.connect(pg_uri, autocommit=True) as admin:
+            for role in (installer, runtime):
+                admin.execute(f'DROP OWNED BY "{role}" CASCADE')
+                admin.execute(f'DROP ROLE "{role}"')
+
+
+def catalog(raw, schema: str) -> dict[str, object]:
+    """Tables with their columns and indexes (definitions with the schema name taken out)."""
+    columns = raw.execute(
+        "SELECT table_name, column_name, data_type, is_nullable, column_default FROM information_schema.columns "
+        "WHERE table_schema = %s ORDER BY table_name, ordinal_position",
+        (schema,),
+    ).fetchall()
+    indexes = raw.execute("SELECT indexdef FROM pg_indexes WHERE schemaname = %s ORDER BY indexname", (schema,))
+    return {
+        "columns": [tuple(str(v).replace(schema, "S") for v in row) for row in columns],
+        "indexes": sorted(str(row[0]).replace(schema, "S") for row in indexes.fetchall()),
+    }
+
+
+def test_the_printed_ddl_is_what_create_queue_runs(pg_uri, schema):
+    """create_queue on an empty schema, every statement recorded: its DDL is the script, statement for statement."""
+    args = plan_args(schema)
+    printed = sqlqueue("ddl", *with_schema(schema, ["orders", "billing"]), *args[2:])
+    assert printed.returncode == 0, printed.stderr
+    ran: list[str] = []
+    with QueueClient.connect(pg_uri, error_queue=f'error@"{schema}"', audit_queue=True) as client:
+        execute = client.session.execute
+
+        def recording(step):
+            ran.append(step.sql)
+            return execute(step)
+
+        client.session.execute = recording
+        for queue in with_schema(schema, ["orders", "billing"]):
+            client.create_queue(queue)
+        client.create_subscription_table(f'SubscriptionRouting@"{schema}"')
+    ddl = [sql for sql in ran if sql.lstrip().upper().startswith(("CREATE", "ALTER"))]
+    once = list(dict.fromkeys(ddl))  # the claim store's statements run for each queue; the script has them once
+    script = printed.stdout.split("\n\n", 1)[1]  # after the header comment
+    assert script == get_dialect("postgres").script(once)
+    assert printed.stdout.count("CREATE TABLE") == 8  # orders, error, audit, inflight, 2 delayed, billing, routing
+
+
+def test_ddl_run_as_the_installer_and_the_grants_give_a_runtime_role_what_it_needs(pg_uri, schema, raw, roles):
+    installer_uri, runtime_uri = roles
+    queues = with_schema(schema, ["orders", "billing"])
+    rest = plan_args(schema)[2:]
+    ddl, grants = (
+        sqlqueue("ddl", *queues, *rest),
+        sqlqueue("grants", *queues, *rest, "--role", conninfo_to_dict(runtime_uri)["user"]),
+    )
+    assert ddl.returncode == 0 and grants.returncode == 0, ddl.stderr + grants.stderr
+    with psycopg.connect(installer_uri, autocommit=True) as installer:  # by hand: the script, as printed
+        installer.execute(ddl.stdout)
+        installer.execute(ddl.stdout)  # idempotent
+    with psycopg.connect(pg_uri, autocommit=True) as dba:  # granting USAGE on a schema takes its owner
+        dba.execute(grants.stdout)
+
+    # The same tables and indexes as create_queue makes.
+    reference = f"{schema}_ref"
+    raw.execute(f'CREATE SCHEMA "{reference}"')
+    try:
+        with QueueClient.connect(pg_uri, error_queue=f'error@"{reference}"', audit_queue=True) as client:
+            for queue in with_schema(reference, ["orders", "billing"]):
+                client.create_queue(queue)
+            client.create_subscription_table(f'SubscriptionRouting@"{reference}"')
+        assert catalog(raw, schema) == catalog(raw, reference)
+    finally:
+        raw.execute(f'DROP SCHEMA "{reference}" CASCADE')
+
+    orders, billing, error = (QueueAddress(name, schema) for name in ("orders", "billing", "error"))
+    routing = QueueAddress("SubscriptionRouting", schema)
+    with QueueClient.connect(runtime_uri, error_queue=error, audit_queue=True) as runtime:
+        runtime.send(orders, [Message(f"m{i}") for i in range(4)])
+        assert [m.text for m in runtime.receive(orders)] == ["m0"]
+        with runtime.receive_native(orders) as message:  # audited
+            assert message is not None and message.text == "m1"
+        first, second = runtime.claim(orders, 2)
+        assert runtime.ack(orders, first.claim_token)  # audited
+        assert runtime.fail(orders, second, "bad")
+        assert runtime.retry_errors(queue=orders) == 1
+        runtime.send(orders, Message("later"), delay=0.05)
+        assert runtime.move_due(orders) in (0, 1)
+        runtime.subscribe(billing, "Shop.OrderPlaced", table=routing)
+        assert runtime.publish("Shop.OrderPlaced", Message("event"), table=routing) == [billing]
+        assert runtime.purge_expired(orders) == 0
+        with pytest.raises(PermissionDeniedError):
+            runtime.create_queue(QueueAddress("new_queue", schema))
+    audit_ids = [json.loads(h)[MESSAGE_ID] for (h,) in raw.execute(f'SELECT Headers FROM "{schema}".audit').fetchall()]
+    assert sorted(audit_ids) == sorted([str(message.id), str(first.id)])
+
+
+def test_sqlserver_scripts_parse_as_tsql_batches():
+    """Text level (no SQL Server here): every GO batch of both scripts is T-SQL sqlglot can parse."""
+    args = ["orders@[sales]", "billing@[sales]", "--dialect", "sqlserver", "--audit", "--subscriptions"]
+    for command in (["ddl"], ["grants", "--role", "app]rt"]):
+        printed = sqlqueue(*command, *args)
+        assert printed.returncode == 0, printed.stderr
+        batches = [b.strip() for b in printed.stdout.split("\nGO\n") if b.strip() and not b.strip().startswith("--")]
+        assert batches
+        for batch in batches:
+            body = "\n".join(line for line in batch.splitlines() if not line.startswith("--"))
+            parsed = sqlglot.parse(body, read="tsql", error_level=sqlglot.ErrorLevel.RAISE)
+            if command[0] == "ddl":
+                assert not [n for p in parsed for n in p.walk() if isinstance(n, exp.Command)], batch
+            else:
+                assert body.startswith("GRANT SELECT, INSERT, UPDATE, DELETE ON [") and body.endswith(" TO [app]]rt]")
+    plan = Installation.combine(
+        Addressing(get_dialect("sqlserver"), None, True).installation(q) for q in ["orders@[sales]", "billing@[sales]"]
+    )
+    assert [str(a) for a in plan.queue_tables()] == [
+        str(QueueAddress(n, "sales")) for n in ("orders", "error", "audit", "billing")
+    ]
+
+
+def test_names_cannot_break_out_of_the_scripts(pg_uri, schema, raw, client, queue):
+    """A role name full of quotes, dollar signs and a newline stays one name: the script grants to it, nothing else runs."""
+    nasty = f"x'; DROP TABLE {schema}.y; --\n$grant$ \"z"
+    raw.execute(f'CREATE TABLE "{schema}".y (n int)')
+    raw.execute('CREATE ROLE "' + nasty.replace('"', '""') + '"')
+    try:
+        printed = sqlqueue("grants", f'orders@"{schema}"', "--dialect", "postgres", "--role", nasty)
+        assert printed.returncode == 0, printed.stderr
+        assert "$grant_$" in printed.stdout  # the DO block's dollar tag steps around the one in the name
+        with psycopg.connect(pg_uri, autocommit=True) as dba:
+            dba.execute(printed.stdout)
+        assert raw.execute(f"SELECT to_regclass('{schema}.y') IS NOT NULL").fetchone()[0]
+        granted = raw.execute(
+            "SELECT has_table_privilege(%s, %s, 'INSERT'), has_sequence_privilege(%s, pg_get_serial_sequence(%s, 'seq'), 'USAGE')",
+            (nasty, f'"{schema}"."orders"', nasty, f'"{schema}"."orders"'),
+        ).fetchone()
+        assert tuple(granted) == (True, True)
+    finally:
+        raw.execute('DROP OWNED BY "' + nasty.replace('"', '""') + '"')
+        raw.execute('DROP ROLE "' + nasty.replace('"', '""') + '"')
+
+
+def test_depths_errors_and_retry_on_a_live_database(pg_uri, schema, client, queue):
+    error = QueueAddress("error", schema)
+    client.send(queue, [Message(f"m{i}") for i in range(5)])
+    held = client.claim(queue, 3)
+    assert client.fail(queue, held[0], ValueError("bad value"))
+    assert client.fail(queue, held[1], ValueError("worse value"))
+    client.send(error, Message("hand-made", {FAILED_QUEUE: 'elsewhere@"public"'}))
+    env = {"SQLQUEUE_CONN": pg_uri}
+
+    depths = sqlqueue("depths", f'orders@"{schema}"', env=env)
+    assert depths.returncode == 0, depths.stderr
+    header, row = depths.stdout.splitlines()
+    assert header.split() == ["queue", "waiting", "in", "flight", "lapsed", "claims", "in", "its", "error", "queue"]
+    assert row.split() == [f'orders@"{schema}"', "2", "1", "0", "3"]
+
+    errors = sqlqueue("errors", "--queue", f'orders@"{schema}"', env=env)
+    assert errors.returncode == 0, errors.stderr
+    lines = errors.stdout.splitlines()
+    assert lines[1].split()[:3] == ["2", f'orders@"{schema}"', "builtins.ValueError"]
+    assert "worse value" in lines[1]  # the newest failure's message
+    assert lines[2].split()[:2] == ["1", 'elsewhere@"public"']
+
+    retry = sqlqueue("retry", "--queue", f'orders@"{schema}"', env=env)
+    assert retry.returncode == 0 and "sent 2 message(s)" in retry.stdout
+    assert client.depth(queue) == 4 and client.depth(error) == 1
+
+
+def test_errors_are_the_librarys_own_and_exit_1(pg_uri, schema):
+    missing = sqlqueue("depths", f'nowhere@"{schema}"', "--conn", pg_uri)
+    assert missing.returncode == 1 and "does not exist" in missing.stderr and "Traceback" not in missing.stderr
+    unnamed = sqlqueue("ddl", "orders", env={"SQLQUEUE_CONN": ""})
+    assert unnamed.returncode == 1 and "--dialect" in unnamed.stderr
+    bad = sqlqueue("ddl", 'a"b"c', "--dialect", "postgres")
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr
+    secret = "postgresql://postgres:s3cret@127.0.0.1:1/test?connect_timeout=2"
+    down = sqlqueue("depths", "orders", "--conn", secret)
+    assert down.returncode == 1 and "s3cret" not in down.stderr and "Traceback" not in down.stderr
+
+
+def test_airflow_sqlqueue_is_registered_with_the_same_commands(airflow_db, pg_uri, schema):
+    """``airflow sqlqueue ...`` through the provider's cli entry, against an Airflow connection."""
+    listed = subprocess.run(
+        [sys.executable, "-m", "airflow", "sqlqueue", "--help"], capture_output=True, text=True, timeout=240
+    )
+    assert listed.returncode == 0, listed.stderr
+    for command in cli.COMMANDS:
+        assert command.name in listed.stdout
+    from demo.services import airflow_connection
+
+    env = {**os.environ, "AIRFLOW_CONN_QUEUES": airflow_connection(pg_uri)}
+    with QueueClient.connect(pg_uri) as client:
+        client.create_queue(QueueAddress("orders", schema))
+        client.send(QueueAddress("orders", schema), Message("x"))
+    shown = subprocess.run(
+        [sys.executable, "-m", "airflow", "sqlqueue", "depths", f'orders@"{schema}"', "--conn-id", "queues"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines()[1].split()[:2] == [f'orders@"{schema}"', "1"]
