@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from airflow_provider_sqlqueue.transport import Message, QueueAddress, QueueNotFoundError
+from airflow_provider_sqlqueue.transport import LeaseLostError, Message, QueueAddress, QueueNotFoundError
 
 pytestmark = pytest.mark.every_dialect
 
@@ -55,6 +55,23 @@ def test_publish_reaches_exactly_the_subscribed_queues(client, queues, schema):
     assert {a.table for a in client.publish("Shop.OrderCancelled", Message("c"), table=table)} == {"shipping"}
     assert client.publish("Shop.Nobody", Message("x"), table=table) == []
     assert [client.depth(q) for q in queues.values()] == [0, 1, 0]
+
+
+def test_a_stage_publishes_its_result_and_acknowledges_its_claims_in_one_transaction(client, queues, schema):
+    table, source = routing(schema), queues["audit_log"]
+    client.subscribe(queues["billing"], "Shop.Cleaned", table=table)
+    client.subscribe(queues["shipping"], "Shop.Cleaned", table=table)
+    client.send(source, [Message("a"), Message("b")])
+    kept, lost = client.claim(source, 2)
+    assert client.nack(source, lost.claim_token)
+    [again] = client.claim(source)  # lost's token is void now
+    with pytest.raises(LeaseLostError):
+        client.publish("Shop.Cleaned", Message("r"), table=table, claims={source: [kept.claim_token, lost.claim_token]})
+    assert [client.depth(queues[n]) for n in ("billing", "shipping")] == [0, 0]  # nothing published ...
+    assert client.inflight(source) == 2  # ... and nothing acknowledged
+    reached = client.publish("Shop.Cleaned", Message("r"), table=table, claims={source: [kept.claim_token]})
+    assert {a.table for a in reached} == {"billing", "shipping"}
+    assert client.inflight(source) == 1 and client.ack(source, again.claim_token)
 
 
 def test_subscribing_again_is_idempotent_and_unsubscribe_stops_delivery(client, queues, schema):

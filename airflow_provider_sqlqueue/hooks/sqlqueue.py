@@ -31,6 +31,7 @@ from ..transport import (
     Failure,
     LeaseKeeper,
     Message,
+    QueueAddress,
     QueueClient,
     ReceivedMessage,
     TransactionMode,
@@ -347,10 +348,20 @@ class SqlQueueHook(BaseHook):
         *,
         notify: bool = False,
         subscription_table: str | None = None,
+        claims: Mapping[str, Iterable[Token]] | None = None,
+        started: Mapping[uuid.UUID, datetime] | None = None,
     ) -> list[str]:
-        """Send the messages to every queue subscribed to any of ``topics``, in one transaction; returns those queues."""
+        """Send the messages to every queue subscribed to any of ``topics``, in one transaction; returns those queues.
+
+        With ``claims`` the claims the event came from are acknowledged in the same transaction.
+        """
         with self.client() as client:
-            reached = client.publish(topics, messages, notify=notify, table=subscription_table)
+            held: dict[str | QueueAddress, Iterable[Token]] | None = (
+                None if claims is None else {queue: list(tokens) for queue, tokens in claims.items()}
+            )
+            reached = client.publish(
+                topics, messages, notify=notify, table=subscription_table, claims=held, started=started
+            )
             return [client.canonical_address(address) for address in reached]
 
     def move_due(self, queue_name: str, *, batch_size: int = defaults.DELAYED_BATCH) -> int:

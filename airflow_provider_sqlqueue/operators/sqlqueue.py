@@ -215,6 +215,9 @@ class PublishMessageOperator(_SendingOperator):
         them receive it), as NServiceBus publishes.
     :param subscription_table: the subscription table the subscribers used (default
         ``SubscriptionRouting`` in the connection's default schema).
+    :param claims: the messages the events came from (what :func:`hold_messages` yielded): they are
+        acknowledged in the publish's transaction, as :class:`ForwardMessagesOperator` does for a
+        send, so a stage's result is published once per message.
 
     ``body``, ``messages``, ``headers``, ``message_type``, ``time_to_be_received`` and ``notify``
     are as for :class:`SendMessageOperator`.
@@ -227,6 +230,7 @@ class PublishMessageOperator(_SendingOperator):
         "headers",
         "message_type",
         "subscription_table",
+        "claims",
         "sqlqueue_conn_id",
     )
     template_fields_renderers: ClassVar[dict[str, str]] = {"body": "json", "messages": "json", "headers": "json"}
@@ -238,6 +242,7 @@ class PublishMessageOperator(_SendingOperator):
         body: Any = None,
         messages: Iterable[Any] | None = None,
         subscription_table: str | None = None,
+        claims: Any = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -247,14 +252,39 @@ class PublishMessageOperator(_SendingOperator):
         self.subscription_table = subscription_table
         self.body = body
         self.messages = messages
+        self.claims = claims
 
     def execute(self, context: Any) -> list[str]:
         batch = [self._message(self.body)] if self.messages is None else self._batch(self.messages)
-        reached = self.hook.publish(self.topics, batch, notify=self.notify, subscription_table=self.subscription_table)
+        if self.claims is None:
+            reached = self.hook.publish(
+                self.topics, batch, notify=self.notify, subscription_table=self.subscription_table
+            )
+        else:
+            reached = self._publish_settling(context, batch)
         self.log.info(
             "Published %d message(s) on %s to %d queue(s): %s", len(batch), self.topics, len(reached), reached
         )
         return reached
+
+    def _publish_settling(self, context: Any, batch: list[Message]) -> list[str]:
+        claimed = claimed_messages(self.claims, context)
+        claims = tokens_by_queue(claimed)
+        hook = self.hook
+        try:
+            return hook.publish(
+                self.topics,
+                batch,
+                notify=self.notify,
+                subscription_table=self.subscription_table,
+                claims=claims,
+                started=received_times(claimed),
+            )
+        except LeaseLostError:
+            raise
+        except Exception as exc:
+            give_back(hook, claims, Failure.of(exc, failure_source(context)))
+            raise
 
 
 class ForwardMessagesOperator(_SendingOperator):
@@ -292,8 +322,7 @@ class ForwardMessagesOperator(_SendingOperator):
         except LeaseLostError:
             raise
         except Exception as exc:
-            for queue, tokens in claims.items():
-                hook.nack(queue, tokens, error=Failure.of(exc, failure_source(context)))
+            give_back(hook, claims, Failure.of(exc, failure_source(context)))
             raise
         self.log.info(
             "Queue %s: sent %d result(s) and acknowledged %d claim(s) in one transaction",
@@ -302,6 +331,12 @@ class ForwardMessagesOperator(_SendingOperator):
             sum(map(len, claims.values())),
         )
         return sent
+
+
+def give_back(hook: SqlQueueHook, claims: Mapping[str, list[str]], failure: Failure) -> None:
+    """Nack the claims a stage could not hand on, with why (a lost lease is not given back: it is gone)."""
+    for queue, tokens in claims.items():
+        hook.nack(queue, tokens, error=failure)
 
 
 def failure_source(context: Any) -> str:

@@ -226,9 +226,22 @@ class _Addressing(Addressing, Generic[S]):
         messages: Message | Iterable[Message],
         table: str | QueueAddress | None,
         notify: bool,
+        claims: Mapping[str | QueueAddress, Token | Iterable[Token]] | None = None,
+        started: Mapping[uuid.UUID, datetime] | None = None,
     ) -> ops.Operation[list[QueueAddress]]:
-        batch = as_messages(messages)
-        return ops.publish(self.dialect, self.subscription_table(table), topic_names(topics), batch, notify)
+        batch, names, where = as_messages(messages), topic_names(topics), self.subscription_table(table)
+        if claims is None:
+            return ops.publish(self.dialect, where, names, batch, notify)
+        settled, audit = self._claims(claims)
+        return ops.forward_published(self.dialect, settled, where, names, batch, notify, audit, started)
+
+    def _claims(
+        self, claims: Mapping[str | QueueAddress, Token | Iterable[Token]]
+    ) -> tuple[list[tuple[QueueAddress, list[uuid.UUID]]], dict[QueueAddress, QueueAddress]]:
+        """Claims by queue address, and the audit queue of each queue that has one."""
+        settled = [(self.address(queue), as_tokens(tokens)) for queue, tokens in claims.items()]
+        audit = {address: where for address, _ in settled if (where := self.audit_address(address)) is not None}
+        return settled, audit
 
     def _move_due_op(self, queue: str | QueueAddress, batch_size: int) -> ops.Operation[int]:
         address = self.address(queue)
@@ -306,8 +319,7 @@ class _Addressing(Addressing, Generic[S]):
         notify: bool,
         started: Mapping[uuid.UUID, datetime] | None,
     ) -> ops.Operation[int]:
-        settled = [(self.address(queue), as_tokens(tokens)) for queue, tokens in claims.items()]
-        audit = {address: where for address, _ in settled if (where := self.audit_address(address)) is not None}
+        settled, audit = self._claims(claims)
         return ops.forward(
             self.dialect,
             settled,
@@ -530,13 +542,17 @@ class QueueClient(_Addressing[Session]):
         *,
         table: str | QueueAddress | None = None,
         notify: bool = False,
+        claims: Mapping[str | QueueAddress, Token | Iterable[Token]] | None = None,
+        started: Mapping[uuid.UUID, datetime] | None = None,
     ) -> list[QueueAddress]:
         """Send ``messages`` to every queue subscribed to any of ``topics``, in one transaction.
 
         ``topics``: the event's type name, then the types it derives from (NServiceBus matches a
         subscription to any of them). Returns the queues reached (none when nobody subscribed).
+        With ``claims`` ({queue: tokens}) the claims the event came from are acknowledged in the
+        same transaction, as :meth:`forward` does for a send (``LeaseLostError``: nothing published).
         """
-        return self._run(self._publish_op(topics, messages, table, notify))
+        return self._run(self._publish_op(topics, messages, table, notify, claims, started))
 
     # -- receiving ---------------------------------------------------------------------------
 

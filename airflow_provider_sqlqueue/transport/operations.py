@@ -795,6 +795,36 @@ def forward(
     forward back, so a stage's result is never sent twice for one message. The claims of a queue
     that ``audit`` maps to an audit queue are audited as :func:`ack_audited` does.
     """
+    yield from _settle_all(d, claims, audit, started)
+    sent = 0
+    for address, messages in sends:
+        if messages:
+            sent += yield from send(d, address, messages, notify)
+    return sent
+
+
+def forward_published(
+    d: Dialect,
+    claims: Sequence[tuple[QueueAddress, Sequence[uuid.UUID]]],
+    table: QueueAddress,
+    topics: Sequence[str],
+    messages: Sequence[Message],
+    notify: bool = False,
+    audit: Mapping[QueueAddress, QueueAddress] | None = None,
+    started: Mapping[uuid.UUID, datetime] | None = None,
+) -> Operation[list[QueueAddress]]:
+    """Acknowledge ``claims`` and :func:`publish` ``messages`` in one transaction, as :func:`forward` sends them."""
+    yield from _settle_all(d, claims, audit, started)
+    return (yield from publish(d, table, topics, messages, notify))
+
+
+def _settle_all(
+    d: Dialect,
+    claims: Sequence[tuple[QueueAddress, Sequence[uuid.UUID]]],
+    audit: Mapping[QueueAddress, QueueAddress] | None,
+    started: Mapping[uuid.UUID, datetime] | None,
+) -> Operation[None]:
+    """Acknowledge every claim (auditing those of queues ``audit`` maps), or raise :class:`LeaseLostError`."""
     for address, tokens in claims:
         wanted = set(tokens)
         audit_address = (audit or {}).get(address)
@@ -804,11 +834,6 @@ def forward(
             held = yield from ack_audited(d, address, list(wanted), audit_address, started or {})
         if held != wanted:
             raise LeaseLostError(d.qualified_name(address), sorted(str(token) for token in wanted - held))
-    sent = 0
-    for address, messages in sends:
-        if messages:
-            sent += yield from send(d, address, messages, notify)
-    return sent
 
 
 def fail_claim(
