@@ -1,4 +1,4 @@
-"""The Spark work of the example pipelines (example_dags/): clean raw orders, then summarise them.
+"""The Spark work of the example pipelines (example_dags/): clean raw orders, then summarise them or check them.
 
 Plain PySpark functions, called from the example DAGs' ``@task.pyspark`` tasks with the session
 the Spark provider built from the Spark connection (``local[*]`` by default). Outputs are written
@@ -73,6 +73,21 @@ def summarise_orders(spark: Any, source: str, target: str) -> dict[str, Any]:
     return {**report, "path": target}
 
 
+def check_quality(spark: Any, source: str) -> dict[str, Any]:
+    """What a data-quality consumer of cleaned orders looks at: rows per country, and orders without a customer."""
+    from pyspark.sql import functions as F
+
+    orders = spark.read.parquet(source)
+    per_country = {
+        row["country"]: row["rows"] for row in orders.groupBy("country").agg(F.count("*").alias("rows")).collect()
+    }
+    return {
+        "rows": sum(per_country.values()),
+        "rows_per_country": dict(sorted(per_country.items())),
+        "without_customer": orders.where(F.col("customer_id").isNull()).count(),
+    }
+
+
 def clean_message(spark: Any, message: dict[str, Any]) -> dict[str, Any]:
     """Handle an ``ingest`` message: clean its dataset; the result is the next stage's message."""
     body = message["body"]
@@ -88,3 +103,11 @@ def summarise_message(spark: Any, message: dict[str, Any]) -> dict[str, Any]:
     report = summarise_orders(spark, body["path"], f"{body['output_root']}/reports/{message['id']}")
     print(f"summarised {body['dataset']}: {report['orders']} orders, revenue {report['revenue']}")
     return {**report, "dataset": body["dataset"]}
+
+
+def quality_message(spark: Any, message: dict[str, Any]) -> dict[str, Any]:
+    """Handle a cleaned-orders event: check the clean data; the result is the quality report message."""
+    body = message["body"]
+    quality = check_quality(spark, body["path"])
+    print(f"checked {body['dataset']}: {quality['rows']} rows in {len(quality['rows_per_country'])} countries")
+    return {**quality, "dataset": body["dataset"]}

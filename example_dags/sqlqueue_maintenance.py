@@ -7,23 +7,28 @@ claims in flight and what sits in the error queue.
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from datetime import datetime
 
 from airflow.sdk import DAG, task
+from sqlqueue_stages import QUEUES as NAMES  # example_dags/: the DAGs folder is on sys.path
+from sqlqueue_stages import SUBSCRIBERS, SUBSCRIPTIONS, queue
 
 from airflow_provider_sqlqueue.hooks.sqlqueue import SqlQueueHook
 from airflow_provider_sqlqueue.operators.sqlqueue import CreateQueueOperator, PurgeExpiredMessagesOperator
 from airflow_provider_sqlqueue.transport import QueueNotFoundError
 
-SCHEMA = os.environ.get("SQLQUEUE_SCHEMA", "public")
-QUEUES = [f'{name}@"{SCHEMA}"' for name in ("ingest", "cleaned", "reports", "ingest_events", "cleaned_events")]
-ERROR_QUEUE = f'error@"{SCHEMA}"'
+QUEUES = [queue(name) for name in NAMES]
+ERROR_QUEUE = queue("error")
 
 with DAG("sqlqueue_setup", schedule="@once", start_date=datetime(2026, 1, 1), catchup=False, tags=["sqlqueue"]):
-    for name in QUEUES:
-        CreateQueueOperator(task_id=f"create_{name.split('@')[0]}", queue_name=name)  # + error@"SCHEMA"
+    for name in NAMES:
+        CreateQueueOperator(  # + error@"SCHEMA"; subscribers also subscribe to their events
+            task_id=f"create_{name}",
+            queue_name=queue(name),
+            subscribe_to=SUBSCRIBERS.get(name, ()),
+            subscription_table=SUBSCRIPTIONS,
+        )
 
 with DAG(
     "sqlqueue_maintenance",

@@ -21,6 +21,7 @@ def run_dag(dag_id: str) -> tuple[Any, float]:
     """Run one example DAG with ``dag.test()``; returns the run and its duration in seconds."""
     from airflow.dag_processing.dagbag import DagBag
 
+    sys.modules.pop("sqlqueue_stages", None)  # the DAG files' shared module reads SQLQUEUE_SCHEMA when imported
     bag = DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
     if bag.import_errors:
         raise RuntimeError(f"example DAGs failed to import: {bag.import_errors}")
@@ -85,6 +86,36 @@ def test_chain_end_to_end(pipeline, client, schema):
     assert report_message.headers["NServiceBus.EnclosedMessageTypes"] == "SqlQueue.Demo.DatasetReport"
     check_report(report_message.json(), expected)
     assert left(client, schema) == dict.fromkeys(QUEUES, 0)
+
+
+def test_fan_out_one_stage_publishes_to_two_subscribed_stages(pipeline, client, schema):
+    """sqlqueue_setup subscribed fanout_summary and fanout_quality; the clean stage publishes to both."""
+    dataset = pipeline / "orders.csv"
+    expected = write_orders(dataset, rows=1000)
+    sent = Message.of({"dataset": "f", "path": str(dataset), "output_root": str(pipeline / "out")})
+    client.send(QueueAddress("fanout_ingest", schema), sent)
+
+    clean, _ = run_dag("sqlqueue_fanout_clean")
+    assert clean.state == "success"
+    assert sorted(task_output(clean, "publish")) == [f'fanout_quality@"{schema}"', f'fanout_summary@"{schema}"']
+    events = {name: client.browse(QueueAddress(name, schema)) for name in ("fanout_summary", "fanout_quality")}
+    assert [len(found) for found in events.values()] == [1, 1]
+    assert events["fanout_summary"][0].id == events["fanout_quality"][0].id  # one event, two subscribers
+    assert events["fanout_summary"][0].headers["NServiceBus.MessageIntent"] == "Publish"
+
+    for dag_id in ("sqlqueue_fanout_summarise", "sqlqueue_fanout_quality"):
+        assert run_dag(dag_id)[0].state == "success"
+    reports = {
+        m.headers["NServiceBus.EnclosedMessageTypes"]: m.json()
+        for m in client.receive(QueueAddress("fanout_reports", schema), 10)
+    }
+    assert set(reports) == {"SqlQueue.Demo.DatasetReport", "SqlQueue.Demo.QualityReport"}
+    check_report(reports["SqlQueue.Demo.DatasetReport"], expected)
+    quality = reports["SqlQueue.Demo.QualityReport"]
+    assert quality["rows"] == expected["valid_orders"] == sum(quality["rows_per_country"].values())
+    for name in ("fanout_ingest", "fanout_summary", "fanout_quality", "fanout_reports"):
+        address = QueueAddress(name, schema)
+        assert client.depth(address) + client.inflight(address) == 0, name
 
 
 def test_first_spark_job_fails_once_then_the_chain_completes(pipeline, client, schema):

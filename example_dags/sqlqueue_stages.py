@@ -1,0 +1,117 @@
+"""What the example pipelines share: where their queues are, the hand-off lease, and one stage of a chain.
+
+A stage waits for messages on a queue (a deferrable sensor: the wait runs in the triggerer), runs
+a Spark job on each while their claims are renewed, then hands the results on and acknowledges
+the messages in one transaction: sent to the next queue (``ForwardMessagesOperator``) or published
+to whoever subscribed to a topic (``PublishMessageOperator``). A result is handed on once per
+message even if a worker dies mid-job and the message is handled again. If the job fails the
+messages are given back with its exception at once; after 5 deliveries they move to the error
+queue, whose headers name the exception and the task. Spark runs wherever the ``spark_default``
+connection points (``local[*]`` when it has no host); change that connection, not the DAGs, to use
+a cluster. The queues are in the database of the ``sqlqueue_default`` connection (schema:
+``SQLQUEUE_SCHEMA``, default ``public``); the ``sqlqueue_setup`` DAG creates them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from airflow.sdk import DAG, task
+
+from airflow_provider_sqlqueue.operators.sqlqueue import (
+    ForwardMessagesOperator,
+    PublishMessageOperator,
+    hold_messages,
+)
+from airflow_provider_sqlqueue.sensors.sqlqueue import SqlQueueSensor
+from airflow_provider_sqlqueue.transport import defaults
+
+SCHEMA = os.environ.get("SQLQUEUE_SCHEMA", "public")
+#: The hand-off lease: how soon messages held by a process that died (a triggerer, a worker) come back.
+LEASE = (
+    timedelta(seconds=float(os.environ["SQLQUEUE_LEASE_SECONDS"]))
+    if "SQLQUEUE_LEASE_SECONDS" in os.environ
+    else defaults.LEASE
+)
+CONN, SPARK_CONN = "sqlqueue_default", "spark_default"
+#: NServiceBus's subscription table of the examples' publish/subscribe, beside their queues.
+SUBSCRIPTIONS = f'SubscriptionRouting@"{SCHEMA}"'
+BATCH = 10  # messages one run takes at most
+#: The event the fan-out example publishes, and the queues subscribed to it (sqlqueue_setup subscribes them).
+ORDERS_CLEANED = "SqlQueue.Demo.OrdersCleaned"
+SUBSCRIBERS = {"fanout_summary": [ORDERS_CLEANED], "fanout_quality": [ORDERS_CLEANED]}
+#: Every queue of the examples, as sqlqueue_setup creates them (each with error@SCHEMA beside it).
+QUEUES = [
+    "ingest",
+    "cleaned",
+    "reports",
+    "ingest_events",
+    "cleaned_events",
+    "fanout_ingest",
+    "fanout_summary",
+    "fanout_quality",
+    "fanout_reports",
+]
+
+Job = Callable[[Any, dict[str, Any]], dict[str, Any]]
+
+
+def queue(name: str) -> str:
+    """The address of an example queue, in the examples' schema."""
+    return f'{name}@"{SCHEMA}"'
+
+
+def stage(
+    dag_id: str,
+    task_id: str,
+    source: str,
+    job: Job,
+    message_type: str,
+    *,
+    target: str | None = None,
+    publish: bool = False,
+    doc_md: str | None = None,
+) -> DAG:
+    """Wait for messages on ``source``, run ``job`` on each in Spark, then send the results to
+    ``target`` or (``publish``) publish them as events of type ``message_type``."""
+    if (target is None) == (not publish):
+        raise ValueError("a stage either sends to a target queue or publishes")
+    with DAG(
+        dag_id,
+        schedule="@continuous",
+        max_active_runs=1,
+        start_date=datetime(2026, 1, 1),
+        catchup=False,
+        default_args={"retries": 0},
+        tags=["sqlqueue", "spark"],
+        doc_md=doc_md,
+    ) as dag:
+        wait = SqlQueueSensor(task_id="wait", queue_name=source, max_messages=BATCH, lease=LEASE, deferrable=True)
+
+        @task.pyspark(task_id=task_id, conn_id=SPARK_CONN, multiple_outputs=True)
+        def run_job(messages: list[dict], spark=None) -> dict:
+            with hold_messages(messages, lease=LEASE) as held:  # claims renewed while Spark works
+                results = held.map(lambda message: job(spark, message))  # a failing one is given back alone
+                return {"claims": held.messages, "results": results}
+
+        done = run_job(wait.output)
+        if publish:
+            PublishMessageOperator(
+                task_id="publish",
+                topics=[message_type],
+                messages=done["results"],
+                claims=done["claims"],
+                subscription_table=SUBSCRIPTIONS,
+            )
+        else:
+            ForwardMessagesOperator(
+                task_id="forward",
+                queue_name=target,
+                messages=done["results"],
+                claims=done["claims"],
+                message_type=message_type,
+            )
+    return dag
