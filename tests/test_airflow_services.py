@@ -30,6 +30,9 @@ from tests.conftest import EXAMPLE_DAGS
 pytestmark = pytest.mark.timeout(1800)
 
 QUEUES = ("ingest", "cleaned", "reports", "ingest_events", "cleaned_events")
+FANOUT_QUEUES = ("fanout_ingest", "fanout_summary", "fanout_quality", "fanout_reports")
+#: The fan-out example's subscribers and their event (as sqlqueue_setup subscribes them).
+SUBSCRIBERS = {"fanout_summary": "SqlQueue.Demo.OrdersCleaned", "fanout_quality": "SqlQueue.Demo.OrdersCleaned"}
 #: The hand-off lease the example DAGs use here, and how soon Airflow notices a dead task, triggerer
 #: or scheduler and resets the tasks it ran, shortened so that recoveries fit a CI run (the defaults
 #: are 120, 300, 30, 30 and 300 seconds).
@@ -46,6 +49,9 @@ STAGE_DAGS = [
     "sqlqueue_spark_summarise",
     "sqlqueue_spark_clean_events",
     "sqlqueue_spark_summarise_events",
+    "sqlqueue_fanout_clean",
+    "sqlqueue_fanout_summarise",
+    "sqlqueue_fanout_quality",
 ]
 
 
@@ -97,8 +103,11 @@ def pipeline(pg_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     with psycopg.connect(pg_uri, autocommit=True) as admin:
         admin.execute(f'CREATE SCHEMA "{schema}"')
     with QueueClient.connect(pg_uri) as installer:  # the installer's step, as sqlqueue_setup does it
-        for name in QUEUES:
+        for name in (*QUEUES, *FANOUT_QUEUES):
             installer.create_queue(QueueAddress(name, schema))
+        routing = installer.create_subscription_table(QueueAddress("SubscriptionRouting", schema))
+        for name, event in SUBSCRIBERS.items():
+            installer.subscribe(QueueAddress(name, schema), event, table=routing)
     try:
         with metadata_database(pg_uri) as metadata_uri:
             services = AirflowServices(
@@ -262,6 +271,38 @@ def running_holder(
                 return f"{dag_id}.{task_id}", pid, held
         time.sleep(0.5)
     raise AssertionError("no running Spark task held claims")
+
+
+def test_fan_out_each_dataset_reaches_both_subscribed_stages_exactly_once(pipeline: Pipeline) -> None:
+    """Plain-SQL inserts into fanout_ingest; the clean stage publishes; both subscriber stages report each dataset once."""
+    expected = {}
+    for n in range(3):
+        body, figures = pipeline.dataset(f"f-{n}", seed=100 + n)
+        expected[body["dataset"]] = figures
+        pipeline.insert("fanout_ingest", body)
+    with QueueClient.connect(pipeline.pg_uri) as client:
+        reports = pipeline.address("fanout_reports")
+
+        def waiting() -> dict[str, int]:
+            return {n: client.depth(pipeline.address(n)) + client.inflight(pipeline.address(n)) for n in FANOUT_QUEUES}
+
+        pipeline.wait_until(lambda: waiting()["fanout_reports"] >= 6, 900, "6 fan-out reports")
+        pipeline.wait_until(lambda: sum(waiting().values()) == waiting()["fanout_reports"], 120, "fan-out drained")
+        time.sleep(5)  # a second publish of one result would show up now
+        received = client.receive(reports, 100)
+    kinds = Counter((m.json()["dataset"], m.headers["NServiceBus.EnclosedMessageTypes"]) for m in received)
+    assert kinds == Counter(
+        {
+            (name, kind): 1
+            for name in expected
+            for kind in ("SqlQueue.Demo.DatasetReport", "SqlQueue.Demo.QualityReport")
+        }
+    )
+    for message in received:
+        report = message.json()
+        rows = report["orders"] if "orders" in report else report["rows"]
+        assert rows == expected[report["dataset"]]["valid_orders"]
+    assert pipeline.left()["error"] == 0
 
 
 def test_sigkilled_services_lose_nothing_and_send_nothing_twice(pipeline: Pipeline) -> None:
