@@ -50,14 +50,19 @@ with DAG(
                 queues[name] = {"waiting": hook.depth(name), "in_flight": hook.inflight(name)}
             except QueueNotFoundError:
                 queues[name] = {"missing": True}
-        errors = hook.browse(ERROR_QUEUE, 10_000)
-        by_source = Counter(message.headers.get("NServiceBus.FailedQ") or "unknown" for message in errors)
-        by_exception = Counter(
-            message.headers.get("NServiceBus.ExceptionInfo.ExceptionType") or "unknown" for message in errors
-        )
+        groups = hook.error_summary(ERROR_QUEUE)  # the newest 10,000, headers only
+        by_source: Counter[str] = Counter()
+        by_exception: Counter[str] = Counter()
+        for group in groups:
+            by_source[group.source] += group.count
+            by_exception[group.exception_type] += group.count
         summary = {
             "queues": queues,
-            "error_queue": {"messages": len(errors), "by_source": dict(by_source), "by_exception": dict(by_exception)},
+            "error_queue": {
+                "messages": sum(by_source.values()),
+                "by_source": dict(by_source),
+                "by_exception": dict(by_exception),
+            },
         }
         for name, figures in queues.items():
             print(f"{name}: {figures}")

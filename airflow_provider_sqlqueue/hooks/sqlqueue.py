@@ -49,6 +49,7 @@ from ..transport.drivers import (
     session_over,
 )
 from ..transport.errors import SqlQueueError
+from ..transport.operations import ErrorGroup
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection
@@ -539,6 +540,13 @@ class SqlQueueHook(BaseHook):
         """Send messages in the error queue back to the queue they failed in (only ``queue_name``'s when given)."""
         with self.client() as client:
             return client.retry_errors(error_queue, queue=queue_name, limit=limit)
+
+    def error_summary(
+        self, error_queue: str | None = None, *, queue_name: str | None = None, limit: int = defaults.ERROR_SUMMARY_ROWS
+    ) -> list[ErrorGroup]:
+        """The newest ``limit`` error messages by source queue and exception type (headers only; see ``QueueClient.error_summary``)."""
+        with self.client() as client:
+            return client.error_summary(error_queue, queue=queue_name, limit=limit)
 
 
 def _receive(
