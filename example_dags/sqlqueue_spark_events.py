@@ -14,25 +14,16 @@ new run.
 
 from __future__ import annotations
 
-import os
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
 from airflow.sdk import DAG, Asset, AssetWatcher, task
 from spark_jobs import clean_message, summarise_message  # example_dags/spark_jobs.py: the DAGs folder is on sys.path
+from sqlqueue_stages import CONN, LEASE, SCHEMA, SPARK_CONN, queue
 
 from airflow_provider_sqlqueue.operators.sqlqueue import ForwardMessagesOperator, hold_messages
-from airflow_provider_sqlqueue.transport import defaults
 
-SCHEMA = os.environ.get("SQLQUEUE_SCHEMA", "public")
-#: The hand-off lease: how soon messages held by a process that died (a triggerer, a worker) come back.
-LEASE = (
-    timedelta(seconds=float(os.environ["SQLQUEUE_LEASE_SECONDS"]))
-    if "SQLQUEUE_LEASE_SECONDS" in os.environ
-    else defaults.LEASE
-)
-CONN, SPARK_CONN = "sqlqueue_default", "spark_default"
-INGEST, CLEANED, REPORTS = (f'{name}@"{SCHEMA}"' for name in ("ingest_events", "cleaned_events", "reports"))
+INGEST, CLEANED, REPORTS = queue("ingest_events"), queue("cleaned_events"), queue("reports")
 
 
 def watched(queue_name: str, name: str) -> Asset:
