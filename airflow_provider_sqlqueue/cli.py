@@ -1,8 +1,8 @@
 """``sqlqueue`` (and ``airflow sqlqueue``): scripts a DBA reviews before anything runs, and a look at live queues.
 
 ``ddl`` and ``grants`` print, without connecting, what ``create_queue`` would create for the
-given queues and what a runtime role needs on it; ``depths``, ``errors`` and ``retry`` work on a
-database named by ``--conn`` (a URI, as ``QueueClient.connect`` takes; default
+given queues and what a runtime role needs on it; ``depths``, ``errors``, ``retry``, ``move-due``
+and the subscription commands work on a database named by ``--conn`` (a URI, as ``QueueClient.connect`` takes; default
 ``$SQLQUEUE_CONN``) or, where Airflow is installed, by ``--conn-id`` (an Airflow connection).
 
 The same commands are the console script ``sqlqueue`` for hosts without Airflow and, through
@@ -125,11 +125,11 @@ def _client(args: argparse.Namespace) -> QueueClient:
     if args.conn_id:
         from .hooks.sqlqueue import SqlQueueHook
 
-        return SqlQueueHook(args.conn_id, error_queue=args.error_queue).get_conn()
+        return SqlQueueHook(args.conn_id, error_queue=getattr(args, "error_queue", None)).get_conn()
     uri = args.conn or os.environ.get("SQLQUEUE_CONN")
     if not uri:
         raise SqlQueueError("say which database to use: --conn URI, $SQLQUEUE_CONN or --conn-id")
-    return QueueClient.connect(uri, error_queue=args.error_queue)
+    return QueueClient.connect(uri, error_queue=getattr(args, "error_queue", None))
 
 
 def _table(out: TextIO, header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
@@ -173,6 +173,39 @@ def run_retry(args: argparse.Namespace, out: TextIO) -> None:
     out.write(f"sent {moved} message(s) back to the queue(s) they failed in\n")
 
 
+def run_move_due(args: argparse.Namespace, out: TextIO) -> None:
+    with _client(args) as client:
+        for name in args.queues:
+            moved = client.move_due(name)
+            wait = client.next_due(name)
+            later = "none waiting" if wait is None else f"next due in {max(wait.total_seconds(), 0):.1f}s"
+            out.write(f"{client.canonical_address(name)}: moved {moved} due delayed message(s); {later}\n")
+
+
+def run_subscribe(args: argparse.Namespace, out: TextIO) -> None:
+    with _client(args) as client:
+        table = client.create_subscription_table(args.subscription_table)  # the installer's, if it is missing
+        client.subscribe(args.queue, args.topics, endpoint=args.endpoint, table=table)
+        out.write(f"{client.canonical_address(args.queue)} subscribed to {', '.join(args.topics)}\n")
+
+
+def run_unsubscribe(args: argparse.Namespace, out: TextIO) -> None:
+    with _client(args) as client:
+        client.unsubscribe(args.queue, args.topics, endpoint=args.endpoint, table=args.subscription_table)
+        out.write(f"{client.canonical_address(args.queue)} unsubscribed from {', '.join(args.topics)}\n")
+
+
+def run_subscribers(args: argparse.Namespace, out: TextIO) -> None:
+    with _client(args) as client:
+        found = client.subscribers(args.topics, table=args.subscription_table)
+    out.write("".join(f"{address}\n" for address in found) or "(no subscribers)\n")
+
+
+SUBSCRIBER: ArgSpec = (("queue",), {"help": "the subscribing queue"})
+TOPICS: ArgSpec = (("topics",), {"nargs": "+", "metavar": "TOPIC", "help": "event type names"})
+ENDPOINT: ArgSpec = (("--endpoint",), {"help": "the subscriber's endpoint name (default: the queue's table name)"})
+SUBSCRIBE_ARGS = [SUBSCRIBER, TOPICS, ENDPOINT, SUBSCRIPTION_TABLE, CONN, CONN_ID]
+
 COMMANDS = [
     Command("ddl", "print the installer's DDL for queues (no connection needed)", run_ddl, PLAN_ARGS),
     Command("grants", "print the least-privilege GRANTs for a runtime role", run_grants, [*PLAN_ARGS, ROLE]),
@@ -193,6 +226,20 @@ COMMANDS = [
         "send error messages back to the queues they failed in",
         run_retry,
         [CONN, CONN_ID, ERROR_QUEUE, QUEUE_FILTER, RETRY_LIMIT],
+    ),
+    Command(
+        "move-due",
+        "move due delayed messages into their queues (where no pump runs the mover: cron, a maintenance DAG)",
+        run_move_due,
+        [SOME_QUEUES, CONN, CONN_ID],
+    ),
+    Command("subscribe", "subscribe a queue to event types", run_subscribe, SUBSCRIBE_ARGS),
+    Command("unsubscribe", "end a queue's subscriptions to event types", run_unsubscribe, SUBSCRIBE_ARGS),
+    Command(
+        "subscribers",
+        "the queues subscribed to any of the event types",
+        run_subscribers,
+        [TOPICS, SUBSCRIPTION_TABLE, CONN, CONN_ID],
     ),
 ]
 

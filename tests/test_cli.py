@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -270,3 +271,26 @@ def test_airflow_sqlqueue_is_registered_with_the_same_commands(airflow_db, pg_ur
     )
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.splitlines()[1].split()[:2] == [f'orders@"{schema}"', "1"]
+
+
+def test_move_due_and_subscriptions_from_the_shell(pg_uri, schema, client, queue):
+    """What must run the mover where no pump does (cron, a maintenance task), and subscriptions by hand."""
+    env = {"SQLQUEUE_CONN": pg_uri}
+    client.send(queue, [Message("soon")], delay=0.05)
+    client.send(queue, [Message("later")], delay=3600)
+    time.sleep(0.3)
+    moved = sqlqueue("move-due", f'orders@"{schema}"', env=env)
+    assert moved.returncode == 0, moved.stderr
+    assert "moved 1 due delayed message(s); next due in 3" in moved.stdout  # 3599.x s
+    assert [m.text for m in client.receive(queue, 5)] == ["soon"]
+
+    routing = f'SubscriptionRouting@"{schema}"'
+    for name in ("billing", "shipping"):
+        client.create_queue(QueueAddress(name, schema))
+        done = sqlqueue("subscribe", f'{name}@"{schema}"', "Shop.OrderPlaced", "--subscription-table", routing, env=env)
+        assert done.returncode == 0, done.stderr
+    listed = sqlqueue("subscribers", "Shop.OrderPlaced", "--subscription-table", routing, env=env)
+    assert sorted(listed.stdout.split()) == sorted([f'billing@"{schema}"', f'shipping@"{schema}"'])
+    gone = sqlqueue("unsubscribe", f'billing@"{schema}"', "Shop.OrderPlaced", "--subscription-table", routing, env=env)
+    assert gone.returncode == 0, gone.stderr
+    assert client.subscribers("Shop.OrderPlaced", table=routing) == [f'shipping@"{schema}"']
