@@ -160,7 +160,8 @@ def test_burst_of_20_on_both_chains_reports_each_dataset_exactly_once(pipeline: 
 
     # Latency, from the services' own records: message -> first Spark task start -> report.
     runs = pipeline.services.metadata(
-        "SELECT dag_id, min(start_date) FROM task_instance WHERE task_id IN ('clean') GROUP BY dag_id"
+        "SELECT dag_id, min(start_date) FROM task_instance WHERE task_id = 'clean' AND dag_id = ANY(%s) GROUP BY dag_id",
+        (["sqlqueue_spark_clean", "sqlqueue_spark_clean_events"],),
     )
     first_start = {dag_id: started.timestamp() for dag_id, started in runs}
     burst_start = min(sent_at.values())
