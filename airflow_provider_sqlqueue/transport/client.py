@@ -126,10 +126,12 @@ class Addressing:
         (and catalog), where ``create_queue`` creates it.
         """
         chosen = error_queue if error_queue is not None else self.error_queue
-        address = self.address(defaults.ERROR_QUEUE if chosen is None else chosen)
-        if address.schema is None and queue is not None:
-            address = queue.sibling(address.table)
-        return address
+        return self._beside(defaults.ERROR_QUEUE if chosen is None else chosen, queue)
+
+    def _beside(self, name: str | QueueAddress, queue: QueueAddress | None) -> QueueAddress:
+        """``name`` as an address; named without a schema, in ``queue``'s schema (and catalog)."""
+        address = self.address(name)
+        return queue.sibling(address.table) if address.schema is None and queue is not None else address
 
     def audit_address(self, queue: QueueAddress) -> QueueAddress | None:
         """Where processed messages of ``queue`` are copied: None when the client does not audit.
@@ -140,8 +142,7 @@ class Addressing:
         chosen = self.audit_queue
         if chosen is None or chosen is False:
             return None
-        address = self.address(defaults.AUDIT_QUEUE if chosen is True else chosen)
-        return queue.sibling(address.table) if address.schema is None else address
+        return self._beside(defaults.AUDIT_QUEUE if chosen is True else chosen, queue)
 
     def installation(
         self,

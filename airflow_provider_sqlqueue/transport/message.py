@@ -476,22 +476,23 @@ def failure_headers(headers: Headers, source_address: str, error: BaseException 
     return result
 
 
-def audit_headers(headers: Headers, endpoint: str, started: datetime, ended: datetime) -> Headers:
-    """Headers of the audit copy of a processed message, as NServiceBus's auditing writes them.
-
-    ``endpoint`` is the queue that processed it (an NServiceBus endpoint is named after its input
-    queue); the machine and host headers name this host, so ServiceControl groups the copies
-    by endpoint instance as it does NServiceBus's own.
-    """
+def processing_headers(endpoint: str) -> Headers:
+    """Who processed a message, as NServiceBus's auditing says it: ``endpoint`` (an NServiceBus
+    endpoint is named after its input queue) and this host, so ServiceControl groups the copies by
+    endpoint instance as it does NServiceBus's own. The same for every copy a batch makes."""
     machine = socket.gethostname()
-    result = dict(headers)
-    result[PROCESSING_STARTED] = wire_timestamp(started)
-    result[PROCESSING_ENDED] = wire_timestamp(ended)
-    result[PROCESSING_ENDPOINT] = endpoint
-    result[PROCESSING_MACHINE] = machine
-    result[HOST_ID] = str(uuid.uuid5(uuid.NAMESPACE_DNS, machine))
-    result[HOST_DISPLAY_NAME] = machine
-    return result
+    return {
+        PROCESSING_ENDPOINT: endpoint,
+        PROCESSING_MACHINE: machine,
+        HOST_ID: str(uuid.uuid5(uuid.NAMESPACE_DNS, machine)),
+        HOST_DISPLAY_NAME: machine,
+    }
+
+
+def audit_headers(headers: Headers, processing: Headers, started: datetime, ended: str) -> Headers:
+    """Headers of the audit copy of a processed message: its own, :func:`processing_headers`, and
+    when its processing started and ended (``ended`` already in wire form, one for a batch)."""
+    return {**headers, PROCESSING_STARTED: wire_timestamp(started), PROCESSING_ENDED: ended, **processing}
 
 
 def without_failure_headers(headers: Headers) -> Headers:

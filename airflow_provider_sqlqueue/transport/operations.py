@@ -41,6 +41,7 @@ from .message import (
     decode_headers,
     encode_headers,
     failure_headers,
+    processing_headers,
     wire_timestamp,
     without_failure_headers,
 )
@@ -741,6 +742,7 @@ def _audit_copies(
         return
     shape = yield from table_shape(d, audit_address)
     ended = datetime.now(timezone.utc)
+    ended_text, processing = wire_timestamp(ended), processing_headers(address.table)
     rows: list[SendRow] = []
     for message_id, headers, body in copies:
         if not isinstance(headers, dict):
@@ -748,7 +750,7 @@ def _audit_copies(
                 headers = decode_headers(headers)
             except InvalidHeadersError:  # a claim with unreadable headers goes to the error queue, never out
                 raise SqlQueueError(f"acknowledged message {message_id} has unreadable headers") from None
-        copy = audit_headers(headers, address.table, started.get(message_id, ended), ended)
+        copy = audit_headers(headers, processing, started.get(message_id, ended), ended_text)
         copy.setdefault(MESSAGE_ID, str(message_id))
         rows.append((uuid.uuid4(), None, encode_headers(copy, ascii_only=shape.ascii_headers), bytes(body or b"")))
     yield from _insert(d, audit_address, shape, rows)
