@@ -59,13 +59,17 @@ class Installation:
     def operations(self) -> list[Callable[[], ops.Operation[None]]]:
         """The installer's operations (each takes the installer lock and leaves existing tables as they are)."""
         d = self.dialect
-        makers: dict[TableKind, Callable[[QueueAddress], Callable[[], ops.Operation[None]]]] = {
-            TableKind.QUEUE: lambda a: partial(ops.create_queue, d, a, self.body_string),
-            TableKind.INFLIGHT: lambda a: partial(ops.create_inflight, d, a),
-            TableKind.DELAYED: lambda a: partial(ops.create_delayed, d, a),
-            TableKind.SUBSCRIPTIONS: lambda a: partial(ops.create_subscriptions, d, a),
+        makers = {
+            TableKind.INFLIGHT: ops.create_inflight,
+            TableKind.DELAYED: ops.create_delayed,
+            TableKind.SUBSCRIPTIONS: ops.create_subscriptions,
         }
-        return [makers[kind](address) for kind, address in self.tables]
+        return [
+            partial(ops.create_queue, d, address, self.body_string)
+            if kind is TableKind.QUEUE
+            else partial(makers[kind], d, address)
+            for kind, address in self.tables
+        ]
 
     def ddl(self) -> list[str]:
         """The statements that create every table and index (each one idempotent), as the operations run them."""
