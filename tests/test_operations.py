@@ -72,7 +72,8 @@ _PRODUCERS: dict[str, Callable[[Dialect], set[str]]] = {
     "has_expires_index": lambda d: _all(d.has_expires_index_sql(QUEUE)),
     "install_lock": lambda d: _all(d.install_lock_sql(QUEUE)),
     "create_queue": lambda d: set(d.create_queue_sql(QUEUE)),
-    "peek_error_rows": lambda d: _all(d.peek_error_rows_sql(ERROR)),
+    "error_headers": lambda d: _all(d.error_headers_sql(ERROR)),
+    "error_rows": lambda d: _all(d.error_rows_sql(ERROR)),
     "current_catalog": lambda d: _all(d.current_catalog_sql()),
     "delete_by_seq": lambda d: _all(d.delete_by_seq_sql(ERROR)),
 }
@@ -227,13 +228,16 @@ def test_retry_matches_failedq_written_with_the_catalog_and_leaves_what_it_canno
     script = Script(
         d,
         {
-            "peek_error_rows": lambda step: rows,
+            "error_headers": lambda step: [(seq, headers) for seq, _, headers, _ in rows],
+            "error_rows": lambda step: [row for row in rows if row[0] in json.loads(step.params["seqs"])],
             "current_catalog": lambda step: ("ShopDb",),
             "queue_columns": lambda step: QUEUE_COLUMNS,
         },
     )
-    moved = drive(ops.retry_from_error(d, ERROR, 10, QueueAddress("orders", "sales")), script)
-    assert moved == 1
+    page = drive(ops.retry_from_error(d, ERROR, limit=10, scan=10, only_queue=QueueAddress("orders", "sales")), script)
+    assert page == ops.RetryPage(1, 3, True)
+    [locked] = [step.params["seqs"] for name, step in script.ran if name == "error_rows"]
+    assert json.loads(locked) == [1]  # only the row whose FailedQ names the queue is locked and read whole
     inserted = [step.params for name, step in script.ran if name == "insert_error"]
     assert [p["id"] for p in inserted] == [ids[0]]
     assert json.loads(inserted[0]["headers"]) == {"x": "1"}  # failure headers removed

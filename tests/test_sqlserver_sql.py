@@ -72,7 +72,15 @@ STATEMENTS: dict[str, Statement] = {
     "insert_error_legacy": lambda d, a, e: d.insert_error_sql(e, LEGACY_SHAPE),
     "browse": lambda d, a, e: d.browse_sql(a),
     "newest_headers": lambda d, a, e: d.newest_headers_sql(e),
-    "peek_error_rows": lambda d, a, e: d.peek_error_rows_sql(e),
+    "error_headers": lambda d, a, e: d.error_headers_sql(e),
+    "error_rows": lambda d, a, e: d.error_rows_sql(e),
+    "failed_messages": lambda d, a, e: d.failed_messages_sql(e),
+    "list_queues": lambda d, a, e: d.list_queues_sql(),
+    "queue_figures": lambda d, a, e: d.queue_figures_sql(a),
+    "claim_figures": lambda d, a, e: d.claim_figures_sql(a),
+    "claims": lambda d, a, e: d.claims_sql(a),
+    "release_lapsed": lambda d, a, e: d.release_lapsed_sql(a, SHAPE),
+    "release_lapsed_legacy": lambda d, a, e: d.release_lapsed_sql(a, LEGACY_SHAPE),
     "delete_by_seq": lambda d, a, e: d.delete_by_seq_sql(e),
     "claim": lambda d, a, e: d.claim_sql(a),
     "reclaim": lambda d, a, e: d.reclaim_sql(a),
@@ -109,8 +117,9 @@ NOT_STATEMENTS = {
     "token_list",
     "key_list",
     "topic_list",
+    "seq_list",
 }
-VARIANTS = {"send_legacy", "insert_error_legacy", "claim_to_error_legacy"}
+VARIANTS = {"send_legacy", "insert_error_legacy", "claim_to_error_legacy", "release_lapsed_legacy"}
 SESSION_STATEMENTS = {
     "setup": tsql.SESSION_SETUP,
     "open_transactions": tsql.OPEN_TRANSACTIONS,
@@ -174,7 +183,8 @@ def test_every_statement_parses_as_tsql_and_names_exactly_the_queue_tables(label
             tables = {(address.catalog or "", db, table) for _, db, table in tables}
         assert tables <= expected_tables, (name, tables)
         catalog_views = {t.catalog for p in parsed for t in p.find_all(exp.Table) if t.db == "sys"}
-        assert catalog_views <= {address.catalog or ""}, (name, catalog_views)  # the queue's database's views
+        # The queue's database's views; listing queues reads the connection's own database.
+        assert catalog_views <= ({""} if name == "list_queues" else {address.catalog or ""}), (name, catalog_views)
         # Besides the application lock and DB_NAME(), every statement reads a queue table or a catalog view.
         assert tables or catalog_views or name in ("install_lock", "current_catalog"), name
         # Names passed as strings (OBJECT_ID) must, read back as T-SQL, name the same table.
@@ -202,8 +212,16 @@ def test_placeholder_names_match_the_parameters_the_operations_pass():
         "insert_error": {"id", "headers", "body"},
         "insert_error_legacy": {"id", "headers", "body"},
         "browse": {"limit"},
-        "newest_headers": {"limit"},
-        "peek_error_rows": {"limit"},
+        "newest_headers": {"before", "limit"},
+        "error_headers": {"after", "limit"},
+        "error_rows": {"seqs"},
+        "failed_messages": {"seqs", "preview"},
+        "list_queues": set(),
+        "queue_figures": {"limit"},
+        "claim_figures": {"queue"},
+        "claims": {"queue", "limit"},
+        "release_lapsed": {"queue", "limit"},
+        "release_lapsed_legacy": {"queue", "limit"},
         "delete_by_seq": {"seq"},
         "claim": claims | {"limit", "deliveries"},
         "reclaim": claims | {"limit", "deliveries"},
@@ -457,7 +475,15 @@ SAMPLE_PARAMS: dict[str, dict[str, object]] = {
     "purge_expired": {"limit": 10_000},
     "insert_error": {"id": uuid.uuid4(), "headers": '{"a":"b"}', "body": b"body"},
     "browse": {"limit": 100},
-    "peek_error_rows": {"limit": 100},
+    "newest_headers": {"before": 2**63 - 1, "limit": 10_000},
+    "error_headers": {"after": 0, "limit": 5_000},
+    "error_rows": {"seqs": dialect.seq_list([3, 2**40])},
+    "failed_messages": {"seqs": dialect.seq_list([7]), "preview": 512},
+    "queue_figures": {"limit": 10_000},
+    "claim_figures": {"queue": "orders@[dbo]"},
+    "claims": {"queue": "it's@[dbo]", "limit": 100},
+    "release_lapsed": {"queue": "orders@[dbo]", "limit": 1000},
+    "release_lapsed_legacy": {"queue": "orders@[dbo]", "limit": 1000},
     "delete_by_seq": {"seq": 42},
     "insert_error_legacy": {"id": uuid.uuid4(), "headers": "{}", "body": b"x"},
     "claim": {"limit": 5, "queue": "orders@[dbo]", "deliveries": 1, "lease_ms": 120_000, "holder": "host's worker:42"},
@@ -472,7 +498,6 @@ SAMPLE_PARAMS: dict[str, dict[str, object]] = {
     "peek_with_claims": {"queue": "orders@[dbo]"},
     "count_inflight": {"queue": "orders@[dbo]"},
     "due_delayed": {"limit": 100},
-    "newest_headers": {"limit": 10_000},
     "delete_delayed": {"keys": dialect.key_list([1, 2, 2**40])},
     "subscribe": {"address": "Billing@[dbo]@[Shop's]", "endpoint": "Billing", "topic": "Shop.OrderPlaced"},
     "unsubscribe": {"endpoint": "Billing", "topic": "Shop.OrderPlaced"},
@@ -621,6 +646,8 @@ def rendering_cases() -> Iterator[tuple[str, str, str, bool]]:
             for body in BODIES:
                 for headers in HEADERS:
                     yield name, body, headers, legacy
+        elif name.startswith("release_lapsed"):  # written for one table layout, like the sends
+            yield name, "empty", "empty", name.endswith("_legacy")
         else:
             yield name, "empty", "empty", False
             yield name, "empty", "empty", True

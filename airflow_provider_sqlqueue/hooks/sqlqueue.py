@@ -49,7 +49,7 @@ from ..transport.drivers import (
     session_over,
 )
 from ..transport.errors import SqlQueueError
-from ..transport.operations import ErrorGroup
+from ..transport.operations import ClaimInfo, ErrorGroup, FailedMessage, QueueStats, RetryPage
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection
@@ -536,10 +536,31 @@ class SqlQueueHook(BaseHook):
         with self.client() as client:
             client.move_to_error(queue_name, message, error, error_queue=error_queue)
 
-    def retry_errors(self, error_queue: str | None = None, *, queue_name: str | None = None, limit: int = 1000) -> int:
-        """Send messages in the error queue back to the queue they failed in (only ``queue_name``'s when given)."""
+    def retry_errors(
+        self,
+        error_queue: str | None = None,
+        *,
+        queue_name: str | None = None,
+        limit: int = 1000,
+        seqs: Iterable[int] | None = None,
+    ) -> int:
+        """Send up to ``limit`` error queue messages back to the queue they failed in (only ``queue_name``'s,
+        or only those at ``seqs``, when given)."""
         with self.client() as client:
-            return client.retry_errors(error_queue, queue=queue_name, limit=limit)
+            return client.retry_errors(error_queue, queue=queue_name, limit=limit, seqs=seqs)
+
+    def retry_errors_page(
+        self,
+        error_queue: str | None = None,
+        *,
+        queue_name: str | None = None,
+        after: int = 0,
+        limit: int = 1000,
+        seqs: Iterable[int] | None = None,
+    ) -> RetryPage:
+        """One bounded pass of :meth:`retry_errors` (see ``QueueClient.retry_errors_page``)."""
+        with self.client() as client:
+            return client.retry_errors_page(error_queue, queue=queue_name, after=after, limit=limit, seqs=seqs)
 
     def error_summary(
         self, error_queue: str | None = None, *, queue_name: str | None = None, limit: int = defaults.ERROR_SUMMARY_ROWS
@@ -547,6 +568,38 @@ class SqlQueueHook(BaseHook):
         """The newest ``limit`` error messages by source queue and exception type (headers only; see ``QueueClient.error_summary``)."""
         with self.client() as client:
             return client.error_summary(error_queue, queue=queue_name, limit=limit)
+
+    def failed_messages(
+        self,
+        error_queue: str | None = None,
+        *,
+        before: int | None = None,
+        limit: int = 50,
+        group: tuple[str, str] | None = None,
+    ) -> tuple[list[FailedMessage], int | None]:
+        """A page of the error queue, newest first, with body previews; and the ``before`` of the next page."""
+        with self.client() as client:
+            return client.failed_messages(error_queue, before=before, limit=limit, group=group)
+
+    def queues(self) -> list[QueueAddress]:
+        """Every queue table the connection may read (``QueueClient.queues``)."""
+        with self.client() as client:
+            return client.queues()
+
+    def queue_stats(self, queue_names: Iterable[str | QueueAddress]) -> list[QueueStats]:
+        """Waiting, oldest message, expired, in flight and lapsed per queue, from indexes (``QueueClient.queue_stats``)."""
+        with self.client() as client:
+            return client.queue_stats(queue_names)
+
+    def claims(self, queue_name: str, limit: int = 100) -> list[ClaimInfo]:
+        """The queue's claims whose leases end first, without their tokens."""
+        with self.client() as client:
+            return client.claims(queue_name, limit)
+
+    def release_lapsed(self, queue_name: str) -> int:
+        """Give the queue's lapsed claims back to the queue table, where every receiver finds them; returns how many."""
+        with self.client() as client:
+            return client.release_lapsed(queue_name)
 
 
 def _receive(

@@ -75,6 +75,19 @@ def one_or_many(tokens: Token | Iterable[Token], held: set[uuid.UUID]) -> bool |
     return bool(held) if isinstance(tokens, (uuid.UUID, str)) else held
 
 
+def _seqs(seqs: Iterable[int]) -> list[int]:
+    """Places in an error queue, checked: at least one, each a positive integer."""
+    chosen = list(seqs)
+    if not chosen:
+        raise ValueError("seqs must name at least one message")
+    for seq in chosen:
+        if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
+            raise ValueError(f"seqs must be positive integers, got {seq!r}")
+    if len(chosen) > defaults.MAX_BATCH:
+        raise ValueError(f"seqs may name at most {defaults.MAX_BATCH:,} messages; retry in batches")
+    return chosen
+
+
 def check_positive(name: str, value: int) -> int:
     """A count of messages or rows: a positive integer no larger than one statement can take."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -753,15 +766,49 @@ class QueueClient(_Addressing[Session]):
         *,
         queue: str | QueueAddress | None = None,
         limit: int = 1000,
+        seqs: Iterable[int] | None = None,
     ) -> int:
-        """Send failed messages back to the queue they failed in (only ``queue``'s when given).
+        """Send up to ``limit`` failed messages back to the queue they failed in; returns how many.
 
-        The error queue is ``error_queue``, else the client's, else ``error`` -- in ``queue``'s
-        schema when a queue is given.
+        Only ``queue``'s failures when given, only the messages at ``seqs`` (their place in the error
+        queue, as :meth:`failed_messages` shows it) when given. The error queue is ``error_queue``,
+        else the client's, else ``error`` -- in ``queue``'s schema when a queue is given. The error
+        queue is read in bounded passes (:meth:`retry_errors_page`), each its own transaction, so a
+        long error queue is never locked whole; messages that cannot be routed stay and are logged.
         """
+        retried, after = 0, 0
+        while True:
+            page = self.retry_errors_page(error_queue, queue=queue, after=after, limit=limit - retried, seqs=seqs)
+            retried += page.retried
+            if page.done or retried >= limit:
+                return retried
+            after = page.after
+
+    def retry_errors_page(
+        self,
+        error_queue: str | QueueAddress | None = None,
+        *,
+        queue: str | QueueAddress | None = None,
+        after: int = 0,
+        limit: int = 1000,
+        seqs: Iterable[int] | None = None,
+    ) -> ops.RetryPage:
+        """One bounded pass of :meth:`retry_errors`: up to ``limit`` messages among the next
+        ``defaults.ERROR_SCAN_ROWS`` rows after Seq ``after``; continue from the page's ``after``
+        until it is ``done``. What a caller that must answer quickly (a web request) runs."""
         check_positive("limit", limit)
         only = self.address(queue) if queue is not None else None
-        return self._run(ops.retry_from_error(self.dialect, self.error_address(error_queue, only), limit, only))
+        chosen = None if seqs is None else _seqs(seqs)
+        op = ops.retry_from_error(
+            self.dialect,
+            self.error_address(error_queue, only),
+            limit=limit,
+            after=after,
+            scan=defaults.ERROR_SCAN_ROWS,
+            only_queue=only,
+            seqs=chosen,
+        )
+        return self._run(op)
 
     def error_summary(
         self,
@@ -778,6 +825,36 @@ class QueueClient(_Addressing[Session]):
         near = self.address(queue) if queue is not None else None
         return self._run(ops.error_summary(self.dialect, self.error_address(error_queue, near), limit))
 
+    def failed_messages(
+        self,
+        error_queue: str | QueueAddress | None = None,
+        *,
+        queue: str | QueueAddress | None = None,
+        before: int | None = None,
+        limit: int = 50,
+        group: tuple[str, str] | None = None,
+        preview: int = defaults.BODY_PREVIEW_BYTES,
+    ) -> tuple[list[ops.FailedMessage], int | None]:
+        """The newest ``limit`` messages of the error queue (below Seq ``before``), with their headers and the
+        first ``preview`` bytes of their bodies; and the ``before`` of the next page (None: no more).
+
+        ``group`` (source queue, exception type), as :meth:`error_summary` names groups, keeps that
+        group's messages only; the error queue is chosen as for :meth:`retry_errors`.
+        """
+        check_positive("limit", limit)
+        check_positive("preview", preview)
+        near = self.address(queue) if queue is not None else None
+        op = ops.failed_messages(
+            self.dialect,
+            self.error_address(error_queue, near),
+            before=before,
+            limit=limit,
+            preview=preview,
+            group=group,
+            scan=defaults.ERROR_SCAN_ROWS,
+        )
+        return self._run(op)
+
     # -- inspection and maintenance ------------------------------------------------------------
 
     def peek(self, queue: str | QueueAddress, *, include_claims: bool = False) -> int:
@@ -792,6 +869,47 @@ class QueueClient(_Addressing[Session]):
         """Waiting, unexpired messages in send order, without removing or locking them."""
         check_positive("limit", limit)
         return self._run(ops.browse(self.dialect, self.address(queue), limit))
+
+    def queues(self) -> list[QueueAddress]:
+        """Every queue table of the connection's database that it may read, by schema and name.
+
+        Tables an NServiceBus endpoint created count as well as this library's: a queue is a table
+        with the columns NServiceBus reads. Error and audit queues are among them.
+        """
+        return self._run(ops.list_queues(self.dialect))
+
+    def queue_stats(
+        self,
+        queues: str | QueueAddress | Iterable[str | QueueAddress],
+        *,
+        expired_limit: int = defaults.EXPIRED_COUNT_LIMIT,
+    ) -> list[ops.QueueStats]:
+        """Waiting (estimated), age of the oldest, expired (counted up to ``expired_limit``), in flight
+        and lapsed, per queue: indexed reads whose cost does not grow with the queues' length."""
+        check_positive("expired_limit", expired_limit)
+        many = [queues] if isinstance(queues, (str, QueueAddress)) else list(queues)
+        return self._run(ops.queue_stats(self.dialect, [self.address(q) for q in many], expired_limit))
+
+    def claims(self, queue: str | QueueAddress, limit: int = 100) -> list[ops.ClaimInfo]:
+        """The queue's ``limit`` claims whose leases end first (lapsed first): who holds what, and for how long still."""
+        check_positive("limit", limit)
+        return self._run(ops.claims(self.dialect, self.address(queue), limit))
+
+    def release_lapsed(self, queue: str | QueueAddress, *, batch_size: int = defaults.RELEASE_BATCH) -> int:
+        """Give every lapsed claim of the queue back to the queue table (``batch_size`` per transaction); returns how many.
+
+        Claim-mode receivers take lapsed claims again by themselves; given back, the messages reach
+        every receiver, an NServiceBus endpoint too. They join the back of the queue with a fresh
+        delivery count. Safe beside receivers: a claim renewed or settled meanwhile is not touched.
+        """
+        check_positive("batch_size", batch_size)
+        address = self.address(queue)
+        released = 0
+        while True:
+            count = self._run(ops.release_lapsed(self.dialect, address, batch_size))
+            released += count
+            if count < batch_size:
+                return released
 
     def lapsed_claims(self, queue: str | QueueAddress) -> int:
         """Claims on ``queue`` whose lease ran out: their holders are gone or stuck, and the messages are receivable again."""

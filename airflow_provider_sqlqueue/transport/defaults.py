@@ -65,6 +65,19 @@ SUBSCRIPTION_TABLE = "SubscriptionRouting"
 #: Newest error queue rows read to group failures by source queue and exception type (headers only).
 ERROR_SUMMARY_ROWS = 10_000
 
+#: Error queue rows read per statement (headers only) while a retry looks for a source queue's
+#: messages or a listing for one group's: each call does bounded work, however long the queue is.
+ERROR_SCAN_ROWS = 5_000
+
+#: Bytes of a failed message's body shown with it: enough to recognise it, never the whole body.
+BODY_PREVIEW_BYTES = 512
+
+#: Expired messages counted per queue by ``queue_stats`` (more shows as that many: the count stays cheap).
+EXPIRED_COUNT_LIMIT = 10_000
+
+#: Lapsed claims given back to their queue per statement by ``release_lapsed``.
+RELEASE_BATCH = 1_000
+
 #: Most reservations an Airflow run adopts at once (event-driven DAGs).
 ADOPT_LIMIT = 100
 

@@ -93,6 +93,17 @@ def wire_timestamp(moment: datetime) -> str:
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S:%f Z")
 
 
+def parse_wire_timestamp(text: str | None) -> datetime | None:
+    """A header timestamp as NServiceBus writes it (:func:`wire_timestamp`), as an aware UTC time; None when absent
+    or not in that form (headers come from any sender, so a bad one is not an error here)."""
+    if not text:
+        return None
+    try:
+        return datetime.strptime(text.strip(), "%Y-%m-%d %H:%M:%S:%f Z").replace(tzinfo=timezone.utc)
+    except ValueError:
+        return None
+
+
 def wire_timespan(span: timedelta) -> str:
     """Format a duration as a .NET ``TimeSpan`` (``[d.]hh:mm:ss[.fffffff]``), as NServiceBus headers hold TTBR."""
     total_us = span.days * 86_400_000_000 + span.seconds * 1_000_000 + span.microseconds

@@ -15,13 +15,26 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from enum import Enum
 from operator import itemgetter
 from typing import Any, ParamSpec, TypeVar
 
 from .addressing import QueueAddress
-from .dialects import BrowsedRow, ClaimedRow, Dialect, DueRow, ErrorRow, HeldRow, ReceivedRow, SendRow, TableShape
+from .dialects import (
+    BrowsedRow,
+    ClaimedRow,
+    ClaimRow,
+    Dialect,
+    DueRow,
+    ErrorRow,
+    FailedRow,
+    HeldRow,
+    QueueFiguresRow,
+    ReceivedRow,
+    SendRow,
+    TableShape,
+)
 from .errors import InvalidHeadersError, LeaseLostError, QueueNotFoundError, SqlQueueError
 from .message import (
     DELIVERY_COUNT,
@@ -33,6 +46,7 @@ from .message import (
     MESSAGE_ID,
     MESSAGE_INTENT,
     TIME_OF_FAILURE,
+    TIME_SENT,
     Failure,
     Headers,
     Message,
@@ -41,6 +55,7 @@ from .message import (
     decode_headers,
     encode_headers,
     failure_headers,
+    parse_wire_timestamp,
     processing_headers,
     wire_timestamp,
     without_failure_headers,
@@ -928,6 +943,29 @@ def purge_all(d: Dialect, address: QueueAddress) -> Operation[int]:
 
 
 @dataclass(frozen=True)
+class QueueStats:
+    """What an operator watches on one queue, read off its indexes: as cheap on a million rows as on ten."""
+
+    queue: QueueAddress
+    waiting: int  #: the peek estimate (the Seq range of unlocked rows; exact while rows leave in order)
+    oldest_sent: datetime | None  #: ``NServiceBus.TimeSent`` of the oldest message (None: empty, or not stated)
+    expired: int  #: expired messages awaiting purge, counted up to the limit asked for
+    in_flight: int | None  #: claims held (None: the queue's schema has no claim store)
+    lapsed: int | None  #: claims whose lease ran out: their holders are gone or stuck
+
+
+@dataclass(frozen=True)
+class ClaimInfo:
+    """A claim as an operator sees it; its token, which settles it, is never shown."""
+
+    id: uuid.UUID
+    holder: str | None  #: who holds it (None: a reservation nobody has taken)
+    deliveries: int
+    lease_left: timedelta  #: negative: the lease ran out that long ago
+    last_error: str | None
+
+
+@dataclass(frozen=True)
 class ErrorGroup:
     """Failed messages of one source queue with one exception type, as an operator triages them."""
 
@@ -938,6 +976,140 @@ class ErrorGroup:
     newest_message: str  #: its ``NServiceBus.ExceptionInfo.Message``, cut to 200 characters
 
 
+@dataclass(frozen=True)
+class FailedMessage:
+    """A message of an error queue with the start of its body (never the whole of it)."""
+
+    seq: int  #: its place in the error queue: what a retry of selected messages names
+    id: uuid.UUID
+    headers: Headers | None  #: None when they cannot be read
+    body_size: int | None  #: None: the row has no body
+    body_preview: bytes
+
+    @property
+    def group(self) -> tuple[str, str]:
+        """(source queue, exception type), as :class:`ErrorGroup` names them."""
+        return failure_group(self.headers)
+
+
+@dataclass(frozen=True)
+class RetryPage:
+    """What one bounded pass of a retry did, and where the next one starts."""
+
+    retried: int
+    after: int  #: the Seq a next pass continues after
+    done: bool  #: nothing beyond ``after`` was left to look at
+
+
+#: Seq bound of "everything": above any row's Seq (bigint on both databases).
+NEWEST = 2**63 - 1
+UNREADABLE = "(unreadable headers)"
+#: Pages of headers one listing of a group's failures reads before it returns what it found.
+MAX_SCAN_PAGES = 10
+
+
+def failure_group(headers: Headers | None) -> tuple[str, str]:
+    """(source queue, exception type) of a failed message; rows without them are grouped by what they lack."""
+    if headers is None:
+        return UNREADABLE, UNREADABLE
+    return headers.get(FAILED_QUEUE) or "(no FailedQ)", headers.get(EXCEPTION_TYPE) or "(no exception type)"
+
+
+def _readable_headers(text: str | None) -> Headers | None:
+    try:
+        return decode_headers(text)
+    except InvalidHeadersError:
+        return None
+
+
+@autocommitted
+def list_queues(d: Dialect) -> Operation[list[QueueAddress]]:
+    """The queue tables of the connection's database that it may read, by schema and name.
+
+    A table counts as a queue when it has the columns NServiceBus reads (whoever created it); the
+    claim stores are left out. Names this library cannot address are skipped with a warning.
+    """
+    rows = yield Step(d.list_queues_sql(), {}, Fetch.ALL, "the database's catalog")
+    queues = []
+    for schema, table in rows:
+        address = QueueAddress(str(table), str(schema))
+        try:
+            d.validate_address(address)
+        except SqlQueueError as exc:
+            log.warning("Leaving table %s.%s out of the queues: %s", schema, table, exc)
+            continue
+        queues.append(address)
+    return queues
+
+
+@autocommitted
+def queue_stats(d: Dialect, addresses: Sequence[QueueAddress], expired_limit: int) -> Operation[list[QueueStats]]:
+    """:class:`QueueStats` of each queue: one indexed query per queue, one more per claim store.
+
+    Each statement stands alone (nothing here needs a consistent snapshot of several queues), so a
+    dashboard's page of queues costs no transaction. A schema without a claim store (tables an
+    NServiceBus endpoint created) reports no claims instead of failing.
+    """
+    stores: dict[QueueAddress, bool] = {}
+    stats = []
+    for address in addresses:
+        target = d.qualified_name(address)
+        row = yield Step(d.queue_figures_sql(address), {"limit": expired_limit}, Fetch.ONE, target)
+        figures = QueueFiguresRow(*row)
+        store = d.inflight_address(address)
+        if store not in stores:
+            columns = yield Step(d.queue_columns_sql(store), _table_key(d, store), Fetch.ALL, d.qualified_name(store))
+            stores[store] = bool(columns)
+        in_flight = lapsed = None
+        if stores[store]:
+            claimed = yield Step(d.claim_figures_sql(address), {"queue": d.claim_key(address)}, Fetch.ONE, target)
+            in_flight, lapsed = int(claimed[0]), int(claimed[1] or 0)
+        oldest = _readable_headers(figures.oldest_headers) if figures.oldest_headers is not None else None
+        stats.append(
+            QueueStats(
+                address,
+                int(figures.waiting or 0),
+                parse_wire_timestamp((oldest or {}).get(TIME_SENT)),
+                int(figures.expired or 0),
+                in_flight,
+                lapsed,
+            )
+        )
+    return stats
+
+
+@autocommitted
+def claims(d: Dialect, address: QueueAddress, limit: int) -> Operation[list[ClaimInfo]]:
+    """The queue's ``limit`` claims whose leases end first (lapsed ones first)."""
+    params = {"queue": d.claim_key(address), "limit": limit}
+    rows = yield Step(d.claims_sql(address), params, Fetch.ALL, d.qualified_name(d.inflight_address(address)))
+    return [
+        ClaimInfo(
+            as_uuid(row.id),
+            row.holder,
+            int(row.deliveries),
+            timedelta(milliseconds=int(row.lease_ms_left)),
+            row.last_error,
+        )
+        for row in (ClaimRow(*raw) for raw in rows)
+    ]
+
+
+def release_lapsed(d: Dialect, address: QueueAddress, limit: int) -> Operation[int]:
+    """Move up to ``limit`` lapsed claims back into the queue table, in one statement; returns how many.
+
+    A lapsed claim is receivable again by claim-mode receivers only; given back, it is a row of the
+    queue that every receiver finds, an NServiceBus endpoint included. It goes to the back of the
+    queue and its delivery count starts again. A claim renewed or settled meanwhile is not touched.
+    """
+    shape = yield from table_shape(d, address)
+    params = {"queue": d.claim_key(address), "limit": limit}
+    rows = yield Step(d.release_lapsed_sql(address, shape), params, Fetch.ALL, d.qualified_name(address))
+    if rows:
+        log.info("Queue %s: gave %d lapsed claims back to the queue", d.qualified_name(address), len(rows))
+    return len(rows)
+
+
 @autocommitted
 def error_summary(d: Dialect, error_address: QueueAddress, limit: int) -> Operation[list[ErrorGroup]]:
     """The newest ``limit`` messages of an error queue grouped by source queue and exception type, biggest group first.
@@ -945,42 +1117,125 @@ def error_summary(d: Dialect, error_address: QueueAddress, limit: int) -> Operat
     Only headers are read, newest first, so the cost is bounded by ``limit`` whatever the queue
     holds. Rows whose headers cannot be read form a group of their own.
     """
-    rows = yield Step(d.newest_headers_sql(error_address), {"limit": limit}, Fetch.ALL, d.qualified_name(error_address))
+    params = {"before": NEWEST, "limit": limit}
+    rows = yield Step(d.newest_headers_sql(error_address), params, Fetch.ALL, d.qualified_name(error_address))
     groups: dict[tuple[str, str], ErrorGroup] = {}
-    for (headers_text,) in rows:
-        try:
-            headers = decode_headers(headers_text)
-        except InvalidHeadersError:
-            headers = {FAILED_QUEUE: "(unreadable headers)", EXCEPTION_TYPE: "(unreadable headers)"}
-        key = (headers.get(FAILED_QUEUE) or "(no FailedQ)", headers.get(EXCEPTION_TYPE) or "(no exception type)")
+    for _seq, headers_text in rows:
+        headers = _readable_headers(headers_text)
+        key = failure_group(headers)
         group = groups.get(key)
         if group is None:  # rows come newest first: the first of a group is its newest
-            message = (headers.get(EXCEPTION_MESSAGE) or "")[:200]
-            groups[key] = ErrorGroup(*key, 1, headers.get(TIME_OF_FAILURE), message)
+            found = headers or {}
+            groups[key] = ErrorGroup(*key, 1, found.get(TIME_OF_FAILURE), (found.get(EXCEPTION_MESSAGE) or "")[:200])
         else:
             groups[key] = replace(group, count=group.count + 1)
     return sorted(groups.values(), key=lambda g: (-g.count, g.source, g.exception_type))
 
 
-def retry_from_error(
-    d: Dialect, error_address: QueueAddress, limit: int, only_queue: QueueAddress | None = None
-) -> Operation[int]:
-    """Send messages among the ``limit`` oldest of the error queue back to the queue in ``NServiceBus.FailedQ``.
+@autocommitted
+def failed_messages(
+    d: Dialect,
+    error_address: QueueAddress,
+    *,
+    before: int | None,
+    limit: int,
+    preview: int,
+    group: tuple[str, str] | None,
+    scan: int,
+) -> Operation[tuple[list[FailedMessage], int | None]]:
+    """The newest ``limit`` failed messages below Seq ``before`` (of one ``group`` when given), with body previews.
 
-    Failure headers are removed. Rows that cannot be routed stay where they are, each logged with
-    the reason: unreadable headers, no FailedQ, a FailedQ this database cannot address (another
-    dialect's form, too many parts), or a queue that no longer exists. The rest are retried.
-    Addresses are compared as queues, not as text: ``orders``, ``orders@[dbo]`` and
-    ``orders@[dbo]@[MyDb]`` (as NServiceBus writes FailedQ) are one queue when the connection's
-    database is MyDb.
+    Returns them newest first and the ``before`` of the next page (None: no more). Headers are read
+    a page at a time until enough match; bodies are read only for the messages returned, and only
+    their first ``preview`` bytes. One call reads ``limit`` rows' headers when no group is asked
+    for; with a group, at most :data:`MAX_SCAN_PAGES` pages of
+    ``scan`` rows, then it returns what it found with the cursor to continue from.
     """
     target = d.qualified_name(error_address)
-    rows = yield Step(d.peek_error_rows_sql(error_address), {"limit": limit}, Fetch.ALL, target)
-    if not rows:
-        return 0
-    current = yield Step(d.current_catalog_sql(), {}, Fetch.ONE, target)
-    catalog = str(current[0])
-    wanted = None if only_queue is None else _routing_key(d, only_queue, catalog)
+    page = limit if group is None else scan
+    chosen: list[int] = []
+    cursor = NEWEST if before is None else before
+    exhausted = False
+    for _ in range(MAX_SCAN_PAGES):
+        rows = yield Step(d.newest_headers_sql(error_address), {"before": cursor, "limit": page}, Fetch.ALL, target)
+        exhausted = len(rows) < page
+        for seq, headers_text in rows:
+            cursor = int(seq)
+            if group is None or failure_group(_readable_headers(headers_text)) == group:
+                chosen.append(cursor)
+                if len(chosen) == limit:
+                    exhausted = exhausted and cursor == int(rows[-1][0])
+                    break
+        if len(chosen) == limit or exhausted:
+            break
+    next_before = None if exhausted else cursor
+    if not chosen:
+        return [], next_before
+    params = {"seqs": d.seq_list(chosen), "preview": preview}
+    rows = yield Step(d.failed_messages_sql(error_address), params, Fetch.ALL, target)
+    found = [
+        FailedMessage(
+            int(row.seq),
+            as_uuid(row.id),
+            _readable_headers(row.headers),
+            None if row.body_size is None else int(row.body_size),
+            bytes(row.body_preview or b""),
+        )
+        for row in (FailedRow(*raw) for raw in rows)
+    ]
+    return found, next_before
+
+
+def retry_from_error(
+    d: Dialect,
+    error_address: QueueAddress,
+    *,
+    limit: int,
+    after: int = 0,
+    scan: int,
+    only_queue: QueueAddress | None = None,
+    seqs: Sequence[int] | None = None,
+) -> Operation[RetryPage]:
+    """Send error queue messages back to the queue in their ``NServiceBus.FailedQ``: one bounded pass.
+
+    Either the messages at ``seqs`` (a selection), or up to ``limit`` of the ``scan`` oldest rows
+    after Seq ``after`` (only ``only_queue``'s when given; the scan reads headers only). Failure
+    headers are removed. Rows that cannot be routed stay where they are, each logged with the
+    reason: unreadable headers, no FailedQ, a FailedQ this database cannot address (another
+    dialect's form, too many parts), or a queue that no longer exists. Rows another retry holds
+    are skipped, so two retries at once move each message once. Addresses are compared as queues,
+    not as text: ``orders``, ``orders@[dbo]`` and ``orders@[dbo]@[MyDb]`` (as NServiceBus writes
+    FailedQ) are one queue when the connection's database is MyDb.
+    """
+    target = d.qualified_name(error_address)
+    catalog: str | None = None
+    if seqs is None:
+        scanned = yield Step(d.error_headers_sql(error_address), {"after": after, "limit": scan}, Fetch.ALL, target)
+        done = len(scanned) < scan
+        chosen: list[int] = []
+        for seq, headers_text in scanned:
+            if len(chosen) == limit:
+                done = False
+                break
+            after = int(seq)
+            if only_queue is not None:
+                if catalog is None:
+                    current = yield Step(d.current_catalog_sql(), {}, Fetch.ONE, target)
+                    catalog = str(current[0])
+                if _failed_queue_key(d, _readable_headers(headers_text), catalog) != _routing_key(
+                    d, only_queue, catalog
+                ):
+                    continue
+            chosen.append(after)
+    else:
+        chosen, done = sorted(set(seqs)), True
+        after = max(chosen, default=after)
+    if not chosen:
+        return RetryPage(0, after, done)
+    rows = yield Step(d.error_rows_sql(error_address), {"seqs": d.seq_list(chosen)}, Fetch.ALL, target)
+    if catalog is None and rows:
+        current = yield Step(d.current_catalog_sql(), {}, Fetch.ONE, target)
+        catalog = str(current[0])
     exists: dict[tuple[str, str, str], TableShape | None] = {}
     moved = 0
     for seq, message_id, headers_text, body in (ErrorRow(*row) for row in rows):
@@ -993,9 +1248,8 @@ def retry_from_error(
         except SqlQueueError as exc:
             log.warning("Error queue %s: leaving message %s, it cannot be routed: %s", target, message_id, exc)
             continue
+        assert catalog is not None
         key = _routing_key(d, destination, catalog)
-        if wanted is not None and key != wanted:
-            continue
         if key not in exists:
             columns = yield Step(
                 d.queue_columns_sql(destination), _table_key(d, destination), Fetch.ALL, d.qualified_name(destination)
@@ -1017,7 +1271,18 @@ def retry_from_error(
         )
         yield Step(d.delete_by_seq_sql(error_address), {"seq": seq}, Fetch.NONE, target)
         moved += 1
-    return moved
+    return RetryPage(moved, after, done)
+
+
+def _failed_queue_key(d: Dialect, headers: Headers | None, catalog: str) -> tuple[str, str, str] | None:
+    """The routing key of a failed message's FailedQ; None when it has none this database can address."""
+    failed_q = (headers or {}).get(FAILED_QUEUE)
+    if not failed_q:
+        return None
+    try:
+        return _routing_key(d, d.parse_address(failed_q), catalog)
+    except SqlQueueError:
+        return None
 
 
 def _routing_key(d: Dialect, address: QueueAddress, current_catalog: str) -> tuple[str, str, str]:

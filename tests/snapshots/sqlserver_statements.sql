@@ -62,10 +62,34 @@ INSERT INTO [dbo].[error] (Id, Expires, Headers, Body) VALUES (@p_id, NULL, @p_h
 SELECT TOP (@p_limit) Id, Headers, Body FROM [dbo].[orders] WITH (READPAST, READCOMMITTEDLOCK) WHERE Expires IS NULL OR Expires > GETUTCDATE() ORDER BY RowVersion;
 
 -- plain: newest_headers
-SELECT TOP (@p_limit) Headers FROM [dbo].[error] WITH (READPAST, READCOMMITTEDLOCK) ORDER BY RowVersion DESC;
+SELECT TOP (@p_limit) RowVersion, Headers FROM [dbo].[error] WITH (READPAST, READCOMMITTEDLOCK) WHERE RowVersion < @p_before ORDER BY RowVersion DESC;
 
--- plain: peek_error_rows
-SELECT TOP (@p_limit) RowVersion, Id, Headers, Body FROM [dbo].[error] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion;
+-- plain: error_headers
+SELECT TOP (@p_limit) RowVersion, Headers FROM [dbo].[error] WITH (READPAST, READCOMMITTEDLOCK) WHERE RowVersion > @p_after ORDER BY RowVersion;
+
+-- plain: error_rows
+SELECT RowVersion, Id, Headers, Body FROM [dbo].[error] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE RowVersion IN (SELECT CAST(j.value AS bigint) FROM OPENJSON(@p_seqs) AS j) ORDER BY RowVersion;
+
+-- plain: failed_messages
+SELECT RowVersion, Id, Headers, DATALENGTH(Body), SUBSTRING(Body, 1, @p_preview) FROM [dbo].[error] WITH (READPAST, READCOMMITTEDLOCK) WHERE RowVersion IN (SELECT CAST(j.value AS bigint) FROM OPENJSON(@p_seqs) AS j) ORDER BY RowVersion DESC;
+
+-- plain: list_queues
+SELECT sch.name, tab.name FROM sys.tables AS tab JOIN sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE tab.name <> N'sqlqueue_inflight' AND HAS_PERMS_BY_NAME(QUOTENAME(sch.name) + N'.' + QUOTENAME(tab.name), N'OBJECT', N'SELECT') = 1 AND (SELECT COUNT(*) FROM sys.columns AS col WHERE col.object_id = tab.object_id AND LOWER(col.name) IN (N'id', N'expires', N'headers', N'body', N'rowversion')) = 5 ORDER BY sch.name, tab.name;
+
+-- plain: queue_figures
+DECLARE @limit int = @p_limit; SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [dbo].[orders] WITH (READPAST, READCOMMITTEDLOCK)), (SELECT TOP (1) Headers FROM [dbo].[orders] WITH (READPAST, READCOMMITTEDLOCK) ORDER BY RowVersion), (SELECT COUNT_BIG(*) FROM (SELECT TOP (@limit) RowVersion FROM [dbo].[orders] WITH (READPAST, READCOMMITTEDLOCK) WHERE Expires < GETUTCDATE()) AS expired);
+
+-- plain: claim_figures
+SELECT COUNT_BIG(*), COUNT_BIG(CASE WHEN LeaseUntil <= SYSUTCDATETIME() THEN 1 END) FROM [dbo].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p_queue;
+
+-- plain: claims
+SELECT TOP (@p_limit) Id, Holder, Deliveries, DATEDIFF_BIG(millisecond, SYSUTCDATETIME(), LeaseUntil), LastError FROM [dbo].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p_queue ORDER BY LeaseUntil;
+
+-- plain: release_lapsed
+DECLARE @queue nvarchar(450) = @p_queue, @limit int = @p_limit; DECLARE @released TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); WITH lapsed AS (SELECT TOP (@limit) * FROM [dbo].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) DELETE FROM lapsed OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.Seq INTO @released; INSERT INTO [dbo].[orders] (Id, Recoverable, Expires, Headers, Body) SELECT r.Id, 1, r.Expires, r.Headers, r.Body FROM @released AS r ORDER BY r.Seq; SELECT r.Id FROM @released AS r ORDER BY r.Seq;
+
+-- plain: release_lapsed_legacy
+DECLARE @queue nvarchar(450) = @p_queue, @limit int = @p_limit; DECLARE @released TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); WITH lapsed AS (SELECT TOP (@limit) * FROM [dbo].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) DELETE FROM lapsed OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.Seq INTO @released; INSERT INTO [dbo].[orders] (Id, Expires, Headers, Body) SELECT r.Id, r.Expires, r.Headers, r.Body FROM @released AS r ORDER BY r.Seq; SELECT r.Id FROM @released AS r ORDER BY r.Seq;
 
 -- plain: delete_by_seq
 DELETE FROM [dbo].[error] WHERE RowVersion = @p_seq;
@@ -200,10 +224,34 @@ INSERT INTO [sa]]les].[error] (Id, Expires, Headers, Body) VALUES (@p_id, NULL, 
 SELECT TOP (@p_limit) Id, Headers, Body FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (READPAST, READCOMMITTEDLOCK) WHERE Expires IS NULL OR Expires > GETUTCDATE() ORDER BY RowVersion;
 
 -- escaping: newest_headers
-SELECT TOP (@p_limit) Headers FROM [sa]]les].[error] WITH (READPAST, READCOMMITTEDLOCK) ORDER BY RowVersion DESC;
+SELECT TOP (@p_limit) RowVersion, Headers FROM [sa]]les].[error] WITH (READPAST, READCOMMITTEDLOCK) WHERE RowVersion < @p_before ORDER BY RowVersion DESC;
 
--- escaping: peek_error_rows
-SELECT TOP (@p_limit) RowVersion, Id, Headers, Body FROM [sa]]les].[error] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion;
+-- escaping: error_headers
+SELECT TOP (@p_limit) RowVersion, Headers FROM [sa]]les].[error] WITH (READPAST, READCOMMITTEDLOCK) WHERE RowVersion > @p_after ORDER BY RowVersion;
+
+-- escaping: error_rows
+SELECT RowVersion, Id, Headers, Body FROM [sa]]les].[error] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE RowVersion IN (SELECT CAST(j.value AS bigint) FROM OPENJSON(@p_seqs) AS j) ORDER BY RowVersion;
+
+-- escaping: failed_messages
+SELECT RowVersion, Id, Headers, DATALENGTH(Body), SUBSTRING(Body, 1, @p_preview) FROM [sa]]les].[error] WITH (READPAST, READCOMMITTEDLOCK) WHERE RowVersion IN (SELECT CAST(j.value AS bigint) FROM OPENJSON(@p_seqs) AS j) ORDER BY RowVersion DESC;
+
+-- escaping: list_queues
+SELECT sch.name, tab.name FROM sys.tables AS tab JOIN sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE tab.name <> N'sqlqueue_inflight' AND HAS_PERMS_BY_NAME(QUOTENAME(sch.name) + N'.' + QUOTENAME(tab.name), N'OBJECT', N'SELECT') = 1 AND (SELECT COUNT(*) FROM sys.columns AS col WHERE col.object_id = tab.object_id AND LOWER(col.name) IN (N'id', N'expires', N'headers', N'body', N'rowversion')) = 5 ORDER BY sch.name, tab.name;
+
+-- escaping: queue_figures
+DECLARE @limit int = @p_limit; SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (READPAST, READCOMMITTEDLOCK)), (SELECT TOP (1) Headers FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (READPAST, READCOMMITTEDLOCK) ORDER BY RowVersion), (SELECT COUNT_BIG(*) FROM (SELECT TOP (@limit) RowVersion FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (READPAST, READCOMMITTEDLOCK) WHERE Expires < GETUTCDATE()) AS expired);
+
+-- escaping: claim_figures
+SELECT COUNT_BIG(*), COUNT_BIG(CASE WHEN LeaseUntil <= SYSUTCDATETIME() THEN 1 END) FROM [sa]]les].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p_queue;
+
+-- escaping: claims
+SELECT TOP (@p_limit) Id, Holder, Deliveries, DATEDIFF_BIG(millisecond, SYSUTCDATETIME(), LeaseUntil), LastError FROM [sa]]les].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p_queue ORDER BY LeaseUntil;
+
+-- escaping: release_lapsed
+DECLARE @queue nvarchar(450) = @p_queue, @limit int = @p_limit; DECLARE @released TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); WITH lapsed AS (SELECT TOP (@limit) * FROM [sa]]les].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) DELETE FROM lapsed OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.Seq INTO @released; INSERT INTO [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] (Id, Recoverable, Expires, Headers, Body) SELECT r.Id, 1, r.Expires, r.Headers, r.Body FROM @released AS r ORDER BY r.Seq; SELECT r.Id FROM @released AS r ORDER BY r.Seq;
+
+-- escaping: release_lapsed_legacy
+DECLARE @queue nvarchar(450) = @p_queue, @limit int = @p_limit; DECLARE @released TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); WITH lapsed AS (SELECT TOP (@limit) * FROM [sa]]les].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) DELETE FROM lapsed OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.Seq INTO @released; INSERT INTO [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] (Id, Expires, Headers, Body) SELECT r.Id, r.Expires, r.Headers, r.Body FROM @released AS r ORDER BY r.Seq; SELECT r.Id FROM @released AS r ORDER BY r.Seq;
 
 -- escaping: delete_by_seq
 DELETE FROM [sa]]les].[error] WHERE RowVersion = @p_seq;
@@ -338,10 +386,34 @@ INSERT INTO [Shop's DB].[ops].[error] (Id, Expires, Headers, Body) VALUES (@p_id
 SELECT TOP (@p_limit) Id, Headers, Body FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (READPAST, READCOMMITTEDLOCK) WHERE Expires IS NULL OR Expires > GETUTCDATE() ORDER BY RowVersion;
 
 -- catalog: newest_headers
-SELECT TOP (@p_limit) Headers FROM [Shop's DB].[ops].[error] WITH (READPAST, READCOMMITTEDLOCK) ORDER BY RowVersion DESC;
+SELECT TOP (@p_limit) RowVersion, Headers FROM [Shop's DB].[ops].[error] WITH (READPAST, READCOMMITTEDLOCK) WHERE RowVersion < @p_before ORDER BY RowVersion DESC;
 
--- catalog: peek_error_rows
-SELECT TOP (@p_limit) RowVersion, Id, Headers, Body FROM [Shop's DB].[ops].[error] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion;
+-- catalog: error_headers
+SELECT TOP (@p_limit) RowVersion, Headers FROM [Shop's DB].[ops].[error] WITH (READPAST, READCOMMITTEDLOCK) WHERE RowVersion > @p_after ORDER BY RowVersion;
+
+-- catalog: error_rows
+SELECT RowVersion, Id, Headers, Body FROM [Shop's DB].[ops].[error] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE RowVersion IN (SELECT CAST(j.value AS bigint) FROM OPENJSON(@p_seqs) AS j) ORDER BY RowVersion;
+
+-- catalog: failed_messages
+SELECT RowVersion, Id, Headers, DATALENGTH(Body), SUBSTRING(Body, 1, @p_preview) FROM [Shop's DB].[ops].[error] WITH (READPAST, READCOMMITTEDLOCK) WHERE RowVersion IN (SELECT CAST(j.value AS bigint) FROM OPENJSON(@p_seqs) AS j) ORDER BY RowVersion DESC;
+
+-- catalog: list_queues
+SELECT sch.name, tab.name FROM sys.tables AS tab JOIN sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE tab.name <> N'sqlqueue_inflight' AND HAS_PERMS_BY_NAME(QUOTENAME(sch.name) + N'.' + QUOTENAME(tab.name), N'OBJECT', N'SELECT') = 1 AND (SELECT COUNT(*) FROM sys.columns AS col WHERE col.object_id = tab.object_id AND LOWER(col.name) IN (N'id', N'expires', N'headers', N'body', N'rowversion')) = 5 ORDER BY sch.name, tab.name;
+
+-- catalog: queue_figures
+DECLARE @limit int = @p_limit; SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (READPAST, READCOMMITTEDLOCK)), (SELECT TOP (1) Headers FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (READPAST, READCOMMITTEDLOCK) ORDER BY RowVersion), (SELECT COUNT_BIG(*) FROM (SELECT TOP (@limit) RowVersion FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (READPAST, READCOMMITTEDLOCK) WHERE Expires < GETUTCDATE()) AS expired);
+
+-- catalog: claim_figures
+SELECT COUNT_BIG(*), COUNT_BIG(CASE WHEN LeaseUntil <= SYSUTCDATETIME() THEN 1 END) FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p_queue;
+
+-- catalog: claims
+SELECT TOP (@p_limit) Id, Holder, Deliveries, DATEDIFF_BIG(millisecond, SYSUTCDATETIME(), LeaseUntil), LastError FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p_queue ORDER BY LeaseUntil;
+
+-- catalog: release_lapsed
+DECLARE @queue nvarchar(450) = @p_queue, @limit int = @p_limit; DECLARE @released TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); WITH lapsed AS (SELECT TOP (@limit) * FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) DELETE FROM lapsed OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.Seq INTO @released; INSERT INTO [Shop's DB].[ops].[Sales.WORKER01] (Id, Recoverable, Expires, Headers, Body) SELECT r.Id, 1, r.Expires, r.Headers, r.Body FROM @released AS r ORDER BY r.Seq; SELECT r.Id FROM @released AS r ORDER BY r.Seq;
+
+-- catalog: release_lapsed_legacy
+DECLARE @queue nvarchar(450) = @p_queue, @limit int = @p_limit; DECLARE @released TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); WITH lapsed AS (SELECT TOP (@limit) * FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) DELETE FROM lapsed OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.Seq INTO @released; INSERT INTO [Shop's DB].[ops].[Sales.WORKER01] (Id, Expires, Headers, Body) SELECT r.Id, r.Expires, r.Headers, r.Body FROM @released AS r ORDER BY r.Seq; SELECT r.Id FROM @released AS r ORDER BY r.Seq;
 
 -- catalog: delete_by_seq
 DELETE FROM [Shop's DB].[ops].[error] WHERE RowVersion = @p_seq;
@@ -476,10 +548,34 @@ INSERT INTO [ünï].[error] (Id, Expires, Headers, Body) VALUES (@p_id, NULL, @p
 SELECT TOP (@p_limit) Id, Headers, Body FROM [ünï].[東京 queue] WITH (READPAST, READCOMMITTEDLOCK) WHERE Expires IS NULL OR Expires > GETUTCDATE() ORDER BY RowVersion;
 
 -- unicode: newest_headers
-SELECT TOP (@p_limit) Headers FROM [ünï].[error] WITH (READPAST, READCOMMITTEDLOCK) ORDER BY RowVersion DESC;
+SELECT TOP (@p_limit) RowVersion, Headers FROM [ünï].[error] WITH (READPAST, READCOMMITTEDLOCK) WHERE RowVersion < @p_before ORDER BY RowVersion DESC;
 
--- unicode: peek_error_rows
-SELECT TOP (@p_limit) RowVersion, Id, Headers, Body FROM [ünï].[error] WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion;
+-- unicode: error_headers
+SELECT TOP (@p_limit) RowVersion, Headers FROM [ünï].[error] WITH (READPAST, READCOMMITTEDLOCK) WHERE RowVersion > @p_after ORDER BY RowVersion;
+
+-- unicode: error_rows
+SELECT RowVersion, Id, Headers, Body FROM [ünï].[error] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE RowVersion IN (SELECT CAST(j.value AS bigint) FROM OPENJSON(@p_seqs) AS j) ORDER BY RowVersion;
+
+-- unicode: failed_messages
+SELECT RowVersion, Id, Headers, DATALENGTH(Body), SUBSTRING(Body, 1, @p_preview) FROM [ünï].[error] WITH (READPAST, READCOMMITTEDLOCK) WHERE RowVersion IN (SELECT CAST(j.value AS bigint) FROM OPENJSON(@p_seqs) AS j) ORDER BY RowVersion DESC;
+
+-- unicode: list_queues
+SELECT sch.name, tab.name FROM sys.tables AS tab JOIN sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE tab.name <> N'sqlqueue_inflight' AND HAS_PERMS_BY_NAME(QUOTENAME(sch.name) + N'.' + QUOTENAME(tab.name), N'OBJECT', N'SELECT') = 1 AND (SELECT COUNT(*) FROM sys.columns AS col WHERE col.object_id = tab.object_id AND LOWER(col.name) IN (N'id', N'expires', N'headers', N'body', N'rowversion')) = 5 ORDER BY sch.name, tab.name;
+
+-- unicode: queue_figures
+DECLARE @limit int = @p_limit; SELECT (SELECT ISNULL(MAX(RowVersion) - MIN(RowVersion) + 1, 0) FROM [ünï].[東京 queue] WITH (READPAST, READCOMMITTEDLOCK)), (SELECT TOP (1) Headers FROM [ünï].[東京 queue] WITH (READPAST, READCOMMITTEDLOCK) ORDER BY RowVersion), (SELECT COUNT_BIG(*) FROM (SELECT TOP (@limit) RowVersion FROM [ünï].[東京 queue] WITH (READPAST, READCOMMITTEDLOCK) WHERE Expires < GETUTCDATE()) AS expired);
+
+-- unicode: claim_figures
+SELECT COUNT_BIG(*), COUNT_BIG(CASE WHEN LeaseUntil <= SYSUTCDATETIME() THEN 1 END) FROM [ünï].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p_queue;
+
+-- unicode: claims
+SELECT TOP (@p_limit) Id, Holder, Deliveries, DATEDIFF_BIG(millisecond, SYSUTCDATETIME(), LeaseUntil), LastError FROM [ünï].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p_queue ORDER BY LeaseUntil;
+
+-- unicode: release_lapsed
+DECLARE @queue nvarchar(450) = @p_queue, @limit int = @p_limit; DECLARE @released TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); WITH lapsed AS (SELECT TOP (@limit) * FROM [ünï].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) DELETE FROM lapsed OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.Seq INTO @released; INSERT INTO [ünï].[東京 queue] (Id, Recoverable, Expires, Headers, Body) SELECT r.Id, 1, r.Expires, r.Headers, r.Body FROM @released AS r ORDER BY r.Seq; SELECT r.Id FROM @released AS r ORDER BY r.Seq;
+
+-- unicode: release_lapsed_legacy
+DECLARE @queue nvarchar(450) = @p_queue, @limit int = @p_limit; DECLARE @released TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); WITH lapsed AS (SELECT TOP (@limit) * FROM [ünï].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) DELETE FROM lapsed OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.Seq INTO @released; INSERT INTO [ünï].[東京 queue] (Id, Expires, Headers, Body) SELECT r.Id, r.Expires, r.Headers, r.Body FROM @released AS r ORDER BY r.Seq; SELECT r.Id FROM @released AS r ORDER BY r.Seq;
 
 -- unicode: delete_by_seq
 DELETE FROM [ünï].[error] WHERE RowVersion = @p_seq;

@@ -10,7 +10,7 @@ Statement parameters are named (``%(queue)s``), with one name per concept in eve
 ``schema``, ``table``, ``id``, ``ttbr_ms``, ``headers``, ``body``, ``limit``, ``seq``, ``queue`` (the
 claim key), ``deliveries``, ``lease_ms``, ``holder``, ``token``, ``tokens``, ``delay_ms``, ``error``,
 ``channel``, ``keys`` (rows of a delayed table), ``address``, ``endpoint``, ``topic``, ``topics``
-(subscriptions). Each method below says which it takes and what rows it returns; reviewing a
+(subscriptions), ``after``, ``before``, ``seqs``, ``preview`` (reading an error queue). Each method below says which it takes and what rows it returns; reviewing a
 database's SQL means reading one file.
 """
 
@@ -61,7 +61,7 @@ class HeldRow(NamedTuple):
 
 
 class ErrorRow(NamedTuple):
-    """A row of :meth:`Dialect.peek_error_rows_sql`: an error queue message, locked for retrying."""
+    """A row of :meth:`Dialect.error_rows_sql`: an error queue message, locked for retrying."""
 
     seq: int
     id: Any
@@ -75,6 +75,34 @@ class DueRow(NamedTuple):
     key: Any  # the row's key in the delayed table: Id on PostgreSQL, RowVersion on SQL Server
     headers: str | None
     body: bytes | None
+
+
+class FailedRow(NamedTuple):
+    """A row of :meth:`Dialect.failed_messages_sql`: an error queue message with the start of its body."""
+
+    seq: int
+    id: Any
+    headers: str | None
+    body_size: int | None  # NULL body: None
+    body_preview: bytes | None
+
+
+class QueueFiguresRow(NamedTuple):
+    """The row of :meth:`Dialect.queue_figures_sql`."""
+
+    waiting: int  # the peek estimate
+    oldest_headers: str | None  # Headers of the oldest row (None: the queue is empty)
+    expired: int  # expired rows awaiting purge, counted up to ``limit``
+
+
+class ClaimRow(NamedTuple):
+    """A row of :meth:`Dialect.claims_sql`: a claim as an operator sees it (its token stays private)."""
+
+    id: Any
+    holder: str | None  # None: a reservation nobody has taken yet
+    deliveries: int
+    lease_ms_left: int  # negative: the lease ran out that long ago
+    last_error: str | None
 
 
 class BrowsedRow(NamedTuple):
@@ -216,6 +244,17 @@ class Dialect(ABC):
         """
 
     @abstractmethod
+    def list_queues_sql(self) -> str:
+        """No params -> rows (schema, table) of every table of the connection's database that has a queue
+        table's columns (:attr:`required_columns`) and that the connection may read, the in-flight tables
+        excepted; by schema and name."""
+
+    @abstractmethod
+    def queue_figures_sql(self, address: QueueAddress) -> str:
+        """Params limit -> one :class:`QueueFiguresRow`: what a dashboard shows of a queue, from its indexes
+        (the Seq range, the oldest row, expired rows counted up to ``limit``) however long the queue is."""
+
+    @abstractmethod
     def has_expires_index_sql(self, address: QueueAddress) -> str:
         """Params schema, table -> one row: whether an index leads with the Expires column."""
 
@@ -273,12 +312,28 @@ class Dialect(ABC):
         """Read without removing or locking: unexpired rows in send order. Params limit. Rows: :class:`BrowsedRow`."""
 
     @abstractmethod
-    def peek_error_rows_sql(self, error_address: QueueAddress) -> str:
-        """Params limit: lock and return up to limit rows of an error queue. Rows: :class:`ErrorRow`."""
+    def error_headers_sql(self, error_address: QueueAddress) -> str:
+        """Params after, limit: rows (Seq, Headers) of the oldest ``limit`` rows with Seq above ``after``, oldest
+        first, unlocked (what a retry scans to choose rows by their FailedQ; bodies are not read)."""
+
+    @abstractmethod
+    def error_rows_sql(self, error_address: QueueAddress) -> str:
+        """Params seqs (see :meth:`seq_list`): lock and return those rows of an error queue, skipping rows
+        another retry holds. Rows: :class:`ErrorRow`."""
+
+    @abstractmethod
+    def seq_list(self, seqs: Sequence[int]) -> object:
+        """The ``seqs`` parameter of :meth:`error_rows_sql` and :meth:`failed_messages_sql`."""
+
+    @abstractmethod
+    def failed_messages_sql(self, error_address: QueueAddress) -> str:
+        """Params seqs (see :meth:`seq_list`), preview: those rows of an error queue, newest first, unlocked,
+        with the body's size and only its first ``preview`` bytes. Rows: :class:`FailedRow`."""
 
     @abstractmethod
     def newest_headers_sql(self, address: QueueAddress) -> str:
-        """Params limit: the Headers of the newest ``limit`` rows, newest first (bodies are not read)."""
+        """Params before, limit: rows (Seq, Headers) of the newest ``limit`` rows with Seq below ``before``,
+        newest first, unlocked (bodies are not read)."""
 
     @abstractmethod
     def delete_by_seq_sql(self, address: QueueAddress) -> str:
@@ -395,6 +450,20 @@ class Dialect(ABC):
     @abstractmethod
     def count_inflight_sql(self, address: QueueAddress) -> str:
         """Params queue -> one row: claims currently held on the queue."""
+
+    @abstractmethod
+    def claim_figures_sql(self, address: QueueAddress) -> str:
+        """Params queue -> one row (in flight, lapsed): the queue's claims, and those whose lease ran out."""
+
+    @abstractmethod
+    def claims_sql(self, address: QueueAddress) -> str:
+        """Params queue, limit: the queue's ``limit`` claims whose leases end first (lapsed ones first).
+        Rows: :class:`ClaimRow`."""
+
+    @abstractmethod
+    def release_lapsed_sql(self, address: QueueAddress, shape: TableShape) -> str:
+        """Params queue, limit: move up to ``limit`` lapsed claims back into the queue table, where every
+        receiver (an NServiceBus endpoint too) finds them again; rows (Id,) of the messages moved."""
 
     @abstractmethod
     def token_list(self, tokens: Sequence[uuid.UUID]) -> object:

@@ -238,6 +238,26 @@ class PostgresDialect(Dialect):
             "ORDER BY a.attnum"
         )
 
+    def list_queues_sql(self) -> str:
+        columns = ", ".join(f"'{name}'" for name in self.required_columns)
+        return (
+            "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE c.relkind IN ('r', 'p') AND NOT starts_with(n.nspname, 'pg_') AND n.nspname <> 'information_schema' "
+            f"AND c.relname <> {quote_literal(self.inflight_table)} AND has_table_privilege(c.oid, 'SELECT') "
+            "AND (SELECT count(*) FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped "
+            f"AND a.attname IN ({columns})) = {len(self.required_columns)} "
+            "ORDER BY n.nspname, c.relname"
+        )
+
+    def queue_figures_sql(self, address: QueueAddress) -> str:
+        # Each figure comes off an index: the Seq range and the oldest row off the Seq index, expired
+        # rows off the partial Expires index, and no more than %(limit)s of them are counted.
+        q = self.qualified_name(address)
+        return (
+            f"SELECT ({self.peek_sql(address)}), (SELECT Headers FROM {q} ORDER BY Seq LIMIT 1), "
+            f"(SELECT count(*) FROM (SELECT 1 FROM {q} WHERE Expires < {_UTC_NOW} LIMIT %(limit)s) AS expired)"
+        )
+
     def has_expires_index_sql(self, address: QueueAddress) -> str:
         return (
             "SELECT EXISTS (SELECT 1 FROM pg_index i "
@@ -362,12 +382,27 @@ class PostgresDialect(Dialect):
         q = self.qualified_name(address)
         return f"SELECT Id, Headers, Body FROM {q} WHERE Expires IS NULL OR Expires > {_UTC_NOW} ORDER BY Seq LIMIT %(limit)s"
 
-    def peek_error_rows_sql(self, error_address: QueueAddress) -> str:
+    def error_headers_sql(self, error_address: QueueAddress) -> str:
         q = self.qualified_name(error_address)
-        return f"SELECT Seq, Id, Headers, Body FROM {q} ORDER BY Seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
+        return f"SELECT Seq, Headers FROM {q} WHERE Seq > %(after)s ORDER BY Seq LIMIT %(limit)s"
+
+    def error_rows_sql(self, error_address: QueueAddress) -> str:
+        q = self.qualified_name(error_address)
+        return f"SELECT Seq, Id, Headers, Body FROM {q} WHERE Seq = ANY(%(seqs)s::bigint[]) ORDER BY Seq FOR UPDATE SKIP LOCKED"
+
+    def seq_list(self, seqs: Sequence[int]) -> object:
+        return [int(seq) for seq in seqs]
+
+    def failed_messages_sql(self, error_address: QueueAddress) -> str:
+        q = self.qualified_name(error_address)
+        return (
+            f"SELECT Seq, Id, Headers, octet_length(Body), substring(Body FROM 1 FOR %(preview)s) FROM {q} "
+            "WHERE Seq = ANY(%(seqs)s::bigint[]) ORDER BY Seq DESC"
+        )
 
     def newest_headers_sql(self, address: QueueAddress) -> str:
-        return f"SELECT Headers FROM {self.qualified_name(address)} ORDER BY Seq DESC LIMIT %(limit)s"
+        q = self.qualified_name(address)
+        return f"SELECT Seq, Headers FROM {q} WHERE Seq < %(before)s ORDER BY Seq DESC LIMIT %(limit)s"
 
     def delete_by_seq_sql(self, address: QueueAddress) -> str:
         return f"DELETE FROM {self.qualified_name(address)} WHERE Seq = %(seq)s"
@@ -446,6 +481,30 @@ class PostgresDialect(Dialect):
     def count_inflight_sql(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
         return f"SELECT count(*) FROM {f} WHERE Queue = %(queue)s"
+
+    def claim_figures_sql(self, address: QueueAddress) -> str:
+        f = self.qualified_name(self.inflight_address(address))
+        return f"SELECT count(*), count(*) FILTER (WHERE LeaseUntil <= {_UTC_NOW}) FROM {f} WHERE Queue = %(queue)s"
+
+    def claims_sql(self, address: QueueAddress) -> str:
+        f = self.qualified_name(self.inflight_address(address))
+        return (
+            f"SELECT Id, Holder, Deliveries, (EXTRACT(EPOCH FROM LeaseUntil - {_UTC_NOW}) * 1000)::bigint, LastError "
+            f"FROM {f} WHERE Queue = %(queue)s ORDER BY LeaseUntil LIMIT %(limit)s"
+        )
+
+    def release_lapsed_sql(self, address: QueueAddress, shape: TableShape) -> str:
+        # The claims are locked as a reclaim locks them (SKIP LOCKED), so a claim is either given
+        # back here or renewed by a receiver, never both; rows get new Seq values, behind the queue.
+        q = self.qualified_name(address)
+        f = self.qualified_name(self.inflight_address(address))
+        return (
+            f"WITH released AS (DELETE FROM {f} AS c WHERE c.Token = ANY(ARRAY(SELECT Token FROM {f} "
+            f"WHERE Queue = %(queue)s AND LeaseUntil <= {_UTC_NOW} ORDER BY Seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED)) "
+            "RETURNING c.Id, c.Expires, c.Headers, c.Body, c.Seq) "
+            f"INSERT INTO {q} (Id, Expires, Headers, Body) SELECT Id, Expires, Headers, Body FROM released ORDER BY Seq "
+            "RETURNING Id"
+        )
 
     def token_list(self, tokens: Sequence[uuid.UUID]) -> object:
         return list(tokens)

@@ -415,6 +415,29 @@ class SqlServerDialect(Dialect):
             "WHERE sch.name = %(schema)s AND tab.name = %(table)s ORDER BY col.column_id"
         )
 
+    def list_queues_sql(self) -> str:
+        columns = ", ".join(_unicode_literal(name) for name in self.required_columns)
+        return (
+            "SELECT sch.name, tab.name FROM sys.tables AS tab JOIN sys.schemas AS sch ON sch.schema_id = tab.schema_id "
+            f"WHERE tab.name <> {_unicode_literal(self.inflight_table)} "
+            "AND HAS_PERMS_BY_NAME(QUOTENAME(sch.name) + N'.' + QUOTENAME(tab.name), N'OBJECT', N'SELECT') = 1 "
+            "AND (SELECT COUNT(*) FROM sys.columns AS col WHERE col.object_id = tab.object_id "
+            f"AND LOWER(col.name) IN ({columns})) = {len(self.required_columns)} "
+            "ORDER BY sch.name, tab.name"
+        )
+
+    def queue_figures_sql(self, address: QueueAddress) -> str:
+        # The RowVersion range and the oldest row come off Index_RowVersion, expired rows off
+        # Index_Expires, and no more than @limit of them are counted.
+        q = self.qualified_name(address)
+        return (
+            "DECLARE @limit int = %(limit)s; "
+            f"SELECT ({self.peek_sql(address)}), "
+            f"(SELECT TOP (1) Headers FROM {q} WITH (READPAST, READCOMMITTEDLOCK) ORDER BY RowVersion), "
+            f"(SELECT COUNT_BIG(*) FROM (SELECT TOP (@limit) RowVersion FROM {q} WITH (READPAST, READCOMMITTEDLOCK) "
+            f"WHERE Expires < {_UTC_NOW}) AS expired)"
+        )
+
     def has_expires_index_sql(self, address: QueueAddress) -> str:
         c = self._catalog_prefix(address)
         return (
@@ -579,14 +602,32 @@ class SqlServerDialect(Dialect):
 
     def newest_headers_sql(self, address: QueueAddress) -> str:
         return (
-            f"SELECT TOP (%(limit)s) Headers FROM {self.qualified_name(address)} WITH (READPAST, READCOMMITTEDLOCK) "
-            "ORDER BY RowVersion DESC"
+            f"SELECT TOP (%(limit)s) RowVersion, Headers FROM {self.qualified_name(address)} "
+            "WITH (READPAST, READCOMMITTEDLOCK) WHERE RowVersion < %(before)s ORDER BY RowVersion DESC"
         )
 
-    def peek_error_rows_sql(self, error_address: QueueAddress) -> str:
+    def error_headers_sql(self, error_address: QueueAddress) -> str:
         return (
-            f"SELECT TOP (%(limit)s) RowVersion, Id, Headers, Body FROM {self.qualified_name(error_address)} "
-            "WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion"
+            f"SELECT TOP (%(limit)s) RowVersion, Headers FROM {self.qualified_name(error_address)} "
+            "WITH (READPAST, READCOMMITTEDLOCK) WHERE RowVersion > %(after)s ORDER BY RowVersion"
+        )
+
+    def error_rows_sql(self, error_address: QueueAddress) -> str:
+        return (
+            f"SELECT RowVersion, Id, Headers, Body FROM {self.qualified_name(error_address)} "
+            "WITH (UPDLOCK, READPAST, ROWLOCK) "
+            "WHERE RowVersion IN (SELECT CAST(j.value AS bigint) FROM OPENJSON(%(seqs)s) AS j) ORDER BY RowVersion"
+        )
+
+    def seq_list(self, seqs: Sequence[int]) -> object:
+        # A JSON array of RowVersions, opened server side with OPENJSON (SQL Server 2016+).
+        return json.dumps([int(seq) for seq in seqs])
+
+    def failed_messages_sql(self, error_address: QueueAddress) -> str:
+        return (
+            "SELECT RowVersion, Id, Headers, DATALENGTH(Body), SUBSTRING(Body, 1, %(preview)s) "
+            f"FROM {self.qualified_name(error_address)} WITH (READPAST, READCOMMITTEDLOCK) "
+            "WHERE RowVersion IN (SELECT CAST(j.value AS bigint) FROM OPENJSON(%(seqs)s) AS j) ORDER BY RowVersion DESC"
         )
 
     def delete_by_seq_sql(self, address: QueueAddress) -> str:
@@ -678,6 +719,39 @@ class SqlServerDialect(Dialect):
     def count_inflight_sql(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
         return f"SELECT COUNT_BIG(*) FROM {f} WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = %(queue)s"
+
+    def claim_figures_sql(self, address: QueueAddress) -> str:
+        f = self.qualified_name(self.inflight_address(address))
+        return (
+            f"SELECT COUNT_BIG(*), COUNT_BIG(CASE WHEN LeaseUntil <= {_LEASE_NOW} THEN 1 END) "
+            f"FROM {f} WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = %(queue)s"
+        )
+
+    def claims_sql(self, address: QueueAddress) -> str:
+        f = self.qualified_name(self.inflight_address(address))
+        return (
+            f"SELECT TOP (%(limit)s) Id, Holder, Deliveries, DATEDIFF_BIG(millisecond, {_LEASE_NOW}, LeaseUntil), "
+            f"LastError FROM {f} WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = %(queue)s ORDER BY LeaseUntil"
+        )
+
+    def release_lapsed_sql(self, address: QueueAddress, shape: TableShape) -> str:
+        # Locked as a reclaim locks them (UPDLOCK, READPAST), so a claim is either given back here
+        # or renewed by a receiver, never both; the rows get new RowVersions, behind the queue.
+        q = self.qualified_name(address)
+        f = self.qualified_name(self.inflight_address(address))
+        recoverable = ("Recoverable, ", "1, ") if shape.recoverable else ("", "")
+        return (
+            "DECLARE @queue nvarchar(450) = %(queue)s, @limit int = %(limit)s; "
+            "DECLARE @released TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), "
+            "Body varbinary(max), Seq bigint); "
+            f"WITH lapsed AS (SELECT TOP (@limit) * FROM {f} WITH (UPDLOCK, READPAST, ROWLOCK) "
+            f"WHERE Queue = @queue AND LeaseUntil <= {_LEASE_NOW} ORDER BY Seq) "
+            "DELETE FROM lapsed OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.Seq "
+            "INTO @released; "
+            f"INSERT INTO {q} (Id, {recoverable[0]}Expires, Headers, Body) "
+            f"SELECT r.Id, {recoverable[1]}r.Expires, r.Headers, r.Body FROM @released AS r ORDER BY r.Seq; "
+            "SELECT r.Id FROM @released AS r ORDER BY r.Seq"
+        )
 
     def token_list(self, tokens: Sequence[uuid.UUID]) -> object:
         # A JSON array of token strings, opened server side with OPENJSON (SQL Server 2016+).
