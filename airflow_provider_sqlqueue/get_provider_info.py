@@ -72,5 +72,21 @@ def get_provider_info() -> dict[str, Any]:
             }
         ],
         "cli": ["airflow_provider_sqlqueue.cli.airflow_commands"],
+        "config": {
+            "sqlqueue": {
+                "description": "The SQL Queue provider's Queues page and queue metrics.",
+                "options": {
+                    "connections": {
+                        "description": "Comma-separated connection ids the Queues page and the metrics look at besides "
+                        "the metadata database's connections of type sqlqueue, postgres, mssql and odbc (connections "
+                        "defined in the environment or a secrets backend cannot be listed otherwise).",
+                        "version_added": None,
+                        "type": "string",
+                        "example": "shop_db,billing_db",
+                        "default": "",
+                    },
+                },
+            }
+        },
         "queues": ["airflow_provider_sqlqueue.queues.sqlqueue.SqlQueueMessageQueueProvider"],
     }

@@ -1,0 +1,465 @@
+"""The Queues page: a plugin that adds queue depths, claims and the error queue to Airflow's UI, with actions.
+
+Three parts, registered as the ``airflow.plugins`` entry point ``sqlqueue`` (loaded by every Airflow
+process, whatever ``[core] lazy_discover_providers`` says):
+
+- an API (``fastapi_apps``, mounted at ``/sqlqueue`` in the api-server) whose every route checks the
+  caller's Airflow permissions on the connection it names -- reading needs read access to the
+  connection, retrying, purging and giving claims back need edit access -- through the api-server's
+  own security dependencies, so whatever auth manager Airflow runs decides;
+- the page itself (``/sqlqueue/``: static HTML, CSS and JavaScript, no build step), which renders
+  every value as text, never as markup, and shows at most a preview of a message body;
+- an entry in Airflow's navigation (``external_views``) that shows the page inside Airflow.
+
+No SQL here: every figure and action goes through :class:`~..hooks.sqlqueue.SqlQueueHook`, and
+each action is recorded in Airflow's audit log with who did it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Annotated, Any
+
+from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_connection
+from airflow.plugins_manager import AirflowPlugin
+from fastapi import Body, Depends, FastAPI, HTTPException, Query, Request
+from fastapi.responses import FileResponse
+from pydantic import BaseModel, Field
+
+from ..hooks.sqlqueue import DIALECT_OF_CONN_TYPE, SqlQueueHook, UnsupportedConnectionError
+from ..transport import QueueAddress, QueueClient, defaults
+from ..transport.errors import (
+    InvalidQueueNameError,
+    QueueNotFoundError,
+    SqlQueueError,
+    TransportUnavailableError,
+)
+from ..transport.operations import FailedMessage, QueueStats
+
+log = logging.getLogger("airflow_provider_sqlqueue.plugins")
+
+#: Where the API and the page are mounted in the api-server.
+URL_PREFIX = "/sqlqueue"
+PAGE = Path(__file__).parent / "queues_page"
+#: Connection types whose connections the page lists (the types a queue can live behind).
+QUEUE_CONN_TYPES = frozenset({SqlQueueHook.conn_type, *DIALECT_OF_CONN_TYPE})
+#: Longest page of queues one request reads figures for (each queue costs one indexed query).
+MAX_QUEUES_PER_PAGE = 200
+#: The page sends nothing to be run: scripts, styles and frames come from the page's own origin.
+CONTENT_SECURITY_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "frame-ancestors 'self'; base-uri 'none'; form-action 'none'"
+)
+
+ReadConnection = Depends(requires_access_connection("GET"))
+EditConnection = Depends(requires_access_connection("PUT"))
+
+
+# -- what the API answers ---------------------------------------------------------------------
+
+
+class QueueFigures(BaseModel):
+    address: str  #: the canonical address, what every other route takes as ``queue``
+    schema_name: str
+    table: str
+    kind: str  #: ``queue``, ``error`` or ``audit``
+    waiting: int
+    oldest_sent: datetime | None
+    oldest_age_seconds: float | None
+    expired: int
+    expired_capped: bool  #: more expired rows than were counted
+    in_flight: int | None
+    lapsed: int | None
+
+
+class QueuePage(BaseModel):
+    connection_id: str
+    total: int  #: queues matching ``search``
+    offset: int
+    queues: list[QueueFigures]
+    error_queues: list[str]  #: every error queue of the connection, for the error panel
+
+
+class Claim(BaseModel):
+    id: str
+    holder: str | None
+    deliveries: int
+    lease_left_seconds: float
+    last_error: str | None
+
+
+class Group(BaseModel):
+    source: str
+    exception_type: str
+    count: int
+    newest_failure: str | None
+    newest_message: str
+
+
+class ErrorSummary(BaseModel):
+    error_queue: str
+    waiting: int  #: the peek estimate of the whole error queue
+    window: int  #: how many of the newest messages the groups are read from
+    groups: list[Group]
+
+
+class Failure(BaseModel):
+    seq: int
+    id: str
+    source: str
+    exception_type: str
+    exception_message: str | None
+    time_of_failure: str | None
+    headers: dict[str, str | None] | None  #: None: unreadable headers
+    body_size: int | None
+    body_preview: str  #: text, or hex when the body is not UTF-8
+    body_encoding: str  #: ``text`` or ``hex``
+    body_truncated: bool
+
+
+class FailurePage(BaseModel):
+    error_queue: str
+    failures: list[Failure]
+    next_before: int | None
+
+
+class RetryRequest(BaseModel):
+    error_queue: str
+    source: str | None = Field(None, description="retry the failures of this queue (its address)")
+    seqs: list[int] | None = Field(None, description="retry these messages (their seq in the error queue)")
+    after: int = Field(0, ge=0, description="continue a retry of a source queue after this seq")
+
+
+class RetryAnswer(BaseModel):
+    retried: int
+    after: int
+    done: bool
+
+
+class QueueRequest(BaseModel):
+    queue: str
+
+
+class Count(BaseModel):
+    queue: str
+    count: int
+
+
+class ConnectionInfo(BaseModel):
+    connection_id: str
+    conn_type: str
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+@contextmanager
+def _answering(connection_id: str) -> Iterator[None]:
+    """The library's errors as HTTP answers with its message (never a connection string or a password)."""
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        yield
+    except AirflowNotFoundException:
+        raise HTTPException(404, f"connection {connection_id!r} is not defined") from None
+    except QueueNotFoundError as exc:
+        raise HTTPException(404, str(exc)) from None
+    except (InvalidQueueNameError, UnsupportedConnectionError, ValueError) as exc:
+        raise HTTPException(400, str(exc)) from None
+    except TransportUnavailableError as exc:
+        raise HTTPException(503, str(exc)) from None
+    except SqlQueueError as exc:  # misconfigured, permission denied in the database: the database's answer
+        raise HTTPException(502, str(exc)) from None
+
+
+def _hook(connection_id: str) -> SqlQueueHook:
+    return SqlQueueHook(connection_id)
+
+
+def _kind(client: QueueClient, address: QueueAddress) -> str:
+    """``error`` or ``audit`` when the table is its schema's error or audit queue (as the connection sets
+    them, or NServiceBus's default names), else ``queue``."""
+    if address == client.error_address(None, address):
+        return "error"
+    audit = client.audit_address(address)
+    if address == (audit or address.sibling(defaults.AUDIT_QUEUE)):
+        return "audit"
+    return "queue"
+
+
+def _figures(address: str, schema: str, table: str, kind: str, stats: QueueStats) -> QueueFigures:
+    now = datetime.now(timezone.utc)
+    return QueueFigures(
+        address=address,
+        schema_name=schema,
+        table=table,
+        kind=kind,
+        waiting=stats.waiting,
+        oldest_sent=stats.oldest_sent,
+        oldest_age_seconds=None if stats.oldest_sent is None else max(0.0, (now - stats.oldest_sent).total_seconds()),
+        expired=stats.expired,
+        expired_capped=stats.expired >= defaults.EXPIRED_COUNT_LIMIT,
+        in_flight=stats.in_flight,
+        lapsed=stats.lapsed,
+    )
+
+
+def _preview(message: FailedMessage) -> tuple[str, str, bool]:
+    """The body's start as text when it is UTF-8 (a character cut at the end is dropped), else as hex."""
+    truncated = (message.body_size or 0) > len(message.body_preview)
+    data = message.body_preview
+    for cut in range(4 if truncated else 1):
+        try:
+            return data[: len(data) - cut].decode("utf-8"), "text", truncated
+        except UnicodeDecodeError:
+            continue
+    return data.hex(" "), "hex", truncated
+
+
+def _failure(message: FailedMessage) -> Failure:
+    headers = message.headers or {}
+    preview, encoding, truncated = _preview(message)
+    source, exception_type = message.group
+    return Failure(
+        seq=message.seq,
+        id=str(message.id),
+        source=source,
+        exception_type=exception_type,
+        exception_message=headers.get("NServiceBus.ExceptionInfo.Message"),
+        time_of_failure=headers.get("NServiceBus.TimeOfFailure"),
+        headers=message.headers,
+        body_size=message.body_size,
+        body_preview=preview,
+        body_encoding=encoding,
+        body_truncated=truncated,
+    )
+
+
+def _record(user: Any, event: str, connection_id: str, **details: Any) -> None:
+    """Who did what: the api-server's log and Airflow's audit log (Browse > Audit Log)."""
+    name = user.get_name()
+    log.info("Queues page: %s ran %s on connection %s: %s", name, event, connection_id, details)
+    try:
+        from airflow.models.log import Log
+        from airflow.utils.session import create_session
+
+        with create_session() as session:
+            session.add(
+                Log(
+                    event=f"sqlqueue.{event}", owner=name, extra=json.dumps({"connection_id": connection_id, **details})
+                )
+            )
+    except Exception:  # the action is done; a failing audit write must not report it as failed
+        log.exception("Queues page: could not write %s by %s to Airflow's audit log", event, name)
+
+
+def _configured_connections() -> list[str]:
+    from airflow.configuration import conf
+
+    text = conf.get("sqlqueue", "connections", fallback="") or ""
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def queue_connections() -> dict[str, str]:
+    """conn_id -> conn_type of every connection a queue can live behind: those of the metadata database with a
+    queue's connection type, and those named in ``[sqlqueue] connections`` (environment or secrets backends)."""
+    from airflow.models.connection import Connection
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        rows = session.execute(
+            select(Connection.conn_id, Connection.conn_type).where(Connection.conn_type.in_(sorted(QUEUE_CONN_TYPES)))
+        ).all()
+    found = {str(conn_id): str(conn_type) for conn_id, conn_type in rows}
+    for conn_id in _configured_connections():
+        if conn_id not in found:
+            found[conn_id] = "configured"
+    return dict(sorted(found.items()))
+
+
+# -- the app ------------------------------------------------------------------------------------
+
+
+def create_app() -> FastAPI:
+    app = FastAPI(title="SQL Queue", description="Queues of the SQL Queue provider's connections")
+
+    @app.get("/", include_in_schema=False)
+    def page() -> FileResponse:
+        return FileResponse(PAGE / "index.html", headers={"Content-Security-Policy": CONTENT_SECURITY_POLICY})
+
+    @app.get("/static/{name}", include_in_schema=False)
+    def static(name: str) -> FileResponse:
+        files = {path.name: path for path in PAGE.iterdir() if path.suffix in (".js", ".css", ".svg")}
+        if name not in files:
+            raise HTTPException(404, "no such file")
+        return FileResponse(files[name], headers={"Cache-Control": "no-cache"})
+
+    @app.get("/api/connections")
+    def connections(request: Request, user: GetUserDep) -> list[ConnectionInfo]:
+        """The connections a queue can live behind that the caller may read."""
+        from airflow.api_fastapi.app import get_auth_manager
+        from airflow.api_fastapi.auth.managers.models.resource_details import ConnectionDetails
+
+        manager = get_auth_manager()
+        return [
+            ConnectionInfo(connection_id=conn_id, conn_type=conn_type)
+            for conn_id, conn_type in queue_connections().items()
+            if manager.is_authorized_connection(method="GET", details=ConnectionDetails(conn_id=conn_id), user=user)
+        ]
+
+    @app.get("/api/connections/{connection_id}/queues", dependencies=[ReadConnection])
+    def queues(
+        connection_id: str,
+        offset: Annotated[int, Query(ge=0)] = 0,
+        limit: Annotated[int, Query(ge=1, le=MAX_QUEUES_PER_PAGE)] = 50,
+        search: str = "",
+    ) -> QueuePage:
+        """A page of the connection's queues with their figures; the list of names is one catalog query."""
+        with _answering(connection_id):
+            hook = _hook(connection_id)
+            with hook.client() as client:
+                listed = []
+                for address in client.queues():
+                    text = client.canonical_address(address)
+                    listed.append((text, address, _kind(client, address)))
+                matching = [entry for entry in listed if search.casefold() in entry[0].casefold()]
+                chosen = matching[offset : offset + limit]
+                stats = client.queue_stats([address for _, address, _ in chosen])
+            figures = [
+                _figures(text, address.schema or "", address.table, kind, found)
+                for (text, address, kind), found in zip(chosen, stats, strict=True)
+            ]
+            return QueuePage(
+                connection_id=connection_id,
+                total=len(matching),
+                offset=offset,
+                queues=figures,
+                error_queues=[text for text, _, kind in listed if kind == "error"],
+            )
+
+    @app.get("/api/connections/{connection_id}/depth", dependencies=[ReadConnection])
+    def depth(connection_id: str, queue: str) -> Count:
+        """The exact number of messages (a count over the table: asked for, not shown by default)."""
+        with _answering(connection_id):
+            return Count(queue=queue, count=_hook(connection_id).depth(queue))
+
+    @app.get("/api/connections/{connection_id}/claims", dependencies=[ReadConnection])
+    def claims(connection_id: str, queue: str, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list[Claim]:
+        with _answering(connection_id):
+            return [
+                Claim(
+                    id=str(claim.id),
+                    holder=claim.holder,
+                    deliveries=claim.deliveries,
+                    lease_left_seconds=claim.lease_left.total_seconds(),
+                    last_error=claim.last_error,
+                )
+                for claim in _hook(connection_id).claims(queue, limit)
+            ]
+
+    @app.get("/api/connections/{connection_id}/errors", dependencies=[ReadConnection])
+    def errors(connection_id: str, error_queue: str) -> ErrorSummary:
+        """The error queue by source queue and exception type, from its newest messages' headers."""
+        with _answering(connection_id):
+            hook = _hook(connection_id)
+            with hook.client() as client:
+                waiting = client.peek(error_queue)
+                groups = client.error_summary(error_queue)
+            return ErrorSummary(
+                error_queue=hook.canonical_address(error_queue),
+                waiting=waiting,
+                window=defaults.ERROR_SUMMARY_ROWS,
+                groups=[Group(**vars(group)) for group in groups],
+            )
+
+    @app.get("/api/connections/{connection_id}/errors/messages", dependencies=[ReadConnection])
+    def failures(
+        connection_id: str,
+        error_queue: str,
+        before: Annotated[int | None, Query(ge=1)] = None,
+        limit: Annotated[int, Query(ge=1, le=200)] = 50,
+        source: str | None = None,
+        exception_type: str | None = None,
+    ) -> FailurePage:
+        """The newest failures (of one group when ``source`` and ``exception_type`` are given), with body previews."""
+        group = None if source is None or exception_type is None else (source, exception_type)
+        with _answering(connection_id):
+            hook = _hook(connection_id)
+            found, next_before = hook.failed_messages(error_queue, before=before, limit=limit, group=group)
+            return FailurePage(
+                error_queue=hook.canonical_address(error_queue),
+                failures=[_failure(message) for message in found],
+                next_before=next_before,
+            )
+
+    @app.post("/api/connections/{connection_id}/errors/retry", dependencies=[EditConnection])
+    def retry(connection_id: str, body: Annotated[RetryRequest, Body()], user: GetUserDep) -> RetryAnswer:
+        """One bounded pass of a retry: selected messages, or a source queue's (call again from ``after``
+        until ``done``). A message is sent back once however often this is called."""
+        if (body.source is None) == (body.seqs is None):
+            raise HTTPException(400, "give either source (a queue's address) or seqs (messages of the error queue)")
+        with _answering(connection_id):
+            page = _hook(connection_id).retry_errors_page(
+                body.error_queue, queue_name=body.source, after=body.after, seqs=body.seqs
+            )
+        _record(
+            user,
+            "retry",
+            connection_id,
+            error_queue=body.error_queue,
+            source=body.source,
+            seqs=body.seqs,
+            retried=page.retried,
+        )
+        return RetryAnswer(retried=page.retried, after=page.after, done=page.done)
+
+    @app.post("/api/connections/{connection_id}/purge-expired", dependencies=[EditConnection])
+    def purge_expired(connection_id: str, body: Annotated[QueueRequest, Body()], user: GetUserDep) -> Count:
+        with _answering(connection_id):
+            purged = _hook(connection_id).purge_expired(body.queue)
+        _record(user, "purge_expired", connection_id, queue=body.queue, purged=purged)
+        return Count(queue=body.queue, count=purged)
+
+    @app.post("/api/connections/{connection_id}/release-lapsed", dependencies=[EditConnection])
+    def release_lapsed(connection_id: str, body: Annotated[QueueRequest, Body()], user: GetUserDep) -> Count:
+        with _answering(connection_id):
+            released = _hook(connection_id).release_lapsed(body.queue)
+        _record(user, "release_lapsed", connection_id, queue=body.queue, released=released)
+        return Count(queue=body.queue, count=released)
+
+    return app
+
+
+def _page_href() -> str:
+    """The page's URL under the api-server's base URL (``[api] base_url`` may put Airflow under a path)."""
+    from urllib.parse import urlsplit
+
+    from airflow.configuration import conf
+
+    base = urlsplit(conf.get("api", "base_url", fallback="") or "").path.rstrip("/")
+    return f"{base}{URL_PREFIX}/"
+
+
+class SqlQueuePlugin(AirflowPlugin):
+    """The Queues page in Airflow's navigation, and its API in the api-server."""
+
+    # Airflow's plugin manager reads these class attributes as they are declared on AirflowPlugin.
+    name = "sqlqueue"
+    fastapi_apps = [  # noqa: RUF012
+        {"app": create_app(), "url_prefix": URL_PREFIX, "name": "SQL Queue"}
+    ]
+    external_views = [  # noqa: RUF012
+        {
+            "name": "Queues",
+            "href": _page_href(),
+            "url_route": "sqlqueue",
+            "destination": "nav",
+            "category": "browse",
+        }
+    ]

@@ -1,0 +1,223 @@
+"""The Queues page's API inside Airflow's own api-server app, with real logins and real JWTs.
+
+The app is ``airflow.api_fastapi.app.create_app()`` -- the api-server's, with the provider's
+plugin mounted by Airflow's plugin manager -- driven through FastAPI's test client. Users log in
+with passwords at ``/auth/token`` (the simple auth manager's login); connection permissions come
+from :class:`tests.airflow_auth.PerConnectionAuthManager`, so every answer an auth manager can
+give is tried: none (401), no access (403), read only, read and edit. Figures are compared with
+the tables, actions with what they moved.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+
+from airflow_provider_sqlqueue.transport import Message, QueueAddress, QueueClient
+from demo.services import airflow_connection
+
+USERS = {"viewer": "viewer", "reader": "reader", "operator": "operator"}
+
+
+class Api:
+    def __init__(self, http, schema: str, pg_uri: str) -> None:
+        self.http = http
+        self.schema = schema
+        self.pg_uri = pg_uri
+        self.tokens: dict[str, str] = {}
+
+    def token(self, user: str) -> str:
+        if user not in self.tokens:
+            answer = self.http.post("/auth/token", json={"username": user, "password": USERS[user]})
+            assert answer.status_code == 201, answer.text
+            self.tokens[user] = answer.json()["access_token"]
+        return self.tokens[user]
+
+    def get(self, user: str | None, path: str, **params):
+        headers = {} if user is None else {"Authorization": f"Bearer {self.token(user)}"}
+        return self.http.get(f"/sqlqueue/api{path}", params=params, headers=headers)
+
+    def post(self, user: str | None, path: str, body: dict):
+        headers = {} if user is None else {"Authorization": f"Bearer {self.token(user)}"}
+        return self.http.post(f"/sqlqueue/api{path}", json=body, headers=headers)
+
+
+@pytest.fixture(scope="module")
+def api(airflow_db: str, pg_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
+    from fastapi.testclient import TestClient
+
+    schema = f"api_{uuid.uuid4().hex[:8]}"
+    with QueueClient.connect(pg_uri) as installer:
+        installer.session.connection.execute(f'CREATE SCHEMA "{schema}"')
+        for name in ("orders", "billing"):
+            installer.create_queue(QueueAddress(name, schema))
+    passwords = tmp_path_factory.mktemp("auth") / "passwords.json"
+    passwords.write_text(json.dumps(USERS))
+    grants = {"reader": {"shop": ["GET"]}, "operator": {"shop": ["GET", "PUT"], "other": ["GET", "PUT"]}}
+    settings = {
+        "AIRFLOW__CORE__AUTH_MANAGER": "tests.airflow_auth.PerConnectionAuthManager",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{user}:viewer" for user in USERS),
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+        "AIRFLOW__SQLQUEUE__CONNECTIONS": "shop,other",
+        "AIRFLOW_CONN_SHOP": airflow_connection(pg_uri),
+        "AIRFLOW_CONN_OTHER": airflow_connection(pg_uri),
+        "SQLQUEUE_TEST_GRANTS": json.dumps(grants),
+    }
+    saved = {key: os.environ.get(key) for key in settings}
+    os.environ.update(settings)
+    from airflow.api_fastapi.app import create_app, purge_cached_app
+
+    purge_cached_app()
+    try:
+        with TestClient(create_app()) as http:
+            yield Api(http, schema, pg_uri)
+    finally:
+        purge_cached_app()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        with QueueClient.connect(pg_uri) as installer:
+            installer.session.connection.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+def address(api: Api, name: str) -> str:
+    return f'{name}@"{api.schema}"'
+
+
+def test_the_page_and_its_files_are_served_with_a_strict_policy(api: Api) -> None:
+    page = api.http.get("/sqlqueue/")
+    assert page.status_code == 200 and "<title>Queues</title>" in page.text
+    assert "script-src 'self'" in page.headers["content-security-policy"]
+    assert api.http.get("/sqlqueue/static/queues.js").status_code == 200
+    assert api.http.get("/sqlqueue/static/..%2F..%2Fsqlqueue.py").status_code == 404
+
+
+def test_the_navigation_lists_the_queues_page(api: Api) -> None:
+    answer = api.http.get("/api/v2/plugins", headers={"Authorization": f"Bearer {api.token('operator')}"})
+    assert answer.status_code == 200, answer.text
+    views = [view for plugin in answer.json()["plugins"] for view in plugin.get("external_views", [])]
+    assert {"name": "Queues", "href": "/sqlqueue/", "url_route": "sqlqueue"}.items() <= next(
+        view for view in views if view["name"] == "Queues"
+    ).items()
+
+
+def test_anonymous_callers_are_refused(api: Api) -> None:
+    assert api.get(None, "/connections").status_code == 401
+    assert api.get(None, "/connections/shop/queues").status_code == 401
+    assert api.post(None, "/connections/shop/purge-expired", {"queue": "orders"}).status_code == 401
+
+
+def test_each_user_sees_the_connections_they_may_read(api: Api) -> None:
+    assert api.get("viewer", "/connections").json() == []
+    assert [c["connection_id"] for c in api.get("reader", "/connections").json()] == ["shop"]
+    assert [c["connection_id"] for c in api.get("operator", "/connections").json()] == ["other", "shop"]
+
+
+def test_a_user_without_access_to_the_connection_is_refused(api: Api) -> None:
+    assert api.get("viewer", "/connections/shop/queues").status_code == 403
+    assert api.get("reader", "/connections/other/queues").status_code == 403
+    assert api.get("reader", "/connections/other/errors", error_queue="error").status_code == 403
+
+
+def test_figures_match_the_tables(api: Api) -> None:
+    orders = QueueAddress("orders", api.schema)
+    with QueueClient.connect(api.pg_uri) as client:
+        client.send(orders, [Message(f"m{n}") for n in range(7)])
+        claimed = client.claim(orders, 2, lease=timedelta(minutes=5))
+        expected = client.queue_stats(orders)[0]
+        try:
+            page = api.get("reader", "/connections/shop/queues", search=api.schema, limit=200).json()
+            figures = {q["address"]: q for q in page["queues"]}
+            mine = figures[address(api, "orders")]
+            assert (mine["waiting"], mine["in_flight"], mine["lapsed"], mine["expired"]) == (5, 2, 0, 0)
+            assert mine["waiting"] == expected.waiting and mine["kind"] == "queue"
+            assert figures[address(api, "error")]["kind"] == "error"
+            assert address(api, "error") in page["error_queues"]
+            exact = api.get("reader", "/connections/shop/depth", queue=address(api, "orders")).json()
+            assert exact == {"queue": address(api, "orders"), "count": client.depth(orders)}
+            claims = api.get("reader", "/connections/shop/claims", queue=address(api, "orders")).json()
+            assert len(claims) == 2 and all("token" not in claim for claim in claims)
+        finally:
+            client.purge(orders)
+            client.ack(orders, [message.claim_token for message in claimed])
+
+
+def test_paging_and_searching_queues(api: Api) -> None:
+    first = api.get("reader", "/connections/shop/queues", search=api.schema, limit=1).json()
+    second = api.get("reader", "/connections/shop/queues", search=api.schema, limit=1, offset=1).json()
+    assert first["total"] == second["total"] == 3  # billing, error, orders
+    assert first["queues"][0]["address"] != second["queues"][0]["address"]
+    assert api.get("reader", "/connections/shop/queues", limit=10_000).status_code == 422
+
+
+def test_a_reader_cannot_act_and_an_operator_can(api: Api) -> None:
+    orders = QueueAddress("orders", api.schema)
+    error = address(api, "error")
+    with QueueClient.connect(api.pg_uri) as client:
+        client.send(orders, Message("to fail"))
+        [failing] = client.claim(orders)
+        client.fail(orders, failing, ValueError("no"))
+        client.send(orders, Message("x"))
+        [lapsing] = client.claim(orders, lease=timedelta(milliseconds=1))
+        client.send(orders, Message("expired", time_to_be_received=timedelta(milliseconds=1)))
+        target = {"queue": address(api, "orders")}
+        source = {"error_queue": error, "source": address(api, "orders")}
+        try:
+            for path, body in (
+                ("/connections/shop/purge-expired", target),
+                ("/connections/shop/release-lapsed", target),
+                ("/connections/shop/errors/retry", source),
+            ):
+                assert api.post("reader", path, body).status_code == 403
+                assert api.post("viewer", path, body).status_code == 403
+            assert (client.depth(orders), client.inflight(orders), client.depth(QueueAddress("error", api.schema))) == (1, 1, 1)
+
+            assert api.post("operator", "/connections/shop/purge-expired", target).json()["count"] == 1
+            assert api.post("operator", "/connections/shop/release-lapsed", target).json()["count"] == 1
+            assert api.post("operator", "/connections/shop/release-lapsed", target).json()["count"] == 0
+            assert [m.id for m in client.browse(orders)] == [lapsing.id]
+            summary = api.get("reader", "/connections/shop/errors", error_queue=error).json()
+            assert [(g["source"], g["count"]) for g in summary["groups"]] == [(address(api, "orders"), 1)]
+            page = api.get("reader", "/connections/shop/errors/messages", error_queue=error).json()
+            [failure] = page["failures"]
+            assert (failure["id"], failure["body_preview"], failure["body_encoding"]) == (str(failing.id), "to fail", "text")
+            assert failure["exception_type"] == "builtins.ValueError" and page["next_before"] is None
+            retry = {"error_queue": error, "seqs": [failure["seq"]]}
+            assert api.post("operator", "/connections/shop/errors/retry", retry).json()["retried"] == 1
+            assert api.post("operator", "/connections/shop/errors/retry", retry).json()["retried"] == 0
+            assert api.post("operator", "/connections/shop/errors/retry", source).json() == {
+                "retried": 0,
+                "after": 0,
+                "done": True,
+            }
+            assert [m.text for m in client.browse(orders)] == ["x", "to fail"]
+        finally:
+            client.purge(orders)
+
+
+def test_bad_input_gets_the_librarys_message(api: Api) -> None:
+    assert api.get("reader", "/connections/shop/depth", queue=f'missing@"{api.schema}"').status_code == 404
+    assert api.get("reader", "/connections/shop/depth", queue="a.b.c").status_code == 400
+    answer = api.post("operator", "/connections/shop/errors/retry", {"error_queue": "error"})
+    assert answer.status_code == 400 and "either source" in answer.json()["detail"]
+    answer = api.post("operator", "/connections/shop/errors/retry", {"error_queue": "error", "seqs": [0]})
+    assert answer.status_code in (400, 422)
+
+
+def test_actions_are_in_airflows_audit_log(api: Api) -> None:
+    from airflow.models.log import Log
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    api.post("operator", "/connections/shop/purge-expired", {"queue": address(api, "billing")})
+    with create_session() as session:
+        rows = session.scalars(select(Log).where(Log.event == "sqlqueue.purge_expired")).all()
+    assert any(row.owner == "operator" and json.loads(row.extra)["queue"] == address(api, "billing") for row in rows)
