@@ -2,20 +2,25 @@
 
 ``sqlqueue_setup`` creates every queue of the examples (run it once, with the installer's rights,
 before the pipelines); ``sqlqueue_maintenance`` purges expired messages and reports depths,
-claims in flight and what sits in the error queue.
+claims in flight and what sits in the error queue; ``sqlqueue_metrics`` (paused until you
+unpause it) sends every queue's figures to Airflow's metrics every five minutes.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, task
 from sqlqueue_stages import QUEUES as NAMES  # example_dags/: the DAGs folder is on sys.path
 from sqlqueue_stages import SUBSCRIBERS, SUBSCRIPTIONS, queue
 
 from airflow_provider_sqlqueue.hooks.sqlqueue import SqlQueueHook
-from airflow_provider_sqlqueue.operators.sqlqueue import CreateQueueOperator, PurgeExpiredMessagesOperator
+from airflow_provider_sqlqueue.operators.sqlqueue import (
+    CreateQueueOperator,
+    PurgeExpiredMessagesOperator,
+    QueueMetricsOperator,
+)
 from airflow_provider_sqlqueue.transport import QueueNotFoundError
 
 QUEUES = [queue(name) for name in NAMES]
@@ -70,3 +75,14 @@ with DAG(
         return summary
 
     purges >> report()
+
+
+with DAG(
+    "sqlqueue_metrics",
+    schedule=timedelta(minutes=5),  # the metrics' interval
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    is_paused_upon_creation=True,
+    tags=["sqlqueue"],
+):
+    QueueMetricsOperator(task_id="queue_metrics")  # [sqlqueue] connections, else sqlqueue_default

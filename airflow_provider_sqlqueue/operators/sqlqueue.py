@@ -614,3 +614,27 @@ class RetryErrorMessagesOperator(_QueueOperator):
         moved = hook.retry_errors(hook.error_queue, queue_name=self.queue_name, limit=self.limit)
         self.log.info("Error queue %s: sent %d message(s) back for retry", hook.error_queue or "error", moved)
         return moved
+
+
+class QueueMetricsOperator(BaseOperator):
+    """Send the queues' figures of each connection to Airflow's metrics (see :mod:`airflow_provider_sqlqueue.metrics`).
+
+    Run it on a schedule: the schedule is the metrics' interval. A task cannot list Airflow's
+    connections, so they are named: ``conn_ids``, else ``[sqlqueue] connections``, else
+    ``sqlqueue_default``. Returns how many queues were measured per connection.
+    """
+
+    template_fields: Sequence[str] = ("conn_ids",)
+
+    def __init__(self, *, conn_ids: Sequence[str] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.conn_ids = conn_ids
+
+    def execute(self, context: Any) -> dict[str, int]:
+        from airflow.sdk import conf
+
+        from ..metrics import emit_queue_metrics
+
+        configured = [name.strip() for name in (conf.get("sqlqueue", "connections", fallback="") or "").split(",")]
+        conn_ids = list(self.conn_ids or [name for name in configured if name] or [SqlQueueHook.default_conn_name])
+        return emit_queue_metrics(conn_ids)

@@ -1,0 +1,72 @@
+"""Queue metrics sent through Airflow's StatsD client to a real UDP listener, compared with the tables."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from datetime import timedelta
+
+import pytest
+
+from airflow_provider_sqlqueue.metrics import metric_name_part
+from airflow_provider_sqlqueue.transport import Message, QueueAddress, QueueClient
+from demo.services import airflow_connection
+
+
+def test_metric_name_parts_keep_only_what_airflow_accepts():
+    assert metric_name_part('we"ird.name@x y') == "we_ird_name_x_y"
+    assert metric_name_part("") == "_"
+
+
+def test_queue_metrics_reach_statsd_tagged_and_named_per_queue(airflow_db, pg_uri):
+    schema = f"metrics_{uuid.uuid4().hex[:8]}"
+    orders = QueueAddress("orders", schema)
+    with QueueClient.connect(pg_uri) as client:
+        client.session.connection.execute(f'CREATE SCHEMA "{schema}"')
+        try:
+            client.create_queue(orders)
+            client.send(orders, [Message(f"m{n}") for n in range(6)])
+            client.claim(orders, 2, lease=timedelta(milliseconds=1))
+            [failing] = client.claim(orders, 1)
+            client.fail(orders, failing, ValueError("x"))
+            time.sleep(0.05)
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as listener:
+                listener.bind(("127.0.0.1", 0))
+                listener.settimeout(0.5)
+                env = {
+                    **os.environ,
+                    "AIRFLOW__METRICS__STATSD_ON": "True",
+                    "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+                    "AIRFLOW__METRICS__STATSD_PORT": str(listener.getsockname()[1]),
+                    "AIRFLOW__METRICS__STATSD_PREFIX": "airflow",
+                    "AIRFLOW_CONN_SHOP": airflow_connection(pg_uri),
+                }
+                script = (
+                    "from airflow_provider_sqlqueue.metrics import emit_queue_metrics; "
+                    "print(emit_queue_metrics(['shop', 'missing']))"
+                )
+                run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+                assert run.returncode == 0, run.stderr[-3000:]
+                assert "'shop'" in run.stdout and "'missing'" not in run.stdout  # an unknown connection is skipped
+                lines = []
+                while True:
+                    try:
+                        lines += listener.recv(65536).decode().splitlines()
+                    except TimeoutError:
+                        break
+            gauges = dict(line.rsplit("|", 1)[0].split(":", 1) for line in lines)
+            path = f"shop.{schema}"
+            assert gauges[f"airflow.sqlqueue.waiting.{path}.orders"] == "3"
+            assert gauges[f"airflow.sqlqueue.in_flight.{path}.orders"] == "2"
+            assert gauges[f"airflow.sqlqueue.lapsed.{path}.orders"] == "2"
+            assert gauges[f"airflow.sqlqueue.expired.{path}.orders"] == "0"
+            assert 0 <= float(gauges[f"airflow.sqlqueue.oldest_age.{path}.orders"]) < 60
+            assert gauges[f"airflow.sqlqueue.errors.{path}.error"] == "1"
+            assert f"airflow.sqlqueue.errors.{path}.orders" not in gauges
+            assert gauges["airflow.sqlqueue.waiting"]  # the tagged form (tags travel only with tag-aware backends)
+        finally:
+            client.session.connection.execute(f'DROP SCHEMA "{schema}" CASCADE')
