@@ -36,7 +36,9 @@ def test_queues_lists_the_queue_tables_and_nothing_else(client, queue, raw, sche
     client.create_queue(other)
     raw.execute(f"CREATE TABLE {backend.table(schema, 'notes')} (id int, body {backend.text_type})")
     made_by_nservicebus = QueueAddress("Shipping", schema)
-    for sql in client.dialect.create_queue_sql(made_by_nservicebus):  # the table only, as an endpoint's installer makes it
+    for sql in client.dialect.create_queue_sql(
+        made_by_nservicebus
+    ):  # the table only, as an endpoint's installer makes it
         raw.execute(sql)
 
     mine = [address for address in client.queues() if address.schema == schema]
@@ -180,7 +182,9 @@ def test_failed_messages_page_newest_first_with_bounded_previews(client, queue, 
     more, done = client.failed_messages(error, group=(source, "builtins.ValueError"), before=cursor, limit=10)
     assert [m.id for m in more] == orders_ids[2::-1] and done is None
     groups = {(g.source, g.exception_type): g.count for g in client.error_summary(error)}
-    assert groups[(source, "builtins.ValueError")] == 5 and groups[("(unreadable headers)", "(unreadable headers)")] == 1
+    assert (
+        groups[(source, "builtins.ValueError")] == 5 and groups[("(unreadable headers)", "(unreadable headers)")] == 1
+    )
 
 
 def test_retry_selected_messages_once_however_often_clicked(client, queue, schema):

@@ -10,8 +10,6 @@ import time
 import uuid
 from datetime import timedelta
 
-import pytest
-
 from airflow_provider_sqlqueue.metrics import metric_name_part
 from airflow_provider_sqlqueue.transport import Message, QueueAddress, QueueClient
 from demo.services import airflow_connection
@@ -49,7 +47,9 @@ def test_queue_metrics_reach_statsd_tagged_and_named_per_queue(airflow_db, pg_ur
                     "from airflow_provider_sqlqueue.metrics import emit_queue_metrics; "
                     "print(emit_queue_metrics(['shop', 'missing']))"
                 )
-                run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+                run = subprocess.run(
+                    [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+                )
                 assert run.returncode == 0, run.stderr[-3000:]
                 assert "'shop'" in run.stdout and "'missing'" not in run.stdout  # an unknown connection is skipped
                 lines = []

@@ -178,7 +178,11 @@ def test_a_reader_cannot_act_and_an_operator_can(api: Api) -> None:
             ):
                 assert api.post("reader", path, body).status_code == 403
                 assert api.post("viewer", path, body).status_code == 403
-            assert (client.depth(orders), client.inflight(orders), client.depth(QueueAddress("error", api.schema))) == (1, 1, 1)
+            assert (client.depth(orders), client.inflight(orders), client.depth(QueueAddress("error", api.schema))) == (
+                1,
+                1,
+                1,
+            )
 
             assert api.post("operator", "/connections/shop/purge-expired", target).json()["count"] == 1
             assert api.post("operator", "/connections/shop/release-lapsed", target).json()["count"] == 1
@@ -188,7 +192,11 @@ def test_a_reader_cannot_act_and_an_operator_can(api: Api) -> None:
             assert [(g["source"], g["count"]) for g in summary["groups"]] == [(address(api, "orders"), 1)]
             page = api.get("reader", "/connections/shop/errors/messages", error_queue=error).json()
             [failure] = page["failures"]
-            assert (failure["id"], failure["body_preview"], failure["body_encoding"]) == (str(failing.id), "to fail", "text")
+            assert (failure["id"], failure["body_preview"], failure["body_encoding"]) == (
+                str(failing.id),
+                "to fail",
+                "text",
+            )
             assert failure["exception_type"] == "builtins.ValueError" and page["next_before"] is None
             retry = {"error_queue": error, "seqs": [failure["seq"]]}
             assert api.post("operator", "/connections/shop/errors/retry", retry).json()["retried"] == 1
