@@ -6,6 +6,9 @@ need_apt=()
 ldconfig -p 2>/dev/null | grep -q 'libodbc.so.2' || need_apt+=(unixodbc)
 [ -e /usr/lib/x86_64-linux-gnu/odbc/libtdsodbc.so ] || [ -e /usr/lib/aarch64-linux-gnu/odbc/libtdsodbc.so ] || need_apt+=(tdsodbc)
 command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
+# The Queues page's browser test drives Debian's Chromium through Debian's chromedriver.
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need_apt+=(chromium-driver)
 if [ "${#need_apt[@]}" -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo ">> installing system packages: ${need_apt[*]}"

@@ -1,0 +1,215 @@
+"""The Queues page in headless Chromium, inside Airflow's UI served by a real api-server.
+
+The api-server runs as its own process with Airflow's default auth manager (simple, with a user
+and password), the provider installed and the queues' database as ``sqlqueue_default``. The
+browser logs in through Airflow's login page, opens Queues from the navigation route, watches a
+depth change after a send and retries a failed message, which leaves the error queue. Screenshots
+(light and dark theme) go to ``test-artifacts/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_sqlqueue.transport import Message, QueueAddress, QueueClient
+from demo.services import AirflowServices
+from tests.conftest import EXAMPLE_DAGS
+
+pytestmark = pytest.mark.timeout(600)
+
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+HOSTILE_BODY = "<img src=x onerror=\"document.title='owned'\">"
+
+
+@pytest.fixture(scope="module")
+def api_server(pg_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AirflowServices, str]]:
+    if not (CHROMIUM and CHROMEDRIVER):
+        message = "Debian's chromium and chromium-driver are needed (apt-get install chromium chromium-driver)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    home = tmp_path_factory.mktemp("airflow-ui")
+    passwords = home / "passwords.json"
+    passwords.write_text(json.dumps({"admin": "admin-secret"}))
+    schema = f"ui_{uuid.uuid4().hex[:8]}"
+    with QueueClient.connect(pg_uri) as installer:
+        installer.session.connection.execute(f'CREATE SCHEMA "{schema}"')
+        installer.create_queue(QueueAddress("orders", schema))
+    services = AirflowServices(
+        home,
+        f"sqlite:///{home / 'airflow.db'}",
+        pg_uri,
+        Path(EXAMPLE_DAGS),
+        env={
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__SQLQUEUE__CONNECTIONS": "sqlqueue_default",
+        },
+    )
+    try:
+        services.migrate()
+        services.start("api-server")
+        deadline = time.monotonic() + 180
+        while not services.health() and time.monotonic() < deadline:
+            time.sleep(1)
+        assert services.health(), f"api-server did not answer; see {services.logs}"
+        yield services, schema
+    finally:
+        services.stop()
+        with QueueClient.connect(pg_uri) as installer:
+            installer.session.connection.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+@pytest.fixture
+def browser() -> Iterator[object]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-dev-shm-usage",
+        "--window-size=1500,1100",
+    ):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
+    driver.implicitly_wait(0)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def wait_for(condition, timeout: float = 60, what: str = "the page"):
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            found = condition()
+            if found:
+                return found
+        except Exception as exc:  # the element may not be there yet, or be replaced while read
+            last = exc
+        time.sleep(0.25)
+    raise AssertionError(f"{what} not seen within {timeout:.0f}s ({last})")
+
+
+def login(driver, url: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver.get(f"{url}/")
+    user = wait_for(lambda: driver.find_element(By.CSS_SELECTOR, "input[name='username']"), what="the login form")
+    user.send_keys("admin")
+    driver.find_element(By.CSS_SELECTOR, "input[name='password']").send_keys("admin-secret")
+    driver.find_element(By.CSS_SELECTOR, "button[type='submit']").click()
+    wait_for(
+        lambda: "/auth/login" not in driver.current_url and driver.get_cookie("_token"), what="a signed-in session"
+    )
+
+
+def open_queues(driver, url: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver.get(f"{url}/plugin/sqlqueue")
+    frame = wait_for(lambda: driver.find_element(By.CSS_SELECTOR, "iframe"), what="the Queues page's frame")
+    driver.switch_to.frame(frame)
+    wait_for(lambda: driver.find_element(By.TAG_NAME, "body").get_attribute("data-loaded"), what="the queues")
+
+
+def row_text(driver, address: str, column: str) -> str:
+    from selenium.webdriver.common.by import By
+
+    for row in driver.find_elements(By.CSS_SELECTOR, "#queues tbody tr"):
+        if row.get_attribute("data-queue") == address:
+            return str(row.find_element(By.CSS_SELECTOR, f"td.{column}").text)
+    return ""
+
+
+def test_queues_page_shows_depths_and_retries_an_error_message(api_server, browser, pg_uri):
+    from selenium.webdriver.common.by import By
+
+    services, schema = api_server
+    orders = QueueAddress("orders", schema)
+    address = f'orders@"{schema}"'
+    ARTIFACTS.mkdir(exist_ok=True)
+    with QueueClient.connect(pg_uri) as client:
+        client.send(orders, Message(HOSTILE_BODY))  # fails; its body must show as text, never run
+        client.send(
+            orders, [Message(f"order {n}", {"NServiceBus.EnclosedMessageTypes": "Shop.OrderPlaced"}) for n in range(3)]
+        )
+        [failing] = client.claim(orders)
+        client.fail(orders, failing, ValueError("price missing"))
+
+        login(browser, services.url)
+        open_queues(browser, services.url)
+        browser.find_element(By.ID, "search").send_keys(schema)
+        wait_for(lambda: row_text(browser, address, "waiting") == "3", what="orders waiting 3")
+        browser.save_screenshot(str(ARTIFACTS / "queues-page.png"))
+
+        client.send(orders, [Message(f"more {n}") for n in range(4)])
+        browser.find_element(By.ID, "refresh").click()
+        wait_for(lambda: row_text(browser, address, "waiting") == "7", what="orders waiting 7 after a send")
+
+        error_address = f'error@"{schema}"'
+        browser.find_element(By.ID, "search").clear()
+        wait_for(
+            lambda: (
+                error_address
+                in [o.get_attribute("value") for o in browser.find_elements(By.CSS_SELECTOR, "#error-queue option")]
+            )
+        )
+        from selenium.webdriver.support.ui import Select
+
+        Select(browser.find_element(By.ID, "error-queue")).select_by_value(error_address)
+        item = wait_for(
+            lambda: next(
+                li
+                for li in browser.find_elements(By.CSS_SELECTOR, "#failures li")
+                if li.get_attribute("data-id") == str(failing.id)
+            ),
+            what="the failed message in the list",
+        )
+        assert "price missing" in item.text and "builtins.ValueError" in item.text
+        assert item.find_element(By.CSS_SELECTOR, "pre.body").get_attribute("textContent") == HOSTILE_BODY
+        item.find_element(By.CSS_SELECTOR, "input.pick").click()
+        browser.find_element(By.ID, "retry-selected").click()
+        wait_for(
+            lambda: "1 of 1 selected message(s) sent back" in browser.find_element(By.ID, "status").text,
+            what="the retry",
+        )
+        wait_for(
+            lambda: all(
+                li.get_attribute("data-id") != str(failing.id)
+                for li in browser.find_elements(By.CSS_SELECTOR, "#failures li")
+            ),
+            what="the message leaving the error list",
+        )
+        assert client.depth(QueueAddress("error", schema)) == 0
+        assert failing.id in [m.id for m in client.browse(orders, 100)]
+        assert browser.execute_script("return document.title") == "Queues"  # the body was text: nothing in it ran
+
+        browser.switch_to.default_content()
+        browser.execute_script("window.localStorage.setItem('theme', 'dark')")
+        open_queues(browser, services.url)
+        assert browser.execute_script("return document.documentElement.dataset.theme") == "dark"
+        background = browser.execute_script("return getComputedStyle(document.body).backgroundColor")
+        assert background == "rgb(15, 17, 23)"
+        browser.find_element(By.ID, "search").send_keys(schema)
+        wait_for(lambda: row_text(browser, address, "waiting") == "8", what="orders waiting 8 in the dark theme")
+        browser.save_screenshot(str(ARTIFACTS / "queues-page-dark.png"))
