@@ -58,7 +58,10 @@ def api(airflow_db: str, pg_uri: str, tmp_path_factory: pytest.TempPathFactory) 
             installer.create_queue(QueueAddress(name, schema))
     passwords = tmp_path_factory.mktemp("auth") / "passwords.json"
     passwords.write_text(json.dumps(USERS))
-    grants = {"reader": {"shop": ["GET"]}, "operator": {"shop": ["GET", "PUT"], "other": ["GET", "PUT"]}}
+    grants = {
+        "reader": {"shop": ["GET"]},
+        "operator": {"shop": ["GET", "PUT"], "other": ["GET", "PUT"], "stored_shop": ["GET"], "stored_http": ["GET"]},
+    }
     settings = {
         "AIRFLOW__CORE__AUTH_MANAGER": "tests.airflow_auth.PerConnectionAuthManager",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{user}:viewer" for user in USERS),
@@ -72,7 +75,15 @@ def api(airflow_db: str, pg_uri: str, tmp_path_factory: pytest.TempPathFactory) 
     saved = {key: os.environ.get(key) for key in settings}
     os.environ.update(settings)
     from airflow.api_fastapi.app import create_app, purge_cached_app
+    from airflow.models.connection import Connection
+    from airflow.utils.session import create_session
+    from sqlalchemy import delete
 
+    stored = [("stored_shop", "postgres"), ("stored_http", "http")]  # in the metadata database: one holds queues
+    with create_session() as session:
+        session.execute(delete(Connection).where(Connection.conn_id.in_([name for name, _ in stored])))
+        for name, conn_type in stored:
+            session.add(Connection(conn_id=name, conn_type=conn_type, host="localhost"))
     purge_cached_app()
     try:
         with TestClient(create_app()) as http:
@@ -118,7 +129,8 @@ def test_anonymous_callers_are_refused(api: Api) -> None:
 def test_each_user_sees_the_connections_they_may_read(api: Api) -> None:
     assert api.get("viewer", "/connections").json() == []
     assert [c["connection_id"] for c in api.get("reader", "/connections").json()] == ["shop"]
-    assert [c["connection_id"] for c in api.get("operator", "/connections").json()] == ["other", "shop"]
+    listed = {c["connection_id"]: c["conn_type"] for c in api.get("operator", "/connections").json()}
+    assert listed == {"other": "configured", "shop": "configured", "stored_shop": "postgres"}  # no http connection
 
 
 def test_a_user_without_access_to_the_connection_is_refused(api: Api) -> None:
