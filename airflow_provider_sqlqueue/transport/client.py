@@ -401,6 +401,15 @@ class QueueClient(_Addressing[Session]):
         with self._lock:
             return self.session.run(op)
 
+    def _in_batches(self, make: Callable[[], ops.Operation[int]], batch_size: int) -> int:
+        """Run a batch operation, each batch its own transaction, until one comes back short; returns the total."""
+        total = 0
+        while True:
+            count = self._run(make())
+            total += count
+            if count < batch_size:
+                return total
+
     @classmethod
     def connect(
         cls,
@@ -499,12 +508,7 @@ class QueueClient(_Addressing[Session]):
         One transaction per ``batch_size`` messages; safe beside other movers (each message is moved
         once). Raises QueueNotFoundError when the queue has no delayed table.
         """
-        moved = 0
-        while True:
-            count = self._run(self._move_due_op(queue, batch_size))
-            moved += count
-            if count < batch_size:
-                return moved
+        return self._in_batches(partial(self._move_due_op, queue, batch_size), batch_size)
 
     def next_due(self, queue: str | QueueAddress) -> timedelta | None:
         """How long until the queue's earliest delayed message is due (negative: overdue); None when none waits."""
@@ -904,12 +908,7 @@ class QueueClient(_Addressing[Session]):
         """
         check_positive("batch_size", batch_size)
         address = self.address(queue)
-        released = 0
-        while True:
-            count = self._run(ops.release_lapsed(self.dialect, address, batch_size))
-            released += count
-            if count < batch_size:
-                return released
+        return self._in_batches(partial(ops.release_lapsed, self.dialect, address, batch_size), batch_size)
 
     def lapsed_claims(self, queue: str | QueueAddress) -> int:
         """Claims on ``queue`` whose lease ran out: their holders are gone or stuck, and the messages are receivable again."""
@@ -923,12 +922,7 @@ class QueueClient(_Addressing[Session]):
         """Delete expired messages in batches of ``batch_size``, each in its own short transaction."""
         check_positive("batch_size", batch_size)
         address = self.address(queue)
-        total = 0
-        while True:
-            count = self._run(ops.purge_expired_batch(self.dialect, address, batch_size))
-            total += count
-            if count < batch_size:
-                return total
+        return self._in_batches(partial(ops.purge_expired_batch, self.dialect, address, batch_size), batch_size)
 
     def purge(self, queue: str | QueueAddress) -> int:
         """Delete every message in the queue; returns how many."""
