@@ -51,8 +51,9 @@ def test_queue_stats_match_the_tables(client, queue, raw, schema, backend):
     client.send(queue, Message("oldest", {"NServiceBus.TimeSent": wire_timestamp(sent)}))
     client.send(queue, [Message(f"m{n}") for n in range(4)])
     client.send(queue, [Message("gone", time_to_be_received=timedelta(milliseconds=1)) for _ in range(3)])
-    claimed = client.claim(queue, 2, lease=timedelta(milliseconds=200))  # "oldest" and m0
-    held = client.claim(queue, 1, lease=timedelta(minutes=5))  # m1
+    # Held first: a claim takes lapsed claims before waiting messages.
+    held = client.claim(queue, 1, lease=timedelta(minutes=5))  # "oldest"
+    claimed = client.claim(queue, 2, lease=timedelta(milliseconds=200))  # m0, m1
     time.sleep(0.4)
 
     [stats] = client.queue_stats(queue)
@@ -90,8 +91,8 @@ def test_queue_stats_of_tables_an_nservicebus_endpoint_made(client, raw, schema,
 
 def test_claims_show_holders_and_leases_without_tokens(client, queue):
     client.send(queue, [Message("a"), Message("b")])
+    [reserved] = client.reserve(queue, lease=timedelta(minutes=3))  # first: a claim takes lapsed claims first
     [lapsing] = client.claim(queue, lease=timedelta(milliseconds=100), holder="worker-1")
-    [reserved] = client.reserve(queue, lease=timedelta(minutes=3))
     client.nack(queue, reserved.claim_token, error="busy", delay=timedelta(minutes=1))
     time.sleep(0.2)
 
@@ -107,8 +108,8 @@ def test_claims_show_holders_and_leases_without_tokens(client, queue):
 
 def test_release_lapsed_gives_claims_back_to_every_receiver(client, queue, raw, schema, backend):
     client.send(queue, [Message(f"m{n}") for n in range(5)])
+    live = client.claim(queue, 1, lease=timedelta(minutes=5))  # first: a claim takes lapsed claims first
     lapsed = client.claim(queue, 3, lease=timedelta(milliseconds=100))
-    live = client.claim(queue, 1, lease=timedelta(minutes=5))
     [waiting] = client.browse(queue)
     time.sleep(0.2)
 

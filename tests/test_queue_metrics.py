@@ -28,9 +28,9 @@ def test_queue_metrics_reach_statsd_tagged_and_named_per_queue(airflow_db, pg_ur
         try:
             client.create_queue(orders)
             client.send(orders, [Message(f"m{n}") for n in range(6)])
-            client.claim(orders, 2, lease=timedelta(milliseconds=1))
-            [failing] = client.claim(orders, 1)
+            [failing] = client.claim(orders, 1)  # before the lapsing claims: a claim takes lapsed ones first
             client.fail(orders, failing, ValueError("x"))
+            client.claim(orders, 2, lease=timedelta(milliseconds=1))
             time.sleep(0.05)
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as listener:
                 listener.bind(("127.0.0.1", 0))
