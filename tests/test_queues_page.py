@@ -176,18 +176,32 @@ def test_queues_page_shows_depths_and_retries_an_error_message(api_server, brows
         )
         from selenium.webdriver.support.ui import Select
 
+        loaded = browser.find_element(By.TAG_NAME, "body").get_attribute("data-loaded")
         Select(browser.find_element(By.ID, "error-queue")).select_by_value(error_address)
-        item = wait_for(
-            lambda: next(
+        wait_for(
+            lambda: browser.find_element(By.TAG_NAME, "body").get_attribute("data-loaded") != loaded, what="a reload"
+        )
+
+        def failed_item():
+            return next(
                 li
                 for li in browser.find_elements(By.CSS_SELECTOR, "#failures li")
                 if li.get_attribute("data-id") == str(failing.id)
-            ),
-            what="the failed message in the list",
-        )
-        assert "price missing" in item.text and "builtins.ValueError" in item.text
-        assert item.find_element(By.CSS_SELECTOR, "pre.body").get_attribute("textContent") == HOSTILE_BODY
-        item.find_element(By.CSS_SELECTOR, "input.pick").click()
+            )
+
+        def ticked() -> bool:  # the list may be redrawn by a refresh between finding and clicking: try again
+            box = failed_item().find_element(By.CSS_SELECTOR, "input.pick")
+            if not box.is_selected():
+                box.click()
+            return box.is_selected() and browser.find_element(By.ID, "retry-selected").is_enabled()
+
+        def shown_as_text() -> bool:
+            item = failed_item()
+            body = item.find_element(By.CSS_SELECTOR, "pre.body").get_attribute("textContent")
+            return "price missing" in item.text and "builtins.ValueError" in item.text and body == HOSTILE_BODY
+
+        wait_for(shown_as_text, what="the failed message, its exception and its body as text")
+        wait_for(ticked, what="the failed message selected")
         browser.find_element(By.ID, "retry-selected").click()
         wait_for(
             lambda: "1 of 1 selected message(s) sent back" in browser.find_element(By.ID, "status").text,
