@@ -39,6 +39,7 @@ from ..transport.errors import (
     SqlQueueError,
     TransportUnavailableError,
 )
+from ..transport.message import EXCEPTION_MESSAGE, TIME_OF_FAILURE
 from ..transport.operations import FailedMessage, QueueStats
 
 log = logging.getLogger("airflow_provider_sqlqueue.plugins")
@@ -230,8 +231,8 @@ def _failure(message: FailedMessage) -> Failure:
         id=str(message.id),
         source=source,
         exception_type=exception_type,
-        exception_message=headers.get("NServiceBus.ExceptionInfo.Message"),
-        time_of_failure=headers.get("NServiceBus.TimeOfFailure"),
+        exception_message=headers.get(EXCEPTION_MESSAGE),
+        time_of_failure=headers.get(TIME_OF_FAILURE),
         headers=message.headers,
         body_size=message.body_size,
         body_preview=preview,
