@@ -92,6 +92,14 @@ STATEMENTS: dict[str, Statement] = {
     "ack_copy": lambda d, a, e: d.ack_copy_sql(a),
     "nack": lambda d, a, e: d.nack_sql(a),
     "extend": lambda d, a, e: d.extend_sql(a),
+    "held": lambda d, a, e: d.held_sql(a),
+    "ack_held": lambda d, a, e: d.ack_held_sql(a),
+    "extend_held": lambda d, a, e: d.extend_held_sql(a),
+    "nack_held": lambda d, a, e: d.nack_held_sql(a),
+    "seq_range": lambda d, a, e: d.seq_range_sql(a),
+    "create_writes": lambda d, a, e: list(d.create_writes_sql(a.sibling("sqlqueue_writes"))),
+    "record_write": lambda d, a, e: d.record_write_sql(a.sibling("sqlqueue_writes")),
+    "forget_write": lambda d, a, e: d.forget_write_sql(a.sibling("sqlqueue_writes")),
     "claim_to_error": lambda d, a, e: d.claim_to_error_sql(a, e, SHAPE),
     "claim_to_error_legacy": lambda d, a, e: d.claim_to_error_sql(a, e, LEGACY_SHAPE),
     "create_delayed": lambda d, a, e: list(d.create_delayed_sql(a.delayed())),
@@ -174,6 +182,7 @@ def test_every_statement_parses_as_tsql_and_names_exactly_the_queue_tables(label
         (address.catalog or "", schema, "sqlqueue_inflight"),
         (address.catalog or "", schema, address.table + ".Delayed"),
         (address.catalog or "", schema, "SubscriptionRouting"),
+        (address.catalog or "", schema, "sqlqueue_writes"),
     }
     for name, sql in statements(address):
         parsed = parse(sql)
@@ -211,7 +220,15 @@ def test_placeholder_names_match_the_parameters_the_operations_pass():
         "purge_expired": {"limit"},
         "insert_error": {"id", "headers", "body"},
         "insert_error_legacy": {"id", "headers", "body"},
-        "browse": {"limit"},
+        "browse": {"after", "last", "limit"},
+        "seq_range": set(),
+        "held": {"queue", "holder", "parts", "part"},
+        "ack_held": {"queue", "holder"},
+        "extend_held": {"lease_ms", "queue", "holder"},
+        "nack_held": {"delay_ms", "error", "queue", "holder"},
+        "create_writes": set(),
+        "record_write": {"write", "part"},
+        "forget_write": {"write"},
         "newest_headers": {"before", "limit"},
         "error_headers": {"after", "limit"},
         "error_rows": {"seqs"},
@@ -474,7 +491,13 @@ SAMPLE_PARAMS: dict[str, dict[str, object]] = {
     "receive": {"limit": 10},
     "purge_expired": {"limit": 10_000},
     "insert_error": {"id": uuid.uuid4(), "headers": '{"a":"b"}', "body": b"body"},
-    "browse": {"limit": 100},
+    "browse": {"after": 0, "last": 2**63 - 1, "limit": 100},
+    "held": {"queue": "orders@[dbo]", "holder": "spark:q'1:7", "parts": 4, "part": 3},
+    "ack_held": {"queue": "orders@[dbo]", "holder": "spark:q'1:7"},
+    "extend_held": {"lease_ms": 300_000, "queue": "orders@[dbo]", "holder": "spark:q'1:7"},
+    "nack_held": {"delay_ms": 0, "error": '{"type": "Boom"}', "queue": "orders@[dbo]", "holder": "spark:q'1:7"},
+    "record_write": {"write": uuid.uuid4(), "part": 12},
+    "forget_write": {"write": uuid.uuid4()},
     "newest_headers": {"before": 2**63 - 1, "limit": 10_000},
     "error_headers": {"after": 0, "limit": 5_000},
     "error_rows": {"seqs": dialect.seq_list([3, 2**40])},
@@ -589,8 +612,10 @@ def checker_tables(address: QueueAddress, legacy: bool) -> dict[str, dict[str, s
     inflight = tsql_types.table_columns(dialect.create_inflight_sql(address)[0])
     delayed = tsql_types.table_columns(dialect.create_delayed_sql(address.delayed())[0])
     routing = tsql_types.table_columns(dialect.create_subscriptions_sql(address.sibling("SubscriptionRouting"))[0])
+    writes = tsql_types.table_columns(dialect.create_writes_sql(address.sibling("sqlqueue_writes"))[0])
     return {
         "subscriptionrouting": routing,
+        "sqlqueue_writes": writes,
         address.table.lower(): queue,
         "error": queue,
         "sqlqueue_inflight": inflight,
@@ -704,7 +729,10 @@ def test_the_checker_catches_an_untyped_null_body_from_pyodbc():
 def test_the_checker_catches_a_text_count_and_a_column_that_does_not_exist():
     tables = checker_tables(ADDRESSES["plain"], True)
     assert any(
-        "TOP" in p for p in type_problems(pymssql_text(dialect.browse_sql(ADDRESSES["plain"]), {"limit": "10"}), tables)
+        "TOP" in p
+        for p in type_problems(
+            pymssql_text(dialect.browse_sql(ADDRESSES["plain"]), {"limit": "10", "after": 0, "last": 99}), tables
+        )
     )
     wrong = pymssql_text(
         dialect.send_sql(ADDRESSES["plain"], SHAPE), {"id": uuid.uuid4(), "ttbr_ms": None, "headers": "{}", "body": b""}

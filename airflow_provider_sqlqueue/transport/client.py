@@ -139,9 +139,9 @@ class Addressing:
         (and catalog), where ``create_queue`` creates it.
         """
         chosen = error_queue if error_queue is not None else self.error_queue
-        return self._beside(defaults.ERROR_QUEUE if chosen is None else chosen, queue)
+        return self.beside(defaults.ERROR_QUEUE if chosen is None else chosen, queue)
 
-    def _beside(self, name: str | QueueAddress, queue: QueueAddress | None) -> QueueAddress:
+    def beside(self, name: str | QueueAddress, queue: QueueAddress | None) -> QueueAddress:
         """``name`` as an address; named without a schema, in ``queue``'s schema (and catalog)."""
         address = self.address(name)
         return queue.sibling(address.table) if address.schema is None and queue is not None else address
@@ -155,7 +155,7 @@ class Addressing:
         chosen = self.audit_queue
         if chosen is None or chosen is False:
             return None
-        return self._beside(defaults.AUDIT_QUEUE if chosen is True else chosen, queue)
+        return self.beside(defaults.AUDIT_QUEUE if chosen is True else chosen, queue)
 
     def installation(
         self,
@@ -871,8 +871,71 @@ class QueueClient(_Addressing[Session]):
 
     def browse(self, queue: str | QueueAddress, limit: int = 1000) -> list[ReceivedMessage]:
         """Waiting, unexpired messages in send order, without removing or locking them."""
+        return self.browse_page(queue, limit).messages
+
+    def browse_page(
+        self, queue: str | QueueAddress, limit: int = 1000, *, after: int = 0, last: int = ops.LAST_SEQ
+    ) -> ops.BrowsePage:
+        """One page of :meth:`browse` over the rows with ``after`` < Seq <= ``last``; pass the page's
+        ``after`` to read on. Bounds come from :meth:`seq_range`: a range read in parallel pages."""
         check_positive("limit", limit)
-        return self._run(ops.browse(self.dialect, self.address(queue), limit))
+        return self._run(ops.browse(self.dialect, self.address(queue), limit, after, last))
+
+    def seq_range(self, queue: str | QueueAddress) -> tuple[int, int] | None:
+        """The lowest and highest Seq of the queue's rows (None when it is empty): where a reader of the
+        whole queue starts and stops, so messages sent while it reads are left for the next read."""
+        return self._run(ops.seq_range(self.dialect, self.address(queue)))
+
+    # -- claims found by holder ------------------------------------------------------------------
+    #
+    # A holder names a unit of work that may be retried (a Spark batch): its claims are taken once,
+    # under that name, then read, renewed and settled by the name alone, from any process.
+
+    def held(self, queue: str | QueueAddress, holder: str, *, parts: int = 1, part: int = 0) -> list[ReceivedMessage]:
+        """The messages ``holder`` holds on the queue, in send order; with ``parts``, only the share
+        ``part`` (Seq modulo ``parts``), so that many readers split them without overlap."""
+        check_positive("parts", parts)
+        if not isinstance(part, int) or isinstance(part, bool) or not 0 <= part < parts:
+            raise ValueError(f"part must be an integer from 0 to {parts - 1}, got {part!r}")
+        return self._run(ops.held(self.dialect, self.address(queue), holder, parts, part))
+
+    def ack_held(self, queue: str | QueueAddress, holder: str) -> int:
+        """Acknowledge every claim ``holder`` holds on the queue; returns how many."""
+        return self._run(ops.ack_held(self.dialect, self.address(queue), holder))
+
+    def extend_held(self, queue: str | QueueAddress, holder: str, lease: timedelta | float = defaults.LEASE) -> int:
+        """Renew every claim ``holder`` holds for another ``lease``, lapsed ones that nobody took
+        over included; returns how many it still holds."""
+        return self._run(ops.extend_held(self.dialect, self.address(queue), holder, lease_ms(lease)))
+
+    def nack_held(
+        self,
+        queue: str | QueueAddress,
+        holder: str,
+        *,
+        error: BaseException | str | Failure | None = None,
+        delay: timedelta | float = 0,
+    ) -> int:
+        """Give back every claim ``holder`` holds, delivered again after ``delay``; returns how many."""
+        failure = None if error is None else Failure.of(error)
+        return self._run(ops.nack_held(self.dialect, self.address(queue), holder, failure, delay_ms(delay)))
+
+    # -- the write ledger ------------------------------------------------------------------------
+
+    def create_writes(self, ledger: str | QueueAddress) -> QueueAddress:
+        """Create a write ledger (idempotent, safe concurrently; needs CREATE on the schema); returns its address."""
+        address = self.address(ledger)
+        self._install(partial(ops.create_writes, self.dialect, address))
+        return address
+
+    def record_write(self, ledger: str | QueueAddress, write: uuid.UUID, part: int) -> bool:
+        """Record, in the transaction the caller holds open, that partition ``part`` of ``write`` is
+        being sent; False when it was sent before, so a re-run partition sends nothing."""
+        return self._run(ops.record_write(self.dialect, self.address(ledger), write, part))
+
+    def forget_write(self, ledger: str | QueueAddress, write: uuid.UUID) -> int:
+        """Delete a finished write's ledger rows; returns how many."""
+        return self._run(ops.forget_write(self.dialect, self.address(ledger), write))
 
     def queues(self) -> list[QueueAddress]:
         """Every queue table of the connection's database that it may read, by schema and name.

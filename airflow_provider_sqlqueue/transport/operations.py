@@ -797,6 +797,82 @@ def extend(d: Dialect, address: QueueAddress, tokens: Sequence[uuid.UUID], lease
     return {as_uuid(row[0]) for row in rows}
 
 
+@autocommitted
+def held(d: Dialect, address: QueueAddress, holder: str, parts: int, part: int) -> Operation[list[ReceivedMessage]]:
+    """The claims ``holder`` holds on the queue whose Seq modulo ``parts`` is ``part``, in send order.
+
+    The claims were handed out by :func:`claim`, which applied the queue's rules (expired messages
+    dropped, unreadable ones and those delivered too often dead-lettered), so every row here is
+    readable; one that is not (edited since) is left out with a warning, not dead-lettered here.
+    """
+    params = {"queue": d.claim_key(address), "holder": holder, "parts": parts, "part": part}
+    target = d.qualified_name(address)
+    messages = []
+    for token, message_id, headers_text, body, deliveries, _seq in (
+        ClaimedRow(*row) for row in (yield Step(d.held_sql(address), params, Fetch.ALL, target))
+    ):
+        try:
+            headers = decode_headers(headers_text)
+        except InvalidHeadersError:
+            log.warning("Queue %s: claim of message %s held by %s has unreadable headers", target, message_id, holder)
+            continue
+        messages.append(ReceivedMessage(as_uuid(message_id), headers, bytes(body or b""), as_uuid(token), deliveries))
+    return messages
+
+
+@autocommitted
+def ack_held(d: Dialect, address: QueueAddress, holder: str) -> Operation[int]:
+    """Finish every claim ``holder`` holds on the queue; returns how many."""
+    params = {"queue": d.claim_key(address), "holder": holder}
+    count = yield Step(d.ack_held_sql(address), params, Fetch.ROWCOUNT, d.qualified_name(address))
+    return int(count)
+
+
+@autocommitted
+def extend_held(d: Dialect, address: QueueAddress, holder: str, lease_ms: int) -> Operation[int]:
+    """Renew every claim ``holder`` still holds on the queue; returns how many."""
+    params = {"lease_ms": lease_ms, "queue": d.claim_key(address), "holder": holder}
+    count = yield Step(d.extend_held_sql(address), params, Fetch.ROWCOUNT, d.qualified_name(address))
+    return int(count)
+
+
+@autocommitted
+def nack_held(d: Dialect, address: QueueAddress, holder: str, failure: Failure | None, delay_ms: int) -> Operation[int]:
+    """Give back every claim ``holder`` holds on the queue, delivered again after ``delay_ms``; returns how many."""
+    params = {
+        "delay_ms": delay_ms,
+        "error": None if failure is None else failure.to_text(),
+        "queue": d.claim_key(address),
+        "holder": holder,
+    }
+    count = yield Step(d.nack_held_sql(address), params, Fetch.ROWCOUNT, d.qualified_name(address))
+    return int(count)
+
+
+# -- the write ledger ----------------------------------------------------------------------------
+
+
+def create_writes(d: Dialect, ledger: QueueAddress) -> Operation[None]:
+    """Create a write ledger (idempotent, safe concurrently)."""
+    yield from _install_table(d, ledger, d.create_writes_sql(ledger))
+
+
+def record_write(d: Dialect, ledger: QueueAddress, write: uuid.UUID, part: int) -> Operation[bool]:
+    """Record that partition ``part`` of ``write`` commits with the caller's transaction; False when
+    it committed before (a re-run: send nothing)."""
+    count = yield Step(
+        d.record_write_sql(ledger), {"write": write, "part": part}, Fetch.ROWCOUNT, d.qualified_name(ledger)
+    )
+    return int(count) == 1
+
+
+@autocommitted
+def forget_write(d: Dialect, ledger: QueueAddress, write: uuid.UUID) -> Operation[int]:
+    """Delete the ledger rows of a write that is over; returns how many."""
+    count = yield Step(d.forget_write_sql(ledger), {"write": write}, Fetch.ROWCOUNT, d.qualified_name(ledger))
+    return int(count)
+
+
 def forward(
     d: Dialect,
     claims: Sequence[tuple[QueueAddress, Sequence[uuid.UUID]]],
@@ -904,20 +980,45 @@ def depth(d: Dialect, address: QueueAddress) -> Operation[int]:
     return int(row[0])
 
 
+#: Past every Seq: the end of a range that has none.
+LAST_SEQ = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class BrowsePage:
+    """Waiting messages of one page of a browse, and the Seq to continue after (None: the range is done)."""
+
+    messages: list[ReceivedMessage]
+    after: int | None
+
+
 @autocommitted
-def browse(d: Dialect, address: QueueAddress, limit: int) -> Operation[list[ReceivedMessage]]:
-    """Waiting, unexpired messages in send order, left in the queue (no locks: receivers are not blocked).
+def browse(
+    d: Dialect, address: QueueAddress, limit: int, after: int = 0, last: int = LAST_SEQ
+) -> Operation[BrowsePage]:
+    """Waiting, unexpired messages with ``after`` < Seq <= ``last`` in send order, up to ``limit``,
+    left in the queue (no locks: receivers are not blocked).
 
     Rows whose headers NServiceBus could not read are skipped here; a receive dead-letters them.
     """
-    rows = yield Step(d.browse_sql(address), {"limit": limit}, Fetch.ALL, d.qualified_name(address))
+    params = {"after": after, "last": last, "limit": limit}
+    rows = [
+        BrowsedRow(*row) for row in (yield Step(d.browse_sql(address), params, Fetch.ALL, d.qualified_name(address)))
+    ]
     messages = []
-    for message_id, headers, body in (BrowsedRow(*row) for row in rows):
+    for _seq, message_id, headers, body in rows:
         try:
             messages.append(ReceivedMessage(as_uuid(message_id), decode_headers(headers), bytes(body or b"")))
         except InvalidHeadersError:
             log.warning("Queue %s: skipping message %s with unreadable headers", d.qualified_name(address), message_id)
-    return messages
+    return BrowsePage(messages, int(rows[-1].seq) if len(rows) == limit else None)
+
+
+@autocommitted
+def seq_range(d: Dialect, address: QueueAddress) -> Operation[tuple[int, int] | None]:
+    """The lowest and highest Seq of the queue's rows; None when it is empty."""
+    low, high = yield Step(d.seq_range_sql(address), {}, Fetch.ONE, d.qualified_name(address))
+    return None if low is None else (int(low), int(high))
 
 
 @autocommitted

@@ -16,6 +16,9 @@ IF OBJECT_ID(N'[dbo].[sqlqueue_inflight]', N'U') IS NULL BEGIN CREATE TABLE [dbo
 -- plain: create_inflight[1]
 IF COL_LENGTH(N'[dbo].[sqlqueue_inflight]', N'Holder') IS NULL ALTER TABLE [dbo].[sqlqueue_inflight] ADD Holder nvarchar(400) NULL;
 
+-- plain: create_inflight[2]
+IF INDEXPROPERTY(OBJECT_ID(N'[dbo].[sqlqueue_inflight]'), N'Index_Holder', 'IndexID') IS NULL CREATE NONCLUSTERED INDEX [Index_Holder] ON [dbo].[sqlqueue_inflight] (Queue, Holder);
+
 -- plain: drop_queue
 DROP TABLE IF EXISTS [dbo].[orders];
 
@@ -59,7 +62,7 @@ INSERT INTO [dbo].[error] (Id, Recoverable, Expires, Headers, Body) VALUES (@p_i
 INSERT INTO [dbo].[error] (Id, Expires, Headers, Body) VALUES (@p_id, NULL, @p_headers, CAST(@p_body AS varbinary(max)));
 
 -- plain: browse
-SELECT TOP (@p_limit) Id, Headers, Body FROM [dbo].[orders] WITH (READPAST, READCOMMITTEDLOCK) WHERE Expires IS NULL OR Expires > GETUTCDATE() ORDER BY RowVersion;
+SELECT TOP (@p_limit) RowVersion, Id, Headers, Body FROM [dbo].[orders] WITH (READPAST, READCOMMITTEDLOCK) WHERE RowVersion > @p_after AND RowVersion <= @p_last AND (Expires IS NULL OR Expires > GETUTCDATE()) ORDER BY RowVersion;
 
 -- plain: newest_headers
 SELECT TOP (@p_limit) RowVersion, Headers FROM [dbo].[error] WITH (READPAST, READCOMMITTEDLOCK) WHERE RowVersion < @p_before ORDER BY RowVersion DESC;
@@ -124,6 +127,30 @@ DECLARE @delay_ms bigint = @p_delay_ms, @error nvarchar(max) = @p_error, @tokens
 -- plain: extend
 DECLARE @lease_ms bigint = @p_lease_ms, @tokens nvarchar(max) = @p_tokens, @queue nvarchar(450) = @p_queue; WITH held AS (SELECT * FROM [dbo].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE held SET LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())) OUTPUT inserted.Token;
 
+-- plain: held
+SELECT Token, Id, Headers, Body, Deliveries, Seq FROM [dbo].[sqlqueue_inflight] WITH (READCOMMITTEDLOCK) WHERE Queue = @p_queue AND Holder = @p_holder AND Seq % @p_parts = @p_part ORDER BY Seq;
+
+-- plain: ack_held
+DELETE FROM [dbo].[sqlqueue_inflight] WHERE Queue = @p_queue AND Holder = @p_holder;
+
+-- plain: extend_held
+DECLARE @lease_ms bigint = @p_lease_ms; UPDATE [dbo].[sqlqueue_inflight] SET LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())) WHERE Queue = @p_queue AND Holder = @p_holder;
+
+-- plain: nack_held
+DECLARE @delay_ms bigint = @p_delay_ms; UPDATE [dbo].[sqlqueue_inflight] SET LeaseUntil = DATEADD(millisecond, @delay_ms % 86400000, DATEADD(day, @delay_ms / 86400000, SYSUTCDATETIME())), LastError = @p_error WHERE Queue = @p_queue AND Holder = @p_holder;
+
+-- plain: seq_range
+SELECT MIN(RowVersion), MAX(RowVersion) FROM [dbo].[orders] WITH (READPAST, READCOMMITTEDLOCK);
+
+-- plain: create_writes[0]
+IF OBJECT_ID(N'[dbo].[sqlqueue_writes]', N'U') IS NULL CREATE TABLE [dbo].[sqlqueue_writes] (WriteId uniqueidentifier NOT NULL, Part int NOT NULL, Recorded datetime2 NOT NULL DEFAULT SYSUTCDATETIME(), PRIMARY KEY (WriteId, Part));
+
+-- plain: record_write
+DECLARE @write uniqueidentifier = @p_write, @part int = @p_part; INSERT INTO [dbo].[sqlqueue_writes] (WriteId, Part) SELECT @write, @part WHERE NOT EXISTS (SELECT 1 FROM [dbo].[sqlqueue_writes] WITH (UPDLOCK, HOLDLOCK) WHERE WriteId = @write AND Part = @part);
+
+-- plain: forget_write
+DELETE FROM [dbo].[sqlqueue_writes] WHERE WriteId = @p_write;
+
 -- plain: claim_to_error
 DECLARE @token uniqueidentifier = @p_token, @headers nvarchar(max) = @p_headers; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [dbo].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [dbo].[error] (Id, Recoverable, Expires, Headers, Body) SELECT m.Id, 1, NULL, @headers, m.Body FROM @moved AS m;
 
@@ -178,6 +205,9 @@ IF OBJECT_ID(N'[sa]]les].[sqlqueue_inflight]', N'U') IS NULL BEGIN CREATE TABLE 
 -- escaping: create_inflight[1]
 IF COL_LENGTH(N'[sa]]les].[sqlqueue_inflight]', N'Holder') IS NULL ALTER TABLE [sa]]les].[sqlqueue_inflight] ADD Holder nvarchar(400) NULL;
 
+-- escaping: create_inflight[2]
+IF INDEXPROPERTY(OBJECT_ID(N'[sa]]les].[sqlqueue_inflight]'), N'Index_Holder', 'IndexID') IS NULL CREATE NONCLUSTERED INDEX [Index_Holder] ON [sa]]les].[sqlqueue_inflight] (Queue, Holder);
+
 -- escaping: drop_queue
 DROP TABLE IF EXISTS [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s];
 
@@ -221,7 +251,7 @@ INSERT INTO [sa]]les].[error] (Id, Recoverable, Expires, Headers, Body) VALUES (
 INSERT INTO [sa]]les].[error] (Id, Expires, Headers, Body) VALUES (@p_id, NULL, @p_headers, CAST(@p_body AS varbinary(max)));
 
 -- escaping: browse
-SELECT TOP (@p_limit) Id, Headers, Body FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (READPAST, READCOMMITTEDLOCK) WHERE Expires IS NULL OR Expires > GETUTCDATE() ORDER BY RowVersion;
+SELECT TOP (@p_limit) RowVersion, Id, Headers, Body FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (READPAST, READCOMMITTEDLOCK) WHERE RowVersion > @p_after AND RowVersion <= @p_last AND (Expires IS NULL OR Expires > GETUTCDATE()) ORDER BY RowVersion;
 
 -- escaping: newest_headers
 SELECT TOP (@p_limit) RowVersion, Headers FROM [sa]]les].[error] WITH (READPAST, READCOMMITTEDLOCK) WHERE RowVersion < @p_before ORDER BY RowVersion DESC;
@@ -286,6 +316,30 @@ DECLARE @delay_ms bigint = @p_delay_ms, @error nvarchar(max) = @p_error, @tokens
 -- escaping: extend
 DECLARE @lease_ms bigint = @p_lease_ms, @tokens nvarchar(max) = @p_tokens, @queue nvarchar(450) = @p_queue; WITH held AS (SELECT * FROM [sa]]les].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE held SET LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())) OUTPUT inserted.Token;
 
+-- escaping: held
+SELECT Token, Id, Headers, Body, Deliveries, Seq FROM [sa]]les].[sqlqueue_inflight] WITH (READCOMMITTEDLOCK) WHERE Queue = @p_queue AND Holder = @p_holder AND Seq % @p_parts = @p_part ORDER BY Seq;
+
+-- escaping: ack_held
+DELETE FROM [sa]]les].[sqlqueue_inflight] WHERE Queue = @p_queue AND Holder = @p_holder;
+
+-- escaping: extend_held
+DECLARE @lease_ms bigint = @p_lease_ms; UPDATE [sa]]les].[sqlqueue_inflight] SET LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())) WHERE Queue = @p_queue AND Holder = @p_holder;
+
+-- escaping: nack_held
+DECLARE @delay_ms bigint = @p_delay_ms; UPDATE [sa]]les].[sqlqueue_inflight] SET LeaseUntil = DATEADD(millisecond, @delay_ms % 86400000, DATEADD(day, @delay_ms / 86400000, SYSUTCDATETIME())), LastError = @p_error WHERE Queue = @p_queue AND Holder = @p_holder;
+
+-- escaping: seq_range
+SELECT MIN(RowVersion), MAX(RowVersion) FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (READPAST, READCOMMITTEDLOCK);
+
+-- escaping: create_writes[0]
+IF OBJECT_ID(N'[sa]]les].[sqlqueue_writes]', N'U') IS NULL CREATE TABLE [sa]]les].[sqlqueue_writes] (WriteId uniqueidentifier NOT NULL, Part int NOT NULL, Recorded datetime2 NOT NULL DEFAULT SYSUTCDATETIME(), PRIMARY KEY (WriteId, Part));
+
+-- escaping: record_write
+DECLARE @write uniqueidentifier = @p_write, @part int = @p_part; INSERT INTO [sa]]les].[sqlqueue_writes] (WriteId, Part) SELECT @write, @part WHERE NOT EXISTS (SELECT 1 FROM [sa]]les].[sqlqueue_writes] WITH (UPDLOCK, HOLDLOCK) WHERE WriteId = @write AND Part = @part);
+
+-- escaping: forget_write
+DELETE FROM [sa]]les].[sqlqueue_writes] WHERE WriteId = @p_write;
+
 -- escaping: claim_to_error
 DECLARE @token uniqueidentifier = @p_token, @headers nvarchar(max) = @p_headers; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [sa]]les].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [sa]]les].[error] (Id, Recoverable, Expires, Headers, Body) SELECT m.Id, 1, NULL, @headers, m.Body FROM @moved AS m;
 
@@ -340,6 +394,9 @@ IF OBJECT_ID(N'[Shop''s DB].[ops].[sqlqueue_inflight]', N'U') IS NULL BEGIN CREA
 -- catalog: create_inflight[1]
 IF COL_LENGTH(N'[Shop''s DB].[ops].[sqlqueue_inflight]', N'Holder') IS NULL ALTER TABLE [Shop's DB].[ops].[sqlqueue_inflight] ADD Holder nvarchar(400) NULL;
 
+-- catalog: create_inflight[2]
+IF INDEXPROPERTY(OBJECT_ID(N'[Shop''s DB].[ops].[sqlqueue_inflight]'), N'Index_Holder', 'IndexID') IS NULL CREATE NONCLUSTERED INDEX [Index_Holder] ON [Shop's DB].[ops].[sqlqueue_inflight] (Queue, Holder);
+
 -- catalog: drop_queue
 DROP TABLE IF EXISTS [Shop's DB].[ops].[Sales.WORKER01];
 
@@ -383,7 +440,7 @@ INSERT INTO [Shop's DB].[ops].[error] (Id, Recoverable, Expires, Headers, Body) 
 INSERT INTO [Shop's DB].[ops].[error] (Id, Expires, Headers, Body) VALUES (@p_id, NULL, @p_headers, CAST(@p_body AS varbinary(max)));
 
 -- catalog: browse
-SELECT TOP (@p_limit) Id, Headers, Body FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (READPAST, READCOMMITTEDLOCK) WHERE Expires IS NULL OR Expires > GETUTCDATE() ORDER BY RowVersion;
+SELECT TOP (@p_limit) RowVersion, Id, Headers, Body FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (READPAST, READCOMMITTEDLOCK) WHERE RowVersion > @p_after AND RowVersion <= @p_last AND (Expires IS NULL OR Expires > GETUTCDATE()) ORDER BY RowVersion;
 
 -- catalog: newest_headers
 SELECT TOP (@p_limit) RowVersion, Headers FROM [Shop's DB].[ops].[error] WITH (READPAST, READCOMMITTEDLOCK) WHERE RowVersion < @p_before ORDER BY RowVersion DESC;
@@ -448,6 +505,30 @@ DECLARE @delay_ms bigint = @p_delay_ms, @error nvarchar(max) = @p_error, @tokens
 -- catalog: extend
 DECLARE @lease_ms bigint = @p_lease_ms, @tokens nvarchar(max) = @p_tokens, @queue nvarchar(450) = @p_queue; WITH held AS (SELECT * FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE held SET LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())) OUTPUT inserted.Token;
 
+-- catalog: held
+SELECT Token, Id, Headers, Body, Deliveries, Seq FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (READCOMMITTEDLOCK) WHERE Queue = @p_queue AND Holder = @p_holder AND Seq % @p_parts = @p_part ORDER BY Seq;
+
+-- catalog: ack_held
+DELETE FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Queue = @p_queue AND Holder = @p_holder;
+
+-- catalog: extend_held
+DECLARE @lease_ms bigint = @p_lease_ms; UPDATE [Shop's DB].[ops].[sqlqueue_inflight] SET LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())) WHERE Queue = @p_queue AND Holder = @p_holder;
+
+-- catalog: nack_held
+DECLARE @delay_ms bigint = @p_delay_ms; UPDATE [Shop's DB].[ops].[sqlqueue_inflight] SET LeaseUntil = DATEADD(millisecond, @delay_ms % 86400000, DATEADD(day, @delay_ms / 86400000, SYSUTCDATETIME())), LastError = @p_error WHERE Queue = @p_queue AND Holder = @p_holder;
+
+-- catalog: seq_range
+SELECT MIN(RowVersion), MAX(RowVersion) FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (READPAST, READCOMMITTEDLOCK);
+
+-- catalog: create_writes[0]
+IF OBJECT_ID(N'[Shop''s DB].[ops].[sqlqueue_writes]', N'U') IS NULL CREATE TABLE [Shop's DB].[ops].[sqlqueue_writes] (WriteId uniqueidentifier NOT NULL, Part int NOT NULL, Recorded datetime2 NOT NULL DEFAULT SYSUTCDATETIME(), PRIMARY KEY (WriteId, Part));
+
+-- catalog: record_write
+DECLARE @write uniqueidentifier = @p_write, @part int = @p_part; INSERT INTO [Shop's DB].[ops].[sqlqueue_writes] (WriteId, Part) SELECT @write, @part WHERE NOT EXISTS (SELECT 1 FROM [Shop's DB].[ops].[sqlqueue_writes] WITH (UPDLOCK, HOLDLOCK) WHERE WriteId = @write AND Part = @part);
+
+-- catalog: forget_write
+DELETE FROM [Shop's DB].[ops].[sqlqueue_writes] WHERE WriteId = @p_write;
+
 -- catalog: claim_to_error
 DECLARE @token uniqueidentifier = @p_token, @headers nvarchar(max) = @p_headers; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [Shop's DB].[ops].[error] (Id, Recoverable, Expires, Headers, Body) SELECT m.Id, 1, NULL, @headers, m.Body FROM @moved AS m;
 
@@ -502,6 +583,9 @@ IF OBJECT_ID(N'[ünï].[sqlqueue_inflight]', N'U') IS NULL BEGIN CREATE TABLE [�
 -- unicode: create_inflight[1]
 IF COL_LENGTH(N'[ünï].[sqlqueue_inflight]', N'Holder') IS NULL ALTER TABLE [ünï].[sqlqueue_inflight] ADD Holder nvarchar(400) NULL;
 
+-- unicode: create_inflight[2]
+IF INDEXPROPERTY(OBJECT_ID(N'[ünï].[sqlqueue_inflight]'), N'Index_Holder', 'IndexID') IS NULL CREATE NONCLUSTERED INDEX [Index_Holder] ON [ünï].[sqlqueue_inflight] (Queue, Holder);
+
 -- unicode: drop_queue
 DROP TABLE IF EXISTS [ünï].[東京 queue];
 
@@ -545,7 +629,7 @@ INSERT INTO [ünï].[error] (Id, Recoverable, Expires, Headers, Body) VALUES (@p
 INSERT INTO [ünï].[error] (Id, Expires, Headers, Body) VALUES (@p_id, NULL, @p_headers, CAST(@p_body AS varbinary(max)));
 
 -- unicode: browse
-SELECT TOP (@p_limit) Id, Headers, Body FROM [ünï].[東京 queue] WITH (READPAST, READCOMMITTEDLOCK) WHERE Expires IS NULL OR Expires > GETUTCDATE() ORDER BY RowVersion;
+SELECT TOP (@p_limit) RowVersion, Id, Headers, Body FROM [ünï].[東京 queue] WITH (READPAST, READCOMMITTEDLOCK) WHERE RowVersion > @p_after AND RowVersion <= @p_last AND (Expires IS NULL OR Expires > GETUTCDATE()) ORDER BY RowVersion;
 
 -- unicode: newest_headers
 SELECT TOP (@p_limit) RowVersion, Headers FROM [ünï].[error] WITH (READPAST, READCOMMITTEDLOCK) WHERE RowVersion < @p_before ORDER BY RowVersion DESC;
@@ -609,6 +693,30 @@ DECLARE @delay_ms bigint = @p_delay_ms, @error nvarchar(max) = @p_error, @tokens
 
 -- unicode: extend
 DECLARE @lease_ms bigint = @p_lease_ms, @tokens nvarchar(max) = @p_tokens, @queue nvarchar(450) = @p_queue; WITH held AS (SELECT * FROM [ünï].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE held SET LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())) OUTPUT inserted.Token;
+
+-- unicode: held
+SELECT Token, Id, Headers, Body, Deliveries, Seq FROM [ünï].[sqlqueue_inflight] WITH (READCOMMITTEDLOCK) WHERE Queue = @p_queue AND Holder = @p_holder AND Seq % @p_parts = @p_part ORDER BY Seq;
+
+-- unicode: ack_held
+DELETE FROM [ünï].[sqlqueue_inflight] WHERE Queue = @p_queue AND Holder = @p_holder;
+
+-- unicode: extend_held
+DECLARE @lease_ms bigint = @p_lease_ms; UPDATE [ünï].[sqlqueue_inflight] SET LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())) WHERE Queue = @p_queue AND Holder = @p_holder;
+
+-- unicode: nack_held
+DECLARE @delay_ms bigint = @p_delay_ms; UPDATE [ünï].[sqlqueue_inflight] SET LeaseUntil = DATEADD(millisecond, @delay_ms % 86400000, DATEADD(day, @delay_ms / 86400000, SYSUTCDATETIME())), LastError = @p_error WHERE Queue = @p_queue AND Holder = @p_holder;
+
+-- unicode: seq_range
+SELECT MIN(RowVersion), MAX(RowVersion) FROM [ünï].[東京 queue] WITH (READPAST, READCOMMITTEDLOCK);
+
+-- unicode: create_writes[0]
+IF OBJECT_ID(N'[ünï].[sqlqueue_writes]', N'U') IS NULL CREATE TABLE [ünï].[sqlqueue_writes] (WriteId uniqueidentifier NOT NULL, Part int NOT NULL, Recorded datetime2 NOT NULL DEFAULT SYSUTCDATETIME(), PRIMARY KEY (WriteId, Part));
+
+-- unicode: record_write
+DECLARE @write uniqueidentifier = @p_write, @part int = @p_part; INSERT INTO [ünï].[sqlqueue_writes] (WriteId, Part) SELECT @write, @part WHERE NOT EXISTS (SELECT 1 FROM [ünï].[sqlqueue_writes] WITH (UPDLOCK, HOLDLOCK) WHERE WriteId = @write AND Part = @part);
+
+-- unicode: forget_write
+DELETE FROM [ünï].[sqlqueue_writes] WHERE WriteId = @p_write;
 
 -- unicode: claim_to_error
 DECLARE @token uniqueidentifier = @p_token, @headers nvarchar(max) = @p_headers; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [ünï].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [ünï].[error] (Id, Recoverable, Expires, Headers, Body) SELECT m.Id, 1, NULL, @headers, m.Body FROM @moved AS m;

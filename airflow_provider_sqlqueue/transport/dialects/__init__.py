@@ -10,7 +10,9 @@ Statement parameters are named (``%(queue)s``), with one name per concept in eve
 ``schema``, ``table``, ``id``, ``ttbr_ms``, ``headers``, ``body``, ``limit``, ``seq``, ``queue`` (the
 claim key), ``deliveries``, ``lease_ms``, ``holder``, ``token``, ``tokens``, ``delay_ms``, ``error``,
 ``channel``, ``keys`` (rows of a delayed table), ``address``, ``endpoint``, ``topic``, ``topics``
-(subscriptions), ``after``, ``before``, ``seqs``, ``preview`` (reading an error queue). Each method below says which it takes and what rows it returns; reviewing a
+(subscriptions), ``after``, ``before``, ``seqs``, ``preview`` (reading an error queue), ``last``
+(the end of a Seq range), ``parts``, ``part`` (one share of a holder's claims), ``write``
+(a write of many partitions, in the write ledger). Each method below says which it takes and what rows it returns; reviewing a
 database's SQL means reading one file.
 """
 
@@ -108,6 +110,7 @@ class ClaimRow(NamedTuple):
 class BrowsedRow(NamedTuple):
     """A row of :meth:`Dialect.browse_sql`: a waiting message, left in place."""
 
+    seq: int
     id: Any
     headers: str | None
     body: bytes | None
@@ -309,7 +312,15 @@ class Dialect(ABC):
 
     @abstractmethod
     def browse_sql(self, address: QueueAddress) -> str:
-        """Read without removing or locking: unexpired rows in send order. Params limit. Rows: :class:`BrowsedRow`."""
+        """Read without removing or locking: unexpired rows in send order with after < Seq <= last.
+
+        Params after, last, limit. Rows: :class:`BrowsedRow`.
+        """
+
+    @abstractmethod
+    def seq_range_sql(self, address: QueueAddress) -> str:
+        """One row (lowest Seq, highest Seq) of the queue's rows, (NULL, NULL) when it is empty: what
+        a reader splits into ranges to read the queue in parallel. No params."""
 
     @abstractmethod
     def error_headers_sql(self, error_address: QueueAddress) -> str:
@@ -491,6 +502,44 @@ class Dialect(ABC):
         A token is held until it is settled or someone else renews the lapsed claim (which replaces
         the token): a renewal that comes late but before anyone else took the message still holds.
         """
+
+    @abstractmethod
+    def held_sql(self, address: QueueAddress) -> str:
+        """Params queue, holder, parts, part: the claims ``holder`` holds on the queue whose Seq modulo
+        ``parts`` is ``part``, in send order, lapsed or not; rows: :class:`ClaimedRow`.
+
+        A claim keeps its holder until it is settled or someone else takes it over, so reading
+        again returns the same messages: what a reader whose work may be retried needs.
+        """
+
+    @abstractmethod
+    def ack_held_sql(self, address: QueueAddress) -> str:
+        """Params queue, holder: delete every claim ``holder`` holds on the queue; the row count says how many."""
+
+    @abstractmethod
+    def extend_held_sql(self, address: QueueAddress) -> str:
+        """Params lease_ms, queue, holder: renew every claim ``holder`` holds, lapsed ones too; the row
+        count says how many. A lapsed claim someone else took has another holder and is left alone."""
+
+    @abstractmethod
+    def nack_held_sql(self, address: QueueAddress) -> str:
+        """Params delay_ms, error, queue, holder: end the leases of every claim ``holder`` holds, so
+        they come again after delay_ms; the row count says how many."""
+
+    @abstractmethod
+    def create_writes_sql(self, ledger: QueueAddress) -> Sequence[str]:
+        """DDL of a write ledger (WriteId, Part, Recorded; key WriteId + Part), idempotent: which
+        partitions of a write of many partitions have committed, so a re-run partition is skipped."""
+
+    @abstractmethod
+    def record_write_sql(self, ledger: QueueAddress) -> str:
+        """Params write, part: record that a partition commits; the row count is 1, or 0 when it was
+        recorded before. A second recorder of the same partition waits for the first one's
+        transaction, so of two attempts running at once one sends."""
+
+    @abstractmethod
+    def forget_write_sql(self, ledger: QueueAddress) -> str:
+        """Params write: delete a write's ledger rows once the write is over; the row count says how many."""
 
     @abstractmethod
     def claim_to_error_sql(self, address: QueueAddress, error_address: QueueAddress, shape: TableShape) -> str:

@@ -179,6 +179,8 @@ class PostgresDialect(Dialect):
             # Tables created before hand-off reservations existed lack Holder.
             f"ALTER TABLE {f} ADD COLUMN IF NOT EXISTS Holder text",
             f"CREATE INDEX IF NOT EXISTS {lease_index} ON {f} (Queue, LeaseUntil)",
+            # Readers that find their claims again by holder (a Spark batch's claims).
+            f"CREATE INDEX IF NOT EXISTS {quote_ident(inflight.table + '_holder')} ON {f} (Queue, Holder)",
         ]
 
     def create_delayed_sql(self, delayed: QueueAddress) -> Sequence[str]:
@@ -380,7 +382,14 @@ class PostgresDialect(Dialect):
 
     def browse_sql(self, address: QueueAddress) -> str:
         q = self.qualified_name(address)
-        return f"SELECT Id, Headers, Body FROM {q} WHERE Expires IS NULL OR Expires > {_UTC_NOW} ORDER BY Seq LIMIT %(limit)s"
+        return (
+            f"SELECT Seq, Id, Headers, Body FROM {q} WHERE Seq > %(after)s AND Seq <= %(last)s "
+            f"AND (Expires IS NULL OR Expires > {_UTC_NOW}) ORDER BY Seq LIMIT %(limit)s"
+        )
+
+    def seq_range_sql(self, address: QueueAddress) -> str:
+        # Both ends come off the Seq index.
+        return f"SELECT min(Seq), max(Seq) FROM {self.qualified_name(address)}"
 
     def error_headers_sql(self, error_address: QueueAddress) -> str:
         q = self.qualified_name(error_address)
@@ -533,6 +542,52 @@ class PostgresDialect(Dialect):
             f"UPDATE {f} SET LeaseUntil = {_UTC_NOW} + %(lease_ms)s::bigint * interval '1 millisecond' "
             "WHERE Token = ANY(%(tokens)s::uuid[]) AND Queue = %(queue)s RETURNING Token"
         )
+
+    def held_sql(self, address: QueueAddress) -> str:
+        f = self.qualified_name(self.inflight_address(address))
+        return (
+            f"SELECT Token, Id, Headers, Body, Deliveries, Seq FROM {f} WHERE Queue = %(queue)s AND Holder = %(holder)s "
+            "AND mod(Seq, %(parts)s) = %(part)s ORDER BY Seq"
+        )
+
+    def ack_held_sql(self, address: QueueAddress) -> str:
+        f = self.qualified_name(self.inflight_address(address))
+        return f"DELETE FROM {f} WHERE Queue = %(queue)s AND Holder = %(holder)s"
+
+    def extend_held_sql(self, address: QueueAddress) -> str:
+        f = self.qualified_name(self.inflight_address(address))
+        return (
+            f"UPDATE {f} SET LeaseUntil = {_UTC_NOW} + %(lease_ms)s::bigint * interval '1 millisecond' "
+            "WHERE Queue = %(queue)s AND Holder = %(holder)s"
+        )
+
+    def nack_held_sql(self, address: QueueAddress) -> str:
+        f = self.qualified_name(self.inflight_address(address))
+        return (
+            f"UPDATE {f} SET LeaseUntil = {_UTC_NOW} + %(delay_ms)s::bigint * interval '1 millisecond', "
+            "LastError = %(error)s WHERE Queue = %(queue)s AND Holder = %(holder)s"
+        )
+
+    def create_writes_sql(self, ledger: QueueAddress) -> Sequence[str]:
+        return [
+            f"""CREATE TABLE IF NOT EXISTS {self.qualified_name(ledger)} (
+    WriteId uuid NOT NULL,
+    Part integer NOT NULL,
+    Recorded timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (WriteId, Part)
+)"""
+        ]
+
+    def record_write_sql(self, ledger: QueueAddress) -> str:
+        # ON CONFLICT waits for a concurrent inserter of the same key to finish: it inserts if
+        # that one rolled back, and does nothing if it committed.
+        return (
+            f"INSERT INTO {self.qualified_name(ledger)} (WriteId, Part) VALUES (%(write)s, %(part)s) "
+            "ON CONFLICT (WriteId, Part) DO NOTHING"
+        )
+
+    def forget_write_sql(self, ledger: QueueAddress) -> str:
+        return f"DELETE FROM {self.qualified_name(ledger)} WHERE WriteId = %(write)s"
 
     def claim_to_error_sql(self, address: QueueAddress, error_address: QueueAddress, shape: TableShape) -> str:
         f = self.qualified_name(self.inflight_address(address))

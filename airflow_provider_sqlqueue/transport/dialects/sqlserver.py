@@ -398,6 +398,9 @@ class SqlServerDialect(Dialect):
             f"CREATE NONCLUSTERED INDEX [Index_Lease] ON {f} (Queue, LeaseUntil); END",
             # Tables created before hand-off reservations existed lack Holder.
             f"IF COL_LENGTH({self._object_name(inflight)}, N'Holder') IS NULL ALTER TABLE {f} ADD Holder nvarchar(400) NULL",
+            # Readers that find their claims again by holder (a Spark batch's claims).
+            f"IF INDEXPROPERTY(OBJECT_ID({self._object_name(inflight)}), N'Index_Holder', 'IndexID') IS NULL "
+            f"CREATE NONCLUSTERED INDEX [Index_Holder] ON {f} (Queue, Holder)",
         ]
 
     def drop_queue_sql(self, address: QueueAddress) -> str:
@@ -596,8 +599,16 @@ class SqlServerDialect(Dialect):
 
     def browse_sql(self, address: QueueAddress) -> str:
         return (
-            f"SELECT TOP (%(limit)s) Id, Headers, Body FROM {self.qualified_name(address)} WITH (READPAST, READCOMMITTEDLOCK) "
-            f"WHERE Expires IS NULL OR Expires > {_UTC_NOW} ORDER BY RowVersion"
+            f"SELECT TOP (%(limit)s) RowVersion, Id, Headers, Body FROM {self.qualified_name(address)} "
+            "WITH (READPAST, READCOMMITTEDLOCK) WHERE RowVersion > %(after)s AND RowVersion <= %(last)s "
+            f"AND (Expires IS NULL OR Expires > {_UTC_NOW}) ORDER BY RowVersion"
+        )
+
+    def seq_range_sql(self, address: QueueAddress) -> str:
+        # Both ends come off Index_RowVersion; READPAST leaves out rows receivers hold.
+        return (
+            f"SELECT MIN(RowVersion), MAX(RowVersion) FROM {self.qualified_name(address)} "
+            "WITH (READPAST, READCOMMITTEDLOCK)"
         )
 
     def newest_headers_sql(self, address: QueueAddress) -> str:
@@ -790,6 +801,56 @@ class SqlServerDialect(Dialect):
             f"WITH held AS (SELECT * FROM {f} WHERE Queue = @queue AND Token IN ({_TOKENS})) "
             f"UPDATE held SET LeaseUntil = {_after_ms('@lease_ms', _LEASE_NOW)} OUTPUT inserted.Token"
         )
+
+    def held_sql(self, address: QueueAddress) -> str:
+        f = self.qualified_name(self.inflight_address(address))
+        return (
+            f"SELECT Token, Id, Headers, Body, Deliveries, Seq FROM {f} WITH (READCOMMITTEDLOCK) "
+            "WHERE Queue = %(queue)s AND Holder = %(holder)s AND Seq %% %(parts)s = %(part)s ORDER BY Seq"
+        )
+
+    def ack_held_sql(self, address: QueueAddress) -> str:
+        f = self.qualified_name(self.inflight_address(address))
+        return f"DELETE FROM {f} WHERE Queue = %(queue)s AND Holder = %(holder)s"
+
+    def extend_held_sql(self, address: QueueAddress) -> str:
+        f = self.qualified_name(self.inflight_address(address))
+        return (
+            "DECLARE @lease_ms bigint = %(lease_ms)s; "
+            f"UPDATE {f} SET LeaseUntil = {_after_ms('@lease_ms', _LEASE_NOW)} "
+            "WHERE Queue = %(queue)s AND Holder = %(holder)s"
+        )
+
+    def nack_held_sql(self, address: QueueAddress) -> str:
+        f = self.qualified_name(self.inflight_address(address))
+        return (
+            "DECLARE @delay_ms bigint = %(delay_ms)s; "
+            f"UPDATE {f} SET LeaseUntil = {_after_ms('@delay_ms', _LEASE_NOW)}, LastError = %(error)s "
+            "WHERE Queue = %(queue)s AND Holder = %(holder)s"
+        )
+
+    def create_writes_sql(self, ledger: QueueAddress) -> Sequence[str]:
+        return [
+            f"IF OBJECT_ID({self._object_name(ledger)}, N'U') IS NULL "
+            f"CREATE TABLE {self.qualified_name(ledger)} ("
+            "WriteId uniqueidentifier NOT NULL, "
+            "Part int NOT NULL, "
+            "Recorded datetime2 NOT NULL DEFAULT SYSUTCDATETIME(), "
+            "PRIMARY KEY (WriteId, Part))"
+        ]
+
+    def record_write_sql(self, ledger: QueueAddress) -> str:
+        # UPDLOCK + HOLDLOCK make the check and the insert one step: a second recorder of the same
+        # key waits for the first one's transaction, then finds its row (or none, if it rolled back).
+        t = self.qualified_name(ledger)
+        return (
+            "DECLARE @write uniqueidentifier = %(write)s, @part int = %(part)s; "
+            f"INSERT INTO {t} (WriteId, Part) SELECT @write, @part WHERE NOT EXISTS "
+            f"(SELECT 1 FROM {t} WITH (UPDLOCK, HOLDLOCK) WHERE WriteId = @write AND Part = @part)"
+        )
+
+    def forget_write_sql(self, ledger: QueueAddress) -> str:
+        return f"DELETE FROM {self.qualified_name(ledger)} WHERE WriteId = %(write)s"
 
     def claim_to_error_sql(self, address: QueueAddress, error_address: QueueAddress, shape: TableShape) -> str:
         f = self.qualified_name(self.inflight_address(address))
