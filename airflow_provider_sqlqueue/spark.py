@@ -1,50 +1,635 @@
-"""Queues from PySpark: send a DataFrame's rows as messages, read a queue into a DataFrame.
+"""Queues from PySpark: the ``sqlqueue`` data source, and two plain helpers.
 
-No Airflow import: the sending function runs on Spark executors, which only need this package,
-psycopg and network access to the database. Each partition opens one connection and sends its
-rows in one transaction, ``batch_size`` rows per statement, so a partition is all-or-nothing: a
-Spark task that fails and is retried does not leave half its rows behind to be sent twice.
+No Airflow import: this module runs in Spark's Python workers (on executors, and beside the driver
+for planning), which need only this package, psycopg (or a SQL Server driver) and the database.
+Register the source once per session (``register(spark)``), then::
+
+    df.write.format("sqlqueue").option("url", url).option("queue", "orders").mode("append").save()
+    spark.read.format("sqlqueue").option("url", url).option("queue", "orders").load()       # browse
+    spark.readStream.format("sqlqueue").option("url", url).option("queue", "orders").load() # claims
+
+Guarantees, which README states in full:
+
+- **Batch write**: each Spark partition is sent in one transaction, and recorded in the write
+  ledger in that transaction, so a partition is all or nothing and a retried or speculative task
+  of a partition that committed sends nothing. With a ``writeId`` the ledger outlives the job: a
+  write repeated under the same id (a replayed micro-batch) sends only what did not commit.
+- **Batch read**: ``browse`` reads waiting messages without taking them. ``claim`` takes them under
+  a ``holder`` name: reading again returns the same messages until the caller settles them with
+  :func:`ack_held` (after its job committed) or :func:`nack_held`; unsettled, they come back to
+  the queue when the lease ends.
+- **Streaming read**: each micro-batch claims messages under a holder derived from the query's
+  checkpoint and the batch number; Spark replays an uncommitted batch from the same claims; a
+  batch's claims are acknowledged once Spark has committed it. Messages of a batch that was never
+  committed come back when their lease ends, and are then counted as a second delivery.
+
+Connection options travel to executors inside the data source, never in plan text: ``url`` is
+redacted by Spark's ``spark.sql.redaction.options.regex`` (default ``(?i)url``), as is a separate
+``password``; nothing here logs either.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from .transport import Message, QueueClient
-from .transport.message import CONTENT_TYPE, JSON_CONTENT_TYPE
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import BinaryType, IntegerType, MapType, StringType, StructField, StructType
+
+from .transport import Message, QueueClient, defaults
+from .transport.client import Addressing
+from .transport.drivers import dialect_for
+from .transport.errors import SqlQueueError
+from .transport.message import CONTENT_TYPE, ENCLOSED_MESSAGE_TYPES, JSON_CONTENT_TYPE, ReceivedMessage
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame, Row, SparkSession
+    from pyspark.sql.streaming.datasource import ReadLimit
+
+log = logging.getLogger("airflow_provider_sqlqueue.spark")
+
+#: The format name: ``spark.read.format(NAME)``.
+NAME = "sqlqueue"
+#: The write ledger's table, in the queue's schema, unless the ``ledger`` option names another.
+WRITE_LEDGER = "sqlqueue_writes"
+#: Where the write ids given as text live: uuid5 of this namespace and the text.
+WRITE_ID_NAMESPACE = uuid.UUID("6f0d5b3e-8d1c-4a57-9c4e-5a1f2b7c9e10")
+#: What a read returns, one row per message (``deliveries`` is null in browse mode).
+MESSAGE_SCHEMA = StructType(
+    [
+        StructField("id", StringType(), False),
+        StructField("headers", MapType(StringType(), StringType(), True), False),
+        StructField("body", BinaryType(), True),
+        StructField("deliveries", IntegerType(), True),
+    ]
+)
+#: Columns a written row may carry besides its content.
+BODY_COLUMN, HEADERS_COLUMN, TTBR_COLUMN = "body", "headers", "ttbr"
+#: Defaults of the options README lists (the lease and deliveries are the transport's).
+PARTITIONS = 2
+FETCH_SIZE = 1_000
+MAX_MESSAGES_PER_BATCH = 10_000
+BATCH_SIZE = 500
 
 
-def _partition_sender(
-    conninfo: str,
+class InvalidOptionError(SqlQueueError, ValueError):
+    """A ``sqlqueue`` data source option that is missing or cannot be used as given."""
+
+
+def _number(options: Mapping[str, str], name: str, default: float, *, whole: bool = False) -> float:
+    text = options.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text) if whole else float(text)
+    except ValueError:
+        raise InvalidOptionError(f"option {name!r} must be a {'whole ' if whole else ''}number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise InvalidOptionError(f"option {name!r} must be positive, got {text!r}")
+    return value
+
+
+def _count(options: Mapping[str, str], name: str, default: int, maximum: int = defaults.MAX_BATCH) -> int:
+    value = int(_number(options, name, default, whole=True))
+    if value > maximum:
+        raise InvalidOptionError(f"option {name!r} must be at most {maximum:,}, got {value:,}")
+    return value
+
+
+def _flag(options: Mapping[str, str], name: str) -> bool:
+    text = options.get(name, "false").strip().lower()
+    if text not in ("true", "false"):
+        raise InvalidOptionError(f"option {name!r} must be true or false, got {text!r}")
+    return text == "true"
+
+
+@dataclass(frozen=True)
+class Options:
+    """The data source's options, checked once on the driver; what every Spark task works from.
+
+    Spark passes options case-insensitively; the names README lists are the camel-case ones.
+    """
+
+    url: str = field(repr=False)
+    queue: str
+    error_queue: str | None
+    mode: str
+    holder: str | None
+    partitions: int
+    fetch_size: int
+    lease: timedelta
+    max_deliveries: int
+    max_messages_per_batch: int
+    batch_size: int
+    message_type: str | None
+    content_type: str | None
+    time_to_be_received: timedelta | None
+    ledger: str
+    write_id: str | None
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> Options:
+        url = options.get("url")
+        if not url:
+            raise InvalidOptionError("option 'url' is required: a postgresql:// URI, a libpq or ODBC string")
+        if options.get("password"):
+            url = _with_password(url, options["password"])
+        queue = options.get("queue")
+        if not queue:
+            raise InvalidOptionError("option 'queue' is required: the queue's address, e.g. orders or orders@\"sales\"")
+        mode = options.get("mode", "browse").lower()
+        if mode not in ("browse", "claim"):
+            raise InvalidOptionError(f"option 'mode' must be browse or claim, got {mode!r}")
+        holder = options.get("holder") or None
+        if mode == "claim" and holder is None:
+            raise InvalidOptionError(
+                "mode 'claim' needs option 'holder': the name the claims are taken under, which ack_held "
+                "and nack_held settle once the job's output is committed"
+            )
+        ttbr = options.get("timeToBeReceived")
+        try:
+            addressing = Addressing(dialect_for(url))  # names are checked here, before any task runs
+        except ValueError as exc:
+            raise InvalidOptionError(f"option 'url': {exc}") from None
+        address = addressing.address(queue)
+        ledger = addressing.beside(options.get("ledger") or WRITE_LEDGER, address)
+        error_queue = options.get("errorQueue") or None
+        if error_queue is not None:
+            addressing.address(error_queue)
+        return cls(
+            url=url,
+            queue=queue,
+            error_queue=error_queue,
+            mode=mode,
+            holder=holder,
+            partitions=_count(options, "numPartitions", PARTITIONS, maximum=10_000),
+            fetch_size=_count(options, "fetchSize", FETCH_SIZE),
+            lease=timedelta(seconds=_number(options, "lease", defaults.LEASE.total_seconds())),
+            max_deliveries=_count(options, "maxDeliveries", defaults.MAX_DELIVERIES),
+            max_messages_per_batch=_count(
+                options, "maxMessagesPerBatch", MAX_MESSAGES_PER_BATCH, maximum=10 * defaults.MAX_BATCH
+            ),
+            batch_size=_count(options, "batchSize", BATCH_SIZE),
+            message_type=options.get("messageType") or None,
+            content_type=options.get("contentType") or None,
+            time_to_be_received=None if ttbr is None else timedelta(seconds=_number(options, "timeToBeReceived", 0)),
+            ledger=addressing.dialect.format_address(ledger),
+            write_id=options.get("writeId") or None,
+        )
+
+    def connect(self) -> QueueClient:
+        return QueueClient.connect(self.url, error_queue=self.error_queue)
+
+
+def _with_password(url: str, password: str) -> str:
+    """``url`` with ``password`` added, in the url's own syntax (libpq or URI, ODBC, mssql URI)."""
+    if dialect_for(url).name == "postgres":
+        from psycopg.conninfo import make_conninfo
+
+        return make_conninfo(url, password=password)
+    if "://" not in url:  # an ODBC connection string
+        return f"{url.rstrip(';')};PWD={{{password.replace('}', '}}')}}}"
+    raise InvalidOptionError("option 'password' works with PostgreSQL and ODBC strings; put it in an mssql:// url")
+
+
+# -- rows to messages ------------------------------------------------------------------------
+
+
+def _row_message(row: Row, options: Options, headers: Mapping[str, str | None]) -> Message:
+    """One message of a written row: its ``body`` column, or the row as JSON (``application/json``).
+
+    A ``headers`` column (map of string to string) adds to or overrides the option headers, a
+    ``ttbr`` column (seconds or an interval) the ``timeToBeReceived`` option.
+    """
+    fields = row.asDict(recursive=True)
+    merged = dict(headers)
+    row_headers = fields.pop(HEADERS_COLUMN, None)
+    ttbr = fields.pop(TTBR_COLUMN, None)
+    if BODY_COLUMN in fields:
+        body = fields[BODY_COLUMN]
+        if body is not None and not isinstance(body, (bytes, bytearray, str)):
+            raise InvalidOptionError(f"column 'body' must be binary or string, got {type(body).__name__}")
+    else:
+        body = json.dumps(fields, default=str, separators=(",", ":"))
+        merged.setdefault(CONTENT_TYPE, JSON_CONTENT_TYPE)
+    if row_headers:
+        merged.update(row_headers)
+    if isinstance(ttbr, timedelta):
+        time_to_be_received: timedelta | float | None = ttbr
+    elif ttbr is not None:
+        time_to_be_received = float(ttbr)
+    else:
+        time_to_be_received = options.time_to_be_received
+    return Message(body, merged, time_to_be_received=time_to_be_received)
+
+
+def _option_headers(options: Options) -> dict[str, str | None]:
+    headers: dict[str, str | None] = {}
+    if options.message_type:
+        headers[ENCLOSED_MESSAGE_TYPES] = options.message_type
+    if options.content_type:
+        headers[CONTENT_TYPE] = options.content_type
+    return headers
+
+
+def _send_partition(
+    client: QueueClient,
     queue: str,
+    messages: Iterable[Message],
     batch_size: int,
-    headers: Mapping[str, str | None],
-    time_to_be_received: timedelta | float | None,
-) -> Callable[[Iterable[Any]], Iterator[int]]:
-    """The function each partition runs: rows in, one count out."""
-    message_headers = {CONTENT_TYPE: JSON_CONTENT_TYPE, **headers}
+    ledger: tuple[str, uuid.UUID, int] | None = None,
+) -> int | None:
+    """Send a partition's messages in one transaction, ``batch_size`` per statement; returns how many.
 
-    def send(rows: Iterable[Any]) -> Iterator[int]:
-        sent = 0
-        with QueueClient.connect(conninfo) as client, client.session.transaction():
-            batch: list[Message] = []
-            for row in rows:
-                body = json.dumps(row.asDict(recursive=True), default=str, separators=(",", ":"))
-                batch.append(Message(body, message_headers, time_to_be_received=time_to_be_received))
-                if len(batch) >= batch_size:
-                    sent += client.send(queue, batch)
-                    batch = []
-            if batch:
+    With a ``ledger`` (table, write, partition) the partition is recorded there first, in the same
+    transaction: None means it had committed before and nothing was sent.
+    """
+    sent = 0
+    with client.session.transaction():
+        if ledger is not None and not client.record_write(*ledger):
+            return None
+        batch: list[Message] = []
+        for message in messages:
+            batch.append(message)
+            if len(batch) >= batch_size:
                 sent += client.send(queue, batch)
-        yield sent
+                batch = []
+        if batch:
+            sent += client.send(queue, batch)
+    return sent
 
-    return send
+
+# -- the data source ---------------------------------------------------------------------------
+
+
+class SqlQueueDataSource(DataSource):
+    """``format("sqlqueue")``: queue tables as a Spark source (batch and streaming) and sink (batch)."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        self.parsed = Options.parse(options)
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self) -> StructType:
+        return MESSAGE_SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return QueueReader(self.parsed)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        if overwrite:
+            raise InvalidOptionError("a queue is only appended to: use mode('append')")
+        return QueueWriter(self.parsed)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return QueueStreamReader(self.parsed)
+
+
+@dataclass
+class WritePart(WriterCommitMessage):
+    """What a write task reports: its partition, and how many it sent (None: committed before)."""
+
+    part: int
+    sent: int | None
+
+
+class QueueWriter(DataSourceWriter):
+    """A batch write: one transaction per partition, each recorded in the write ledger."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        given = options.write_id
+        self.key = uuid.uuid4() if given is None else uuid.uuid5(WRITE_ID_NAMESPACE, given)
+        with options.connect() as client:
+            client.check_queue(options.queue)
+            client.create_writes(options.ledger)
+
+    def write(self, iterator: Iterator[Row]) -> WritePart:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        part = context.partitionId() if context is not None else 0
+        options = self.options
+        headers = _option_headers(options)
+        messages = (_row_message(row, options, headers) for row in iterator)
+        with options.connect() as client:
+            sent = _send_partition(
+                client, options.queue, messages, options.batch_size, (options.ledger, self.key, part)
+            )
+        if sent is None:
+            log.info("Partition %d of write %s committed before; sent nothing this time", part, self.key)
+        return WritePart(part, sent)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        parts = [m for m in messages if isinstance(m, WritePart)]
+        sent = sum(m.sent or 0 for m in parts)
+        skipped = sum(1 for m in parts if m.sent is None)
+        log.info(
+            "Write %s to %s: %d messages from %d partitions (%d committed before)",
+            self.key,
+            self.options.queue,
+            sent,
+            len(parts),
+            skipped,
+        )
+        self._forget()
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        committed = [m.part for m in messages if isinstance(m, WritePart)]
+        log.error(
+            "Write %s to %s failed; partitions %s were sent and stay sent",
+            self.key,
+            self.options.queue,
+            committed,
+        )
+        self._forget()
+
+    def _forget(self) -> None:
+        """A write without a ``writeId`` cannot be repeated, so its ledger rows are done with; one
+        with a ``writeId`` keeps them until the caller forgets the id (:func:`forget_write`)."""
+        if self.options.write_id is None:
+            with self.options.connect() as client:
+                client.forget_write(self.options.ledger, self.key)
+
+
+@dataclass
+class SeqRange(InputPartition):
+    """Browse partition: the rows with ``after`` < Seq <= ``last``."""
+
+    after: int
+    last: int
+
+
+@dataclass
+class HeldShare(InputPartition):
+    """Claim partition: the claims ``holder`` holds whose Seq modulo ``parts`` is ``part``."""
+
+    holder: str
+    parts: int
+    part: int
+
+
+def _rows(messages: Iterable[ReceivedMessage], deliveries: bool) -> Iterator[tuple[Any, ...]]:
+    for message in messages:
+        yield (
+            str(message.id),
+            dict(message.headers),
+            bytes(message.body),
+            message.deliveries if deliveries else None,
+        )
+
+
+def _read_share(options: Options, share: HeldShare) -> Iterator[tuple[Any, ...]]:
+    with options.connect() as client:
+        messages = client.held(options.queue, share.holder, parts=share.parts, part=share.part)
+    return _rows(messages, True)
+
+
+def _shares(holder: str, parts: int) -> list[HeldShare]:
+    return [HeldShare(holder, parts, part) for part in range(parts)]
+
+
+class QueueReader(DataSourceReader):
+    """A batch read: browse waiting messages in Seq ranges, or read the claims of a holder."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+
+    def partitions(self) -> Sequence[InputPartition]:
+        options = self.options
+        with options.connect() as client:
+            if options.mode == "claim":
+                assert options.holder is not None
+                _claim_for(client, options, options.holder, options.max_messages_per_batch)
+                return _shares(options.holder, options.partitions)
+            bounds = client.seq_range(options.queue)
+        if bounds is None:
+            return [SeqRange(0, 0)]
+        low, high = bounds
+        size = max(1, -(-(high - low + 1) // options.partitions))
+        return [SeqRange(start - 1, min(start - 1 + size, high)) for start in range(low, high + 1, size)]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        options = self.options
+        if isinstance(partition, HeldShare):
+            yield from _read_share(options, partition)
+            return
+        assert isinstance(partition, SeqRange)
+        after = partition.after
+        with options.connect() as client:
+            while after < partition.last:
+                page = client.browse_page(options.queue, options.fetch_size, after=after, last=partition.last)
+                yield from _rows(page.messages, False)
+                if page.after is None:
+                    return
+                after = page.after
+
+
+def _claim_for(client: QueueClient, options: Options, holder: str, wanted: int) -> int:
+    """Make ``holder`` hold up to ``wanted`` messages: those it holds already (renewed), then new
+    claims; returns how many it holds. What it holds already is what an earlier attempt of the same
+    read or batch claimed, so repeating the read returns the same messages."""
+    held = client.extend_held(options.queue, holder, options.lease)
+    while held < wanted:
+        step = min(wanted - held, defaults.MAX_BATCH)
+        claimed = client.claim(
+            options.queue,
+            step,
+            lease=options.lease,
+            max_deliveries=options.max_deliveries,
+            error_queue=options.error_queue,
+            holder=holder,
+        )
+        held += len(claimed)
+        if len(claimed) < step:
+            break
+    return held
+
+
+class _Renewer:
+    """Renews the claims of the batches a query has planned but not committed, every third of the
+    lease, from a thread of the driver-side source: a micro-batch may take longer than one lease."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self.holders: set[str] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def hold(self, holder: str) -> None:
+        with self._lock:
+            self.holders.add(holder)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="sqlqueue-spark-lease", daemon=True)
+            self._thread.start()
+
+    def drop(self, holder: str) -> None:
+        with self._lock:
+            self.holders.discard(holder)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        interval = self.options.lease.total_seconds() / 3
+        while not self._stop.wait(interval):
+            with self._lock:
+                holders = sorted(self.holders)
+            if not holders:
+                continue
+            try:
+                with self.options.connect() as client:
+                    for holder in holders:
+                        renewed = client.extend_held(self.options.queue, holder, self.options.lease)
+                        log.debug("Renewed %d claims of %s", renewed, holder)
+            except SqlQueueError as exc:  # an outage: the next renewal tries again
+                log.warning("Could not renew the claims of batches %s: %s", holders, exc)
+
+
+class QueueStreamReader(DataSourceStreamReader):
+    """A streaming read: each micro-batch is the messages claimed under its own holder.
+
+    The offset is ``{"consumer": id, "batch": n}``: the consumer id is drawn when a query starts
+    without a checkpoint and lives on in its offsets, so a restarted query finds its claims again.
+    Batch n's claims are held by ``spark:<consumer>:<n>``.
+    """
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self.renewer = _Renewer(options)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a task needs: the options (Spark ships the reader to executors for :meth:`read`)."""
+        return {"options": self.options}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["options"])  # type: ignore[misc]
+
+    @staticmethod
+    def holder(offset: Mapping[str, Any], batch: int | None = None) -> str:
+        return f"spark:{offset['consumer']}:{offset['batch'] if batch is None else batch}"
+
+    def initialOffset(self) -> dict[str, Any]:
+        return {"consumer": uuid.uuid4().hex, "batch": 0}
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        """Claim the next batch; ``start`` as it is when nothing waits.
+
+        Spark asks for a batch after ``start`` only once the batch ending at ``start`` has been
+        committed by the sink, so its claims, if a commit did not already settle them (a query that
+        stopped between the two), are acknowledged here first.
+        """
+        from pyspark.sql.streaming.datasource import ReadMaxRows
+
+        wanted = self.options.max_messages_per_batch
+        if isinstance(limit, ReadMaxRows):
+            wanted = min(wanted, limit.max_rows)
+        batch = int(start["batch"]) + 1
+        holder = self.holder(start, batch)
+        with self.options.connect() as client:
+            settled = client.ack_held(self.options.queue, self.holder(start))
+            if settled:
+                log.info("Acknowledged %d messages of committed batch %s", settled, self.holder(start))
+            held = _claim_for(client, self.options, holder, wanted)
+        if not held:
+            return start
+        self.renewer.hold(holder)
+        log.info("Batch %s holds %d messages of %s", holder, held, self.options.queue)
+        return {"consumer": start["consumer"], "batch": batch}
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        shares: list[InputPartition] = []
+        with self.options.connect() as client:
+            for batch in range(int(start["batch"]) + 1, int(end["batch"]) + 1):
+                holder = self.holder(end, batch)
+                # A replayed batch (a restarted query): its claims are renewed before they are read.
+                client.extend_held(self.options.queue, holder, self.options.lease)
+                self.renewer.hold(holder)
+                shares.extend(_shares(holder, self.options.partitions))
+        return shares
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, HeldShare)
+        return _read_share(self.options, partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        holder = self.holder(end)
+        with self.options.connect() as client:
+            settled = client.ack_held(self.options.queue, holder)
+        self.renewer.drop(holder)
+        log.info("Acknowledged %d messages of committed batch %s", settled, holder)
+
+    def stop(self) -> None:
+        """Claims of a batch that did not commit stay held until their lease ends: a restart within
+        it replays them as they were, and after it they are delivered again."""
+        self.renewer.stop()
+
+
+# -- settling claim-mode reads, forgetting writes ------------------------------------------------
+
+
+def register(spark: SparkSession) -> None:
+    """Make ``format("sqlqueue")`` known to ``spark`` (a classic or a Spark Connect session)."""
+    spark.dataSource.register(SqlQueueDataSource)
+
+
+def ack_held(url: str, queue: str, holder: str) -> int:
+    """Acknowledge the messages a claim-mode read took under ``holder``: run it once the job's
+    output is committed. Returns how many."""
+    with QueueClient.connect(url) as client:
+        return client.ack_held(queue, holder)
+
+
+def nack_held(url: str, queue: str, holder: str, *, error: BaseException | str | None = None) -> int:
+    """Give back the messages a claim-mode read took under ``holder`` (the job failed). Returns how many."""
+    with QueueClient.connect(url) as client:
+        return client.nack_held(queue, holder, error=error)
+
+
+def forget_write(url: str, queue: str, write_id: str, *, ledger: str = WRITE_LEDGER) -> int:
+    """Forget a ``writeId`` whose write can no longer be repeated; returns the ledger rows deleted."""
+    options = Options.parse({"url": url, "queue": queue, "ledger": ledger})
+    with options.connect() as client:
+        return client.forget_write(options.ledger, uuid.uuid5(WRITE_ID_NAMESPACE, write_id))
+
+
+def batch_writer(options: Mapping[str, str], stream: str) -> Callable[[DataFrame, int], None]:
+    """A ``foreachBatch`` function writing each micro-batch to a queue exactly once.
+
+    Batch n is written with ``writeId`` ``<stream>:<n>``, so a batch Spark replays after a restart
+    sends only the partitions that did not commit (the batch must be computed the same way again:
+    no non-deterministic shuffles). Spark starts batch n only after committing n - 1, which can then
+    never be replayed: its ledger rows are forgotten.
+    """
+    checked = Options.parse(options)
+
+    def write(batch: DataFrame, batch_id: int) -> None:
+        writer = batch.write.format(NAME).options(**options).option("writeId", f"{stream}:{batch_id}")
+        writer.mode("append").save()
+        if batch_id > 0:
+            forget_write(checked.url, checked.queue, f"{stream}:{batch_id - 1}", ledger=checked.ledger)
+
+    return write
+
+
+# -- plain helpers -------------------------------------------------------------------------------
 
 
 def send_rows(
@@ -58,14 +643,27 @@ def send_rows(
 ) -> int:
     """Send every row of ``df`` as one JSON message (``application/json``) to ``queue``; returns how many.
 
-    ``conninfo`` is a PostgreSQL URI or libpq string the executors can use (it travels to them
-    with the task, so prefer a role with only INSERT on the queue). One connection and one
-    transaction per partition; repartition first to bound the number of connections.
+    The data source's write without its ledger: one connection and one transaction per partition,
+    so a partition is all or nothing, but a task Spark re-runs after its partition committed sends
+    it again. ``conninfo`` travels to executors with the task.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-    sender = _partition_sender(conninfo, queue, batch_size, dict(headers or {}), time_to_be_received)
-    return int(df.rdd.mapPartitions(sender).sum())
+    message_headers = {CONTENT_TYPE: JSON_CONTENT_TYPE, **(headers or {})}
+
+    def send(rows: Iterable[Any]) -> Iterator[int]:
+        messages = (
+            Message(
+                json.dumps(row.asDict(recursive=True), default=str, separators=(",", ":")),
+                message_headers,
+                time_to_be_received=time_to_be_received,
+            )
+            for row in rows
+        )
+        with QueueClient.connect(conninfo) as client:
+            yield _send_partition(client, queue, messages, batch_size) or 0
+
+    return int(df.rdd.mapPartitions(send).sum())
 
 
 def read_queue(spark: SparkSession, conninfo: str, queue: str, *, limit: int = 10_000) -> DataFrame:
@@ -74,8 +672,6 @@ def read_queue(spark: SparkSession, conninfo: str, queue: str, *, limit: int = 1
     Columns: ``id`` (string), ``headers`` (map<string,string>), ``body`` (binary) and ``text``
     (the body as UTF-8, null when it is not). The read runs on the driver and takes no locks.
     """
-    from pyspark.sql.types import BinaryType, MapType, StringType, StructField, StructType
-
     with QueueClient.connect(conninfo) as client:
         messages = client.browse(queue, limit)
     rows = []

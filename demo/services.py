@@ -93,6 +93,8 @@ class AirflowServices:
     :param dags_folder: the DAGs to run (``example_dags/``).
     :param env: more environment for every service (e.g. ``SQLQUEUE_SCHEMA``): DAG files read it
         when the dag-processor parses them, tasks when the scheduler's LocalExecutor runs them.
+    :param spark_connection: ``spark_default`` (local Spark unless given); None leaves it to the
+        metadata database, where ``airflow connections`` can change it while the services run.
     """
 
     def __init__(
@@ -105,6 +107,7 @@ class AirflowServices:
         port: int | None = None,
         env: Mapping[str, str] | None = None,
         parallelism: int = 4,
+        spark_connection: Mapping[str, Any] | None = LOCAL_SPARK,
     ) -> None:
         self.home = home
         self.port = port or free_port()
@@ -133,7 +136,10 @@ class AirflowServices:
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
             **(env or {}),
         }
-        self.env.setdefault("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps(LOCAL_SPARK))
+        if spark_connection is not None:
+            self.env.setdefault("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps(spark_connection))
+        else:  # spark_default lives in the metadata database, where `airflow connections` changes it
+            self.env.pop("AIRFLOW_CONN_SPARK_DEFAULT", None)
         self.env.pop("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", None)  # parse the DAGs folder, nothing else
         self.metadata_uri = metadata_uri
 

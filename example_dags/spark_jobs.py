@@ -111,3 +111,50 @@ def quality_message(spark: Any, message: dict[str, Any]) -> dict[str, Any]:
     quality = check_quality(spark, body["path"])
     print(f"checked {body['dataset']}: {quality['rows']} rows in {len(quality['rows_per_country'])} countries")
     return {**quality, "dataset": body["dataset"]}
+
+
+ORDER_EVENT = "order_id STRING, country STRING, quantity INT, unit_price DOUBLE"
+
+
+def order_stream(spark: Any, url: str, source: str, target: str, checkpoint: str, *, max_per_batch: int = 5_000) -> Any:
+    """Start a Structured Streaming query from queue ``source`` to queue ``target``; returns it.
+
+    Each order event (JSON ``{order_id, country, quantity, unit_price}``) becomes a revenue event
+    (the same fields and ``revenue``) on ``target``. Messages are claimed per micro-batch and
+    acknowledged once Spark committed it; each batch is written with the write ledger under
+    ``<checkpoint>:<batch>``, so a batch replayed after a crash sends only what did not commit.
+    ``checkpoint`` must be on storage the driver reaches after a restart (shared storage on a cluster).
+    """
+    from pyspark.sql import functions as F
+
+    from airflow_provider_sqlqueue.spark import NAME, batch_writer, register
+
+    register(spark)
+    events = (
+        spark.readStream.format(NAME)
+        .option("url", url)
+        .option("queue", source)
+        .option("maxMessagesPerBatch", str(max_per_batch))
+        .load()
+    )
+    orders = events.select(F.from_json(F.col("body").cast("string"), ORDER_EVENT).alias("o")).select("o.*")
+    revenue = orders.withColumn("revenue", F.round(F.col("quantity") * F.col("unit_price"), 2))
+    sink = {"url": url, "queue": target, "messageType": "SqlQueue.Demo.OrderRevenue"}
+    return (
+        revenue.writeStream.foreachBatch(batch_writer(sink, stream=checkpoint))
+        .option("checkpointLocation", checkpoint)
+        .start()
+    )
+
+
+def relay_orders(spark: Any, url: str, source: str, target: str, checkpoint: str) -> dict[str, Any]:
+    """Run :func:`order_stream` until every waiting order event has gone through, then stop it."""
+    query = order_stream(spark, url, source, target, checkpoint)
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    batches = [p for p in query.recentProgress if p["numInputRows"]]
+    rows = sum(p["numInputRows"] for p in batches)
+    print(f"relayed {rows} order events from {source} to {target} in {len(batches)} micro-batches")
+    return {"events": rows, "batches": len(batches)}

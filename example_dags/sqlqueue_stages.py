@@ -54,6 +54,8 @@ QUEUES = [
     "fanout_summary",
     "fanout_quality",
     "fanout_reports",
+    "order_events",
+    "order_revenue",
 ]
 
 Job = Callable[[Any, dict[str, Any]], dict[str, Any]]

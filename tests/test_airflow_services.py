@@ -31,6 +31,8 @@ pytestmark = pytest.mark.timeout(1800)
 
 QUEUES = ("ingest", "cleaned", "reports", "ingest_events", "cleaned_events")
 FANOUT_QUEUES = ("fanout_ingest", "fanout_summary", "fanout_quality", "fanout_reports")
+#: The streaming example's queues (its DAG runs here too, on empty queues).
+STREAM_QUEUES = ("order_events", "order_revenue")
 #: The fan-out example's subscribers and their event (as sqlqueue_setup subscribes them).
 SUBSCRIBERS = {"fanout_summary": "SqlQueue.Demo.OrdersCleaned", "fanout_quality": "SqlQueue.Demo.OrdersCleaned"}
 #: The hand-off lease the example DAGs use here, and how soon Airflow notices a dead task, triggerer
@@ -103,7 +105,7 @@ def pipeline(pg_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     with psycopg.connect(pg_uri, autocommit=True) as admin:
         admin.execute(f'CREATE SCHEMA "{schema}"')
     with QueueClient.connect(pg_uri) as installer:  # the installer's step, as sqlqueue_setup does it
-        for name in (*QUEUES, *FANOUT_QUEUES):
+        for name in (*QUEUES, *FANOUT_QUEUES, *STREAM_QUEUES):
             installer.create_queue(QueueAddress(name, schema))
         routing = installer.create_subscription_table(QueueAddress("SubscriptionRouting", schema))
         for name, event in SUBSCRIBERS.items():

@@ -1,0 +1,176 @@
+"""A standalone Spark cluster on this machine, from the installed PySpark distribution.
+
+A master, workers and (optionally) a Spark Connect server, each its own JVM started with
+``spark-class`` as a cluster's hosts start them. Executors run Python with this interpreter, so the
+project and its drivers are importable there as they must be on a real cluster's workers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import IO, Any
+
+from .services import free_port
+
+
+def spark_home() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).parent
+
+
+class SparkCluster:
+    """``with SparkCluster(workdir) as cluster:`` a master and ``workers`` workers on 127.0.0.1."""
+
+    def __init__(self, workdir: Path, *, workers: int = 1, cores: int = 4, memory: str = "3g") -> None:
+        self.workdir = workdir
+        self.workers = workers
+        self.cores = cores
+        self.memory = memory
+        self.port = free_port()
+        self.ui_port = free_port()
+        self.connect_port: int | None = None
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self._logs: list[IO[bytes]] = []
+        self.env = {
+            **os.environ,
+            "SPARK_HOME": str(spark_home()),
+            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_DRIVER_PYTHON": sys.executable,
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "SPARK_LOCAL_DIRS": str(workdir / "local"),
+            "SPARK_WORKER_DIR": str(workdir / "work"),
+            "SPARK_LOG_DIR": str(workdir / "logs"),
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+
+    @property
+    def master(self) -> str:
+        """The master URL an application (or ``spark_default``'s host) uses."""
+        return f"spark://127.0.0.1:{self.port}"
+
+    @property
+    def remote(self) -> str | None:
+        """The Spark Connect URL, once :meth:`start_connect` has started the server."""
+        return None if self.connect_port is None else f"sc://127.0.0.1:{self.connect_port}"
+
+    def _spawn(self, name: str, program: str, *args: str) -> subprocess.Popen[bytes]:
+        (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
+        log = (self.workdir / "logs" / f"{name}.log").open("ab")
+        self._logs.append(log)
+        command = [str(spark_home() / "bin" / program), *args]
+        process = subprocess.Popen(
+            command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.workdir
+        )
+        self.processes.append(process)
+        return process
+
+    def state(self) -> dict[str, Any]:
+        """The master's view of the cluster (its web UI's JSON)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=5) as reply:
+            return json.load(reply)  # type: ignore[no-any-return]
+
+    def start(self, timeout: float = 120) -> SparkCluster:
+        self._spawn(
+            "master",
+            "spark-class",
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--webui-port",
+            str(self.ui_port),
+        )
+        for n in range(self.workers):
+            self._spawn(
+                f"worker-{n}",
+                "spark-class",
+                "org.apache.spark.deploy.worker.Worker",
+                "--host",
+                "127.0.0.1",
+                "--cores",
+                str(self.cores),
+                "--memory",
+                self.memory,
+                "--webui-port",
+                str(free_port()),
+                self.master,
+            )
+        deadline = time.monotonic() + timeout
+        while True:
+            self._check_alive()
+            try:
+                alive = [w for w in self.state().get("workers", []) if w.get("state") == "ALIVE"]
+                if len(alive) >= self.workers:
+                    return self
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the Spark cluster did not come up in {timeout:.0f} s; logs in {self.workdir}/logs")
+            time.sleep(0.5)
+
+    def start_connect(self, timeout: float = 180) -> str:
+        """Start a Spark Connect server whose applications run on this cluster; returns its URL."""
+        port = free_port()
+        self._spawn(
+            "connect",
+            "spark-submit",
+            "--class",
+            "org.apache.spark.sql.connect.service.SparkConnectServer",
+            "--master",
+            self.master,
+            "--conf",
+            f"spark.connect.grpc.binding.port={port}",
+            "--conf",
+            "spark.ui.enabled=false",
+            "--conf",
+            "spark.cores.max=2",
+            "--conf",
+            "spark.executor.memory=1g",
+            "spark-internal",
+        )
+        deadline = time.monotonic() + timeout
+        while True:
+            self._check_alive()
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    self.connect_port = port
+                    return f"sc://127.0.0.1:{port}"
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Spark Connect did not listen in {timeout:.0f} s; logs in {self.workdir}/logs")
+            time.sleep(1)
+
+    def _check_alive(self) -> None:
+        for process in self.processes:
+            if process.poll() is not None:
+                raise RuntimeError(f"{process.args} exited with {process.returncode}; logs in {self.workdir}/logs")
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        for process in self.processes:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=20)
+        for log in self._logs:
+            log.close()
+
+    def __enter__(self) -> SparkCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,341 @@
+"""The ``sqlqueue`` data source on a real standalone Spark cluster, every guarantee counted.
+
+A master and a worker are started from the installed PySpark distribution (``spark-class``), and
+Spark Connect from the same distribution; executors are separate JVMs with their own Python
+workers, so nothing here shares memory with the test. Counts come from the queue tables: each row
+sent exactly once, each streamed message delivered downstream exactly once across a stop and a
+SIGKILL of the driver, and the example DAGs run there under Airflow's real services.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from airflow_provider_sqlqueue.transport import Message, QueueAddress, QueueClient
+from demo.data import insert_like_an_outside_sender, write_orders
+from demo.services import AirflowServices, metadata_database
+from demo.spark_cluster import SparkCluster
+from tests.conftest import EXAMPLE_DAGS
+
+pytestmark = pytest.mark.timeout(1800)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
+    # Cores are shared out by applications (this test's, a killed driver's, Airflow's, Spark
+    # Connect's), not by the machine's two CPUs.
+    with SparkCluster(tmp_path_factory.mktemp("spark-cluster"), cores=6, memory="6g") as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def spark(cluster: SparkCluster) -> Iterator[object]:
+    from pyspark.sql import SparkSession
+
+    from airflow_provider_sqlqueue.spark import register
+
+    # Python workers beside the driver (planning a data source's reads and writes) run PYSPARK_PYTHON.
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+
+    session = (
+        SparkSession.builder.master(cluster.master)
+        .appName("sqlqueue-source-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.cores.max", "2")
+        .config("spark.executor.memory", "1g")
+        .config("spark.pyspark.python", sys.executable)
+        .config("spark.task.maxFailures", "4")
+        .getOrCreate()
+    )
+    register(session)
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def space(pg_uri: str) -> Iterator[Callable[[str], str]]:
+    """A schema of its own; returns a function giving a queue's address in it (created on first use)."""
+    schema = f"spark_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_uri, autocommit=True) as admin:
+        admin.execute(f'CREATE SCHEMA "{schema}"')
+
+    def queue(name: str) -> str:
+        address = f'{name}@"{schema}"'
+        with QueueClient.connect(pg_uri) as client:
+            client.create_queue(address)
+        return address
+
+    try:
+        yield queue
+    finally:
+        with psycopg.connect(pg_uri, autocommit=True) as admin:
+            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+def bodies(pg_uri: str, queue: str) -> list[dict]:
+    with QueueClient.connect(pg_uri) as client:
+        return [m.json() for m in client.browse(queue, 100_000)]  # type: ignore[misc]
+
+
+def test_a_batch_write_of_100000_rows_is_exactly_100000_messages(spark, space, pg_uri):
+    orders = space("orders")
+    df = spark.range(100_000).selectExpr("id AS n", "concat('order-', id) AS name").repartition(8)
+    started = time.perf_counter()
+    df.write.format("sqlqueue").option("url", pg_uri).option("queue", orders).mode("append").save()
+    print(f"\n100,000 rows written by 8 partitions in {time.perf_counter() - started:.1f}s")
+    sent = bodies(pg_uri, orders)
+    assert len(sent) == 100_000 and len({b["n"] for b in sent}) == 100_000
+    with QueueClient.connect(pg_uri) as client:  # the write is over: its ledger rows are gone
+        ledger = client.address(orders).sibling("sqlqueue_writes")
+        assert client.forget_write(ledger, uuid.uuid4()) == 0
+        with client.connection.cursor() as cursor:
+            cursor.execute(f'SELECT count(*) FROM "{ledger.schema}".sqlqueue_writes')
+            assert cursor.fetchone()[0] == 0
+
+
+def test_a_task_that_fails_mid_write_leaves_no_partial_partition_and_loses_nothing(spark, space, pg_uri):
+    """Partition 2's first attempt dies after 700 of its rows went to the database; Spark retries it."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import LongType
+
+    orders = space("orders")
+
+    @F.udf(LongType())
+    def fail_first_attempt(n: int) -> int:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        if context.partitionId() == 2 and context.attemptNumber() == 0 and n % 10_000 >= 700:
+            raise RuntimeError("executor lost mid-partition (first attempt)")
+        return n
+
+    df = spark.range(0, 40_000, numPartitions=4).select(fail_first_attempt("id").alias("n"))
+    df.write.format("sqlqueue").option("url", pg_uri).option("queue", orders).option("batchSize", "100").mode(
+        "append"
+    ).save()
+    sent = [b["n"] for b in bodies(pg_uri, orders)]
+    assert len(sent) == 40_000 and len(set(sent)) == 40_000
+
+
+def test_a_partition_run_again_after_it_committed_sends_nothing(space, pg_uri):
+    """What Spark does when an executor dies after its task committed: the same partition runs again."""
+    from pyspark.sql import Row
+
+    from airflow_provider_sqlqueue.spark import QueueWriter, SqlQueueDataSource, WritePart
+
+    orders = space("orders")
+    source = SqlQueueDataSource({"url": pg_uri, "queue": orders, "writeId": "nightly:2026-11-24"})
+    writer = source.writer(source.schema(), overwrite=False)
+    assert isinstance(writer, QueueWriter)
+    rows = [Row(n=n) for n in range(500)]
+    assert writer.write(iter(rows)) == WritePart(0, 500)
+    assert writer.write(iter(rows)) == WritePart(0, None)
+    again = SqlQueueDataSource({"url": pg_uri, "queue": orders, "writeId": "nightly:2026-11-24"})
+    assert again.writer(again.schema(), overwrite=False).write(iter(rows)) == WritePart(0, None)
+    assert len(bodies(pg_uri, orders)) == 500
+
+
+STREAM_DRIVER = """
+import sys
+sys.path.insert(0, {dags!r})
+from pyspark.sql import SparkSession
+from spark_jobs import relay_orders
+spark = (SparkSession.builder.master({master!r}).appName("sqlqueue-stream-driver")
+         .config("spark.ui.enabled", "false").config("spark.cores.max", "2")
+         .config("spark.executor.memory", "1g").getOrCreate())
+relay_orders(spark, {url!r}, {source!r}, {target!r}, {checkpoint!r})
+"""
+
+
+def test_a_stream_stopped_and_then_killed_delivers_each_of_50000_messages_once(spark, cluster, space, pg_uri, tmp_path):
+    sys.path.insert(0, EXAMPLE_DAGS)
+    from spark_jobs import order_stream, relay_orders
+
+    events, revenue = space("order_events"), space("order_revenue")
+    checkpoint = str(tmp_path / "checkpoint")
+    with QueueClient.connect(pg_uri) as client:
+        for start in range(0, 50_000, 5_000):
+            batch = [
+                Message.of({"order_id": f"o{n}", "country": "NL", "quantity": n % 7 + 1, "unit_price": 2.5})
+                for n in range(start, start + 5_000)
+            ]
+            client.send(events, batch)
+
+    def delivered() -> int:
+        with QueueClient.connect(pg_uri) as client:
+            return client.depth(revenue)
+
+    def wait_for(count: int, timeout: float = 600) -> None:
+        deadline = time.monotonic() + timeout
+        while delivered() < count:
+            assert time.monotonic() < deadline, f"only {delivered()} of {count} delivered"
+            time.sleep(0.5)
+
+    # 1. A query stopped while it works.
+    query = order_stream(spark, pg_uri, events, revenue, checkpoint)
+    wait_for(10_000)
+    query.stop()
+    first = delivered()
+
+    # 2. A driver SIGKILLed mid-stream: its claims stay held, its last batch half written.
+    script = STREAM_DRIVER.format(
+        dags=EXAMPLE_DAGS, master=cluster.master, url=pg_uri, source=events, target=revenue, checkpoint=checkpoint
+    )
+    driver = subprocess.Popen(
+        [sys.executable, "-c", script], env={**os.environ, "PYSPARK_PYTHON": sys.executable}, start_new_session=True
+    )
+    try:
+        wait_for(first + 15_000)
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=60)
+    second = delivered()
+
+    # 3. Restarted from the checkpoint: the killed batch is replayed from its claims, then the rest.
+    result = relay_orders(spark, pg_uri, events, revenue, checkpoint)
+    out = bodies(pg_uri, revenue)
+    ids = [b["order_id"] for b in out]
+    print(f"\ndelivered {first} before the stop, {second} before the kill, {len(out)} in all; last run {result}")
+    assert len(ids) == 50_000 and len(set(ids)) == 50_000  # every one, none twice
+    assert {b["revenue"] for b in out if b["order_id"] == "o3"} == {10.0}
+    with QueueClient.connect(pg_uri) as client:
+        assert client.depth(events) == 0 and client.inflight(events) == 0  # every claim acknowledged
+        assert client.depth(QueueAddress("error", client.address(events).schema)) == 0
+
+
+def test_a_claim_read_returns_the_same_messages_until_acknowledged(spark, space, pg_uri):
+    from airflow_provider_sqlqueue.spark import ack_held
+
+    orders = space("orders")
+    with QueueClient.connect(pg_uri) as client:
+        client.send(orders, [Message.of({"n": n}) for n in range(3_000)])
+    reader = (
+        spark.read.format("sqlqueue")
+        .option("url", pg_uri)
+        .option("queue", orders)
+        .option("mode", "claim")
+        .option("holder", "nightly-2026-11-24")
+        .option("maxMessagesPerBatch", "2000")
+        .option("numPartitions", "3")
+    )
+    first = {json.loads(r.body)["n"] for r in reader.load().collect()}
+    again = {json.loads(r.body)["n"] for r in reader.load().collect()}  # a retried job: the same messages
+    assert first == again and len(first) == 2_000
+    browsed = spark.read.format("sqlqueue").option("url", pg_uri).option("queue", orders).load()
+    assert browsed.count() == 1_000  # the other thousand still wait
+    assert ack_held(pg_uri, orders, "nightly-2026-11-24") == 2_000
+    with QueueClient.connect(pg_uri) as client:
+        assert client.inflight(orders) == 0 and client.depth(orders) == 1_000
+
+
+def test_plans_carry_no_connection_secret(spark, space, pg_uri):
+    orders = space("orders")
+    secret_url = pg_uri + ("&" if "?" in pg_uri else "?") + "application_name=s3cr3t-app"
+    df = spark.read.format("sqlqueue").option("url", secret_url).option("queue", orders).load()
+    plan = df._jdf.queryExecution().toString()
+    assert "s3cr3t" not in plan and "sqlqueue" in plan
+
+
+# -- the example DAGs on the cluster, under Airflow's services ------------------------------------
+
+
+def spark_apps(cluster: SparkCluster) -> list[str]:
+    state = cluster.state()
+    return [app["name"] for app in state.get("activeapps", []) + state.get("completedapps", [])]
+
+
+def test_example_dags_run_on_the_cluster_by_changing_only_spark_default(cluster, pg_uri, tmp_path_factory):
+    """The chain and the streaming example under the real services, Spark on the cluster; then the
+    chain again with spark_default pointing at Spark Connect."""
+    schema = f"cl_{uuid.uuid4().hex[:8]}"
+    home = tmp_path_factory.mktemp("airflow-cluster")
+    data = home / "data"
+    names = ("ingest", "cleaned", "reports", "order_events", "order_revenue")
+    with psycopg.connect(pg_uri, autocommit=True) as admin:
+        admin.execute(f'CREATE SCHEMA "{schema}"')
+    with QueueClient.connect(pg_uri) as installer:
+        for name in names:
+            installer.create_queue(QueueAddress(name, schema))
+        for n in range(2_000):  # order events waiting for the streaming example's first run
+            installer.send(
+                QueueAddress("order_events", schema),
+                Message.of({"order_id": f"e{n}", "country": "DE", "quantity": 2, "unit_price": 1.25}),
+            )
+    connection = {
+        "conn_type": "spark",
+        "host": cluster.master,
+        "extra": {"spark.ui.enabled": "false", "spark.cores.max": "2", "spark.executor.memory": "1g"},
+    }
+    env = {
+        "SQLQUEUE_SCHEMA": schema,
+        "SQLQUEUE_CHECKPOINTS": str(home / "checkpoints"),
+        "SQLQUEUE_LEASE_SECONDS": "60",
+    }
+
+    def depth(name: str) -> int:
+        with QueueClient.connect(pg_uri) as client:
+            return client.depth(QueueAddress(name, schema))
+
+    def wait(done: Callable[[], bool], what: str, timeout: float = 600) -> None:
+        deadline = time.monotonic() + timeout
+        while not done():
+            assert time.monotonic() < deadline, f"{what} within {timeout:.0f}s; logs in {home}/services"
+            time.sleep(2)
+
+    def run_chain(dataset: str, seed: int) -> dict:
+        path = data / f"{dataset}.csv"
+        expected = write_orders(path, rows=500, seed=seed)
+        reports = depth("reports")
+        with psycopg.connect(pg_uri, autocommit=True) as raw:
+            body = {"dataset": dataset, "path": str(path), "output_root": str(data / "out")}
+            insert_like_an_outside_sender(raw, schema, "ingest", body)
+        wait(lambda: depth("reports") > reports, f"the report of {dataset}")
+        with QueueClient.connect(pg_uri) as client:
+            [report] = [
+                m.json() for m in client.browse(QueueAddress("reports", schema), 100) if m.json()["dataset"] == dataset
+            ]  # type: ignore[index]
+        assert report["orders"] == expected["valid_orders"]
+        return report
+
+    try:
+        with metadata_database(pg_uri) as metadata_uri:
+            services = AirflowServices(home, metadata_uri, pg_uri, Path(EXAMPLE_DAGS), env=env, spark_connection=None)
+            try:
+                services.migrate()
+                services.airflow("connections", "add", "spark_default", "--conn-json", json.dumps(connection))
+                services.start_all(["sqlqueue_spark_clean", "sqlqueue_spark_summarise", "sqlqueue_spark_stream"])
+                run_chain("on-cluster", seed=11)
+                wait(lambda: depth("order_revenue") == 2_000, "the streaming example's 2,000 revenue events")
+                apps = spark_apps(cluster)
+                assert {"sqlqueue_spark_clean-clean", "sqlqueue_spark_summarise-summarise"} <= set(apps)
+                assert "sqlqueue_spark_stream-relay" in apps
+
+                remote = cluster.start_connect()
+                services.airflow("connections", "delete", "spark_default")
+                port = remote.rsplit(":", 1)[1]
+                services.airflow(
+                    "connections", "add", "spark_default", "--conn-type", "spark_connect",
+                    "--conn-host", "127.0.0.1", "--conn-port", port,
+                )  # fmt: skip
+                before = spark_apps(cluster).count("sqlqueue_spark_clean-clean")
+                run_chain("through-connect", seed=12)
+                assert (
+                    spark_apps(cluster).count("sqlqueue_spark_clean-clean") == before
+                )  # no new application: Connect's
+                assert depth("ingest") == depth("cleaned") == 0 and depth("reports") == 2
+            finally:
+                services.stop()
+    finally:
+        with psycopg.connect(pg_uri, autocommit=True) as admin:
+            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
