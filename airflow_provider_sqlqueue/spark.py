@@ -547,6 +547,7 @@ class QueueStreamReader(DataSourceStreamReader):
             settled = client.ack_held(self.options.queue, self.holder(start))
             if settled:
                 log.info("Acknowledged %d messages of committed batch %s", settled, self.holder(start))
+            self.renewer.drop(self.holder(start))
             held = _claim_for(client, self.options, holder, wanted)
         if not held:
             return start

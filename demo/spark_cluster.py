@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -61,6 +62,23 @@ class SparkCluster:
     def remote(self) -> str | None:
         """The Spark Connect URL, once :meth:`start_connect` has started the server."""
         return None if self.connect_port is None else f"sc://127.0.0.1:{self.connect_port}"
+
+    def session(self, app: str, conf: Mapping[str, str] | None = None) -> Any:
+        """A SparkSession of this process on the cluster: two executor cores of 1 GiB unless ``conf`` says otherwise."""
+        from pyspark.sql import SparkSession
+
+        os.environ["PYSPARK_PYTHON"] = sys.executable  # Python workers beside the driver plan data source reads
+        settings = {
+            "spark.ui.enabled": "false",
+            "spark.cores.max": "2",
+            "spark.executor.memory": "1g",
+            "spark.pyspark.python": sys.executable,
+            **(conf or {}),
+        }
+        builder = SparkSession.builder.master(self.master).appName(app)
+        for key, value in settings.items():
+            builder = builder.config(key, value)
+        return builder.getOrCreate()
 
     def _spawn(self, name: str, program: str, *args: str) -> subprocess.Popen[bytes]:
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)

@@ -41,23 +41,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
 
 @pytest.fixture(scope="module")
 def spark(cluster: SparkCluster) -> Iterator[object]:
-    from pyspark.sql import SparkSession
-
     from airflow_provider_sqlqueue.spark import register
 
-    # Python workers beside the driver (planning a data source's reads and writes) run PYSPARK_PYTHON.
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-
-    session = (
-        SparkSession.builder.master(cluster.master)
-        .appName("sqlqueue-source-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.cores.max", "2")
-        .config("spark.executor.memory", "1g")
-        .config("spark.pyspark.python", sys.executable)
-        .config("spark.task.maxFailures", "4")
-        .getOrCreate()
-    )
+    session = cluster.session("sqlqueue-source-tests", {"spark.task.maxFailures": "4"})
     register(session)
     yield session
     session.stop()
@@ -237,6 +223,42 @@ def test_a_claim_read_returns_the_same_messages_until_acknowledged(spark, space,
     assert ack_held(pg_uri, orders, "nightly-2026-11-24") == 2_000
     with QueueClient.connect(pg_uri) as client:
         assert client.inflight(orders) == 0 and client.depth(orders) == 1_000
+
+
+def test_a_micro_batch_longer_than_the_lease_keeps_its_claims(spark, space, pg_uri, tmp_path):
+    """A 3-second lease and a batch whose sink takes 10 s while a rival consumer keeps claiming: the
+    driver-side source renews the batch's claims, so the rival never gets one of them."""
+    events = space("events")
+    with QueueClient.connect(pg_uri) as client:
+        client.send(events, [Message.of({"n": n}) for n in range(200)])
+    seen: list[int] = []
+    rival: list[int] = []
+
+    def slow_sink(batch, batch_id: int) -> None:
+        rows = batch.select("deliveries").collect()
+        with QueueClient.connect(pg_uri) as competitor:
+            for _ in range(5):
+                time.sleep(2)
+                rival.extend(m.deliveries for m in competitor.claim(events, 200, holder="rival"))
+        seen.extend(r.deliveries for r in rows)
+
+    query = (
+        spark.readStream.format("sqlqueue")
+        .option("url", pg_uri)
+        .option("queue", events)
+        .option("lease", "3")
+        .load()
+        .writeStream.foreachBatch(slow_sink)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .start()
+    )
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    assert rival == [] and len(seen) == 200 and set(seen) == {1}
+    with QueueClient.connect(pg_uri) as client:
+        assert client.depth(events) == 0 and client.inflight(events) == 0
 
 
 def test_plans_carry_no_connection_secret(spark, space, pg_uri):

@@ -1,0 +1,187 @@
+"""The ``sqlqueue`` data source on a standalone Spark cluster, beside the plain helpers and JDBC.
+
+One cluster (a master and a worker from the PySpark distribution), one application with two
+executor cores, one PostgreSQL. The same 200,000 rows (``n``, ``name``, ``amount``) are
+
+- written as messages by the data source (one transaction per partition, recorded in the write
+  ledger), by ``send_rows`` (one transaction per partition, no ledger), and by Spark's JDBC writer
+  into a plain table of the same columns (no queue: the floor of getting rows into PostgreSQL);
+- read back by the data source (browse, in Seq ranges across executors; and claim mode), by
+  ``read_queue`` (on the driver) and by Spark's JDBC reader of the queue table;
+- relayed queue to queue by the streaming example (claims per micro-batch, acknowledged after
+  the batch's ledgered write).
+
+Each figure is the best of three runs, in rows per second, with its ratio to the JDBC figure of
+the same run. JDBC needs PostgreSQL's driver (Debian's libpostgresql-jdbc-java, which bench/run
+installs).
+
+    .venv/bin/python bench/spark_source.py --json bench/spark.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "example_dags"))
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+from airflow_provider_sqlqueue.spark import NAME, ack_held, read_queue, register, send_rows
+from airflow_provider_sqlqueue.transport import Message, QueueClient
+from bench.throughput import database
+from demo.spark_cluster import SparkCluster
+
+JDBC_JAR = Path("/usr/share/java/postgresql.jar")
+ROWS = 200_000
+RUNS = 3
+
+
+def best(run: Callable[[], int], reset: Callable[[], None]) -> float:
+    """Rows per second of the fastest of ``RUNS`` runs (``reset`` before each, not timed)."""
+    rates = []
+    for _ in range(RUNS):
+        reset()
+        started = time.perf_counter()
+        rows = run()
+        rates.append(rows / (time.perf_counter() - started))
+    return max(rates)
+
+
+def jdbc(uri: str) -> tuple[str, dict[str, str]]:
+    params = conninfo_to_dict(uri)
+    url = f"jdbc:postgresql://{params.get('host', 'localhost')}:{params.get('port', 5432)}/{params.get('dbname', 'postgres')}"
+    props = {"user": str(params.get("user", "postgres")), "driver": "org.postgresql.Driver"}
+    if params.get("password"):
+        props["password"] = str(params["password"])
+    return url, props
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pg-uri", default=os.environ.get("SQLQUEUE_BENCH_PG_URI"))
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    with database(args.pg_uri) as uri, tempfile.TemporaryDirectory(prefix="sqlqueue-bench-spark-") as work:
+        schema = f"bench_spark_{uuid.uuid4().hex[:6]}"
+        queue, relayed = f'bench@"{schema}"', f'relayed@"{schema}"'
+        with psycopg.connect(uri, autocommit=True) as raw:
+            raw.execute(f'CREATE SCHEMA "{schema}"')
+            raw.execute(f'CREATE TABLE "{schema}".plain (n bigint, name text, amount double precision)')
+        with QueueClient.connect(uri) as client:
+            client.create_queue(queue)
+            client.create_queue(relayed)
+        url, props = jdbc(uri)
+        try:
+            with SparkCluster(Path(work), cores=4, memory="4g") as cluster:
+                spark = cluster.session("sqlqueue-bench", {"spark.executor.memory": "2g", "spark.jars": str(JDBC_JAR)})
+                register(spark)
+                results = measure(spark, uri, schema, queue, relayed, url, props, Path(work))
+                spark.stop()
+        finally:
+            with psycopg.connect(uri, autocommit=True) as raw:
+                raw.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    print(json.dumps(results, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+
+
+def measure(
+    spark: Any, uri: str, schema: str, queue: str, relayed: str, url: str, props: dict[str, str], work: Path
+) -> dict[str, Any]:
+    df = spark.range(ROWS, numPartitions=2).selectExpr("id AS n", "concat('name-', id) AS name", "id * 0.5 AS amount")
+    df = df.cache()
+    df.count()
+
+    def empty() -> None:
+        with QueueClient.connect(uri) as client:
+            client.purge(queue)
+        with psycopg.connect(uri, autocommit=True) as raw:
+            raw.execute(f'TRUNCATE "{schema}".plain')
+
+    def sink() -> int:
+        df.write.format(NAME).option("url", uri).option("queue", queue).mode("append").save()
+        return ROWS
+
+    def helper() -> int:
+        return send_rows(df, uri, queue)
+
+    def plain_jdbc() -> int:
+        df.write.jdbc(url, f'"{schema}".plain', mode="append", properties={**props, "batchsize": "1000"})
+        return ROWS
+
+    write = {"jdbc": best(plain_jdbc, empty), "send_rows": best(helper, empty), "sqlqueue": best(sink, empty)}
+
+    def fill() -> None:
+        with QueueClient.connect(uri) as client:
+            client.purge(queue)
+            client.purge(relayed)
+            for start in range(0, ROWS, 10_000):
+                events = [
+                    Message.of({"order_id": f"o{n}", "country": "NL", "quantity": n % 7 + 1, "unit_price": 2.5})
+                    for n in range(start, start + 10_000)
+                ]
+                client.send(queue, events)
+
+    def consumed(df: Any) -> int:
+        """Rows of ``df`` with every body read (a bare count would let JDBC read no column at all)."""
+        from pyspark.sql import functions as F
+
+        row = df.agg(F.count("*").alias("rows"), F.sum(F.length("body")).alias("bytes")).first()
+        assert row["bytes"] > 0
+        return int(row["rows"])
+
+    def browse() -> int:
+        return consumed(spark.read.format(NAME).option("url", uri).option("queue", queue).load())
+
+    def helper_read() -> int:
+        return consumed(read_queue(spark, uri, queue, limit=100_000))  # the helper reads at most 100,000
+
+    def jdbc_read() -> int:
+        return consumed(spark.read.jdbc(url, f'"{schema}".bench', properties=props))
+
+    holder = uuid.uuid4().hex
+
+    def claim() -> int:
+        reader = spark.read.format(NAME).option("url", uri).option("queue", queue).option("mode", "claim")
+        count = consumed(reader.option("holder", holder).option("maxMessagesPerBatch", str(ROWS)).load())
+        ack_held(uri, queue, holder)
+        return count
+
+    read = {"jdbc": best(jdbc_read, fill), "read_queue": best(helper_read, fill), "sqlqueue_browse": best(browse, fill)}
+    read["sqlqueue_claim"] = best(claim, fill)
+
+    from spark_jobs import relay_orders
+
+    def stream() -> int:
+        checkpoint = str(work / f"checkpoint-{uuid.uuid4().hex}")
+        return int(relay_orders(spark, uri, queue, relayed, checkpoint)["events"])
+
+    streamed = best(stream, fill)
+    rate = {"write": write, "read": read, "stream_relay": streamed}
+    ratios = {
+        "write": {k: round(v / write["jdbc"], 2) for k, v in write.items()},
+        "read": {k: round(v / read["jdbc"], 2) for k, v in read.items()},
+        "stream_relay_vs_jdbc_write": round(streamed / write["jdbc"], 2),
+    }
+    return {"rows": ROWS, "rows_per_second": {k: _rounded(v) for k, v in rate.items()}, "ratio_to_jdbc": ratios}
+
+
+def _rounded(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: round(v) for k, v in value.items()}
+    return round(value)
+
+
+if __name__ == "__main__":
+    main()
