@@ -611,21 +611,30 @@ def forget_write(url: str, queue: str, write_id: str, *, ledger: str = WRITE_LED
         return client.forget_write(options.ledger, uuid.uuid5(WRITE_ID_NAMESPACE, write_id))
 
 
-def batch_writer(options: Mapping[str, str], stream: str) -> Callable[[DataFrame, int], None]:
+def batch_writer(options: Mapping[str, str], checkpoint: str) -> Callable[[DataFrame, int], None]:
     """A ``foreachBatch`` function writing each micro-batch to a queue exactly once.
 
-    Batch n is written with ``writeId`` ``<stream>:<n>``, so a batch Spark replays after a restart
-    sends only the partitions that did not commit (the batch must be computed the same way again:
-    no non-deterministic shuffles). Spark starts batch n only after committing n - 1, which can then
-    never be replayed: its ledger rows are forgotten.
+    ``checkpoint`` is the query's ``checkpointLocation``. Batch n is written with the ``writeId``
+    ``<query id>:<n>``, the query id being the one Spark keeps in the checkpoint's ``metadata``
+    (a deleted checkpoint starts a new query, whose batches share nothing with the old one's). A
+    batch Spark replays after a restart therefore sends only the partitions that did not commit
+    (the batch must be computed the same way again: no non-deterministic shuffles). Spark starts
+    batch n only after committing n - 1, which can then never be replayed: its ledger rows are
+    forgotten.
     """
     checked = Options.parse(options)
+    query: dict[str, str] = {}
 
     def write(batch: DataFrame, batch_id: int) -> None:
-        writer = batch.write.format(NAME).options(**options).option("writeId", f"{stream}:{batch_id}")
+        if "id" not in query:  # written by Spark when the query first started, read through its filesystem
+            metadata = batch.sparkSession.read.text(f"{checkpoint.rstrip('/')}/metadata").first()
+            if metadata is None:
+                raise InvalidOptionError(f"no query metadata in checkpoint {checkpoint!r}: pass its checkpointLocation")
+            query["id"] = str(json.loads(metadata[0])["id"])
+        writer = batch.write.format(NAME).options(**options).option("writeId", f"{query['id']}:{batch_id}")
         writer.mode("append").save()
         if batch_id > 0:
-            forget_write(checked.url, checked.queue, f"{stream}:{batch_id - 1}", ledger=checked.ledger)
+            forget_write(checked.url, checked.queue, f"{query['id']}:{batch_id - 1}", ledger=checked.ledger)
 
     return write
 

@@ -141,7 +141,7 @@ def order_stream(spark: Any, url: str, source: str, target: str, checkpoint: str
     revenue = orders.withColumn("revenue", F.round(F.col("quantity") * F.col("unit_price"), 2))
     sink = {"url": url, "queue": target, "messageType": "SqlQueue.Demo.OrderRevenue"}
     return (
-        revenue.writeStream.foreachBatch(batch_writer(sink, stream=checkpoint))
+        revenue.writeStream.foreachBatch(batch_writer(sink, checkpoint))
         .option("checkpointLocation", checkpoint)
         .start()
     )
@@ -152,9 +152,13 @@ def relay_orders(spark: Any, url: str, source: str, target: str, checkpoint: str
     query = order_stream(spark, url, source, target, checkpoint)
     try:
         query.processAllAvailable()
+        progress = query.recentProgress  # read while the query runs: Spark Connect forgets it once stopped
     finally:
         query.stop()
-    batches = [p for p in query.recentProgress if p["numInputRows"]]
-    rows = sum(p["numInputRows"] for p in batches)
+    # Classic sessions report progress as dicts; Spark Connect as StreamingQueryProgress, whose
+    # top-level count may be missing and is then the sum of its sources'.
+    counts = [int(p.numInputRows if hasattr(p, "numInputRows") else p["numInputRows"]) for p in progress]
+    batches = [count for count in counts if count]
+    rows = sum(batches)
     print(f"relayed {rows} order events from {source} to {target} in {len(batches)} micro-batches")
     return {"events": rows, "batches": len(batches)}

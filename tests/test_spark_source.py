@@ -352,12 +352,75 @@ def test_example_dags_run_on_the_cluster_by_changing_only_spark_default(cluster,
                 )  # fmt: skip
                 before = spark_apps(cluster).count("sqlqueue_spark_clean-clean")
                 run_chain("through-connect", seed=12)
-                assert (
-                    spark_apps(cluster).count("sqlqueue_spark_clean-clean") == before
-                )  # no new application: Connect's
+                # No new application: the job ran in Spark Connect's.
+                assert spark_apps(cluster).count("sqlqueue_spark_clean-clean") == before
                 assert depth("ingest") == depth("cleaned") == 0 and depth("reports") == 2
+
+                # The streaming example through Connect, from the checkpoint the cluster run left.
+                more = [
+                    Message.of({"order_id": f"c{n}", "country": "FR", "quantity": 1, "unit_price": 3.0})
+                    for n in range(1_000)
+                ]
+                with QueueClient.connect(pg_uri) as client:
+                    client.send(QueueAddress("order_events", schema), more)
+                services.airflow("dags", "trigger", "sqlqueue_spark_stream")
+                wait(lambda: depth("order_revenue") == 3_000, "1,000 more revenue events through Spark Connect")
+
+                def settled() -> bool:  # the run's source acknowledges its last batch after the sink wrote it
+                    with QueueClient.connect(pg_uri) as client:
+                        return client.inflight(QueueAddress("order_events", schema)) == 0
+
+                wait(settled, "the streaming run's last claims acknowledged")
+                with QueueClient.connect(pg_uri) as client:
+                    revenue = client.browse(QueueAddress("order_revenue", schema), 10_000)
+                    assert len({m.json()["order_id"] for m in revenue}) == 3_000  # type: ignore[index]
             finally:
                 services.stop()
     finally:
         with psycopg.connect(pg_uri, autocommit=True) as admin:
             admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+# -- options: bad input is refused before any task runs ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"queue": "orders"}, "option 'url' is required"),
+        ({"url": "postgresql://db/x"}, "option 'queue' is required"),
+        ({"url": "http://db/x", "queue": "orders"}, "option 'url': cannot tell the database"),
+        ({"url": "postgresql://db/x", "queue": "orders", "mode": "consume"}, "must be browse or claim"),
+        ({"url": "postgresql://db/x", "queue": "orders", "mode": "claim"}, "needs option 'holder'"),
+        ({"url": "postgresql://db/x", "queue": "orders", "numPartitions": "two"}, "must be a whole number"),
+        ({"url": "postgresql://db/x", "queue": "orders", "lease": "-5"}, "must be positive"),
+        ({"url": "postgresql://db/x", "queue": "orders", "maxMessagesPerBatch": "0"}, "must be positive"),
+        ({"url": "postgresql://db/x", "queue": "orders", "batchSize": "200000"}, "must be at most 100,000"),
+        ({"url": "mssql://sa@db/x", "queue": "orders", "password": "pw"}, "put it in an mssql:// url"),
+    ],
+)
+def test_bad_options_are_refused_with_the_library_error(options, message):
+    from airflow_provider_sqlqueue.spark import InvalidOptionError, SqlQueueDataSource
+
+    with pytest.raises(InvalidOptionError, match=message):
+        SqlQueueDataSource(options)
+
+
+def test_a_hostile_queue_name_is_refused_and_a_missing_queue_named(pg_uri):
+    from airflow_provider_sqlqueue.spark import SqlQueueDataSource
+    from airflow_provider_sqlqueue.transport.errors import InvalidQueueNameError, QueueNotFoundError
+
+    with pytest.raises(InvalidQueueNameError):
+        SqlQueueDataSource({"url": pg_uri, "queue": 'orders"; DROP TABLE x; --@"public'})
+    source = SqlQueueDataSource({"url": pg_uri, "queue": f"missing_{uuid.uuid4().hex[:6]}"})
+    with pytest.raises(QueueNotFoundError):
+        source.writer(source.schema(), overwrite=False)
+    with pytest.raises(ValueError, match="only appended to"):
+        source.writer(source.schema(), overwrite=True)
+
+
+def test_a_password_option_joins_the_url_and_never_shows_in_the_options_repr(pg_uri):
+    from airflow_provider_sqlqueue.spark import Options
+
+    parsed = Options.parse({"url": "host=db dbname=shop user=app", "password": "s3cr3t", "queue": "orders"})
+    assert "password=s3cr3t" in parsed.url and "s3cr3t" not in repr(parsed)
