@@ -200,6 +200,27 @@ def test_a_stream_stopped_and_then_killed_delivers_each_of_50000_messages_once(s
         assert client.depth(QueueAddress("error", client.address(events).schema)) == 0
 
 
+def test_a_stream_started_afresh_on_a_deleted_checkpoint_sends_every_batch(spark, space, pg_uri, tmp_path):
+    """Deleting a checkpoint to start a stream over is common; the new query's batches 0, 1, ...
+    must not be taken for the old query's batches of the same numbers in the write ledger."""
+    import shutil
+
+    sys.path.insert(0, EXAMPLE_DAGS)
+    from spark_jobs import relay_orders
+
+    events, revenue = space("order_events"), space("order_revenue")
+    checkpoint = str(tmp_path / "checkpoint")
+    for round_ in range(2):
+        with QueueClient.connect(pg_uri) as client:
+            orders = [
+                {"order_id": f"r{round_}-{n}", "country": "NL", "quantity": 1, "unit_price": 1.0} for n in range(300)
+            ]
+            client.send(events, [Message.of(order) for order in orders])
+        assert relay_orders(spark, pg_uri, events, revenue, checkpoint)["events"] == 300
+        shutil.rmtree(checkpoint)
+    assert len({b["order_id"] for b in bodies(pg_uri, revenue)}) == 600
+
+
 def test_a_claim_read_returns_the_same_messages_until_acknowledged(spark, space, pg_uri):
     from airflow_provider_sqlqueue.spark import ack_held
 
