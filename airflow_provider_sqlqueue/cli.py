@@ -49,6 +49,17 @@ SUBSCRIPTIONS: ArgSpec = (
     {"action": "store_true", "help": f"include the subscription table ({defaults.SUBSCRIPTION_TABLE!r})"},
 )
 SUBSCRIPTION_TABLE: ArgSpec = (("--subscription-table",), {"help": "include the subscription table, by this name"})
+WRITE_LEDGER: ArgSpec = (
+    ("--write-ledger",),
+    {
+        "action": "store_true",
+        "help": f"include the Spark data source's write ledger ({defaults.WRITE_LEDGER!r} in each queue's schema)",
+    },
+)
+WRITE_LEDGER_TABLE: ArgSpec = (
+    ("--write-ledger-table",),
+    {"help": "include the write ledger, by this name (the data source's 'ledger' option)"},
+)
 ROLE: ArgSpec = (("--role",), {"required": True, "help": "the runtime role (user or database role) to grant to"})
 CONN: ArgSpec = (("--conn",), {"help": "database URI (default: $SQLQUEUE_CONN)"})
 CONN_ID: ArgSpec = (("--conn-id",), {"help": "an Airflow connection instead of --conn"})
@@ -64,7 +75,7 @@ LIMIT: ArgSpec = (
 RETRY_LIMIT: ArgSpec = (("--limit",), {"type": int, "default": 1000, "help": "most error messages retried"})
 
 PLAN_ARGS = [QUEUES, DIALECT, ERROR_QUEUE, AUDIT, AUDIT_QUEUE, SECONDARY, NO_DELAYED, BODY_STRING, SUBSCRIPTIONS]
-PLAN_ARGS += [SUBSCRIPTION_TABLE, CONN, CONN_ID]
+PLAN_ARGS += [SUBSCRIPTION_TABLE, WRITE_LEDGER, WRITE_LEDGER_TABLE, CONN, CONN_ID]
 
 
 @dataclass(frozen=True)
@@ -100,6 +111,9 @@ def _installation(args: argparse.Namespace) -> Installation:
     )
     if args.subscriptions or args.subscription_table:
         plan = plan.with_subscriptions(addressing.address(args.subscription_table or defaults.SUBSCRIPTION_TABLE))
+    if args.write_ledger or args.write_ledger_table:
+        ledger = args.write_ledger_table or defaults.WRITE_LEDGER
+        plan = plan.with_write_ledgers(addressing.beside(ledger, addressing.address(queue)) for queue in args.queues)
     return plan
 
 

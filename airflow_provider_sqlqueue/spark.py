@@ -63,8 +63,6 @@ log = logging.getLogger("airflow_provider_sqlqueue.spark")
 
 #: The format name: ``spark.read.format(NAME)``.
 NAME = "sqlqueue"
-#: The write ledger's table, in the queue's schema, unless the ``ledger`` option names another.
-WRITE_LEDGER = "sqlqueue_writes"
 #: Where the write ids given as text live: uuid5 of this namespace and the text.
 WRITE_ID_NAMESPACE = uuid.UUID("6f0d5b3e-8d1c-4a57-9c4e-5a1f2b7c9e10")
 #: What a read returns, one row per message (``deliveries`` is null in browse mode).
@@ -165,7 +163,7 @@ class Options:
         except ValueError as exc:
             raise InvalidOptionError(f"option 'url': {exc}") from None
         address = addressing.address(queue)
-        ledger = addressing.beside(options.get("ledger") or WRITE_LEDGER, address)
+        ledger = addressing.beside(options.get("ledger") or defaults.WRITE_LEDGER, address)
         error_queue = options.get("errorQueue") or None
         if error_queue is not None:
             addressing.address(error_queue)
@@ -604,7 +602,7 @@ def nack_held(url: str, queue: str, holder: str, *, error: BaseException | str |
         return client.nack_held(queue, holder, error=error)
 
 
-def forget_write(url: str, queue: str, write_id: str, *, ledger: str = WRITE_LEDGER) -> int:
+def forget_write(url: str, queue: str, write_id: str, *, ledger: str = defaults.WRITE_LEDGER) -> int:
     """Forget a ``writeId`` whose write can no longer be repeated; returns the ledger rows deleted."""
     options = Options.parse({"url": url, "queue": queue, "ledger": ledger})
     with options.connect() as client:

@@ -51,6 +51,7 @@ def plan_args(schema: str) -> list[str]:
         "--subscriptions",
         "--subscription-table",
         f'SubscriptionRouting@"{schema}"',
+        "--write-ledger",
     ]
 
 
@@ -108,11 +109,13 @@ def test_the_printed_ddl_is_what_create_queue_runs(pg_uri, schema):
         for queue in with_schema(schema, ["orders", "billing"]):
             client.create_queue(queue)
         client.create_subscription_table(f'SubscriptionRouting@"{schema}"')
+        client.create_writes(f'sqlqueue_writes@"{schema}"')  # as the data source's first write
     ddl = [sql for sql in ran if sql.lstrip().upper().startswith(("CREATE", "ALTER"))]
     once = list(dict.fromkeys(ddl))  # the claim store's statements run for each queue; the script has them once
     script = printed.stdout.split("\n\n", 1)[1]  # after the header comment
     assert script == get_dialect("postgres").script(once)
-    assert printed.stdout.count("CREATE TABLE") == 8  # orders, error, audit, inflight, 2 delayed, billing, routing
+    # orders, error, audit, inflight, 2 delayed, billing, routing, the write ledger (once: one schema)
+    assert printed.stdout.count("CREATE TABLE") == 9
 
 
 def test_ddl_run_as_the_installer_and_the_grants_give_a_runtime_role_what_it_needs(pg_uri, schema, raw, roles):
@@ -138,6 +141,7 @@ def test_ddl_run_as_the_installer_and_the_grants_give_a_runtime_role_what_it_nee
             for queue in with_schema(reference, ["orders", "billing"]):
                 client.create_queue(queue)
             client.create_subscription_table(f'SubscriptionRouting@"{reference}"')
+            client.create_writes(f'sqlqueue_writes@"{reference}"')
         assert catalog(raw, schema) == catalog(raw, reference)
     finally:
         raw.execute(f'DROP SCHEMA "{reference}" CASCADE')
@@ -158,6 +162,14 @@ def test_ddl_run_as_the_installer_and_the_grants_give_a_runtime_role_what_it_nee
         runtime.subscribe(billing, "Shop.OrderPlaced", table=routing)
         assert runtime.publish("Shop.OrderPlaced", Message("event"), table=routing) == [billing]
         assert runtime.purge_expired(orders) == 0
+        ledger = runtime.create_writes(QueueAddress("sqlqueue_writes", schema))  # there already: no CREATE needed
+        write = uuid.uuid4()
+        with runtime.session.transaction():  # a partition of a Spark write
+            assert runtime.record_write(ledger, write, 0)
+            runtime.send(billing, Message("row"))
+        with runtime.session.transaction():
+            assert not runtime.record_write(ledger, write, 0)  # a re-run of it sends nothing
+        assert runtime.forget_write(ledger, write) == 1
         with pytest.raises(PermissionDeniedError):
             runtime.create_queue(QueueAddress("new_queue", schema))
     audit_ids = [json.loads(h)[MESSAGE_ID] for (h,) in raw.execute(f'SELECT Headers FROM "{schema}".audit').fetchall()]
@@ -166,7 +178,15 @@ def test_ddl_run_as_the_installer_and_the_grants_give_a_runtime_role_what_it_nee
 
 def test_sqlserver_scripts_parse_as_tsql_batches():
     """Text level (no SQL Server here): every GO batch of both scripts is T-SQL sqlglot can parse."""
-    args = ["orders@[sales]", "billing@[sales]", "--dialect", "sqlserver", "--audit", "--subscriptions"]
+    args = [
+        "orders@[sales]",
+        "billing@[sales]",
+        "--dialect",
+        "sqlserver",
+        "--audit",
+        "--subscriptions",
+        "--write-ledger",
+    ]
     for command in (["ddl"], ["grants", "--role", "app]rt"]):
         printed = sqlqueue(*command, *args)
         assert printed.returncode == 0, printed.stderr
@@ -185,6 +205,21 @@ def test_sqlserver_scripts_parse_as_tsql_batches():
     assert [str(a) for a in plan.queue_tables()] == [
         str(QueueAddress(n, "sales")) for n in ("orders", "error", "audit", "billing")
     ]
+
+
+def test_the_write_ledger_is_made_in_each_queues_schema_unless_named_with_one():
+    """Where the data source looks for it: beside the queue written to, or where the ledger option says."""
+    each = sqlqueue("ddl", "orders@[sales]", "billing@[billing]", "--dialect", "sqlserver", "--write-ledger")
+    assert each.returncode == 0, each.stderr
+    assert "CREATE TABLE [sales].[sqlqueue_writes]" in each.stdout
+    assert "CREATE TABLE [billing].[sqlqueue_writes]" in each.stdout
+    one = sqlqueue(
+        "grants", 'orders@"sales"', 'billing@"billing"', "--dialect", "postgres", "--role", "app",
+        "--write-ledger-table", 'spark_writes@"shared"',
+    )  # fmt: skip
+    assert one.returncode == 0, one.stderr
+    assert 'GRANT SELECT, INSERT, UPDATE, DELETE ON "shared"."spark_writes" TO "app";' in one.stdout
+    assert "sqlqueue_writes" not in one.stdout and 'ON SCHEMA "shared"' in one.stdout
 
 
 def test_names_cannot_break_out_of_the_scripts(pg_uri, schema, raw, client, queue):

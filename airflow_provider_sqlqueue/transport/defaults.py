@@ -62,6 +62,9 @@ MAX_DELAY = timedelta(days=365 * 1000)
 #: NServiceBus's subscription table (in the default schema unless given with one).
 SUBSCRIPTION_TABLE = "SubscriptionRouting"
 
+#: The Spark data source's write ledger (in the queue's schema unless given with one).
+WRITE_LEDGER = "sqlqueue_writes"
+
 #: Newest error queue rows read to group failures by source queue and exception type (headers only).
 ERROR_SUMMARY_ROWS = 10_000
 

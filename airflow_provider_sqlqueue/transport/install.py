@@ -26,6 +26,7 @@ class TableKind(Enum):
     INFLIGHT = "inflight"  # the claim store of a schema
     DELAYED = "delayed"  # a queue's delayed-message table
     SUBSCRIPTIONS = "subscriptions"  # NServiceBus's SubscriptionRouting
+    WRITES = "writes"  # the Spark data source's write ledger
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,10 @@ class Installation:
         """This plan plus NServiceBus's subscription table (publishers and subscribers share it)."""
         return Installation.combine([self, Installation(self.dialect, ((TableKind.SUBSCRIPTIONS, table),))])
 
+    def with_write_ledgers(self, ledgers: Iterable[QueueAddress]) -> Installation:
+        """This plan plus the Spark data source's write ledgers, made ahead so a writing role needs no CREATE."""
+        return Installation.combine([self, Installation(self.dialect, tuple((TableKind.WRITES, a) for a in ledgers))])
+
     def queue_tables(self) -> list[QueueAddress]:
         return [address for kind, address in self.tables if kind is TableKind.QUEUE]
 
@@ -63,6 +68,7 @@ class Installation:
             TableKind.INFLIGHT: ops.create_inflight,
             TableKind.DELAYED: ops.create_delayed,
             TableKind.SUBSCRIPTIONS: ops.create_subscriptions,
+            TableKind.WRITES: ops.create_writes,
         }
         return [
             partial(ops.create_queue, d, address, self.body_string)
@@ -84,6 +90,8 @@ class Installation:
                 statements += d.create_inflight_sql(address)
             elif kind is TableKind.DELAYED:
                 statements += d.create_delayed_sql(address)
+            elif kind is TableKind.WRITES:
+                statements += d.create_writes_sql(address)
             else:
                 statements += d.create_subscriptions_sql(address)
         return statements
