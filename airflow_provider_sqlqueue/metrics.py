@@ -52,7 +52,7 @@ def emit_queue_metrics(conn_ids: Iterable[str]) -> dict[str, int]:
             with hook.client() as client:
                 queues = client.queues()
                 stats = client.queue_stats(queues)
-                errors = {q for q in queues if q == client.error_address(None, q)}
+                errors = {q for q in queues if client.kind(q) == "error"}
         except Exception:
             log.exception("Queue metrics: could not read the queues of connection %s; skipping it", conn_id)
             continue

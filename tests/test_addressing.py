@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from airflow_provider_sqlqueue.transport import InvalidQueueNameError, QueueAddress
+from airflow_provider_sqlqueue.transport.client import Addressing
 from airflow_provider_sqlqueue.transport.dialects.postgres import PostgresDialect, quote_ident
 
 pg = PostgresDialect()
@@ -84,3 +85,20 @@ def test_transport_imports_without_airflow():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok QueueClient"
+
+
+@pytest.mark.parametrize(
+    ("error_queue", "audit_queue", "table", "kind"),
+    [
+        (None, None, "error", "error"),
+        (None, None, "audit", "audit"),  # NServiceBus's default name, audited or not
+        (None, None, "orders", "queue"),
+        ("failures", None, "failures", "error"),
+        ("failures", None, "error", "queue"),  # the connection's error queue is another
+        (None, "processed", "processed", "audit"),
+        ('error@"elsewhere"', None, "error", "queue"),  # in this schema it is a plain queue
+    ],
+)
+def test_a_listed_table_is_told_apart_as_queue_error_or_audit(error_queue, audit_queue, table, kind):
+    addressing = Addressing(pg, error_queue, audit_queue)
+    assert addressing.kind(QueueAddress(table, "sales")) == kind

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -67,6 +68,7 @@ def api(airflow_db: str, pg_uri: str, tmp_path_factory: pytest.TempPathFactory) 
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{user}:viewer" for user in USERS),
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+        "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),  # whatever ran before in this process
         "AIRFLOW__SQLQUEUE__CONNECTIONS": "shop,other",
         "AIRFLOW_CONN_SHOP": airflow_connection(pg_uri),
         "AIRFLOW_CONN_OTHER": airflow_connection(pg_uri),

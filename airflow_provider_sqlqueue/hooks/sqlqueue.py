@@ -54,6 +54,16 @@ from ..transport.operations import ClaimInfo, ErrorGroup, FailedMessage, QueueSt
 if TYPE_CHECKING:
     from airflow.sdk import Connection
 
+
+def configured_conn_ids() -> list[str]:
+    """The connection ids ``[sqlqueue] connections`` names: those the Queues page and the metrics look
+    at besides the metadata database's (connections in the environment or a secrets backend cannot be listed)."""
+    from airflow.sdk import conf
+
+    text = conf.get("sqlqueue", "connections", fallback="") or ""
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
 #: Extras of a connection that configure the queue rather than the database driver.
 QUEUE_EXTRAS = frozenset({"dialect", "error_queue", "audit_queue"})
 

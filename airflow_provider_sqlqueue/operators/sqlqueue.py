@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 from airflow.sdk import BaseOperator, get_current_context
 
-from ..hooks.sqlqueue import SqlQueueHook
+from ..hooks.sqlqueue import SqlQueueHook, configured_conn_ids
 from ..transport import Failure, LeaseKeeper, LeaseLostError, Message, defaults
 from ..transport.message import ENCLOSED_MESSAGE_TYPES
 
@@ -631,10 +631,7 @@ class QueueMetricsOperator(BaseOperator):
         self.conn_ids = conn_ids
 
     def execute(self, context: Any) -> dict[str, int]:
-        from airflow.sdk import conf
-
         from ..metrics import emit_queue_metrics
 
-        configured = [name.strip() for name in (conf.get("sqlqueue", "connections", fallback="") or "").split(",")]
-        conn_ids = list(self.conn_ids or [name for name in configured if name] or [SqlQueueHook.default_conn_name])
+        conn_ids = list(self.conn_ids or configured_conn_ids() or [SqlQueueHook.default_conn_name])
         return emit_queue_metrics(conn_ids)

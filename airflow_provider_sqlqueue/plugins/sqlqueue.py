@@ -31,8 +31,8 @@ from fastapi import Body, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, Field
 
-from ..hooks.sqlqueue import DIALECT_OF_CONN_TYPE, SqlQueueHook, UnsupportedConnectionError
-from ..transport import QueueAddress, QueueClient, defaults
+from ..hooks.sqlqueue import DIALECT_OF_CONN_TYPE, SqlQueueHook, UnsupportedConnectionError, configured_conn_ids
+from ..transport import defaults
 from ..transport.errors import (
     InvalidQueueNameError,
     QueueNotFoundError,
@@ -182,17 +182,6 @@ def _hook(connection_id: str) -> SqlQueueHook:
     return SqlQueueHook(connection_id)
 
 
-def _kind(client: QueueClient, address: QueueAddress) -> str:
-    """``error`` or ``audit`` when the table is its schema's error or audit queue (as the connection sets
-    them, or NServiceBus's default names), else ``queue``."""
-    if address == client.error_address(None, address):
-        return "error"
-    audit = client.audit_address(address)
-    if address == (audit or address.sibling(defaults.AUDIT_QUEUE)):
-        return "audit"
-    return "queue"
-
-
 def _figures(address: str, schema: str, table: str, kind: str, stats: QueueStats) -> QueueFigures:
     now = datetime.now(timezone.utc)
     return QueueFigures(
@@ -259,13 +248,6 @@ def _record(user: Any, event: str, connection_id: str, **details: Any) -> None:
         log.exception("Queues page: could not write %s by %s to Airflow's audit log", event, name)
 
 
-def _configured_connections() -> list[str]:
-    from airflow.configuration import conf
-
-    text = conf.get("sqlqueue", "connections", fallback="") or ""
-    return [name.strip() for name in text.split(",") if name.strip()]
-
-
 def queue_connections() -> dict[str, str]:
     """conn_id -> conn_type of every connection a queue can live behind: those of the metadata database with a
     queue's connection type, and those named in ``[sqlqueue] connections`` (environment or secrets backends)."""
@@ -278,7 +260,7 @@ def queue_connections() -> dict[str, str]:
             select(Connection.conn_id, Connection.conn_type).where(Connection.conn_type.in_(sorted(QUEUE_CONN_TYPES)))
         ).all()
     found = {str(conn_id): str(conn_type) for conn_id, conn_type in rows}
-    for conn_id in _configured_connections():
+    for conn_id in configured_conn_ids():
         if conn_id not in found:
             found[conn_id] = "configured"
     return dict(sorted(found.items()))
@@ -328,7 +310,7 @@ def create_app() -> FastAPI:
                 listed = []
                 for address in client.queues():
                     text = client.canonical_address(address)
-                    listed.append((text, address, _kind(client, address)))
+                    listed.append((text, address, client.kind(address)))
                 matching = [entry for entry in listed if search.casefold() in entry[0].casefold()]
                 chosen = matching[offset : offset + limit]
                 stats = client.queue_stats([address for _, address, _ in chosen])

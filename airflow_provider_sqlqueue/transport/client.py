@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from datetime import datetime, timedelta, timezone
 from functools import partial
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Generic, Literal, TypeVar, overload
 
 from . import defaults
 from . import operations as ops
@@ -156,6 +156,16 @@ class Addressing:
         if chosen is None or chosen is False:
             return None
         return self.beside(defaults.AUDIT_QUEUE if chosen is True else chosen, queue)
+
+    def kind(self, address: QueueAddress) -> Literal["queue", "error", "audit"]:
+        """``error`` or ``audit`` when the table is its schema's error or audit queue (as this addressing
+        names them, or by NServiceBus's default names), else ``queue``: how a listing of every queue
+        (the Queues page, the metrics) tells the error and audit queues apart."""
+        if address == self.error_address(None, address):
+            return "error"
+        if address == (self.audit_address(address) or address.sibling(defaults.AUDIT_QUEUE)):
+            return "audit"
+        return "queue"
 
     def installation(
         self,
