@@ -221,6 +221,67 @@ def test_a_stream_started_afresh_on_a_deleted_checkpoint_sends_every_batch(spark
     assert len({b["order_id"] for b in bodies(pg_uri, revenue)}) == 600
 
 
+def test_a_stream_keeps_the_cores_expiry_and_poison_rules(spark, space, pg_uri, tmp_path):
+    """Rows no consumer may be handed, met by a streaming query: expired ones (a ``timeToBeReceived``
+    the data source's own write set) are dropped, unreadable headers and a message delivered
+    ``maxDeliveries`` times go to the named error queue; every good message reaches the sink once."""
+    events, failures = space("events"), space("failures")
+    with QueueClient.connect(pg_uri) as client:
+        schema = client.address(events).schema
+        client.send(events, Message.of({"n": "tired"}))  # delivered twice already, before the stream
+        for _ in range(2):
+            (tired,) = client.claim(events, 1, holder="before")
+            client.nack_held(events, "before", error="handler threw twice")
+        assert tired.json() == {"n": "tired"} and tired.deliveries == 2
+        client.send(events, [Message.of({"n": n}) for n in range(500)])
+    (
+        spark.createDataFrame([(json.dumps({"n": f"late-{n}"}),) for n in range(50)], "body string")
+        .write.format("sqlqueue")
+        .option("url", pg_uri)
+        .option("queue", events)
+        .option("timeToBeReceived", "1")
+        .mode("append")
+        .save()
+    )
+    with psycopg.connect(pg_uri, autocommit=True) as outsider:
+        outsider.execute(
+            f'INSERT INTO "{schema}".events (Id, Expires, Headers, Body) VALUES (%s, NULL, %s, %s)',
+            (uuid.uuid4(), "{not json", b"{}"),
+        )
+    time.sleep(1.5)  # the fifty are past their time to be received
+    seen: list[object] = []
+
+    def sink(batch, batch_id: int) -> None:
+        seen.extend(json.loads(r.body)["n"] for r in batch.select("body").collect())
+
+    query = (
+        spark.readStream.format("sqlqueue")
+        .option("url", pg_uri)
+        .option("queue", events)
+        .option("maxDeliveries", "2")
+        .option("errorQueue", failures)
+        .option("maxMessagesPerBatch", "200")
+        .load()
+        .writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .start()
+    )
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    # Each good one once; none of the fifty, the tired one or the unreadable row.
+    assert len(seen) == 500 and set(seen) == set(range(500))
+    with QueueClient.connect(pg_uri) as client:
+        assert client.depth(events) == 0 and client.inflight(events) == 0
+        assert client.depth(QueueAddress("error", schema)) == 0
+    with psycopg.connect(pg_uri) as raw:
+        failed = [headers for (headers,) in raw.execute(f'SELECT Headers FROM "{schema}".failures')]
+    assert len(failed) == 2 and "{not json" in failed  # the unreadable row kept as it came
+    (readable,) = [json.loads(headers) for headers in failed if headers != "{not json"]
+    assert readable["NServiceBus.ExceptionInfo.Message"] == "handler threw twice"
+
+
 def test_a_claim_read_returns_the_same_messages_until_acknowledged(spark, space, pg_uri):
     from airflow_provider_sqlqueue.spark import ack_held
 
