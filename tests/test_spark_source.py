@@ -98,7 +98,7 @@ def test_a_task_that_fails_mid_write_leaves_no_partial_partition_and_loses_nothi
     orders = space("orders")
 
     @F.udf(LongType())
-    def fail_first_attempt(n: int) -> int:
+    def fail_first_attempt(n):  # no hints: PySpark would read them as a pandas UDF's and warn
         from pyspark import TaskContext
 
         context = TaskContext.get()
