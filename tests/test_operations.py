@@ -95,21 +95,24 @@ def drive(op: ops.Operation[Any], script: Script) -> Any:
 
 
 DIALECTS = ["postgres", "sqlserver"]
-QUEUE_COLUMNS = [
-    ("id", "uniqueidentifier"),
-    ("recoverable", "bit"),
-    ("expires", "datetime"),
-    ("headers", "nvarchar"),
-    ("body", "varbinary"),
-    ("rowversion", "bigint"),
-]
+QUEUE_COLUMNS = {
+    "postgres": [("id", "uuid"), ("expires", "timestamp"), ("headers", "text"), ("body", "bytea"), ("seq", "integer")],
+    "sqlserver": [
+        ("id", "uniqueidentifier"),
+        ("recoverable", "bit"),
+        ("expires", "datetime"),
+        ("headers", "nvarchar"),
+        ("body", "varbinary"),
+        ("rowversion", "bigint"),
+    ],
+}
 
 
 def dialect_with_known_tables(name: str) -> Dialect:
-    """A dialect that has read the queue and error tables' layout (SQL Server reads it once per session)."""
+    """A dialect that has checked the queue and error tables (each session reads a table's catalog once)."""
     d = get_dialect(name)
     for address in (QUEUE, ERROR):
-        d.learn_table_shape(address, QUEUE_COLUMNS)
+        d.learn_table_shape(address, QUEUE_COLUMNS[name])
     return d
 
 
@@ -209,7 +212,7 @@ def test_one_message_is_one_statement_and_a_batch_follows_the_dialects_batch_siz
 @pytest.mark.parametrize("name", DIALECTS)
 def test_the_installer_leaves_an_existing_table_alone_and_warns_of_a_missing_expires_index(name, caplog):
     d = get_dialect(name)
-    columns = [*QUEUE_COLUMNS, ("seq", "integer")]  # each dialect's required columns, and more
+    columns = [*QUEUE_COLUMNS[name], ("extra", "integer")]  # the dialect's queue columns, and more
     script = Script(d, {"queue_columns": lambda step: columns, "has_expires_index": lambda step: (0,)})
     with caplog.at_level(logging.WARNING, logger="airflow_provider_sqlqueue"):
         drive(ops.create_queue(d, QUEUE), script)
@@ -231,7 +234,8 @@ def test_retry_matches_failedq_written_with_the_catalog_and_leaves_what_it_canno
             "error_headers": lambda step: [(seq, headers) for seq, _, headers, _ in rows],
             "error_rows": lambda step: [row for row in rows if row[0] in json.loads(step.params["seqs"])],
             "current_catalog": lambda step: ("ShopDb",),
-            "queue_columns": lambda step: QUEUE_COLUMNS,
+            "queue_columns": lambda step: QUEUE_COLUMNS["sqlserver"],
+            "insert_error": lambda step: 1,  # the retry's insert reports the row it wrote
         },
     )
     page = drive(ops.retry_from_error(d, ERROR, limit=10, scan=10, only_queue=QueueAddress("orders", "sales")), script)

@@ -753,7 +753,14 @@ def test_a_varchar_headers_table_is_written_ascii_and_warned_about(caplog):
     assert dialect.table_shape(address) is None  # unknown until the catalog was read
     with caplog.at_level(logging.WARNING, logger="airflow_provider_sqlqueue"):
         shape = dialect.learn_table_shape(
-            address, [("id", "uniqueidentifier"), ("headers", "varchar"), ("body", "varbinary")]
+            address,
+            [
+                ("id", "uniqueidentifier"),
+                ("expires", "datetime"),
+                ("headers", "varchar"),
+                ("body", "varbinary"),
+                ("rowversion", "bigint"),
+            ],
         )
     assert (shape.recoverable, shape.ascii_headers) == (False, True)
     assert dialect.table_shape(address) == shape

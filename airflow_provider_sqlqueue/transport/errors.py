@@ -31,6 +31,11 @@ class QueueNotFoundError(SqlQueueError):
         super().__init__(message)
 
 
+class NotAQueueError(SqlQueueError, ValueError):
+    """The table exists but is not a queue table (it lacks the columns NServiceBus reads, or it is one
+    of this library's own stores): nothing is written to, deleted from or dropped with it."""
+
+
 class DuplicateMessageError(SqlQueueError, ValueError):
     """A message with the same id is already in the queue (ids are the table's primary key)."""
 

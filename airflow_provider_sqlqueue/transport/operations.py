@@ -35,7 +35,7 @@ from .dialects import (
     SendRow,
     TableShape,
 )
-from .errors import InvalidHeadersError, LeaseLostError, QueueNotFoundError, SqlQueueError
+from .errors import InvalidHeadersError, LeaseLostError, NotAQueueError, QueueNotFoundError, SqlQueueError
 from .message import (
     DELIVERY_COUNT,
     ENCLOSED_MESSAGE_TYPES,
@@ -188,7 +188,13 @@ def _table_key(d: Dialect, address: QueueAddress) -> dict[str, object]:
 
 
 def table_shape(d: Dialect, address: QueueAddress) -> Operation[TableShape]:
-    """The layout of the table at ``address``, read from the catalog the first time a session writes to it."""
+    """The layout of the queue table at ``address``, checked to be a queue table the first time a session touches it.
+
+    Every operation that reads, writes, deletes from or drops a queue table passes here first, so
+    a name that reaches the wrong table -- a business table, a catalog table, the claim store --
+    is refused (:class:`~.errors.NotAQueueError`, :class:`~.errors.QueueNotFoundError`) before any
+    statement touches it.
+    """
     shape = d.table_shape(address)
     if shape is None:
         target = d.qualified_name(address)
@@ -199,6 +205,16 @@ def table_shape(d: Dialect, address: QueueAddress) -> Operation[TableShape]:
     return shape
 
 
+def delayed_table(d: Dialect, delayed: QueueAddress) -> Operation[None]:
+    """Check, the first time a session touches it, that ``delayed`` is a delayed-message table."""
+    if not d.is_delayed_table(delayed):
+        target = d.qualified_name(delayed)
+        columns = yield Step(d.queue_columns_sql(delayed), _table_key(d, delayed), Fetch.ALL, target)
+        if not columns:
+            raise QueueNotFoundError(target)
+        d.learn_delayed_table(delayed, columns)
+
+
 def create_inflight(d: Dialect, address: QueueAddress) -> Operation[None]:
     """Create the in-flight table that claim mode needs in ``address``'s schema."""
     target = d.qualified_name(d.inflight_address(address))
@@ -207,27 +223,10 @@ def create_inflight(d: Dialect, address: QueueAddress) -> Operation[None]:
         yield Step(sql, {}, Fetch.NONE, target)
 
 
-def check_columns(d: Dialect, address: QueueAddress) -> Operation[None]:
-    """Fail clearly when the table is missing or lacks the columns every queue table has."""
-    target = d.qualified_name(address)
-    rows = yield Step(d.queue_columns_sql(address), _table_key(d, address), Fetch.ALL, target)
-    if not rows:
-        raise QueueNotFoundError(target)
-    d.learn_table_shape(address, rows)
-    names = {name for name, _ in rows}
-    missing = set(d.required_columns) - names
-    if missing:
-        near = sorted(name for name in names if name.lower() in missing)
-        hint = f" (it has {', '.join(near)}: quoted names of another case are other columns)" if near else ""
-        raise SqlQueueError(
-            f"table {target} exists but is not a queue table as NServiceBus defines it: it lacks column(s) "
-            f"{', '.join(sorted(missing))}{hint}"
-        )
-
-
 def check_queue(d: Dialect, address: QueueAddress) -> Operation[None]:
     """Fail clearly when the table is missing or not a queue table; warn when Index_Expires is missing."""
-    yield from check_columns(d, address)
+    d.forget_table(address)  # read the catalog afresh: the caller asks about the table as it is now
+    yield from table_shape(d, address)
     target = d.qualified_name(address)
     indexed = yield Step(d.has_expires_index_sql(address), _table_key(d, address), Fetch.ONE, target)
     if not indexed[0]:
@@ -238,9 +237,15 @@ def check_queue(d: Dialect, address: QueueAddress) -> Operation[None]:
         )
 
 
-@autocommitted
 def drop_queue(d: Dialect, address: QueueAddress) -> Operation[None]:
+    """Drop a queue table; a missing one is already gone, and a table that is not a queue is refused."""
+    d.forget_table(address)
+    try:
+        yield from table_shape(d, address)
+    except QueueNotFoundError:
+        return
     yield Step(d.drop_queue_sql(address), {}, Fetch.NONE, d.qualified_name(address))
+    d.forget_table(address)
 
 
 # -- sending -----------------------------------------------------------------------------------
@@ -314,7 +319,7 @@ def send_delayed(
                 "Remove the time_to_be_received to delay this message."
             )
     target = d.qualified_name(delayed)
-    yield from table_shape(d, delayed)  # a clear QueueNotFoundError when the table is missing
+    yield from delayed_table(d, delayed)
     destination = d.format_address(address)
     sent_at = wire_timestamp(datetime.now(timezone.utc))
     for message in messages:
@@ -334,7 +339,9 @@ def move_due(d: Dialect, address: QueueAddress, delayed: QueueAddress, limit: in
     is missing, names no queue of this database, or the row's headers cannot be read -- there its
     receiver deals with it as with any message. Returns how many rows were moved.
     """
+    yield from table_shape(d, address)
     target = d.qualified_name(delayed)
+    yield from delayed_table(d, delayed)
     found = yield Step(d.due_delayed_sql(delayed), {"limit": limit}, Fetch.ALL, target)
     rows = [DueRow(*row) for row in found]
     if not rows:
@@ -346,8 +353,6 @@ def move_due(d: Dialect, address: QueueAddress, delayed: QueueAddress, limit: in
         routed.setdefault(destination, []).append((message_id, None, headers, bytes(body or b"")))
     for destination, batch in routed.items():
         try:
-            if destination != address:  # a name read from a header: make sure it is a queue table
-                yield from check_columns(d, destination)
             shape = yield from table_shape(d, destination)
         except QueueNotFoundError:
             log.warning(
@@ -386,6 +391,7 @@ def _due_destination(d: Dialect, address: QueueAddress, headers_text: str | None
 
 def next_due(d: Dialect, delayed: QueueAddress) -> Operation[int | None]:
     """Milliseconds until the earliest delayed message is due (negative: overdue), None when there is none."""
+    yield from delayed_table(d, delayed)
     row = yield Step(d.next_due_sql(delayed), {}, Fetch.ONE, d.qualified_name(delayed))
     return None if row is None or row[0] is None else int(row[0])
 
@@ -476,6 +482,7 @@ _RECEIVED_SEQ = itemgetter(ReceivedRow._fields.index("seq"))
 def _receive(
     d: Dialect, address: QueueAddress, error_address: QueueAddress, limit: int
 ) -> Operation[list[ReceivedMessage]]:
+    yield from table_shape(d, address)
     target = d.qualified_name(address)
     received: list[ReceivedMessage] = []
     requeued = False
@@ -565,6 +572,7 @@ def claim(
     A message that has already been delivered ``max_deliveries`` times is moved to the error
     queue instead of being handed out again, with the failure its last holder reported.
     """
+    yield from table_shape(d, address)
     target = d.qualified_name(address)
     queue_key = d.claim_key(address)
     counted = 1 if holder is not None else 0
@@ -686,6 +694,7 @@ def take(
     Reservations that are gone (taken by someone else, lapsed and renewed, settled) are skipped;
     expired messages are dropped.
     """
+    yield from table_shape(d, address)
     target = d.qualified_name(address)
     queue_key = d.claim_key(address)
     if tokens is None:
@@ -702,6 +711,7 @@ def take(
 @autocommitted
 def ack(d: Dialect, address: QueueAddress, tokens: Sequence[uuid.UUID]) -> Operation[set[uuid.UUID]]:
     """Finish claims; returns the tokens that were still held (a missing one may be with someone else)."""
+    yield from table_shape(d, address)
     params = {"tokens": d.token_list(tokens), "queue": d.claim_key(address)}
     rows = yield Step(d.ack_sql(address), params, Fetch.ALL, d.qualified_name(address))
     return {as_uuid(row[0]) for row in rows}
@@ -720,6 +730,7 @@ def ack_audited(
     without its audit copy. A claim no longer held is neither. ``started`` says when the
     processing of each message (by id) began; one missing from it is stamped with the ack's time.
     """
+    yield from table_shape(d, address)
     params = {"tokens": d.token_list(tokens), "queue": d.claim_key(address)}
     rows = yield Step(d.ack_copy_sql(address), params, Fetch.ALL, d.qualified_name(address))
     copies = [(as_uuid(message_id), headers_text, body) for _token, message_id, headers_text, body in rows]
@@ -779,6 +790,7 @@ def nack(
     d: Dialect, address: QueueAddress, tokens: Sequence[uuid.UUID], failure: Failure | None, delay_ms: int
 ) -> Operation[set[uuid.UUID]]:
     """Give claims back for redelivery after ``delay_ms``, keeping why; returns the tokens still held."""
+    yield from table_shape(d, address)
     params = {
         "delay_ms": delay_ms,
         "error": None if failure is None else failure.to_text(),
@@ -792,6 +804,7 @@ def nack(
 @autocommitted
 def extend(d: Dialect, address: QueueAddress, tokens: Sequence[uuid.UUID], lease_ms: int) -> Operation[set[uuid.UUID]]:
     """Renew leases; returns the tokens still held."""
+    yield from table_shape(d, address)
     params = {"lease_ms": lease_ms, "tokens": d.token_list(tokens), "queue": d.claim_key(address)}
     rows = yield Step(d.extend_sql(address), params, Fetch.ALL, d.qualified_name(address))
     return {as_uuid(row[0]) for row in rows}
@@ -805,6 +818,7 @@ def held(d: Dialect, address: QueueAddress, holder: str, parts: int, part: int) 
     dropped, unreadable ones and those delivered too often dead-lettered), so every row here is
     readable; one that is not (edited since) is left out with a warning, not dead-lettered here.
     """
+    yield from table_shape(d, address)
     params = {"queue": d.claim_key(address), "holder": holder, "parts": parts, "part": part}
     target = d.qualified_name(address)
     messages = []
@@ -823,6 +837,7 @@ def held(d: Dialect, address: QueueAddress, holder: str, parts: int, part: int) 
 @autocommitted
 def ack_held(d: Dialect, address: QueueAddress, holder: str) -> Operation[int]:
     """Finish every claim ``holder`` holds on the queue; returns how many."""
+    yield from table_shape(d, address)
     params = {"queue": d.claim_key(address), "holder": holder}
     count = yield Step(d.ack_held_sql(address), params, Fetch.ROWCOUNT, d.qualified_name(address))
     return int(count)
@@ -831,6 +846,7 @@ def ack_held(d: Dialect, address: QueueAddress, holder: str) -> Operation[int]:
 @autocommitted
 def extend_held(d: Dialect, address: QueueAddress, holder: str, lease_ms: int) -> Operation[int]:
     """Renew every claim ``holder`` still holds on the queue; returns how many."""
+    yield from table_shape(d, address)
     params = {"lease_ms": lease_ms, "queue": d.claim_key(address), "holder": holder}
     count = yield Step(d.extend_held_sql(address), params, Fetch.ROWCOUNT, d.qualified_name(address))
     return int(count)
@@ -839,6 +855,7 @@ def extend_held(d: Dialect, address: QueueAddress, holder: str, lease_ms: int) -
 @autocommitted
 def nack_held(d: Dialect, address: QueueAddress, holder: str, failure: Failure | None, delay_ms: int) -> Operation[int]:
     """Give back every claim ``holder`` holds on the queue, delivered again after ``delay_ms``; returns how many."""
+    yield from table_shape(d, address)
     params = {
         "delay_ms": delay_ms,
         "error": None if failure is None else failure.to_text(),
@@ -937,6 +954,7 @@ def fail_claim(
     error: BaseException | str | Failure,
 ) -> Operation[bool]:
     """Move a claimed message straight to the error queue (the handler knows it can never succeed)."""
+    yield from table_shape(d, address)
     headers = failure_headers(message.headers, d.format_address(address), error)
     headers[DELIVERY_COUNT] = str(message.deliveries)
     shape = yield from table_shape(d, error_address)
@@ -958,6 +976,7 @@ def peek(d: Dialect, address: QueueAddress, include_claims: bool = False) -> Ope
 
     One query either way: a poller peeks many queues every interval.
     """
+    yield from table_shape(d, address)
     if include_claims:
         pending, lapsed = yield from peek_claims(d, address)
         return pending + lapsed
@@ -968,6 +987,7 @@ def peek(d: Dialect, address: QueueAddress, include_claims: bool = False) -> Ope
 @autocommitted
 def peek_claims(d: Dialect, address: QueueAddress) -> Operation[tuple[int, int]]:
     """(pending, lapsed): :func:`peek`'s estimate and the claims whose lease ran out, in one query."""
+    yield from table_shape(d, address)
     target = d.qualified_name(address)
     row = yield Step(d.peek_with_claims_sql(address), {"queue": d.claim_key(address)}, Fetch.ONE, target)
     return int(row[0] or 0), int(row[1] or 0)
@@ -976,6 +996,7 @@ def peek_claims(d: Dialect, address: QueueAddress) -> Operation[tuple[int, int]]
 @autocommitted
 def depth(d: Dialect, address: QueueAddress) -> Operation[int]:
     """Exact number of messages waiting (a full count: use for reports, not in a polling loop)."""
+    yield from table_shape(d, address)
     row = yield Step(d.depth_sql(address), {}, Fetch.ONE, d.qualified_name(address))
     return int(row[0])
 
@@ -1001,6 +1022,7 @@ def browse(
 
     Rows whose headers NServiceBus could not read are skipped here; a receive dead-letters them.
     """
+    yield from table_shape(d, address)
     params = {"after": after, "last": last, "limit": limit}
     rows = [
         BrowsedRow(*row) for row in (yield Step(d.browse_sql(address), params, Fetch.ALL, d.qualified_name(address)))
@@ -1017,6 +1039,7 @@ def browse(
 @autocommitted
 def seq_range(d: Dialect, address: QueueAddress) -> Operation[tuple[int, int] | None]:
     """The lowest and highest Seq of the queue's rows; None when it is empty."""
+    yield from table_shape(d, address)
     low, high = yield Step(d.seq_range_sql(address), {}, Fetch.ONE, d.qualified_name(address))
     return None if low is None else (int(low), int(high))
 
@@ -1024,6 +1047,7 @@ def seq_range(d: Dialect, address: QueueAddress) -> Operation[tuple[int, int] | 
 @autocommitted
 def inflight(d: Dialect, address: QueueAddress) -> Operation[int]:
     """Number of claimed, unacknowledged messages of the queue."""
+    yield from table_shape(d, address)
     row = yield Step(
         d.count_inflight_sql(address), {"queue": d.claim_key(address)}, Fetch.ONE, d.qualified_name(address)
     )
@@ -1033,12 +1057,14 @@ def inflight(d: Dialect, address: QueueAddress) -> Operation[int]:
 @autocommitted
 def purge_expired_batch(d: Dialect, address: QueueAddress, batch_size: int) -> Operation[int]:
     """Delete one bounded batch of expired messages; the caller loops while batches come back full."""
+    yield from table_shape(d, address)
     count = yield Step(d.purge_expired_sql(address), {"limit": batch_size}, Fetch.ROWCOUNT, d.qualified_name(address))
     return int(count)
 
 
 @autocommitted
 def purge_all(d: Dialect, address: QueueAddress) -> Operation[int]:
+    yield from table_shape(d, address)
     count = yield Step(d.purge_all_sql(address), {}, Fetch.ROWCOUNT, d.qualified_name(address))
     return int(count)
 
@@ -1100,6 +1126,8 @@ class RetryPage:
     retried: int
     after: int  #: the Seq a next pass continues after
     done: bool  #: nothing beyond ``after`` was left to look at
+    #: Messages left in the error queue because they cannot be routed: (Seq, why), in Seq order.
+    skipped: tuple[tuple[int, str], ...] = ()
 
 
 #: Seq bound of "everything": above any row's Seq (bigint on both databases).
@@ -1155,6 +1183,7 @@ def queue_stats(d: Dialect, addresses: Sequence[QueueAddress], expired_limit: in
     stats = []
     for address in addresses:
         target = d.qualified_name(address)
+        yield from table_shape(d, address)
         row = yield Step(d.queue_figures_sql(address), {"limit": expired_limit}, Fetch.ONE, target)
         figures = QueueFiguresRow(*row)
         store = d.inflight_address(address)
@@ -1182,6 +1211,7 @@ def queue_stats(d: Dialect, addresses: Sequence[QueueAddress], expired_limit: in
 @autocommitted
 def claims(d: Dialect, address: QueueAddress, limit: int) -> Operation[list[ClaimInfo]]:
     """The queue's ``limit`` claims whose leases end first (lapsed ones first)."""
+    yield from table_shape(d, address)
     params = {"queue": d.claim_key(address), "limit": limit}
     rows = yield Step(d.claims_sql(address), params, Fetch.ALL, d.qualified_name(d.inflight_address(address)))
     return [
@@ -1218,6 +1248,7 @@ def error_summary(d: Dialect, error_address: QueueAddress, limit: int) -> Operat
     Only headers are read, newest first, so the cost is bounded by ``limit`` whatever the queue
     holds. Rows whose headers cannot be read form a group of their own.
     """
+    yield from table_shape(d, error_address)
     params = {"before": NEWEST, "limit": limit}
     rows = yield Step(d.newest_headers_sql(error_address), params, Fetch.ALL, d.qualified_name(error_address))
     groups: dict[tuple[str, str], ErrorGroup] = {}
@@ -1252,6 +1283,7 @@ def failed_messages(
     for; with a group, at most :data:`MAX_SCAN_PAGES` pages of
     ``scan`` rows, then it returns what it found with the cursor to continue from.
     """
+    yield from table_shape(d, error_address)
     target = d.qualified_name(error_address)
     page = limit if group is None else scan
     chosen: list[int] = []
@@ -1301,13 +1333,16 @@ def retry_from_error(
 
     Either the messages at ``seqs`` (a selection), or up to ``limit`` of the ``scan`` oldest rows
     after Seq ``after`` (only ``only_queue``'s when given; the scan reads headers only). Failure
-    headers are removed. Rows that cannot be routed stay where they are, each logged with the
-    reason: unreadable headers, no FailedQ, a FailedQ this database cannot address (another
-    dialect's form, too many parts), or a queue that no longer exists. Rows another retry holds
+    headers are removed. Rows that cannot be routed stay where they are, each logged and returned
+    with the reason (:attr:`RetryPage.skipped`): unreadable headers, no FailedQ, a FailedQ this
+    database cannot address (another dialect's form, too many parts), a queue that no longer
+    exists, a table that is not a queue, the error queue itself, or a queue where a message with
+    the same id already waits; the rest of the pass goes on. Rows another retry holds
     are skipped, so two retries at once move each message once. Addresses are compared as queues,
     not as text: ``orders``, ``orders@[dbo]`` and ``orders@[dbo]@[MyDb]`` (as NServiceBus writes
     FailedQ) are one queue when the connection's database is MyDb.
     """
+    yield from table_shape(d, error_address)
     target = d.qualified_name(error_address)
     catalog: str | None = None
     if seqs is None:
@@ -1337,42 +1372,48 @@ def retry_from_error(
     if catalog is None and rows:
         current = yield Step(d.current_catalog_sql(), {}, Fetch.ONE, target)
         catalog = str(current[0])
-    exists: dict[tuple[str, str, str], TableShape | None] = {}
+    shapes: dict[tuple[str, str, str], TableShape | str] = {}
     moved = 0
+    skipped: list[tuple[int, str]] = []
     for seq, message_id, headers_text, body in (ErrorRow(*row) for row in rows):
         try:
             headers = decode_headers(headers_text)
             failed_q = headers.get(FAILED_QUEUE)
             if not failed_q:
-                raise SqlQueueError("no NServiceBus.FailedQ header")
+                raise SqlQueueError("it has no NServiceBus.FailedQ header")
             destination = d.parse_address(failed_q)
         except SqlQueueError as exc:
-            log.warning("Error queue %s: leaving message %s, it cannot be routed: %s", target, message_id, exc)
+            skipped.append((int(seq), f"it cannot be routed: {exc}"))
             continue
         assert catalog is not None
         key = _routing_key(d, destination, catalog)
-        if key not in exists:
-            columns = yield Step(
-                d.queue_columns_sql(destination), _table_key(d, destination), Fetch.ALL, d.qualified_name(destination)
-            )
-            exists[key] = d.learn_table_shape(destination, columns) if columns else None
-        shape = exists[key]
-        if shape is None:
-            log.warning("Error queue %s: leaving message %s, its queue %s does not exist", target, message_id, failed_q)
+        if key not in shapes:
+            if key == _routing_key(d, error_address, catalog):
+                shapes[key] = "its FailedQ is this error queue"
+            else:
+                try:
+                    shapes[key] = yield from table_shape(d, destination)
+                except (QueueNotFoundError, NotAQueueError) as exc:
+                    shapes[key] = str(exc)
+        shape = shapes[key]
+        if isinstance(shape, str):
+            skipped.append((int(seq), shape))
             continue
-        yield Step(
-            d.insert_error_sql(destination, shape),
-            {
-                "id": message_id,
-                "headers": encode_headers(without_failure_headers(headers), ascii_only=shape.ascii_headers),
-                "body": body,
-            },
-            Fetch.NONE,
+        headers = without_failure_headers(headers)
+        inserted = yield Step(
+            d.retry_insert_sql(destination, shape),
+            {"id": message_id, "headers": encode_headers(headers, ascii_only=shape.ascii_headers), "body": body},
+            Fetch.ROWCOUNT,
             d.qualified_name(destination),
         )
+        if not inserted:
+            skipped.append((int(seq), f"a message with its id already waits in {d.qualified_name(destination)}"))
+            continue
         yield Step(d.delete_by_seq_sql(error_address), {"seq": seq}, Fetch.NONE, target)
         moved += 1
-    return RetryPage(moved, after, done)
+    for seq, reason in skipped:
+        log.warning("Error queue %s: leaving the message at Seq %d: %s", target, seq, reason)
+    return RetryPage(moved, after, done, tuple(skipped))
 
 
 def _failed_queue_key(d: Dialect, headers: Headers | None, catalog: str) -> tuple[str, str, str] | None:

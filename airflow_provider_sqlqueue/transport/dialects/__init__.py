@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ..addressing import QueueAddress
-from ..errors import SqlQueueError
+from ..errors import NotAQueueError, SqlQueueError
 
 
 class ReceivedRow(NamedTuple):
@@ -143,6 +143,8 @@ class Dialect(ABC):
     default_schema: str
     #: Lower-cased columns every queue table has (what NServiceBus reads); a table without them is not a queue.
     required_columns: tuple[str, ...]
+    #: Lower-cased columns every delayed-message table has (``<queue>.Delayed``).
+    delayed_columns: tuple[str, ...] = ("headers", "body", "due")
     #: Table holding claimed (in-flight) messages, one per schema, shared by that schema's queues.
     inflight_table: str = "sqlqueue_inflight"
     #: Whether :meth:`send_batch_sql` takes any number of messages in one statement (then a batched
@@ -187,12 +189,63 @@ class Dialect(ABC):
 
     # -- table layouts -------------------------------------------------------------------------
 
+    def __init__(self) -> None:
+        #: Tables this dialect's session has found to be queue tables, with their layouts, by
+        #: qualified name: each table's catalog is read once per session, not once per statement.
+        self._queues: dict[str, TableShape] = {}
+        #: Tables this session has found to be delayed-message tables.
+        self._delayed: set[str] = set()
+
     def table_shape(self, address: QueueAddress) -> TableShape | None:
-        """The layout of the table at ``address`` if known without asking the database, else None."""
-        return TableShape()
+        """The layout of the queue table at ``address`` once this session has checked it, else None."""
+        return self._queues.get(self.qualified_name(address))
 
     def learn_table_shape(self, address: QueueAddress, columns: Sequence[tuple[str, str]]) -> TableShape:
-        """Remember the layout from :meth:`queue_columns_sql` rows (name lower-cased, type name)."""
+        """Check, from :meth:`queue_columns_sql` rows, that the table is a queue table, and remember its layout.
+
+        The one test of "is this a queue" that every operation touching a table passes first: a
+        table lacking the columns NServiceBus reads, or one of this library's own stores, is never
+        written, deleted from, dropped or counted as a queue. Raises :class:`NotAQueueError`.
+        """
+        target = self.qualified_name(address)
+        if address.table == self.inflight_table:
+            raise NotAQueueError(f"table {target} is the schema's claim store, not a queue table")
+        types = {name: type_name.lower() for name, type_name in columns}
+        missing = set(self.required_columns) - set(types)
+        if missing:
+            near = sorted(name for name in types if name.lower() in missing)
+            hint = f" (it has {', '.join(near)}: quoted names of another case are other columns)" if near else ""
+            raise NotAQueueError(
+                f"table {target} exists but is not a queue table as NServiceBus defines it: it lacks column(s) "
+                f"{', '.join(sorted(missing))}{hint}"
+            )
+        shape = self.layout(address, types)
+        self._queues[target] = shape
+        return shape
+
+    def is_delayed_table(self, address: QueueAddress) -> bool:
+        """Whether this session has already found ``address`` to be a delayed-message table."""
+        return self.qualified_name(address) in self._delayed
+
+    def learn_delayed_table(self, address: QueueAddress, columns: Sequence[tuple[str, str]]) -> None:
+        """Check, from :meth:`queue_columns_sql` rows, that the table is a delayed-message table
+        (NServiceBus's Headers, Body and Due), and remember it. Raises :class:`NotAQueueError`."""
+        target = self.qualified_name(address)
+        missing = set(self.delayed_columns) - {name.lower() for name, _ in columns}
+        if missing:
+            raise NotAQueueError(
+                f"table {target} exists but is not a delayed-message table as NServiceBus defines it: it lacks "
+                f"column(s) {', '.join(sorted(missing))}"
+            )
+        self._delayed.add(target)
+
+    def forget_table(self, address: QueueAddress) -> None:
+        """Forget what this session learnt of a table (it was dropped)."""
+        self._queues.pop(self.qualified_name(address), None)
+        self._delayed.discard(self.qualified_name(address))
+
+    def layout(self, address: QueueAddress, types: Mapping[str, str]) -> TableShape:
+        """The :class:`TableShape` of a queue table whose column types (lower-cased) are ``types``."""
         return TableShape()
 
     @abstractmethod
@@ -309,6 +362,11 @@ class Dialect(ABC):
     @abstractmethod
     def insert_error_sql(self, error_address: QueueAddress, shape: TableShape) -> str:
         """Params id, headers, body: insert a row that never expires (into an error queue, or back from one)."""
+
+    def retry_insert_sql(self, address: QueueAddress, shape: TableShape) -> str:
+        """Params id, headers, body -> rowcount: put a failed message back into its queue; 0 when a
+        message with its id already waits there (where ids are unique), so the retry leaves it be."""
+        return self.insert_error_sql(address, shape)
 
     @abstractmethod
     def browse_sql(self, address: QueueAddress) -> str:

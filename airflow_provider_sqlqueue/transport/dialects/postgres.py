@@ -380,6 +380,11 @@ class PostgresDialect(Dialect):
     def insert_error_sql(self, error_address: QueueAddress, shape: TableShape) -> str:
         return f"INSERT INTO {self.qualified_name(error_address)} (Id, Expires, Headers, Body) VALUES (%(id)s, NULL, %(headers)s, %(body)s)"
 
+    def retry_insert_sql(self, address: QueueAddress, shape: TableShape) -> str:
+        # Id is the queue's primary key here: a message already waiting keeps its place, and the
+        # statement neither fails nor aborts the retry's transaction.
+        return f"{self.insert_error_sql(address, shape)} ON CONFLICT DO NOTHING"
+
     def browse_sql(self, address: QueueAddress) -> str:
         q = self.qualified_name(address)
         return (

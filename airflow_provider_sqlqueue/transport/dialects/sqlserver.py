@@ -22,7 +22,7 @@ import json
 import logging
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -194,17 +194,9 @@ class SqlServerDialect(Dialect):
     # Recoverable is not required: NServiceBus reads and writes tables without it too.
     required_columns = ("id", "expires", "headers", "body", "rowversion")
 
-    def __init__(self) -> None:
-        #: Layouts of the tables this dialect's session has written to, by qualified name.
-        self._shapes: dict[str, TableShape] = {}
-
     # -- table layouts -------------------------------------------------------------------------
 
-    def table_shape(self, address: QueueAddress) -> TableShape | None:
-        return self._shapes.get(self.qualified_name(address))
-
-    def learn_table_shape(self, address: QueueAddress, columns: Sequence[tuple[str, str]]) -> TableShape:
-        types = {name.lower(): type_name.lower() for name, type_name in columns}
+    def layout(self, address: QueueAddress, types: Mapping[str, str]) -> TableShape:
         shape = TableShape(
             recoverable="recoverable" in types, ascii_headers=types.get("headers") in ("varchar", "text")
         )
@@ -216,7 +208,6 @@ class SqlServerDialect(Dialect):
                 self.qualified_name(address),
                 self.qualified_name(address),
             )
-        self._shapes[self.qualified_name(address)] = shape
         return shape
 
     def current_catalog_sql(self) -> str:
