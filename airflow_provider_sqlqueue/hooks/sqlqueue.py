@@ -48,7 +48,7 @@ from ..transport.drivers import (
     opening,
     session_over,
 )
-from ..transport.errors import SqlQueueError
+from ..transport.errors import InvalidArgumentError, SqlQueueError
 from ..transport.operations import ClaimInfo, ErrorGroup, FailedMessage, QueueStats, RetryPage
 
 if TYPE_CHECKING:
@@ -628,7 +628,7 @@ def _receive(
         )
     if transaction_mode is TransactionMode.NONE:
         return client.receive(queue_name, max_messages, error_queue=error_queue)
-    raise ValueError("native mode keeps a transaction open around the handler: use receive_native()")
+    raise InvalidArgumentError("native mode keeps a transaction open around the handler: use receive_native()")
 
 
 def _as_dicts(client: QueueClient, queue_name: str, messages: list[ReceivedMessage]) -> list[dict[str, Any]]:

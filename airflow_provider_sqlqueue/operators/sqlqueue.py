@@ -18,6 +18,7 @@ from airflow.sdk import BaseOperator, get_current_context
 
 from ..hooks.sqlqueue import SqlQueueHook, configured_conn_ids
 from ..transport import Failure, LeaseKeeper, LeaseLostError, Message, defaults
+from ..transport.errors import ArgumentTypeError, InvalidArgumentError
 from ..transport.message import ENCLOSED_MESSAGE_TYPES
 
 
@@ -127,7 +128,7 @@ class _SendingOperator(_QueueOperator):
 
     def _batch(self, bodies: Any) -> list[Message]:
         if isinstance(bodies, (str, bytes, Mapping)):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"messages must be a list of bodies, got {type(bodies).__name__}; pass a task's output "
                 "(XComArg) rather than a rendered template string, or use body= for a single message"
             )
@@ -180,9 +181,9 @@ class SendMessageOperator(_SendingOperator):
         super().__init__(**kwargs)
         self.queue_name = queue_name
         if (body is None) == (messages is None):
-            raise ValueError("give exactly one of body (one message) or messages (a list of bodies)")
+            raise InvalidArgumentError("give exactly one of body (one message) or messages (a list of bodies)")
         if delay is not None and due is not None:
-            raise ValueError("give delay or due, not both")
+            raise InvalidArgumentError("give delay or due, not both")
         self.body = body
         self.messages = messages
         self.delay = delay
@@ -247,7 +248,7 @@ class PublishMessageOperator(_SendingOperator):
     ) -> None:
         super().__init__(**kwargs)
         if (body is None) == (messages is None):
-            raise ValueError("give exactly one of body (one message) or messages (a list of bodies)")
+            raise InvalidArgumentError("give exactly one of body (one message) or messages (a list of bodies)")
         self.topics = topics
         self.subscription_table = subscription_table
         self.body = body
@@ -368,7 +369,9 @@ def claimed_messages(messages: Any, context: Any) -> list[Mapping[str, Any]]:
     if isinstance(messages, Mapping):
         return [messages]
     if isinstance(messages, (str, bytes)):
-        raise TypeError("messages must be message dicts (a sensor's output, passed as XComArg), not a rendered string")
+        raise ArgumentTypeError(
+            "messages must be message dicts (a sensor's output, passed as XComArg), not a rendered string"
+        )
     return list(messages)
 
 
@@ -502,7 +505,7 @@ def tokens_by_queue(messages: Iterable[Mapping[str, Any]]) -> dict[str, list[str
         try:
             queue, token = message["queue"], message["claim_token"]
         except (KeyError, TypeError):
-            raise TypeError(f"not a received message dict: {message!r:.200}") from None
+            raise ArgumentTypeError(f"not a received message dict: {message!r:.200}") from None
         if token is not None:
             grouped[queue].append(token)
     return dict(grouped)

@@ -21,10 +21,13 @@ if TYPE_CHECKING:  # the same names, for type checkers (re-exported)
     from .drivers import AsyncPsycopgPool as AsyncPsycopgPool
     from .drivers import AsyncPsycopgSession as AsyncPsycopgSession
     from .drivers import PsycopgSession as PsycopgSession
+    from .errors import ArgumentTypeError as ArgumentTypeError
     from .errors import DuplicateMessageError as DuplicateMessageError
+    from .errors import InvalidArgumentError as InvalidArgumentError
     from .errors import InvalidHeadersError as InvalidHeadersError
     from .errors import InvalidQueueNameError as InvalidQueueNameError
     from .errors import LeaseLostError as LeaseLostError
+    from .errors import NotAQueueError as NotAQueueError
     from .errors import PermissionDeniedError as PermissionDeniedError
     from .errors import QueueNotFoundError as QueueNotFoundError
     from .errors import SqlQueueError as SqlQueueError
@@ -44,10 +47,13 @@ _HOMES = {
     "AsyncPsycopgPool": ".drivers",
     "AsyncPsycopgSession": ".drivers",
     "PsycopgSession": ".drivers",
+    "ArgumentTypeError": ".errors",
     "DuplicateMessageError": ".errors",
+    "InvalidArgumentError": ".errors",
     "InvalidHeadersError": ".errors",
     "InvalidQueueNameError": ".errors",
     "LeaseLostError": ".errors",
+    "NotAQueueError": ".errors",
     "PermissionDeniedError": ".errors",
     "QueueNotFoundError": ".errors",
     "SqlQueueError": ".errors",

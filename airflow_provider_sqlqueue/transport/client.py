@@ -24,7 +24,7 @@ from . import operations as ops
 from .addressing import QueueAddress
 from .dialects import Dialect
 from .drivers import AsyncSession, Session, open_async_session, open_session
-from .errors import InvalidQueueNameError, ObjectExistsError
+from .errors import ArgumentTypeError, InvalidArgumentError, InvalidQueueNameError, ObjectExistsError
 from .install import Installation, TableKind
 from .message import Failure, Message, ReceivedMessage, delivery_delay, duration, subscription_text, topic_names
 
@@ -54,7 +54,7 @@ def as_messages(messages: Message | Iterable[Message]) -> list[Message]:
     batch = list(messages)
     for item in batch:
         if not isinstance(item, Message):
-            raise TypeError(f"expected Message objects, got {type(item).__name__}")
+            raise ArgumentTypeError(f"expected Message objects, got {type(item).__name__}")
     return batch
 
 
@@ -79,21 +79,21 @@ def _seqs(seqs: Iterable[int]) -> list[int]:
     """Places in an error queue, checked: at least one, each a positive integer."""
     chosen = list(seqs)
     if not chosen:
-        raise ValueError("seqs must name at least one message")
+        raise InvalidArgumentError("seqs must name at least one message")
     for seq in chosen:
         if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
-            raise ValueError(f"seqs must be positive integers, got {seq!r}")
+            raise InvalidArgumentError(f"seqs must be positive integers, got {seq!r}")
     if len(chosen) > defaults.MAX_BATCH:
-        raise ValueError(f"seqs may name at most {defaults.MAX_BATCH:,} messages; retry in batches")
+        raise InvalidArgumentError(f"seqs may name at most {defaults.MAX_BATCH:,} messages; retry in batches")
     return chosen
 
 
 def check_positive(name: str, value: int) -> int:
     """A count of messages or rows: a positive integer no larger than one statement can take."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        raise InvalidArgumentError(f"{name} must be a positive integer, got {value!r}")
     if value > defaults.MAX_BATCH:
-        raise ValueError(f"{name} must be at most {defaults.MAX_BATCH:,}, got {value:,}; work in batches")
+        raise InvalidArgumentError(f"{name} must be at most {defaults.MAX_BATCH:,}, got {value:,}; work in batches")
     return value
 
 
@@ -120,7 +120,7 @@ class Addressing:
             dialect.validate_address(queue)
             return queue
         if not isinstance(queue, str):
-            raise TypeError(f"queue must be a name or QueueAddress, got {type(queue).__name__}")
+            raise ArgumentTypeError(f"queue must be a name or QueueAddress, got {type(queue).__name__}")
         return dialect.parse_address(queue)
 
     def canonical_address(self, queue: str | QueueAddress) -> str:
@@ -758,7 +758,9 @@ class QueueClient(_Addressing[Session]):
     ) -> bool:
         """Move a claimed message to the error queue now, with failure headers (no further deliveries)."""
         if message.claim_token is None:
-            raise ValueError("fail() takes a claimed message; use move_to_error() for one received in none mode")
+            raise InvalidArgumentError(
+                "fail() takes a claimed message; use move_to_error() for one received in none mode"
+            )
         address = self.address(queue)
         op = ops.fail_claim(self.dialect, address, self.error_address(error_queue, address), message, error)
         return self._run(op)
@@ -906,7 +908,7 @@ class QueueClient(_Addressing[Session]):
         ``part`` (Seq modulo ``parts``), so that many readers split them without overlap."""
         check_positive("parts", parts)
         if not isinstance(part, int) or isinstance(part, bool) or not 0 <= part < parts:
-            raise ValueError(f"part must be an integer from 0 to {parts - 1}, got {part!r}")
+            raise InvalidArgumentError(f"part must be an integer from 0 to {parts - 1}, got {part!r}")
         return self._run(ops.held(self.dialect, self.address(queue), holder, parts, part))
 
     def ack_held(self, queue: str | QueueAddress, holder: str) -> int:

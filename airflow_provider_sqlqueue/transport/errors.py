@@ -12,11 +12,19 @@ class SqlQueueError(Exception):
     """Base class of every error raised by airflow-provider-sqlqueue."""
 
 
-class InvalidQueueNameError(SqlQueueError, ValueError):
+class InvalidArgumentError(SqlQueueError, ValueError):
+    """An argument out of its range or of a form the library cannot use; nothing was sent."""
+
+
+class ArgumentTypeError(SqlQueueError, TypeError):
+    """An argument of the wrong type; nothing was sent."""
+
+
+class InvalidQueueNameError(InvalidArgumentError):
     """A queue, schema or catalog name that cannot name a table safely."""
 
 
-class InvalidHeadersError(SqlQueueError, ValueError):
+class InvalidHeadersError(InvalidArgumentError):
     """Headers that are not a flat JSON object of string keys to string-or-null values."""
 
 

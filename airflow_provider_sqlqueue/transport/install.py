@@ -17,6 +17,7 @@ from functools import partial
 from . import operations as ops
 from .addressing import QueueAddress
 from .dialects import Dialect
+from .errors import InvalidArgumentError
 
 
 class TableKind(Enum):
@@ -42,7 +43,7 @@ class Installation:
         """One plan for several queues: tables they share (an error queue, the claim store) appear once."""
         plans = list(installations)
         if not plans:
-            raise ValueError("nothing to install: name at least one queue")
+            raise InvalidArgumentError("nothing to install: name at least one queue")
         dialect = plans[0].dialect
         seen: dict[str, tuple[TableKind, QueueAddress]] = {}
         for plan in plans:

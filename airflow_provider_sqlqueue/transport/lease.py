@@ -17,6 +17,7 @@ from types import TracebackType
 
 from . import defaults
 from .client import QueueClient, Token, as_tokens
+from .errors import InvalidArgumentError
 
 log = logging.getLogger("airflow_provider_sqlqueue.lease")
 
@@ -43,7 +44,7 @@ class LeaseKeeper:
         lease: timedelta = defaults.LEASE,
     ) -> None:
         if lease <= timedelta(0):
-            raise ValueError(f"lease must be positive, got {lease}")
+            raise InvalidArgumentError(f"lease must be positive, got {lease}")
         self._open_client = open_client
         self.lease = lease
         self.held: dict[str, set[uuid.UUID]] = {queue: set(as_tokens(tokens)) for queue, tokens in claims.items()}

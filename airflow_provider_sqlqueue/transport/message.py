@@ -23,7 +23,7 @@ from json.encoder import encode_basestring, encode_basestring_ascii
 import msgspec
 
 from . import defaults
-from .errors import InvalidHeadersError
+from .errors import ArgumentTypeError, InvalidArgumentError, InvalidHeadersError
 
 Headers = dict[str, "str | None"]
 
@@ -202,7 +202,7 @@ def coerce_body(body: bytes | bytearray | memoryview | str | None) -> bytes:
         return body.encode("utf-8")
     if isinstance(body, (bytes, bytearray, memoryview)):
         return bytes(body)
-    raise TypeError(f"message body must be bytes or str, got {type(body).__name__}; serialise it first")
+    raise ArgumentTypeError(f"message body must be bytes or str, got {type(body).__name__}; serialise it first")
 
 
 JSON_CONTENT_TYPE = "application/json"
@@ -223,7 +223,9 @@ def encode_value(value: object) -> tuple[bytes, str | None]:
     try:
         text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise TypeError(f"message body of type {type(value).__name__} is not JSON-serialisable: {exc}") from None
+        raise ArgumentTypeError(
+            f"message body of type {type(value).__name__} is not JSON-serialisable: {exc}"
+        ) from None
     return text.encode("utf-8"), JSON_CONTENT_TYPE
 
 
@@ -236,19 +238,21 @@ def duration(
     outside [minimum, maximum], saying which bound and why.
     """
     if isinstance(value, bool) or not isinstance(value, (timedelta, int, float)):
-        raise TypeError(f"{name} must be a timedelta or a number of seconds, got {type(value).__name__} {value!r:.40}")
+        raise ArgumentTypeError(
+            f"{name} must be a timedelta or a number of seconds, got {type(value).__name__} {value!r:.40}"
+        )
     if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number of seconds, got {value}")
+        raise InvalidArgumentError(f"{name} must be a finite number of seconds, got {value}")
     try:
         span = value if isinstance(value, timedelta) else timedelta(seconds=value)
     except OverflowError:
-        raise ValueError(f"{name} must be at most {maximum}, got {value} seconds") from None
+        raise InvalidArgumentError(f"{name} must be at most {maximum}, got {value} seconds") from None
     if span <= timedelta(0) < minimum:
-        raise ValueError(f"{name} must be positive, got {span}")
+        raise InvalidArgumentError(f"{name} must be positive, got {span}")
     if span < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {span}")
+        raise InvalidArgumentError(f"{name} must be at least {minimum}, got {span}")
     if span > maximum:
-        raise ValueError(f"{name} must be at most {maximum}, got {span}")
+        raise InvalidArgumentError(f"{name} must be at most {maximum}, got {span}")
     return span
 
 
@@ -267,10 +271,10 @@ def delivery_delay(delay: timedelta | float | None = None, due: datetime | None 
     means no delay (the message is sent at once).
     """
     if delay is not None and due is not None:
-        raise ValueError("give a delay or a due time, not both")
+        raise InvalidArgumentError("give a delay or a due time, not both")
     if due is not None:
         if not isinstance(due, datetime) or due.tzinfo is None:
-            raise TypeError(f"due must be a timezone-aware datetime, got {due!r:.60}")
+            raise ArgumentTypeError(f"due must be a timezone-aware datetime, got {due!r:.60}")
         delay = max(due - datetime.now(timezone.utc), timedelta(0))
     if delay is None:
         return None
@@ -281,9 +285,9 @@ def delivery_delay(delay: timedelta | float | None = None, due: datetime | None 
 def subscription_text(kind: str, value: object) -> str:
     """A topic, endpoint name or queue address as the subscription table holds it, or a clear error."""
     if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{kind} must be non-empty text, got {value!r:.60}")
+        raise InvalidArgumentError(f"{kind} must be non-empty text, got {value!r:.60}")
     if len(value) > SUBSCRIPTION_TEXT_LIMIT:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"{kind} {value[:40]!r}... is {len(value)} characters; NServiceBus's subscription table holds "
             f"{SUBSCRIPTION_TEXT_LIMIT}"
         )
@@ -294,7 +298,7 @@ def topic_names(topics: str | Iterable[str]) -> list[str]:
     """One topic or several, checked; at least one."""
     names = [subscription_text("topic", t) for t in ([topics] if isinstance(topics, str) else topics)]
     if not names:
-        raise ValueError("give at least one topic")
+        raise InvalidArgumentError("give at least one topic")
     return list(dict.fromkeys(names))
 
 
@@ -445,7 +449,7 @@ class Failure:
             return error if source is None else cls(error.type, error.message, source, error.stack_trace)
         default_source = source or cls.source
         if error is not None and not isinstance(error, (BaseException, str)):
-            raise TypeError(f"a failure is an exception, a text or a Failure, got {type(error).__name__}")
+            raise ArgumentTypeError(f"a failure is an exception, a text or a Failure, got {type(error).__name__}")
         if isinstance(error, BaseException):
             return cls(
                 f"{type(error).__module__}.{type(error).__qualname__}",

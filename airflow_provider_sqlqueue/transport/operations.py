@@ -35,7 +35,14 @@ from .dialects import (
     SendRow,
     TableShape,
 )
-from .errors import InvalidHeadersError, LeaseLostError, NotAQueueError, QueueNotFoundError, SqlQueueError
+from .errors import (
+    InvalidArgumentError,
+    InvalidHeadersError,
+    LeaseLostError,
+    NotAQueueError,
+    QueueNotFoundError,
+    SqlQueueError,
+)
 from .message import (
     DELIVERY_COUNT,
     ENCLOSED_MESSAGE_TYPES,
@@ -314,7 +321,7 @@ def send_delayed(
     for message in messages:
         if message.time_to_be_received is not None:
             # NServiceBus's rule: a delayed message would wait out part of its TTBR unseen.
-            raise ValueError(
+            raise InvalidArgumentError(
                 "Delayed delivery of messages with TimeToBeReceived set is not supported. "
                 "Remove the time_to_be_received to delay this message."
             )

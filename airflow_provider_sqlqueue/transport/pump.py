@@ -28,7 +28,13 @@ from .addressing import QueueAddress
 from .breaker import CircuitBreaker
 from .client import default_holder, lease_ms
 from .drivers import AsyncSession, AsyncSessionPool
-from .errors import PermissionDeniedError, QueueNotFoundError, TransportMisconfiguredError
+from .errors import (
+    ArgumentTypeError,
+    InvalidArgumentError,
+    PermissionDeniedError,
+    QueueNotFoundError,
+    TransportMisconfiguredError,
+)
 from .message import TIME_TO_BE_RECEIVED, Failure, ReceivedMessage, TransactionMode, duration
 
 log = logging.getLogger("airflow_provider_sqlqueue.pump")
@@ -136,18 +142,22 @@ class MessagePump:
         audit_queue: QueueAddress | None = None,
     ) -> None:
         if (handler is None) == (batch_handler is None):
-            raise ValueError("give a handler (one message at a time) or a batch_handler (native mode), not both")
+            raise InvalidArgumentError(
+                "give a handler (one message at a time) or a batch_handler (native mode), not both"
+            )
         if batch_handler is not None and TransactionMode(transaction_mode) is not TransactionMode.NATIVE:
-            raise ValueError(
+            raise InvalidArgumentError(
                 "batch_handler runs a batch inside its receive transaction: it needs transaction_mode='native'"
             )
         if max_concurrency < 1:
-            raise ValueError(f"max_concurrency must be at least 1, got {max_concurrency}")
+            raise InvalidArgumentError(f"max_concurrency must be at least 1, got {max_concurrency}")
         if peek_batch_size < 1:
-            raise ValueError(f"peek_batch_size must be at least 1, got {peek_batch_size}")
+            raise InvalidArgumentError(f"peek_batch_size must be at least 1, got {peek_batch_size}")
         receive_batch_size = max_concurrency if receive_batch_size is None else receive_batch_size
         if not 1 <= receive_batch_size <= defaults.MAX_BATCH:
-            raise ValueError(f"receive_batch_size must be between 1 and {defaults.MAX_BATCH}, got {receive_batch_size}")
+            raise InvalidArgumentError(
+                f"receive_batch_size must be between 1 and {defaults.MAX_BATCH}, got {receive_batch_size}"
+            )
         peek_interval = duration("peek_interval", peek_interval, maximum=defaults.MAX_PEEK_INTERVAL).total_seconds()
         self.pool = pool
         self.dialect = pool.dialect
@@ -522,7 +532,7 @@ class MessagePump:
     async def _handle(self, message: ReceivedMessage, connection: Any) -> BaseException | None:
         self._note_ttbr(message)
         if self.handler is None:  # not reached: a pump with a batch handler handles whole batches
-            raise TypeError("this pump has a batch_handler")
+            raise ArgumentTypeError("this pump has a batch_handler")
         try:
             await self.handler(message, connection)
         except Exception as exc:  # the handler's failure is data for recoverability, not a pump crash

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
 from ..transport import defaults
-from ..transport.errors import SqlQueueError
+from ..transport.errors import InvalidArgumentError, SqlQueueError
 from ..transport.message import TransactionMode, duration
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ def receiving_mode(mode: TransactionMode | str) -> TransactionMode:
     """The transaction mode a trigger or sensor can receive in: ``claim`` or ``none``."""
     mode = TransactionMode(mode)
     if mode is TransactionMode.NATIVE:
-        raise ValueError(
+        raise InvalidArgumentError(
             "transaction_mode 'native' holds the receive transaction open while the message is handled, which "
             "cannot span a trigger and a task; use 'claim' (at-least-once, ack after success) or 'none'"
         )
@@ -110,7 +110,7 @@ class SqlQueueTrigger(BaseTrigger):
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # BaseTrigger.__init__ has no annotations
         if max_messages < 1:
-            raise ValueError(f"max_messages must be at least 1, got {max_messages}")
+            raise InvalidArgumentError(f"max_messages must be at least 1, got {max_messages}")
         peek_interval = duration("peek_interval", peek_interval, maximum=defaults.MAX_PEEK_INTERVAL).total_seconds()
         self.sqlqueue_conn_id = sqlqueue_conn_id
         self.queue_name = queue_name

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ..addressing import QueueAddress
-from ..errors import NotAQueueError, SqlQueueError
+from ..errors import InvalidArgumentError, NotAQueueError, SqlQueueError
 
 
 class ReceivedRow(NamedTuple):
@@ -620,4 +620,4 @@ def get_dialect(name: str) -> Dialect:
         from .sqlserver import SqlServerDialect
 
         return SqlServerDialect()
-    raise ValueError(f"unknown SQL dialect {name!r}; expected 'postgres' or 'sqlserver'")
+    raise InvalidArgumentError(f"unknown SQL dialect {name!r}; expected 'postgres' or 'sqlserver'")

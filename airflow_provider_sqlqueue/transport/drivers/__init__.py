@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..dialects import Dialect, get_dialect
+from ..errors import ArgumentTypeError, InvalidArgumentError
 from .base import AsyncSession, AsyncSessionPool, Session, close_quietly, opening
 from .postgres import AsyncPsycopgPool, AsyncPsycopgSession, PsycopgSession
 from .sqlserver import PYMSSQL_SCHEMES, PYODBC_SCHEMES, PymssqlSession, PyodbcSession, is_odbc_string
@@ -53,7 +54,7 @@ def dialect_for(target: object) -> Dialect:
             return get_dialect("sqlserver")
         if "=" in target and "://" not in target:  # a libpq key=value DSN
             return get_dialect("postgres")
-        raise ValueError(
+        raise InvalidArgumentError(
             f"cannot tell the database from {scheme or 'this connection string'!r}; use a postgresql:// or "
             "mssql:// URI (mssql+pyodbc:// or an ODBC connection string for pyodbc)"
         )
@@ -62,7 +63,7 @@ def dialect_for(target: object) -> Dialect:
         return get_dialect("postgres")
     if module in ("pymssql", "pyodbc"):
         return get_dialect("sqlserver")
-    raise TypeError(f"unsupported connection type {type(target).__module__}.{type(target).__qualname__}")
+    raise ArgumentTypeError(f"unsupported connection type {type(target).__module__}.{type(target).__qualname__}")
 
 
 def open_session(target: Any) -> Session:

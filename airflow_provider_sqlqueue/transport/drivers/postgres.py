@@ -14,7 +14,7 @@ from psycopg.pq import TransactionStatus
 
 from .. import defaults
 from ..dialects import get_dialect
-from ..errors import TransportUnavailableError
+from ..errors import InvalidArgumentError, TransportUnavailableError
 from ..operations import Operation, Step, drive, drive_async, needs_no_transaction
 from .base import (
     ANY_STEP,
@@ -254,7 +254,7 @@ class AsyncPsycopgPool(AsyncSessionPool):
 
     def __init__(self, conninfo: str, max_size: int, min_size: int = 1, **kwargs: Any) -> None:
         if max_size < 1:
-            raise ValueError(f"max_size must be at least 1, got {max_size}")
+            raise InvalidArgumentError(f"max_size must be at least 1, got {max_size}")
         self.dialect = get_dialect("postgres")
         self._conninfo = conninfo
         self._kwargs = kwargs
