@@ -49,8 +49,11 @@ def delay_ms(delay: timedelta | float) -> int:
 
 
 def as_messages(messages: Message | Iterable[Message]) -> list[Message]:
+    """One message or many, checked to be :class:`Message` objects."""
     if isinstance(messages, Message):
         return [messages]
+    if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Iterable):
+        raise ArgumentTypeError(f"messages must be a Message or an iterable of them, got {type(messages).__name__}")
     batch = list(messages)
     for item in batch:
         if not isinstance(item, Message):
@@ -64,10 +67,84 @@ def default_holder() -> str:
 
 
 def as_tokens(tokens: Token | Iterable[Token]) -> list[uuid.UUID]:
-    """Claim tokens from one token or many (UUIDs or their text)."""
+    """Claim tokens from one token or many (UUIDs or their text), checked: at most one statement's worth."""
     if isinstance(tokens, (uuid.UUID, str)):
         tokens = [tokens]
-    return [token if isinstance(token, uuid.UUID) else uuid.UUID(str(token)) for token in tokens]
+    elif not isinstance(tokens, Iterable) or isinstance(tokens, (bytes, Mapping)):
+        raise ArgumentTypeError(f"tokens must be a claim token or an iterable of them, got {type(tokens).__name__}")
+    checked = [as_uuid("claim token", token) for token in tokens]
+    if len(checked) > defaults.MAX_BATCH:
+        raise InvalidArgumentError(
+            f"at most {defaults.MAX_BATCH:,} tokens per call, got {len(checked):,}; settle in batches"
+        )
+    return checked
+
+
+def as_uuid(what: str, value: object) -> uuid.UUID:
+    """A UUID given as one or as its text, or the library's error naming ``what`` it should have been."""
+    if isinstance(value, uuid.UUID):
+        return value
+    if not isinstance(value, str):
+        raise ArgumentTypeError(f"{what} must be a UUID or its text, got {type(value).__name__}")
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise InvalidArgumentError(f"{what} {value[:60]!r} is not a UUID") from None
+
+
+def label(what: str, value: object) -> str:
+    """A holder or machine name as the database stores it: non-empty text it can hold, of bounded size."""
+    if not isinstance(value, str):
+        raise ArgumentTypeError(f"{what} must be text, got {type(value).__name__}")
+    if not value.strip():
+        raise InvalidArgumentError(f"{what} must not be empty or blank")
+    if "\x00" in value:
+        raise InvalidArgumentError(f"{what} {value[:60]!r} contains a NUL character")
+    if len(value) > defaults.MAX_LABEL:
+        raise InvalidArgumentError(f"{what} is {len(value):,} characters; at most {defaults.MAX_LABEL} are kept")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidArgumentError(f"{what} {value[:60]!r} is not valid Unicode text: {exc.reason}") from None
+    return value
+
+
+def received(what: str, message: object) -> ReceivedMessage:
+    """A message as a receive or claim returned it (not a token, a body or a message to send)."""
+    if not isinstance(message, ReceivedMessage):
+        raise ArgumentTypeError(
+            f"{what} must be a ReceivedMessage (as receive or claim return it), got {type(message).__name__}"
+        )
+    return message
+
+
+def flag(what: str, value: object) -> bool:
+    """A switch: True or False, never a truthy string or number."""
+    if not isinstance(value, bool):
+        raise ArgumentTypeError(f"{what} must be True or False, got {type(value).__name__} {value!r:.40}")
+    return value
+
+
+def place(what: str, value: object) -> int:
+    """A place in a queue (a Seq, or a partition number): an integer from 0 to the largest Seq."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ArgumentTypeError(f"{what} must be an integer, got {type(value).__name__} {value!r:.40}")
+    if not 0 <= value <= ops.LAST_SEQ:
+        raise InvalidArgumentError(f"{what} must be between 0 and {ops.LAST_SEQ}, got {value}")
+    return value
+
+
+def started_times(started: object) -> Mapping[uuid.UUID, datetime] | None:
+    """When processing of each message began (for audit headers), checked: aware datetimes by message id."""
+    if started is None:
+        return None
+    if not isinstance(started, Mapping):
+        raise ArgumentTypeError(f"started must map message ids to datetimes, got {type(started).__name__}")
+    for key, value in started.items():
+        as_uuid("message id", key)
+        if not isinstance(value, datetime) or value.tzinfo is None:
+            raise InvalidArgumentError(f"started must hold timezone-aware datetimes, got {value!r:.60}")
+    return started
 
 
 def one_or_many(tokens: Token | Iterable[Token], held: set[uuid.UUID]) -> bool | set[uuid.UUID]:
@@ -76,21 +153,25 @@ def one_or_many(tokens: Token | Iterable[Token], held: set[uuid.UUID]) -> bool |
 
 
 def _seqs(seqs: Iterable[int]) -> list[int]:
-    """Places in an error queue, checked: at least one, each a positive integer."""
+    """Places in an error queue, checked: at least one, each a positive integer no larger than a Seq can be."""
+    if isinstance(seqs, (str, bytes)) or not isinstance(seqs, Iterable):
+        raise ArgumentTypeError(f"seqs must be an iterable of integers, got {type(seqs).__name__}")
     chosen = list(seqs)
     if not chosen:
         raise InvalidArgumentError("seqs must name at least one message")
-    for seq in chosen:
-        if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
-            raise InvalidArgumentError(f"seqs must be positive integers, got {seq!r}")
     if len(chosen) > defaults.MAX_BATCH:
         raise InvalidArgumentError(f"seqs may name at most {defaults.MAX_BATCH:,} messages; retry in batches")
+    for seq in chosen:
+        if place("seqs", seq) < 1:
+            raise InvalidArgumentError(f"seqs must be positive integers, got {seq!r}")
     return chosen
 
 
 def check_positive(name: str, value: int) -> int:
     """A count of messages or rows: a positive integer no larger than one statement can take."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ArgumentTypeError(f"{name} must be a positive integer, got {type(value).__name__} {value!r:.40}")
+    if value < 1:
         raise InvalidArgumentError(f"{name} must be a positive integer, got {value!r}")
     if value > defaults.MAX_BATCH:
         raise InvalidArgumentError(f"{name} must be at most {defaults.MAX_BATCH:,}, got {value:,}; work in batches")
@@ -111,6 +192,10 @@ class Addressing:
         audit_queue: str | QueueAddress | bool | None = None,
     ) -> None:
         self.dialect = dialect
+        if error_queue is not None:
+            self.address(error_queue)  # a name no table can have is refused now, not at the first failure
+        if audit_queue is not None and not isinstance(audit_queue, bool):
+            self.address(audit_queue)
         self.error_queue = error_queue
         self.audit_queue = audit_queue
 
@@ -144,7 +229,10 @@ class Addressing:
     def beside(self, name: str | QueueAddress, queue: QueueAddress | None) -> QueueAddress:
         """``name`` as an address; named without a schema, in ``queue``'s schema (and catalog)."""
         address = self.address(name)
-        return queue.sibling(address.table) if address.schema is None and queue is not None else address
+        if queue is None:
+            return address
+        queue = self.address(queue)
+        return address if address.schema is not None else queue.sibling(address.table)
 
     def audit_address(self, queue: QueueAddress) -> QueueAddress | None:
         """Where processed messages of ``queue`` are copied: None when the client does not audit.
@@ -152,6 +240,7 @@ class Addressing:
         ``audit_queue=True`` means ``audit``; like the error queue, an audit queue named without a
         schema lives in the queue's own schema, where ``create_queue`` creates it.
         """
+        queue = self.address(queue)
         chosen = self.audit_queue
         if chosen is None or chosen is False:
             return None
@@ -161,6 +250,7 @@ class Addressing:
         """``error`` or ``audit`` when the table is its schema's error or audit queue (as this addressing
         names them, or by NServiceBus's default names), else ``queue``: how a listing of every queue
         (the Queues page, the metrics) tells the error and audit queues apart."""
+        address = self.address(address)
         if address == self.error_address(None, address):
             return "error"
         if address == (self.audit_address(address) or address.sibling(defaults.AUDIT_QUEUE)):
@@ -178,6 +268,8 @@ class Addressing:
     ) -> Installation:
         """Every table ``create_queue`` makes for ``queue``, in the order it makes them."""
         address = self.address(queue)
+        flag("body_string", body_string)
+        flag("delayed", delayed)
         tables: list[tuple[TableKind, QueueAddress]] = [
             (TableKind.QUEUE, address),
             (TableKind.QUEUE, self.error_address(error_queue, address)),
@@ -186,7 +278,7 @@ class Addressing:
         if audit_address is not None:
             tables.append((TableKind.QUEUE, audit_address))
         if secondary is not None:
-            tables.append((TableKind.QUEUE, address.secondary(secondary)))
+            tables.append((TableKind.QUEUE, address.secondary(label("secondary", secondary))))
         tables.append((TableKind.INFLIGHT, self.dialect.inflight_address(address)))
         if delayed:
             delayed_table = address.delayed()
@@ -215,6 +307,7 @@ class _Addressing(Addressing, Generic[S]):
         due: datetime | None,
     ) -> ops.Operation[int]:
         address = self.address(queue)
+        flag("notify", notify)
         wait = delivery_delay(delay, due)
         if wait is None:
             return ops.send(self.dialect, address, batch, notify)
@@ -241,8 +334,8 @@ class _Addressing(Addressing, Generic[S]):
         names = topic_names(topics)
         dialect, where = self.dialect, self.subscription_table(table)
         if unsubscribe:
-            return ops.unsubscribe(dialect, where, endpoint, names)
-        return ops.subscribe(dialect, where, canonical, endpoint, names)
+            return ops.checked(dialect, [address], ops.unsubscribe(dialect, where, endpoint, names))
+        return ops.subscribe(dialect, where, address, endpoint, names)
 
     def _publish_op(
         self,
@@ -254,6 +347,8 @@ class _Addressing(Addressing, Generic[S]):
         started: Mapping[uuid.UUID, datetime] | None = None,
     ) -> ops.Operation[list[QueueAddress]]:
         batch, names, where = as_messages(messages), topic_names(topics), self.subscription_table(table)
+        flag("notify", notify)
+        started = started_times(started)
         if claims is None:
             return ops.publish(self.dialect, where, names, batch, notify)
         settled, audit = self._claims(claims)
@@ -263,6 +358,8 @@ class _Addressing(Addressing, Generic[S]):
         self, claims: Mapping[str | QueueAddress, Token | Iterable[Token]]
     ) -> tuple[list[tuple[QueueAddress, list[uuid.UUID]]], dict[QueueAddress, QueueAddress]]:
         """Claims by queue address, and the audit queue of each queue that has one."""
+        if not isinstance(claims, Mapping):
+            raise ArgumentTypeError(f"claims must map queues to claim tokens, got {type(claims).__name__}")
         settled = [(self.address(queue), as_tokens(tokens)) for queue, tokens in claims.items()]
         audit = {address: where for address, _ in settled if (where := self.audit_address(address)) is not None}
         return settled, audit
@@ -295,6 +392,7 @@ class _Addressing(Addressing, Generic[S]):
         check_positive("max_messages", max_messages)
         check_positive("max_deliveries", max_deliveries)
         address = self.address(queue)
+        holder = None if holder is None else label("holder", holder)
         return ops.claim(
             self.dialect,
             address,
@@ -316,6 +414,7 @@ class _Addressing(Addressing, Generic[S]):
     ) -> ops.Operation[list[ReceivedMessage]]:
         check_positive("limit", limit)
         address = self.address(queue)
+        holder = label("holder", holder)
         return ops.take(
             self.dialect,
             address,
@@ -343,6 +442,10 @@ class _Addressing(Addressing, Generic[S]):
         notify: bool,
         started: Mapping[uuid.UUID, datetime] | None,
     ) -> ops.Operation[int]:
+        if not isinstance(sends, Mapping):
+            raise ArgumentTypeError(f"sends must map queues to messages, got {type(sends).__name__}")
+        flag("notify", notify)
+        started = started_times(started)
         settled, audit = self._claims(claims)
         return ops.forward(
             self.dialect,
@@ -357,6 +460,7 @@ class _Addressing(Addressing, Generic[S]):
         self, queue: str | QueueAddress, tokens: Token | Iterable[Token], started: Mapping[uuid.UUID, datetime] | None
     ) -> ops.Operation[set[uuid.UUID]]:
         address = self.address(queue)
+        started = started_times(started)
         audit_address = self.audit_address(address)
         if audit_address is None:
             return ops.ack(self.dialect, address, as_tokens(tokens))
@@ -380,6 +484,7 @@ class _Addressing(Addressing, Generic[S]):
         error_queue: str | QueueAddress | None,
     ) -> ops.Operation[None]:
         address = self.address(queue)
+        received("message", message)
         return ops.move_to_error(self.dialect, address, self.error_address(error_queue, address), message, error)
 
 
@@ -624,7 +729,9 @@ class QueueClient(_Addressing[Session]):
         says who holds the claims (default: this host and process).
         """
         return self._run(
-            self._claim_op(queue, max_messages, lease, max_deliveries, error_queue, holder or default_holder())
+            self._claim_op(
+                queue, max_messages, lease, max_deliveries, error_queue, default_holder() if holder is None else holder
+            )
         )
 
     def reserve(
@@ -658,7 +765,9 @@ class QueueClient(_Addressing[Session]):
         Counts a delivery and gives each message a new token; reservations someone else took first
         are skipped, so a message has one owner.
         """
-        return self._run(self._take_op(queue, tokens, lease, holder or default_holder(), limit, error_queue))
+        return self._run(
+            self._take_op(queue, tokens, lease, default_holder() if holder is None else holder, limit, error_queue)
+        )
 
     @overload
     def ack(  # type: ignore[overload-overlap]  # str is Iterable too; this overload wins, as at run time
@@ -757,7 +866,7 @@ class QueueClient(_Addressing[Session]):
         error_queue: str | QueueAddress | None = None,
     ) -> bool:
         """Move a claimed message to the error queue now, with failure headers (no further deliveries)."""
-        if message.claim_token is None:
+        if received("message", message).claim_token is None:
             raise InvalidArgumentError(
                 "fail() takes a claimed message; use move_to_error() for one received in none mode"
             )
@@ -792,6 +901,7 @@ class QueueClient(_Addressing[Session]):
         queue is read in bounded passes (:meth:`retry_errors_page`), each its own transaction, so a
         long error queue is never locked whole; messages that cannot be routed stay and are logged.
         """
+        check_positive("limit", limit)
         retried, after = 0, 0
         while True:
             page = self.retry_errors_page(error_queue, queue=queue, after=after, limit=limit - retried, seqs=seqs)
@@ -813,6 +923,7 @@ class QueueClient(_Addressing[Session]):
         ``defaults.ERROR_SCAN_ROWS`` rows after Seq ``after``; continue from the page's ``after``
         until it is ``done``. What a caller that must answer quickly (a web request) runs."""
         check_positive("limit", limit)
+        place("after", after)
         only = self.address(queue) if queue is not None else None
         chosen = None if seqs is None else _seqs(seqs)
         op = ops.retry_from_error(
@@ -839,7 +950,8 @@ class QueueClient(_Addressing[Session]):
         """
         check_positive("limit", limit)
         near = self.address(queue) if queue is not None else None
-        return self._run(ops.error_summary(self.dialect, self.error_address(error_queue, near), limit))
+        op = ops.error_summary(self.dialect, self.error_address(error_queue, near), limit)
+        return self._run(op if near is None else ops.checked(self.dialect, [near], op))
 
     def failed_messages(
         self,
@@ -859,6 +971,12 @@ class QueueClient(_Addressing[Session]):
         """
         check_positive("limit", limit)
         check_positive("preview", preview)
+        if before is not None:
+            place("before", before)
+        if group is not None:
+            if not (isinstance(group, tuple) and len(group) == 2):
+                raise ArgumentTypeError(f"group must be a (source queue, exception type) pair, got {group!r:.80}")
+            group = (label("group's source queue", group[0]), label("group's exception type", group[1]))
         near = self.address(queue) if queue is not None else None
         op = ops.failed_messages(
             self.dialect,
@@ -869,13 +987,13 @@ class QueueClient(_Addressing[Session]):
             group=group,
             scan=defaults.ERROR_SCAN_ROWS,
         )
-        return self._run(op)
+        return self._run(op if near is None else ops.checked(self.dialect, [near], op))
 
     # -- inspection and maintenance ------------------------------------------------------------
 
     def peek(self, queue: str | QueueAddress, *, include_claims: bool = False) -> int:
         """Cheap estimate of waiting messages (plus claims whose lease ran out, when asked)."""
-        return self._run(ops.peek(self.dialect, self.address(queue), include_claims))
+        return self._run(ops.peek(self.dialect, self.address(queue), flag("include_claims", include_claims)))
 
     def depth(self, queue: str | QueueAddress) -> int:
         """Exact count of waiting messages (scans the table)."""
@@ -891,7 +1009,9 @@ class QueueClient(_Addressing[Session]):
         """One page of :meth:`browse` over the rows with ``after`` < Seq <= ``last``; pass the page's
         ``after`` to read on. Bounds come from :meth:`seq_range`: a range read in parallel pages."""
         check_positive("limit", limit)
-        return self._run(ops.browse(self.dialect, self.address(queue), limit, after, last))
+        return self._run(
+            ops.browse(self.dialect, self.address(queue), limit, place("after", after), place("last", last))
+        )
 
     def seq_range(self, queue: str | QueueAddress) -> tuple[int, int] | None:
         """The lowest and highest Seq of the queue's rows (None when it is empty): where a reader of the
@@ -907,18 +1027,18 @@ class QueueClient(_Addressing[Session]):
         """The messages ``holder`` holds on the queue, in send order; with ``parts``, only the share
         ``part`` (Seq modulo ``parts``), so that many readers split them without overlap."""
         check_positive("parts", parts)
-        if not isinstance(part, int) or isinstance(part, bool) or not 0 <= part < parts:
+        if place("part", part) >= parts:
             raise InvalidArgumentError(f"part must be an integer from 0 to {parts - 1}, got {part!r}")
-        return self._run(ops.held(self.dialect, self.address(queue), holder, parts, part))
+        return self._run(ops.held(self.dialect, self.address(queue), label("holder", holder), parts, part))
 
     def ack_held(self, queue: str | QueueAddress, holder: str) -> int:
         """Acknowledge every claim ``holder`` holds on the queue; returns how many."""
-        return self._run(ops.ack_held(self.dialect, self.address(queue), holder))
+        return self._run(ops.ack_held(self.dialect, self.address(queue), label("holder", holder)))
 
     def extend_held(self, queue: str | QueueAddress, holder: str, lease: timedelta | float = defaults.LEASE) -> int:
         """Renew every claim ``holder`` holds for another ``lease``, lapsed ones that nobody took
         over included; returns how many it still holds."""
-        return self._run(ops.extend_held(self.dialect, self.address(queue), holder, lease_ms(lease)))
+        return self._run(ops.extend_held(self.dialect, self.address(queue), label("holder", holder), lease_ms(lease)))
 
     def nack_held(
         self,
@@ -930,7 +1050,8 @@ class QueueClient(_Addressing[Session]):
     ) -> int:
         """Give back every claim ``holder`` holds, delivered again after ``delay``; returns how many."""
         failure = None if error is None else Failure.of(error)
-        return self._run(ops.nack_held(self.dialect, self.address(queue), holder, failure, delay_ms(delay)))
+        address, holder = self.address(queue), label("holder", holder)
+        return self._run(ops.nack_held(self.dialect, address, holder, failure, delay_ms(delay)))
 
     # -- the write ledger ------------------------------------------------------------------------
 
@@ -943,11 +1064,12 @@ class QueueClient(_Addressing[Session]):
     def record_write(self, ledger: str | QueueAddress, write: uuid.UUID, part: int) -> bool:
         """Record, in the transaction the caller holds open, that partition ``part`` of ``write`` is
         being sent; False when it was sent before, so a re-run partition sends nothing."""
+        write, part = as_uuid("write", write), place("part", part)
         return self._run(ops.record_write(self.dialect, self.address(ledger), write, part))
 
     def forget_write(self, ledger: str | QueueAddress, write: uuid.UUID) -> int:
         """Delete a finished write's ledger rows; returns how many."""
-        return self._run(ops.forget_write(self.dialect, self.address(ledger), write))
+        return self._run(ops.forget_write(self.dialect, self.address(ledger), as_uuid("write", write)))
 
     def queues(self) -> list[QueueAddress]:
         """Every queue table of the connection's database that it may read, by schema and name.
@@ -966,7 +1088,12 @@ class QueueClient(_Addressing[Session]):
         """Waiting (estimated), age of the oldest, expired (counted up to ``expired_limit``), in flight
         and lapsed, per queue: indexed reads whose cost does not grow with the queues' length."""
         check_positive("expired_limit", expired_limit)
-        many = [queues] if isinstance(queues, (str, QueueAddress)) else list(queues)
+        if isinstance(queues, (str, QueueAddress)):
+            many: list[str | QueueAddress] = [queues]
+        elif isinstance(queues, Iterable) and not isinstance(queues, (bytes, Mapping)):
+            many = list(queues)
+        else:
+            raise ArgumentTypeError(f"queues must be a queue or an iterable of queues, got {type(queues).__name__}")
         return self._run(ops.queue_stats(self.dialect, [self.address(q) for q in many], expired_limit))
 
     def claims(self, queue: str | QueueAddress, limit: int = 100) -> list[ops.ClaimInfo]:
@@ -1067,9 +1194,14 @@ class AsyncQueueClient(_Addressing[AsyncSession]):
         notifications (then it just waits). Notifications that arrived meanwhile are all consumed,
         so a burst of sends wakes the caller once.
         """
-        dialect = self.dialect
-        channels = [dialect.notify_channel(self.address(queue)) for queue in queues]
-        return await self.session.wait_for_notification(channels, timeout)
+        wait = duration("timeout", timeout, maximum=defaults.MAX_PEEK_INTERVAL, minimum=timedelta(0))
+        if isinstance(queues, (str, bytes, Mapping)) or not isinstance(queues, Iterable):
+            raise ArgumentTypeError(f"queues must be an iterable of queues, got {type(queues).__name__}")
+        addresses = [self.address(queue) for queue in queues]
+        for address in addresses:
+            await self.session.run(ops.table_shape(self.dialect, address))
+        channels = [self.dialect.notify_channel(address) for address in addresses]
+        return await self.session.wait_for_notification(channels, wait.total_seconds())
 
     async def receive(
         self, queue: str | QueueAddress, max_messages: int = 1, *, error_queue: str | QueueAddress | None = None
@@ -1099,7 +1231,9 @@ class AsyncQueueClient(_Addressing[AsyncSession]):
         holder: str | None = None,
     ) -> list[ReceivedMessage]:
         return await self.session.run(
-            self._claim_op(queue, max_messages, lease, max_deliveries, error_queue, holder or default_holder())
+            self._claim_op(
+                queue, max_messages, lease, max_deliveries, error_queue, default_holder() if holder is None else holder
+            )
         )
 
     async def reserve(
@@ -1152,7 +1286,9 @@ class AsyncQueueClient(_Addressing[AsyncSession]):
         await self.session.run(self._move_to_error_op(queue, message, error, error_queue))
 
     async def peek(self, queue: str | QueueAddress, *, include_claims: bool = False) -> int:
-        return await self.session.run(ops.peek(self.dialect, self.address(queue), include_claims))
+        return await self.session.run(
+            ops.peek(self.dialect, self.address(queue), flag("include_claims", include_claims))
+        )
 
     async def depth(self, queue: str | QueueAddress) -> int:
         return await self.session.run(ops.depth(self.dialect, self.address(queue)))

@@ -88,3 +88,6 @@ ADOPT_LIMIT = 100
 #: Seconds a PostgreSQL connection attempt may take before the database counts as unreachable
 #: (when the connection string does not set ``connect_timeout``).
 CONNECT_TIMEOUT_SECONDS = 10
+
+#: Longest holder or machine name accepted (claims show who holds them; a name is no place for data).
+MAX_LABEL = 255

@@ -179,11 +179,14 @@ def create_queue(d: Dialect, address: QueueAddress, body_string: bool = False) -
         yield Step(d.add_body_string_sql(address), {}, Fetch.NONE, d.qualified_name(address))
 
 
-def _install_table(d: Dialect, table: QueueAddress, ddl: Sequence[str]) -> Operation[None]:
-    """Run ``ddl`` under the installer lock when ``table`` does not exist yet; an existing table is left as it is."""
+def _install_table(d: Dialect, table: QueueAddress, ddl: Sequence[str], kind: str | None = None) -> Operation[None]:
+    """Run ``ddl`` under the installer lock when ``table`` does not exist yet; an existing table is left as it
+    is, and refused when it is not a table of ``kind`` (queue tables are checked by their installer)."""
     target = d.qualified_name(table)
     yield Step(d.install_lock_sql(table), {}, Fetch.NONE, target)
     existing = yield Step(d.queue_columns_sql(table), _table_key(d, table), Fetch.ALL, target)
+    if existing and kind is not None:
+        d.learn_table_of(kind, table, existing)
     if not existing:
         for sql in ddl:
             yield Step(sql, {}, Fetch.NONE, target)
@@ -212,14 +215,23 @@ def table_shape(d: Dialect, address: QueueAddress) -> Operation[TableShape]:
     return shape
 
 
-def delayed_table(d: Dialect, delayed: QueueAddress) -> Operation[None]:
-    """Check, the first time a session touches it, that ``delayed`` is a delayed-message table."""
-    if not d.is_delayed_table(delayed):
-        target = d.qualified_name(delayed)
-        columns = yield Step(d.queue_columns_sql(delayed), _table_key(d, delayed), Fetch.ALL, target)
+def checked(d: Dialect, queues: Sequence[QueueAddress], op: Operation[T]) -> Operation[T]:
+    """``op``, after checking that each of ``queues`` is a queue table: for calls that name a queue
+    they do not otherwise touch (a filter, a default endpoint name), which must not be a typo either."""
+    for queue in queues:
+        yield from table_shape(d, queue)
+    return (yield from op)
+
+
+def table_of(d: Dialect, address: QueueAddress, kind: str) -> Operation[None]:
+    """Check, the first time a session touches it, that ``address`` is a table of ``kind`` (a queue's
+    delayed messages, a subscription table, a write ledger: :attr:`Dialect.kind_columns`)."""
+    if not d.is_table_of(kind, address):
+        target = d.qualified_name(address)
+        columns = yield Step(d.queue_columns_sql(address), _table_key(d, address), Fetch.ALL, target)
         if not columns:
             raise QueueNotFoundError(target)
-        d.learn_delayed_table(delayed, columns)
+        d.learn_table_of(kind, address, columns)
 
 
 def create_inflight(d: Dialect, address: QueueAddress) -> Operation[None]:
@@ -306,7 +318,7 @@ def _insert(d: Dialect, address: QueueAddress, shape: TableShape, rows: Sequence
 
 def create_delayed(d: Dialect, delayed: QueueAddress) -> Operation[None]:
     """Create a queue's delayed-message table (idempotent, safe concurrently)."""
-    yield from _install_table(d, delayed, d.create_delayed_sql(delayed))
+    yield from _install_table(d, delayed, d.create_delayed_sql(delayed), "delayed")
 
 
 def send_delayed(
@@ -326,7 +338,7 @@ def send_delayed(
                 "Remove the time_to_be_received to delay this message."
             )
     target = d.qualified_name(delayed)
-    yield from delayed_table(d, delayed)
+    yield from table_of(d, delayed, "delayed")
     destination = d.format_address(address)
     sent_at = wire_timestamp(datetime.now(timezone.utc))
     for message in messages:
@@ -348,7 +360,7 @@ def move_due(d: Dialect, address: QueueAddress, delayed: QueueAddress, limit: in
     """
     yield from table_shape(d, address)
     target = d.qualified_name(delayed)
-    yield from delayed_table(d, delayed)
+    yield from table_of(d, delayed, "delayed")
     found = yield Step(d.due_delayed_sql(delayed), {"limit": limit}, Fetch.ALL, target)
     rows = [DueRow(*row) for row in found]
     if not rows:
@@ -398,7 +410,7 @@ def _due_destination(d: Dialect, address: QueueAddress, headers_text: str | None
 
 def next_due(d: Dialect, delayed: QueueAddress) -> Operation[int | None]:
     """Milliseconds until the earliest delayed message is due (negative: overdue), None when there is none."""
-    yield from delayed_table(d, delayed)
+    yield from table_of(d, delayed, "delayed")
     row = yield Step(d.next_due_sql(delayed), {}, Fetch.ONE, d.qualified_name(delayed))
     return None if row is None or row[0] is None else int(row[0])
 
@@ -408,14 +420,20 @@ def next_due(d: Dialect, delayed: QueueAddress) -> Operation[int | None]:
 
 def create_subscriptions(d: Dialect, table: QueueAddress) -> Operation[None]:
     """Create the subscription table (idempotent, safe concurrently)."""
-    yield from _install_table(d, table, d.create_subscriptions_sql(table))
+    yield from _install_table(d, table, d.create_subscriptions_sql(table), "subscriptions")
 
 
-def subscribe(d: Dialect, table: QueueAddress, address: str, endpoint: str, topics: Sequence[str]) -> Operation[None]:
-    """Subscribe ``endpoint`` (whose queue is ``address``, in NServiceBus's form) to each topic.
+def subscribe(
+    d: Dialect, table: QueueAddress, queue: QueueAddress, endpoint: str, topics: Sequence[str]
+) -> Operation[None]:
+    """Subscribe ``endpoint``, whose queue is ``queue``, to each topic.
 
     Idempotent: subscribing again changes nothing, or moves the subscription to a new address.
+    The queue must be a queue table: a subscription that points elsewhere would fail every publish.
     """
+    yield from table_shape(d, queue)
+    yield from table_of(d, table, "subscriptions")
+    address = d.format_address(queue)
     target = d.qualified_name(table)
     for topic in topics:
         params = {"address": address, "endpoint": endpoint, "topic": topic}
@@ -423,6 +441,7 @@ def subscribe(d: Dialect, table: QueueAddress, address: str, endpoint: str, topi
 
 
 def unsubscribe(d: Dialect, table: QueueAddress, endpoint: str, topics: Sequence[str]) -> Operation[None]:
+    yield from table_of(d, table, "subscriptions")
     target = d.qualified_name(table)
     for topic in topics:
         yield Step(d.unsubscribe_sql(table), {"endpoint": endpoint, "topic": topic}, Fetch.NONE, target)
@@ -431,6 +450,7 @@ def unsubscribe(d: Dialect, table: QueueAddress, endpoint: str, topics: Sequence
 @autocommitted
 def subscribers(d: Dialect, table: QueueAddress, topics: Sequence[str]) -> Operation[list[str]]:
     """The queue addresses subscribed to any of ``topics``, each once."""
+    yield from table_of(d, table, "subscriptions")
     target = d.qualified_name(table)
     rows = yield Step(d.subscribers_sql(table), {"topics": d.topic_list(topics)}, Fetch.ALL, target)
     return [row[0] for row in rows]
@@ -490,6 +510,7 @@ def _receive(
     d: Dialect, address: QueueAddress, error_address: QueueAddress, limit: int
 ) -> Operation[list[ReceivedMessage]]:
     yield from table_shape(d, address)
+    yield from table_shape(d, error_address)  # a poison row must have somewhere to go: known before any receive
     target = d.qualified_name(address)
     received: list[ReceivedMessage] = []
     requeued = False
@@ -541,6 +562,7 @@ def move_to_error(
     error: BaseException | str | None,
 ) -> Operation[None]:
     """Put a message that was already removed from its queue into the error queue with failure headers."""
+    yield from table_shape(d, address)
     headers = failure_headers(message.headers, d.format_address(address), error)
     shape = yield from table_shape(d, error_address)
     yield Step(
@@ -580,6 +602,7 @@ def claim(
     queue instead of being handed out again, with the failure its last holder reported.
     """
     yield from table_shape(d, address)
+    yield from table_shape(d, error_address)
     target = d.qualified_name(address)
     queue_key = d.claim_key(address)
     counted = 1 if holder is not None else 0
@@ -702,6 +725,7 @@ def take(
     expired messages are dropped.
     """
     yield from table_shape(d, address)
+    yield from table_shape(d, error_address)
     target = d.qualified_name(address)
     queue_key = d.claim_key(address)
     if tokens is None:
@@ -878,12 +902,13 @@ def nack_held(d: Dialect, address: QueueAddress, holder: str, failure: Failure |
 
 def create_writes(d: Dialect, ledger: QueueAddress) -> Operation[None]:
     """Create a write ledger (idempotent, safe concurrently)."""
-    yield from _install_table(d, ledger, d.create_writes_sql(ledger))
+    yield from _install_table(d, ledger, d.create_writes_sql(ledger), "writes")
 
 
 def record_write(d: Dialect, ledger: QueueAddress, write: uuid.UUID, part: int) -> Operation[bool]:
     """Record that partition ``part`` of ``write`` commits with the caller's transaction; False when
     it committed before (a re-run: send nothing)."""
+    yield from table_of(d, ledger, "writes")
     count = yield Step(
         d.record_write_sql(ledger), {"write": write, "part": part}, Fetch.ROWCOUNT, d.qualified_name(ledger)
     )
@@ -893,6 +918,7 @@ def record_write(d: Dialect, ledger: QueueAddress, write: uuid.UUID, part: int) 
 @autocommitted
 def forget_write(d: Dialect, ledger: QueueAddress, write: uuid.UUID) -> Operation[int]:
     """Delete the ledger rows of a write that is over; returns how many."""
+    yield from table_of(d, ledger, "writes")
     count = yield Step(d.forget_write_sql(ledger), {"write": write}, Fetch.ROWCOUNT, d.qualified_name(ledger))
     return int(count)
 
@@ -1351,6 +1377,8 @@ def retry_from_error(
     """
     yield from table_shape(d, error_address)
     target = d.qualified_name(error_address)
+    if only_queue is not None:
+        yield from table_shape(d, only_queue)
     catalog: str | None = None
     if seqs is None:
         scanned = yield Step(d.error_headers_sql(error_address), {"after": after, "limit": scan}, Fetch.ALL, target)

@@ -22,7 +22,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from ..addressing import QueueAddress
 from ..errors import InvalidArgumentError, NotAQueueError, SqlQueueError
@@ -143,8 +143,13 @@ class Dialect(ABC):
     default_schema: str
     #: Lower-cased columns every queue table has (what NServiceBus reads); a table without them is not a queue.
     required_columns: tuple[str, ...]
-    #: Lower-cased columns every delayed-message table has (``<queue>.Delayed``).
-    delayed_columns: tuple[str, ...] = ("headers", "body", "due")
+    #: Lower-cased columns each other kind of table has, as NServiceBus (or this library) makes it:
+    #: a queue's delayed messages, the subscription table, the Spark data source's write ledger.
+    kind_columns: ClassVar[Mapping[str, tuple[str, ...]]] = {
+        "delayed": ("headers", "body", "due"),
+        "subscriptions": ("queueaddress", "endpoint", "topic"),
+        "writes": ("writeid", "part"),
+    }
     #: Table holding claimed (in-flight) messages, one per schema, shared by that schema's queues.
     inflight_table: str = "sqlqueue_inflight"
     #: Whether :meth:`send_batch_sql` takes any number of messages in one statement (then a batched
@@ -193,8 +198,8 @@ class Dialect(ABC):
         #: Tables this dialect's session has found to be queue tables, with their layouts, by
         #: qualified name: each table's catalog is read once per session, not once per statement.
         self._queues: dict[str, TableShape] = {}
-        #: Tables this session has found to be delayed-message tables.
-        self._delayed: set[str] = set()
+        #: Other tables this session has checked, with the kind each was found to be.
+        self._kinds: dict[str, str] = {}
 
     def table_shape(self, address: QueueAddress) -> TableShape | None:
         """The layout of the queue table at ``address`` once this session has checked it, else None."""
@@ -223,26 +228,26 @@ class Dialect(ABC):
         self._queues[target] = shape
         return shape
 
-    def is_delayed_table(self, address: QueueAddress) -> bool:
-        """Whether this session has already found ``address`` to be a delayed-message table."""
-        return self.qualified_name(address) in self._delayed
+    def is_table_of(self, kind: str, address: QueueAddress) -> bool:
+        """Whether this session has already found ``address`` to be a table of ``kind`` (see :attr:`kind_columns`)."""
+        return self._kinds.get(self.qualified_name(address)) == kind
 
-    def learn_delayed_table(self, address: QueueAddress, columns: Sequence[tuple[str, str]]) -> None:
-        """Check, from :meth:`queue_columns_sql` rows, that the table is a delayed-message table
-        (NServiceBus's Headers, Body and Due), and remember it. Raises :class:`NotAQueueError`."""
+    def learn_table_of(self, kind: str, address: QueueAddress, columns: Sequence[tuple[str, str]]) -> None:
+        """Check, from :meth:`queue_columns_sql` rows, that the table is a table of ``kind``, and remember
+        it: a subscription table or ledger named by mistake is refused like a queue named by mistake.
+        Raises :class:`NotAQueueError`."""
         target = self.qualified_name(address)
-        missing = set(self.delayed_columns) - {name.lower() for name, _ in columns}
+        missing = set(self.kind_columns[kind]) - {name.lower() for name, _ in columns}
         if missing:
             raise NotAQueueError(
-                f"table {target} exists but is not a delayed-message table as NServiceBus defines it: it lacks "
-                f"column(s) {', '.join(sorted(missing))}"
+                f"table {target} exists but is not a {kind} table: it lacks column(s) {', '.join(sorted(missing))}"
             )
-        self._delayed.add(target)
+        self._kinds[target] = kind
 
     def forget_table(self, address: QueueAddress) -> None:
         """Forget what this session learnt of a table (it was dropped)."""
         self._queues.pop(self.qualified_name(address), None)
-        self._delayed.discard(self.qualified_name(address))
+        self._kinds.pop(self.qualified_name(address), None)
 
     def layout(self, address: QueueAddress, types: Mapping[str, str]) -> TableShape:
         """The :class:`TableShape` of a queue table whose column types (lower-cased) are ``types``."""

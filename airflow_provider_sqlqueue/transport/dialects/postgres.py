@@ -20,11 +20,14 @@ from typing import Any
 from ..addressing import QueueAddress, split_outside, unquote
 from ..errors import (
     DuplicateMessageError,
+    InvalidArgumentError,
     InvalidQueueNameError,
+    NotAQueueError,
     ObjectExistsError,
     PermissionDeniedError,
     QueueNotFoundError,
     SqlQueueError,
+    StatementRejectedError,
     TransportMisconfiguredError,
     TransportUnavailableError,
 )
@@ -645,4 +648,12 @@ class PostgresDialect(Dialect):
             return None
         if isinstance(exc, psycopg.OperationalError):
             return TransportUnavailableError(f"database unavailable ({address}): {detail}")
+        if isinstance(exc, UnicodeEncodeError):
+            return InvalidArgumentError(f"text sent to {address} is not valid Unicode ({exc.reason}); nothing was sent")
+        if sqlstate is not None and sqlstate.startswith("22"):  # data_exception: a value no column can hold
+            return InvalidArgumentError(f"the database refused a value for {address}: {detail}")
+        if sqlstate in ("42703", "42804", "42883"):  # undefined column or function, datatype mismatch
+            return NotAQueueError(f"{address} does not have the columns this library works with: {detail}")
+        if isinstance(exc, psycopg.Error):
+            return StatementRejectedError(f"the database refused a statement on {address}: {detail}")
         return None

@@ -35,6 +35,11 @@ _BINARY_PLACEHOLDER = re.compile(r"%\(\w+\)b")
 _FUSE_LIMIT = 64 * 1024
 
 
+#: What running a statement can raise: the server's errors, and psycopg's refusal to encode text
+#: that is not valid Unicode (a lone surrogate) -- both become the transport's own errors.
+STATEMENT_ERRORS = (psycopg.Error, UnicodeEncodeError)
+
+
 class PsycopgSession(Session):
     """A blocking psycopg 3 connection."""
 
@@ -87,7 +92,7 @@ class PsycopgSession(Session):
         if not _fusable(step):
             self._command(self.dialect.begin_sql)
             return self.execute(step)
-        with translated(self.dialect, psycopg.Error, step):
+        with translated(self.dialect, STATEMENT_ERRORS, step):
             text = psycopg.ClientCursor(self.connection).mogrify(step.sql, step.params)
             with self.connection.cursor() as cursor:
                 cursor.execute(self.dialect.begin_sql + "; " + text)  # no parameters: one simple-protocol message
@@ -108,7 +113,7 @@ class PsycopgSession(Session):
             yield
 
     def execute(self, step: Step) -> Any:
-        with translated(self.dialect, psycopg.Error, step), self.connection.cursor() as cursor:
+        with translated(self.dialect, STATEMENT_ERRORS, step), self.connection.cursor() as cursor:
             cursor.execute(step.sql, step.params)
             return fetch(cursor, step)
 
@@ -211,7 +216,7 @@ class AsyncPsycopgSession(AsyncSession):
         if not _fusable(step):
             await self._command(self.dialect.begin_sql)
             return await self.execute(step)
-        with translated(self.dialect, psycopg.Error, step):
+        with translated(self.dialect, STATEMENT_ERRORS, step):
             text = psycopg.AsyncClientCursor(self.connection).mogrify(step.sql, step.params)
             async with self.connection.cursor() as cursor:
                 await cursor.execute(self.dialect.begin_sql + "; " + text)
@@ -233,7 +238,7 @@ class AsyncPsycopgSession(AsyncSession):
                 yield
 
     async def execute(self, step: Step) -> Any:
-        with translated(self.dialect, psycopg.Error, step):
+        with translated(self.dialect, STATEMENT_ERRORS, step):
             async with self.connection.cursor() as cursor:
                 await cursor.execute(step.sql, step.params)
                 return await fetch_async(cursor, step)

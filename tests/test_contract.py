@@ -1,0 +1,362 @@
+"""The contract of every public entry point under hostile input.
+
+Each registered entry point (``tests/surface.py``) is called, in a schema of its own, with:
+
+- good values, from a session whose time zone is +14:00 (it must work);
+- each hostile value of each of its arguments' kinds (it must fail with the library's own error,
+  never "unavailable, retry", and change no row of any table in the schema, checksummed before
+  and after);
+- a role without rights (the library's own error, not "unavailable"; nothing changed);
+- a connection the server killed (``TransportUnavailableError``: that one may be retried).
+
+No output -- error text, traceback, log -- may hold the connection's password. The surface is
+discovered from the code: a public method, operator, CLI command, HTTP route or Spark option
+that is not registered fails :func:`test_every_public_entry_point_is_registered`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import traceback
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
+from typing import Any
+from urllib.parse import quote
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from airflow_provider_sqlqueue.transport import (
+    AsyncQueueClient,
+    Message,
+    QueueAddress,
+    QueueClient,
+    SqlQueueError,
+    TransportUnavailableError,
+)
+from tests.surface import ABSENT, CATALOGUE, KINDS, NO_INPUT, Kind, World, good_value
+
+SECRET = "contract-s3cret"
+
+#: Every public method of QueueClient: the registry's first rows.
+CLIENT = {
+    "ack", "ack_held", "address", "audit_address", "beside", "browse", "browse_page", "canonical_address",
+    "check_queue", "claim", "claims", "close", "connect", "connection", "create_queue", "create_subscription_table",
+    "create_writes", "database", "depth", "drop_queue", "error_address", "error_summary", "extend", "extend_held",
+    "fail", "failed_messages", "forget_write", "forward", "held", "inflight", "installation", "kind",
+    "lapsed_claims", "move_due", "move_to_error", "nack", "nack_held", "next_due", "peek", "publish", "purge",
+    "purge_expired", "queue_stats", "queues", "receive", "receive_native", "record_write", "release_lapsed",
+    "reserve", "retry_errors", "retry_errors_page", "send", "seq_range", "subscribe", "subscribers",
+    "subscription_table", "take", "unsubscribe",
+}  # fmt: skip
+ASYNC_CLIENT = {
+    "ack", "address", "audit_address", "beside", "canonical_address", "claim", "close", "connect", "connection",
+    "database", "depth", "error_address", "extend", "installation", "kind", "move_due", "move_to_error", "nack",
+    "peek", "receive", "receive_native", "reserve", "send", "subscription_table", "wait_for_notifications",
+}  # fmt: skip
+#: Entry points that parse names or report settings without touching the database.
+PURE = {"address", "audit_address", "beside", "canonical_address", "error_address", "installation", "kind"}
+PURE |= {"subscription_table", "database", "connection", "close"}
+
+
+def public_methods(cls: type) -> set[str]:
+    return {name for name, _ in inspect.getmembers(cls) if not name.startswith("_")}
+
+
+def test_every_public_entry_point_is_registered() -> None:
+    assert public_methods(QueueClient) == CLIENT
+    assert public_methods(AsyncQueueClient) == ASYNC_CLIENT
+    for cls, names in ((QueueClient, CLIENT), (AsyncQueueClient, ASYNC_CLIENT)):
+        for name in names - NO_INPUT:
+            unclassified = set(parameters(getattr(cls, name))) - set(KINDS)
+            assert not unclassified, f"{cls.__name__}.{name}: classify {unclassified} in tests/surface.py KINDS"
+
+
+def parameters(function: Callable[..., Any]) -> dict[str, inspect.Parameter]:
+    if isinstance(function, property):
+        return {}
+    return {
+        name: p
+        for name, p in inspect.signature(function).parameters.items()
+        if name not in ("self", "cls") and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    }
+
+
+# -- the world each entry point runs in ------------------------------------------------------------
+
+
+def with_password(uri: str) -> str:
+    """The test server's URI with a password (trust authentication ignores it): the secret no output may show."""
+    params = conninfo_to_dict(uri)
+    params.setdefault("password", SECRET)
+    host = params.get("host", "127.0.0.1")
+    if host.startswith("/"):  # a socket directory: keep the key=value form
+        return make_conninfo("", **params)
+    user, password = quote(params.get("user", "postgres"), safe=""), quote(params["password"], safe="")
+    return f"postgresql://{user}:{password}@{host}:{params.get('port', 5432)}/{quote(params.get('dbname', 'test'))}"
+
+
+def secret_of(uri: str) -> str:
+    return str(conninfo_to_dict(uri)["password"])
+
+
+@pytest.fixture
+def world(pg_uri: str, raw_pg: psycopg.Connection[Any]) -> Iterator[World]:
+    schema = f"c_{uuid.uuid4().hex[:12]}"
+    raw_pg.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    uri = with_password(pg_uri)
+    made = World(
+        schema=schema,
+        queue=QueueAddress("orders", schema),
+        error=QueueAddress("error", schema),
+        delayed_queue=QueueAddress("orders.Delayed", schema),
+        customers=QueueAddress("customers", schema),
+        subscriptions=QueueAddress("SubscriptionRouting", schema),
+        ledger=QueueAddress("sqlqueue_writes", schema),
+        uri=uri,
+    )
+    customers = sql.Identifier(schema, "customers")
+    raw_pg.execute(sql.SQL("CREATE TABLE {} (Id int PRIMARY KEY, Name text, Body bytea)").format(customers))
+    raw_pg.execute(sql.SQL("INSERT INTO {} VALUES (1, 'ada', 'a'), (2, 'bob', 'b')").format(customers))
+    with QueueClient.connect(uri, error_queue=made.error) as client:
+        client.create_queue(made.queue)
+        client.create_subscription_table(made.subscriptions)
+        client.create_writes(made.ledger)
+        client.subscribe(made.queue, "Contract.Events.Something", table=made.subscriptions)
+        client.send(made.queue, [Message(f"waiting {n}") for n in range(3)])
+        client.send(made.queue, Message("later"), delay=3600)
+        client.send(made.queue, Message("claimed"))
+        client.claim(made.queue, 1, holder="contract-holder")
+        client.send(made.queue, Message("failed"))
+        [failed] = client.receive(made.queue, 1)
+        client.move_to_error(made.queue, failed, "it failed")
+    try:
+        yield made
+    finally:
+        raw_pg.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+
+
+@pytest.fixture(scope="module")
+def raw_pg(pg_uri: str) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(pg_uri, autocommit=True) as connection:
+        yield connection
+
+
+@pytest.fixture(scope="module")
+def nobody(pg_uri: str, raw_pg: psycopg.Connection[Any]) -> Iterator[str]:
+    """A role that may log in and nothing more: the URI it connects with."""
+    role = f"contract_nobody_{uuid.uuid4().hex[:8]}"
+    raw_pg.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    try:
+        yield make_conninfo(with_password(pg_uri), user=role)
+    finally:
+        raw_pg.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def checksums(raw: psycopg.Connection[Any], schema: str) -> dict[str, str]:
+    """Every table of the schema, each row's text hashed in order: what "nothing changed" compares."""
+    tables = raw.execute(
+        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relkind = 'r' ORDER BY 1",
+        (schema,),
+    ).fetchall()
+    sums = {}
+    for (table,) in tables:
+        query = sql.SQL("SELECT md5(coalesce(string_agg(t::text, '|' ORDER BY t::text), '')) FROM {} t").format(
+            sql.Identifier(schema, table)
+        )
+        sums[table] = raw.execute(query).fetchone()[0]
+    return sums
+
+
+# -- calling an entry point ----------------------------------------------------------------------
+
+
+def arguments(function: Callable[..., Any], world: World, hostile: tuple[str, Any] | None = None) -> dict[str, Any]:
+    """Good values for the required parameters, and the hostile one when given (by name)."""
+    chosen: dict[str, Any] = {}
+    for name, p in parameters(function).items():
+        if p.default is inspect.Parameter.empty:
+            chosen[name] = good_value(KINDS[name], name, world)
+    if hostile is not None:
+        chosen[hostile[0]] = hostile[1]
+    return chosen
+
+
+def call_sync(client: QueueClient, name: str, kwargs: dict[str, Any]) -> Any:
+    if name == "connect":
+        with QueueClient.connect(**kwargs):
+            return None
+    member = getattr(client, name)
+    if not callable(member):
+        return member
+    result = member(**kwargs)
+    if isinstance(result, AbstractContextManager):
+        with result:
+            pass
+    return result
+
+
+async def call_async(client: AsyncQueueClient, name: str, kwargs: dict[str, Any]) -> Any:
+    if name == "connect":
+        opened = await AsyncQueueClient.connect(**kwargs)
+        await opened.close()
+        return None
+    member = getattr(client, name)
+    if not callable(member):
+        return member
+    result = member(**kwargs)
+    if isinstance(result, AbstractAsyncContextManager):
+        async with result:
+            pass
+        return None
+    return await result if inspect.isawaitable(result) else result
+
+
+def problems_of(
+    outcome: BaseException | None, *, kind: Kind | None, secret: str, logs: str, expect_unavailable: bool = False
+) -> list[str]:
+    """What is wrong with how a call ended (an empty list: it kept the contract)."""
+    found = []
+    if outcome is None:
+        if kind is not Kind.ERROR:
+            found.append("accepted")
+    elif expect_unavailable:
+        if not isinstance(outcome, TransportUnavailableError):
+            found.append(f"{type(outcome).__name__} where TransportUnavailableError was due: {outcome!s:.200}")
+    elif not isinstance(outcome, SqlQueueError):
+        found.append(f"raised {type(outcome).__module__}.{type(outcome).__name__}: {outcome!s:.200}")
+    elif isinstance(outcome, TransportUnavailableError):
+        found.append(f"'unavailable, retry' for a permanent problem: {outcome!s:.200}")
+    if outcome is not None:
+        text = "".join(traceback.format_exception(type(outcome), outcome, outcome.__traceback__))
+        if secret in text:
+            found.append("the password is in the error or its traceback")
+    if secret in logs:
+        found.append("the password is in the log")
+    return found
+
+
+#: Installers: a name that reaches no table yet is theirs to create.
+CREATORS = {"create_queue", "create_subscription_table", "create_writes"}
+#: What a name that reaches no table may leave as it is: an installer creates it, a drop has nothing to drop.
+IDEMPOTENT = CREATORS | {"drop_queue"}
+#: Entry points a role without rights may call: they only read the catalog (a queue's layout, its
+#: notifications), or find nothing to do (an installer whose tables exist).
+NEEDS_NO_RIGHTS = PURE | CREATORS | {"connect", "check_queue", "wait_for_notifications"}
+
+
+def hostile_cases(name: str, function: Callable[..., Any], world: World) -> Iterator[tuple[str, Kind, tuple[str, Any]]]:
+    for parameter in parameters(function):
+        kind = KINDS[parameter]
+        if kind is Kind.QUEUE and (name in PURE or name == "connect"):
+            kind = Kind.NAME  # parsed only: any well-formed name is theirs to accept
+        for label, value in CATALOGUE[kind](world):
+            yield f"{parameter}={label}", kind, (parameter, value)
+
+
+async def exercise(
+    name: str,
+    function: Callable[..., Any],
+    invoke: Callable[[dict[str, Any]], Any],
+    connect: Callable[[str], Any],
+    world: World,
+    raw: psycopg.Connection[Any],
+    nobody: str,
+    caplog: pytest.LogCaptureFixture,
+) -> list[str]:
+    """Run one entry point through the whole catalogue; return what broke its contract.
+
+    ``invoke(kwargs)`` calls it on the current client, ``connect(uri)`` opens that client (an
+    async context manager). The good call runs last, as destructive ones (drop, purge) must.
+    """
+    secret, failures = secret_of(world.uri), []
+
+    async def attempt(kwargs: dict[str, Any]) -> BaseException | None:
+        caplog.clear()
+        try:
+            await invoke(kwargs)
+        except Exception as exc:
+            return exc
+        return None
+
+    async with connect(world.uri) as client:
+        for label, kind, hostile in hostile_cases(name, function, world):
+            before = checksums(raw, world.schema)
+            outcome = await attempt({**arguments(function, world, hostile), "__client": client})
+            creates = name in IDEMPOTENT and label.split("=", 1)[1] in ABSENT
+            if not (creates and outcome is None):
+                failures += [f"{label}: {p}" for p in problems_of(outcome, kind=kind, secret=secret, logs=caplog.text)]
+            after = checksums(raw, world.schema)
+            if kind is not Kind.ERROR and {t: after.get(t) for t in before} != before:
+                failures.append(f"{label}: rows changed")
+
+    if name not in NEEDS_NO_RIGHTS:
+        before = checksums(raw, world.schema)
+        async with connect(nobody) as client:
+            outcome = await attempt({**arguments(function, world), "__client": client})
+        failures += [f"role without rights: {p}" for p in problems_of(outcome, kind=None, secret=secret, logs="")]
+        if checksums(raw, world.schema) != before:
+            failures.append("role without rights: rows changed")
+
+    if name not in PURE and name != "connect":
+        async with connect(world.uri) as client:
+            raw.execute("SELECT pg_terminate_backend(%s)", (client.connection.info.backend_pid,))
+            outcome = await attempt({**arguments(function, world), "__client": client})
+        problems = problems_of(outcome, kind=None, secret=secret, logs="", expect_unavailable=True)
+        failures += [f"killed connection: {p}" for p in problems]
+
+    kiritimati = make_conninfo(world.uri, options="-c TimeZone=Pacific/Kiritimati")
+    async with connect(kiritimati) as client:
+        outcome = await attempt({**arguments(function, world), "__client": client})
+    if outcome is not None:
+        failures.append(f"good values, session zone +14:00: {type(outcome).__name__}: {outcome!s:.300}")
+    return failures
+
+
+@pytest.mark.parametrize("name", sorted(CLIENT - NO_INPUT - {"connection", "database"}))
+def test_a_client_method_keeps_its_contract(
+    name: str, world: World, raw_pg: psycopg.Connection[Any], nobody: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="airflow_provider_sqlqueue")
+
+    @asynccontextmanager
+    async def connect(uri: str) -> AsyncIterator[QueueClient]:
+        with QueueClient.connect(uri, error_queue=world.error) as client:
+            yield client
+
+    async def invoke(kwargs: dict[str, Any]) -> None:
+        client = kwargs.pop("__client")
+        call_sync(client, name, kwargs)
+
+    function = getattr(QueueClient, name)
+    failures = asyncio.run(exercise(name, function, invoke, connect, world, raw_pg, nobody, caplog))
+    assert not failures, f"QueueClient.{name}:\n" + "\n".join(failures)
+
+
+@pytest.mark.parametrize("name", sorted(ASYNC_CLIENT - NO_INPUT - {"connection", "database"}))
+def test_an_async_client_method_keeps_its_contract(
+    name: str, world: World, raw_pg: psycopg.Connection[Any], nobody: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="airflow_provider_sqlqueue")
+
+    @asynccontextmanager
+    async def connect(uri: str) -> AsyncIterator[AsyncQueueClient]:
+        client = await AsyncQueueClient.connect(uri, error_queue=world.error)
+        try:
+            yield client
+        finally:
+            await client.close()
+
+    async def invoke(kwargs: dict[str, Any]) -> None:
+        client = kwargs.pop("__client")
+        await call_async(client, name, kwargs)
+
+    function = getattr(AsyncQueueClient, name)
+    failures = asyncio.run(exercise(name, function, invoke, connect, world, raw_pg, nobody, caplog))
+    assert not failures, f"AsyncQueueClient.{name}:\n" + "\n".join(failures)
