@@ -37,7 +37,7 @@ from ..transport import (
     TransactionMode,
     defaults,
 )
-from ..transport.client import Token
+from ..transport.client import Addressing, Token, as_tokens
 from ..transport.dialects import get_dialect
 from ..transport.drivers import (
     AsyncPsycopgSession,
@@ -367,11 +367,8 @@ class SqlQueueHook(BaseHook):
         With ``claims`` the claims the event came from are acknowledged in the same transaction.
         """
         with self.client() as client:
-            held: dict[str | QueueAddress, Iterable[Token]] | None = (
-                None if claims is None else {queue: list(tokens) for queue, tokens in claims.items()}
-            )
             reached = client.publish(
-                topics, messages, notify=notify, table=subscription_table, claims=held, started=started
+                topics, messages, notify=notify, table=subscription_table, claims=claims, started=started
             )
             return [client.canonical_address(address) for address in reached]
 
@@ -432,8 +429,7 @@ class SqlQueueHook(BaseHook):
 
     def canonical_address(self, queue_name: str) -> str:
         """The queue's address as NServiceBus writes it, which settling the messages later needs."""
-        dialect = get_dialect(self.dialect_name)
-        return dialect.format_address(dialect.parse_address(queue_name))
+        return Addressing(get_dialect(self.dialect_name)).canonical_address(queue_name)
 
     def take_dicts(
         self,
@@ -470,7 +466,7 @@ class SqlQueueHook(BaseHook):
         ``started`` (message id -> time) says when its processing began.
         """
         with self.client() as client:
-            return len(client.ack(queue_name, list(tokens), started=started))
+            return len(client.ack(queue_name, as_tokens(tokens), started=started))
 
     def nack(
         self,
@@ -482,7 +478,7 @@ class SqlQueueHook(BaseHook):
     ) -> int:
         """Give claims back for redelivery after ``delay``, recording why; returns how many were still held."""
         with self.client() as client:
-            return len(client.nack(queue_name, list(tokens), error=error, delay=delay))
+            return len(client.nack(queue_name, as_tokens(tokens), error=error, delay=delay))
 
     def forward(
         self,
@@ -495,8 +491,8 @@ class SqlQueueHook(BaseHook):
         """Acknowledge ``claims`` and send ``sends`` in one transaction (see ``QueueClient.forward``); returns how many were sent."""
         with self.client() as client:
             return client.forward(
-                {q: list(t) for q, t in claims.items()},
-                {q: list(m) for q, m in sends.items()},
+                claims,
+                sends,
                 notify=notify,
                 started=started,
             )
@@ -504,7 +500,7 @@ class SqlQueueHook(BaseHook):
     def extend(self, queue_name: str, tokens: Iterable[Token], lease: timedelta | float = defaults.LEASE) -> int:
         """Renew claims for another ``lease`` in one statement; returns how many were still held."""
         with self.client() as client:
-            return len(client.extend(queue_name, list(tokens), lease))
+            return len(client.extend(queue_name, as_tokens(tokens), lease))
 
     def keep_claims(self, claims: Mapping[str, Iterable[Token]], lease: timedelta = defaults.LEASE) -> LeaseKeeper:
         """A :class:`~airflow_provider_sqlqueue.transport.lease.LeaseKeeper` renewing ``claims`` on connections of this hook."""

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from datetime import datetime, timedelta, timezone
 from functools import partial
-from typing import Any, Generic, Literal, TypeVar, overload
+from typing import Any, Generic, Literal, TypeVar, Union, overload
 
 from . import defaults
 from . import operations as ops
@@ -36,6 +36,9 @@ log = logging.getLogger("airflow_provider_sqlqueue.transport")
 
 #: A claim token as the caller has it: the UUID, or its text from XCom or an event payload.
 Token = uuid.UUID | str
+V = TypeVar("V")
+#: Values by queue, the queues named by text, by address or both (a plain ``dict[str, ...]`` is one).
+ByQueue = Union[Mapping[str, V], Mapping[QueueAddress, V], Mapping[str | QueueAddress, V]]  # noqa: UP007
 
 
 def lease_ms(lease: timedelta | float) -> int:
@@ -343,7 +346,7 @@ class _Addressing(Addressing, Generic[S]):
         messages: Message | Iterable[Message],
         table: str | QueueAddress | None,
         notify: bool,
-        claims: Mapping[str | QueueAddress, Token | Iterable[Token]] | None = None,
+        claims: ByQueue[Token | Iterable[Token]] | None = None,
         started: Mapping[uuid.UUID, datetime] | None = None,
     ) -> ops.Operation[list[QueueAddress]]:
         batch, names, where = as_messages(messages), topic_names(topics), self.subscription_table(table)
@@ -355,7 +358,7 @@ class _Addressing(Addressing, Generic[S]):
         return ops.forward_published(self.dialect, settled, where, names, batch, notify, audit, started)
 
     def _claims(
-        self, claims: Mapping[str | QueueAddress, Token | Iterable[Token]]
+        self, claims: ByQueue[Token | Iterable[Token]]
     ) -> tuple[list[tuple[QueueAddress, list[uuid.UUID]]], dict[QueueAddress, QueueAddress]]:
         """Claims by queue address, and the audit queue of each queue that has one."""
         if not isinstance(claims, Mapping):
@@ -437,8 +440,8 @@ class _Addressing(Addressing, Generic[S]):
 
     def _forward_op(
         self,
-        claims: Mapping[str | QueueAddress, Token | Iterable[Token]],
-        sends: Mapping[str | QueueAddress, Message | Iterable[Message]],
+        claims: ByQueue[Token | Iterable[Token]],
+        sends: ByQueue[Message | Iterable[Message]],
         notify: bool,
         started: Mapping[uuid.UUID, datetime] | None,
     ) -> ops.Operation[int]:
@@ -675,7 +678,7 @@ class QueueClient(_Addressing[Session]):
         *,
         table: str | QueueAddress | None = None,
         notify: bool = False,
-        claims: Mapping[str | QueueAddress, Token | Iterable[Token]] | None = None,
+        claims: ByQueue[Token | Iterable[Token]] | None = None,
         started: Mapping[uuid.UUID, datetime] | None = None,
     ) -> list[QueueAddress]:
         """Send ``messages`` to every queue subscribed to any of ``topics``, in one transaction.
@@ -842,8 +845,8 @@ class QueueClient(_Addressing[Session]):
 
     def forward(
         self,
-        claims: Mapping[str | QueueAddress, Token | Iterable[Token]],
-        sends: Mapping[str | QueueAddress, Message | Iterable[Message]],
+        claims: ByQueue[Token | Iterable[Token]],
+        sends: ByQueue[Message | Iterable[Message]],
         *,
         notify: bool = False,
         started: Mapping[uuid.UUID, datetime] | None = None,

@@ -87,6 +87,12 @@ class TransactionMode(str, Enum):
     NATIVE = "native"
     CLAIM = "claim"
 
+    @classmethod
+    def _missing_(cls, value: object) -> TransactionMode:
+        raise InvalidArgumentError(
+            f"transaction mode must be one of {', '.join(mode.value for mode in cls)}, got {value!r:.40}"
+        )
+
 
 def wire_timestamp(moment: datetime) -> str:
     """Format a time the way NServiceBus writes header timestamps: ``yyyy-MM-dd HH:mm:ss:ffffff Z``."""
