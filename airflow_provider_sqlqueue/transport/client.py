@@ -271,6 +271,10 @@ class Addressing:
     ) -> Installation:
         """Every table ``create_queue`` makes for ``queue``, in the order it makes them."""
         address = self.address(queue)
+        if address.table == self.dialect.inflight_table:
+            raise InvalidQueueNameError(
+                f"{address.table!r} is the name of each schema's claim store; name the queue otherwise"
+            )
         flag("body_string", body_string)
         flag("delayed", delayed)
         tables: list[tuple[TableKind, QueueAddress]] = [
