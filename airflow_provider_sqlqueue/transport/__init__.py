@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # the same names, for type checkers (re-exported)
     from .errors import PermissionDeniedError as PermissionDeniedError
     from .errors import QueueNotFoundError as QueueNotFoundError
     from .errors import SqlQueueError as SqlQueueError
+    from .errors import TransactionAbortedError as TransactionAbortedError
     from .errors import TransportMisconfiguredError as TransportMisconfiguredError
     from .errors import TransportUnavailableError as TransportUnavailableError
     from .lease import LeaseKeeper as LeaseKeeper
@@ -57,6 +58,7 @@ _HOMES = {
     "PermissionDeniedError": ".errors",
     "QueueNotFoundError": ".errors",
     "SqlQueueError": ".errors",
+    "TransactionAbortedError": ".errors",
     "TransportMisconfiguredError": ".errors",
     "TransportUnavailableError": ".errors",
     "LeaseKeeper": ".lease",

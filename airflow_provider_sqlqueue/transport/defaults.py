@@ -91,3 +91,7 @@ CONNECT_TIMEOUT_SECONDS = 10
 
 #: Longest holder or machine name accepted (claims show who holds them; a name is no place for data).
 MAX_LABEL = 255
+
+#: Longest exception message and stack trace kept in failure headers (characters each; the rest is
+#: cut, saying how much): a failure is recorded whatever its size, and headers stay readable.
+MAX_FAILURE_TEXT = 16_384

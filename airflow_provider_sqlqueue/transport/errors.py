@@ -72,6 +72,12 @@ class StatementRejectedError(SqlQueueError):
         super().__init__(message)
 
 
+class TransactionAbortedError(StatementRejectedError):
+    """A statement inside a transaction failed and the code around it went on: the database has
+    rolled the transaction back, so what it did is undone. In native mode this is a failed delivery
+    (counted, backed off, moved to the error queue after ``max_deliveries``), never a success."""
+
+
 class ObjectExistsError(StatementRejectedError):
     """Another installer created the same table or index a moment earlier (the installer re-checks)."""
 

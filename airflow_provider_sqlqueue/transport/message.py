@@ -448,21 +448,31 @@ class Failure:
     source: str = "airflow-provider-sqlqueue"
     stack_trace: str = ""
 
+    def __post_init__(self) -> None:
+        # The one place failure text is made safe: every header written from a Failure (error
+        # queue, give-back, LastError) can then be stored, whatever the handler's exception held.
+        for name in ("type", "message", "source", "stack_trace"):
+            object.__setattr__(self, name, storable_text(getattr(self, name), defaults.MAX_FAILURE_TEXT))
+
     @classmethod
     def of(cls, error: BaseException | str | Failure | None, source: str | None = None) -> Failure:
-        """The failure an exception, a text or nothing (an unacknowledged lease) describes."""
+        """The failure an exception, a text or nothing (an unacknowledged lease) describes.
+
+        Never fails on the exception itself: one whose ``__str__`` raises is described as such.
+        """
         if isinstance(error, Failure):
             return error if source is None else cls(error.type, error.message, source, error.stack_trace)
         default_source = source or cls.source
         if error is not None and not isinstance(error, (BaseException, str)):
             raise ArgumentTypeError(f"a failure is an exception, a text or a Failure, got {type(error).__name__}")
         if isinstance(error, BaseException):
-            return cls(
-                f"{type(error).__module__}.{type(error).__qualname__}",
-                str(error),
-                default_source,
-                "".join(traceback.format_exception(type(error), error, error.__traceback__)),
-            )
+            kind = f"{type(error).__module__}.{type(error).__qualname__}"
+            text = error_text(error)
+            try:
+                trace = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+            except Exception:
+                trace = "".join(traceback.format_tb(error.__traceback__)) + kind
+            return cls(kind, text, default_source, trace)
         return cls("airflow_provider_sqlqueue.HandlerFailure", error or "message failed", default_source, error or "")
 
     def to_text(self) -> str:
@@ -482,6 +492,28 @@ class Failure:
             return cls(str(data["type"]), str(data["message"]), str(data["source"]), str(data.get("stack_trace", "")))
         except (ValueError, TypeError, KeyError):
             return cls.of(text)
+
+
+def error_text(error: BaseException) -> str:
+    """An exception's text, for a log line or a header, even when its ``__str__`` raises."""
+    try:
+        return str(error)
+    except Exception as unprintable:
+        return f"({type(error).__qualname__} whose text cannot be read: {type(unprintable).__name__})"
+
+
+def storable_text(text: str, limit: int) -> str:
+    """``text`` as any header column can store it: lone surrogates and NUL written as escapes (text
+    and JSON cannot hold them), and at most ``limit`` characters, saying how many were cut."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    if len(text) > limit:
+        text = f"{text[:limit]}... ({len(text) - limit:,} characters cut)"
+    return text
 
 
 def failure_headers(headers: Headers, source_address: str, error: BaseException | str | Failure | None) -> Headers:

@@ -33,9 +33,18 @@ from .errors import (
     InvalidArgumentError,
     PermissionDeniedError,
     QueueNotFoundError,
+    TransactionAbortedError,
     TransportMisconfiguredError,
 )
-from .message import TIME_TO_BE_RECEIVED, Failure, ReceivedMessage, TransactionMode, duration
+from .message import (
+    TIME_TO_BE_RECEIVED,
+    Failure,
+    ReceivedMessage,
+    TransactionMode,
+    duration,
+    error_text,
+    storable_text,
+)
 
 log = logging.getLogger("airflow_provider_sqlqueue.pump")
 
@@ -105,6 +114,17 @@ class FailureCounter:
 
     def forget(self, message_id: Any) -> None:
         self._counts.pop(message_id, None)
+
+
+def aborted(session: AsyncSession) -> TransactionAbortedError | None:
+    """The failure of a native handler that returned normally from a transaction an error aborted
+    (it caught a database error): its work is rolled back, so the delivery failed."""
+    if not session.transaction_failed():
+        return None
+    return TransactionAbortedError(
+        "the handler returned normally, but a statement it ran failed and aborted the receive's transaction; "
+        "everything it did was rolled back (a native-mode handler must let database errors propagate)"
+    )
 
 
 class MessagePump:
@@ -478,6 +498,9 @@ class MessagePump:
                         except Exception as exc:  # the batch's failure rolls it back; the pump goes on
                             outcome = exc
                             raise _Rollback from exc
+                        outcome = aborted(session)
+                        if outcome is not None:
+                            raise _Rollback
                         await self._audit_in(session, batch, dict.fromkeys((m.id for m in batch), started))
             except _Rollback:
                 pass
@@ -494,7 +517,7 @@ class MessagePump:
                 self.name,
                 len(batch),
                 type(outcome).__name__,
-                outcome,
+                storable_text(error_text(outcome), defaults.MAX_FAILURE_TEXT),
             )
             if len(batch) > 1:
                 self._isolating = len(batch)  # the next receives take these messages one by one
@@ -538,7 +561,11 @@ class MessagePump:
         except Exception as exc:  # the handler's failure is data for recoverability, not a pump crash
             self.failed += 1
             log.warning(
-                "Queue %s: handler failed for message %s: %s: %s", self.name, message.id, type(exc).__name__, exc
+                "Queue %s: handler failed for message %s: %s: %s",
+                self.name,
+                message.id,
+                type(exc).__name__,
+                storable_text(error_text(exc), defaults.MAX_FAILURE_TEXT),
             )
             return exc
         self.handled += 1
@@ -561,6 +588,9 @@ class MessagePump:
                         return True
                     started = datetime.now(timezone.utc)
                     outcome = await self._handle(message, session.connection)
+                    if outcome is None and (outcome := aborted(session)) is not None:
+                        self.handled, self.failed = self.handled - 1, self.failed + 1
+                        log.warning("Queue %s: message %s: %s", self.name, message.id, outcome)
                     if outcome is not None:
                         raise _Rollback
                     await self._audit_in(session, [message], {message.id: started})

@@ -107,6 +107,11 @@ class Session(ABC):
     def autocommits(self) -> bool:
         """Whether a statement run now commits by itself (autocommit and no transaction open)."""
 
+    def transaction_failed(self) -> bool:
+        """Whether the open transaction was aborted by an error that its caller caught: committing it
+        would only roll it back. False where the database does not keep such a state."""
+        return False
+
     def close(self) -> None:
         """Close the connection if this session opened it."""
         if self.owned:
@@ -139,6 +144,10 @@ class AsyncSession(ABC):
     @abstractmethod
     def autocommits(self) -> bool:
         """Whether a statement run now commits by itself (autocommit and no transaction open)."""
+
+    def transaction_failed(self) -> bool:
+        """As :meth:`Session.transaction_failed`."""
+        return False
 
     async def wait_for_notification(self, channels: list[str], timeout: float) -> bool:
         """Wait up to ``timeout`` for a notification on any of ``channels``; without notifications, just wait."""

@@ -14,7 +14,7 @@ from psycopg.pq import TransactionStatus
 
 from .. import defaults
 from ..dialects import get_dialect
-from ..errors import InvalidArgumentError, TransportUnavailableError
+from ..errors import InvalidArgumentError, TransactionAbortedError, TransportUnavailableError
 from ..operations import Operation, Step, drive, drive_async, needs_no_transaction
 from .base import (
     ANY_STEP,
@@ -38,6 +38,16 @@ _FUSE_LIMIT = 64 * 1024
 #: What running a statement can raise: the server's errors, and psycopg's refusal to encode text
 #: that is not valid Unicode (a lone surrogate) -- both become the transport's own errors.
 STATEMENT_ERRORS = (psycopg.Error, UnicodeEncodeError)
+
+
+def refuse_aborted(session: Session | AsyncSession) -> None:
+    """Raise instead of committing a transaction an error already aborted: PostgreSQL answers that
+    COMMIT with a silent ROLLBACK, which a caller would take for success."""
+    if session.transaction_failed():
+        raise TransactionAbortedError(
+            "a statement inside the transaction failed and the error was caught; PostgreSQL rolled the whole "
+            "transaction back, so nothing it did was kept (a native-mode handler must not swallow database errors)"
+        )
 
 
 class PsycopgSession(Session):
@@ -111,6 +121,10 @@ class PsycopgSession(Session):
     def transaction(self) -> Iterator[None]:
         with translated(self.dialect, psycopg.Error), self.connection.transaction():
             yield
+            refuse_aborted(self)
+
+    def transaction_failed(self) -> bool:
+        return bool(self.connection.info.transaction_status == psycopg.pq.TransactionStatus.INERROR)
 
     def execute(self, step: Step) -> Any:
         with translated(self.dialect, STATEMENT_ERRORS, step), self.connection.cursor() as cursor:
@@ -236,6 +250,10 @@ class AsyncPsycopgSession(AsyncSession):
         with translated(self.dialect, psycopg.Error):
             async with self.connection.transaction():
                 yield
+                refuse_aborted(self)
+
+    def transaction_failed(self) -> bool:
+        return bool(self.connection.info.transaction_status == psycopg.pq.TransactionStatus.INERROR)
 
     async def execute(self, step: Step) -> Any:
         with translated(self.dialect, STATEMENT_ERRORS, step):
