@@ -37,7 +37,7 @@ from ..transport import (
     TransactionMode,
     defaults,
 )
-from ..transport.client import Addressing, Token, as_tokens
+from ..transport.client import Addressing, Token, as_messages, as_tokens
 from ..transport.dialects import get_dialect
 from ..transport.drivers import (
     AsyncPsycopgSession,
@@ -318,7 +318,7 @@ class SqlQueueHook(BaseHook):
         ``delay`` (timedelta or seconds) or ``due`` (aware datetime) holds the messages in the queue's
         delayed table until then (:meth:`~.QueueClient.send`); :meth:`move_due` or a pump moves them.
         """
-        batch = [messages] if isinstance(messages, Message) else list(messages)
+        batch = as_messages(messages)
         with self.client() as client:
             client.send(queue_name, batch, notify=notify, delay=delay, due=due)
         return [str(message.id) for message in batch]

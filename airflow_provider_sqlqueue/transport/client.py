@@ -244,6 +244,15 @@ class Addressing:
         schema lives in the queue's own schema, where ``create_queue`` creates it.
         """
         queue = self.address(queue)
+        audit = self._audit_of(queue)
+        if audit is not None and audit in (queue, self.error_address(None, queue)):
+            # Every acknowledgement would put its message back (or into the error queue) once more.
+            raise InvalidArgumentError(
+                f"the audit queue of {queue} cannot be {audit}: it is the queue or its error queue"
+            )
+        return audit
+
+    def _audit_of(self, queue: QueueAddress) -> QueueAddress | None:
         chosen = self.audit_queue
         if chosen is None or chosen is False:
             return None
@@ -256,7 +265,7 @@ class Addressing:
         address = self.address(address)
         if address == self.error_address(None, address):
             return "error"
-        if address == (self.audit_address(address) or address.sibling(defaults.AUDIT_QUEUE)):
+        if address == (self._audit_of(address) or address.sibling(defaults.AUDIT_QUEUE)):
             return "audit"
         return "queue"
 
@@ -281,8 +290,8 @@ class Addressing:
             (TableKind.QUEUE, address),
             (TableKind.QUEUE, self.error_address(error_queue, address)),
         ]
-        audit_address = self.audit_address(address)
-        if audit_address is not None:
+        audit_address = self._audit_of(address)
+        if audit_address is not None and audit_address != address:
             tables.append((TableKind.QUEUE, audit_address))
         if secondary is not None:
             tables.append((TableKind.QUEUE, address.secondary(label("secondary", secondary))))

@@ -290,8 +290,16 @@ def delivery_delay(delay: timedelta | float | None = None, due: datetime | None 
 
 def subscription_text(kind: str, value: object) -> str:
     """A topic, endpoint name or queue address as the subscription table holds it, or a clear error."""
-    if not isinstance(value, str) or not value.strip():
+    if not isinstance(value, str):
+        raise ArgumentTypeError(f"{kind} must be text, got {type(value).__name__}")
+    if not value.strip():
         raise InvalidArgumentError(f"{kind} must be non-empty text, got {value!r:.60}")
+    if "\x00" in value:
+        raise InvalidArgumentError(f"{kind} {value[:60]!r} contains a NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidArgumentError(f"{kind} {value[:60]!r} is not valid Unicode text: {exc.reason}") from None
     if len(value) > SUBSCRIPTION_TEXT_LIMIT:
         raise InvalidArgumentError(
             f"{kind} {value[:40]!r}... is {len(value)} characters; NServiceBus's subscription table holds "
@@ -302,6 +310,8 @@ def subscription_text(kind: str, value: object) -> str:
 
 def topic_names(topics: str | Iterable[str]) -> list[str]:
     """One topic or several, checked; at least one."""
+    if not isinstance(topics, (str, Iterable)) or isinstance(topics, (bytes, Mapping)):
+        raise ArgumentTypeError(f"topics must be a topic or an iterable of topics, got {type(topics).__name__}")
     names = [subscription_text("topic", t) for t in ([topics] if isinstance(topics, str) else topics)]
     if not names:
         raise InvalidArgumentError("give at least one topic")

@@ -39,7 +39,10 @@ MAX_IDENTIFIER_BYTES = 63
 
 _UTC_NOW = "(now() AT TIME ZONE 'UTC')"
 #: Connection errors that retrying cannot fix, by SQLSTATE.
+#: Not a SQLSTATE: connection settings libpq refuses before it reaches any server.
+SETTINGS = "settings"
 _MISCONFIGURED = {
+    SETTINGS: "connection settings libpq cannot use",
     "28000": "invalid authorization: unknown role, or not allowed by pg_hba.conf",
     "28P01": "wrong password",
     "3D000": "unknown database",
@@ -52,6 +55,17 @@ _MISCONFIGURED_TEXT = (
     (re.compile(r"FATAL:\s+no pg_hba\.conf entry"), "28000"),
     (re.compile(r"FATAL:\s+password authentication failed"), "28P01"),
     (re.compile(r'FATAL:\s+database "[^"]*" does not exist'), "3D000"),
+    # Settings libpq itself refuses before it connects: no server can make them work.
+    (
+        re.compile(r"invalid (sslmode|target_session_attrs|load_balance_hosts|gssencmode|channel_binding) value"),
+        SETTINGS,
+    ),
+    (re.compile(r'invalid port number|invalid integer value "[^"]*" for connection option'), SETTINGS),
+    (
+        re.compile(r"invalid connection option|invalid percent-encoded token|end of string reached when looking"),
+        SETTINGS,
+    ),
+    (re.compile(r"missing \"=\" after|unterminated quoted string in connection info"), SETTINGS),
 )
 _CANONICAL = re.compile(r'^(?P<table>.+)@(?P<schema>"(?:[^"]|"")+")$', re.DOTALL)
 

@@ -7,6 +7,7 @@ import re
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
+from urllib.parse import unquote
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -59,7 +60,7 @@ class PsycopgSession(Session):
     @classmethod
     def connect(cls, conninfo: str, **kwargs: Any) -> PsycopgSession:
         """Open an autocommit connection: outside an operation's transaction nothing stays open."""
-        with translated(get_dialect("postgres"), psycopg.Error):
+        with connecting(conninfo):
             connection = psycopg.connect(conninfo, autocommit=True, **with_connect_timeout(conninfo, kwargs))
         return cls(connection, owned=True)
 
@@ -132,6 +133,30 @@ class PsycopgSession(Session):
             return fetch(cursor, step)
 
 
+@contextmanager
+def connecting(conninfo: str) -> Iterator[None]:
+    """Translate what opening a connection raises, with the password taken out of every message:
+    libpq quotes a malformed connection string whole, password and all."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        error = get_dialect("postgres").translate_error(exc, "the database")
+        if error is None:  # not reached: every psycopg error has a translation
+            raise
+        error.args = (redact(str(error), conninfo),)
+        raise error from None  # the driver's own error quotes the connection string
+
+
+def redact(text: str, conninfo: str) -> str:
+    """``text`` with the password of ``conninfo`` (a URI or key=value string, as written or decoded) masked."""
+    secrets = set(re.findall(r"://[^/@:]*:([^@/]*)@", conninfo))
+    secrets |= {value.strip("'") for value in re.findall(r"password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)", conninfo)}
+    for secret in sorted(secrets | {unquote(s) for s in secrets}, key=len, reverse=True):
+        if secret:
+            text = text.replace(secret, "****")
+    return text
+
+
 def with_connect_timeout(conninfo: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     """Connection arguments with ``connect_timeout`` set unless the caller set it.
 
@@ -172,7 +197,7 @@ class AsyncPsycopgSession(AsyncSession):
 
     @classmethod
     async def connect(cls, conninfo: str, **kwargs: Any) -> AsyncPsycopgSession:
-        with translated(get_dialect("postgres"), psycopg.Error):
+        with connecting(conninfo):
             connection = await psycopg.AsyncConnection.connect(
                 conninfo, autocommit=True, **with_connect_timeout(conninfo, kwargs)
             )
