@@ -18,14 +18,17 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from .transport import QueueClient, defaults
 from .transport.client import Addressing
 from .transport.dialects import Dialect, get_dialect
 from .transport.drivers import dialect_for
-from .transport.errors import SqlQueueError
+from .transport.errors import SqlQueueError, one_line
 from .transport.install import Installation
+
+if TYPE_CHECKING:
+    from .hooks.sqlqueue import SqlQueueHook
 
 #: An argument: its flags and the keyword arguments argparse's add_argument takes (those Airflow's Arg takes too).
 ArgSpec = tuple[tuple[str, ...], dict[str, Any]]
@@ -91,9 +94,7 @@ def _dialect(args: argparse.Namespace) -> Dialect:
     if args.dialect:
         return get_dialect(args.dialect)
     if args.conn_id:
-        from .hooks.sqlqueue import SqlQueueHook
-
-        return get_dialect(SqlQueueHook(args.conn_id).dialect_name)
+        return get_dialect(_hook(args).dialect_name)
     uri = args.conn or os.environ.get("SQLQUEUE_CONN")
     if not uri:
         raise SqlQueueError("say which database the script is for: --dialect, --conn or --conn-id")
@@ -135,11 +136,28 @@ def run_grants(args: argparse.Namespace, out: TextIO) -> None:
     out.write(plan.dialect.script(plan.grants(args.role)))
 
 
+def _hook(args: argparse.Namespace) -> SqlQueueHook:
+    """The hook of ``--conn-id``, its connection looked up as Airflow's own CLI looks one up: the
+    environment, the secrets backends, then the metadata database (``airflow connections add``).
+    A task's lookup (through the task supervisor) does not exist in a command-line process."""
+    from airflow.models.connection import Connection
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    from .hooks.sqlqueue import SqlQueueHook
+
+    try:
+        connection = Connection.get_connection_from_secrets(args.conn_id)
+    except AirflowNotFoundException:
+        raise SqlQueueError(
+            f"no Airflow connection {args.conn_id!r} (looked for in the environment, the secrets backends and "
+            "the metadata database); add it with 'airflow connections add' or pass --conn"
+        ) from None
+    return SqlQueueHook(args.conn_id, error_queue=getattr(args, "error_queue", None), connection=connection)
+
+
 def _client(args: argparse.Namespace) -> QueueClient:
     if args.conn_id:
-        from .hooks.sqlqueue import SqlQueueHook
-
-        return SqlQueueHook(args.conn_id, error_queue=getattr(args, "error_queue", None)).get_conn()
+        return _hook(args).get_conn()
     uri = args.conn or os.environ.get("SQLQUEUE_CONN")
     if not uri:
         raise SqlQueueError("say which database to use: --conn URI, $SQLQUEUE_CONN or --conn-id")
@@ -263,7 +281,10 @@ def _run(command: Command, args: argparse.Namespace) -> int:
     try:
         command.run(args, sys.stdout)
     except (SqlQueueError, ValueError) as exc:
-        print(f"sqlqueue {command.name}: {exc}", file=sys.stderr)
+        print(f"sqlqueue {command.name}: {one_line(exc)}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # anything else (Airflow's lookups, a bug): still one line, never a traceback
+        print(f"sqlqueue {command.name}: {type(exc).__name__}: {one_line(exc)}", file=sys.stderr)
         return 1
     return 0
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -293,3 +294,33 @@ def send(client: Api, method: str, url: str, values: dict[str, Any]) -> Any:
         return client.http.get(f"/sqlqueue/api{url}?{query}", headers=headers)
     headers["Content-Type"] = "application/json"
     return client.http.post(f"/sqlqueue/api{url}", content=json.dumps(values), headers=headers)
+
+
+def test_airflow_sqlqueue_finds_a_connection_added_with_airflow_connections_add(airflow_db: str, shop: dict[str, str]):
+    """As README shows it: the connection lives in the metadata database, and the command finds it."""
+    import subprocess
+    import sys
+
+    conn_id = f"shop_{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    added = subprocess.run(
+        [sys.executable, "-m", "airflow", "connections", "add", conn_id, "--conn-uri", shop["{uri}"]],
+        capture_output=True, text=True, timeout=240, env=env,
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    depths = subprocess.run(
+        [sys.executable, "-m", "airflow", "sqlqueue", "depths", shop["{q}"], "--conn-id", conn_id],
+        capture_output=True, text=True, timeout=240, env=env,
+    )  # fmt: skip
+    assert depths.returncode == 0, depths.stderr
+    assert shop["{q}"] in depths.stdout and "1" in depths.stdout.splitlines()[1]
+    missing = subprocess.run(
+        [sys.executable, "-m", "airflow", "sqlqueue", "depths", shop["{q}"], "--conn-id", "no_such_conn"],
+        capture_output=True, text=True, timeout=240, env=env,
+    )  # fmt: skip
+    assert missing.returncode == 1
+    assert [line for line in missing.stderr.splitlines() if line.strip()] == [
+        "sqlqueue depths: no Airflow connection 'no_such_conn' (looked for in the environment, the secrets backends "
+        "and the metadata database); add it with 'airflow connections add' or pass --conn"
+    ]
+    assert SECRET not in depths.stdout + depths.stderr + missing.stderr

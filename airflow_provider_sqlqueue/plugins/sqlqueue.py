@@ -28,7 +28,8 @@ from typing import Annotated, Any
 from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_connection
 from airflow.plugins_manager import AirflowPlugin
 from fastapi import Body, Depends, FastAPI, HTTPException, Query, Request
-from fastapi.responses import FileResponse
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, Field
 
 from ..hooks.sqlqueue import DIALECT_OF_CONN_TYPE, SqlQueueHook, UnsupportedConnectionError, configured_conn_ids
@@ -38,6 +39,7 @@ from ..transport.errors import (
     QueueNotFoundError,
     SqlQueueError,
     TransportUnavailableError,
+    one_line,
 )
 from ..transport.message import EXCEPTION_MESSAGE, TIME_OF_FAILURE
 from ..transport.operations import FailedMessage, QueueStats
@@ -167,15 +169,15 @@ def _answering(connection_id: str) -> Iterator[None]:
     try:
         yield
     except AirflowNotFoundException:
-        raise HTTPException(404, f"connection {connection_id!r} is not defined") from None
+        raise HTTPException(404, f"connection {one_line(Exception(connection_id))!r} is not defined") from None
     except QueueNotFoundError as exc:
-        raise HTTPException(404, str(exc)) from None
-    except (InvalidQueueNameError, UnsupportedConnectionError, ValueError) as exc:
-        raise HTTPException(400, str(exc)) from None
+        raise HTTPException(404, one_line(exc)) from None
+    except (InvalidQueueNameError, UnsupportedConnectionError, ValueError, TypeError) as exc:
+        raise HTTPException(400, one_line(exc)) from None
     except TransportUnavailableError as exc:
-        raise HTTPException(503, str(exc)) from None
+        raise HTTPException(503, one_line(exc)) from None
     except SqlQueueError as exc:  # misconfigured, permission denied in the database: the database's answer
-        raise HTTPException(502, str(exc)) from None
+        raise HTTPException(502, one_line(exc)) from None
 
 
 def _hook(connection_id: str) -> SqlQueueHook:
@@ -271,6 +273,19 @@ def queue_connections() -> dict[str, str]:
 
 def create_app() -> FastAPI:
     app = FastAPI(title="SQL Queue", description="Queues of the SQL Queue provider's connections")
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        """FastAPI's own answer echoes the input, which JSON cannot always carry (a lone surrogate):
+        say what is wrong with each field, without the value."""
+        problems = [
+            {
+                "loc": [one_line(Exception(part)) for part in error.get("loc", ())],
+                "msg": one_line(Exception(error.get("msg"))),
+            }
+            for error in exc.errors()
+        ]
+        return JSONResponse(status_code=422, content={"detail": problems})
 
     @app.get("/", include_in_schema=False)
     def page() -> FileResponse:

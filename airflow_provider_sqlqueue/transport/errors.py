@@ -100,3 +100,23 @@ class LeaseLostError(SqlQueueError):
             f"the messages), so nothing was sent or acknowledged: {', '.join(tokens[:5])}"
             + (" ..." if len(tokens) > 5 else "")
         )
+
+
+#: Longest error text a command line or an HTTP answer carries.
+ONE_LINE_LIMIT = 2_000
+
+
+def one_line(error: BaseException) -> str:
+    """An error as one line of valid text: what the CLI prints and the HTTP API answers.
+
+    The library's messages carry no secrets (connection errors have their password masked where
+    they are raised); this only makes any message fit where it goes: newlines folded, text that
+    is not valid Unicode escaped, the length bounded.
+    """
+    try:
+        text = str(error)
+    except Exception:
+        text = ""
+    text = " ".join(text.split()) or type(error).__name__
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= ONE_LINE_LIMIT else text[:ONE_LINE_LIMIT] + "..."
