@@ -366,3 +366,25 @@ def test_killed_consumers_leave_exactly_one_copy_per_finished_message(backend, r
     assert set(copies) == {str(m.id) for m in sent}  # every finished message has its copy ...
     assert [mid for mid, count in copies.items() if count > 1] == []  # ... and only one
     print(f"{mode}: {total} messages, {killed} consumers killed, {sum(copies.values())} audit copies")
+
+
+def test_ack_held_is_audited_like_every_other_ack(backend, raw, auditing, schema):
+    queue = QueueAddress("orders", schema)
+    auditing.send(queue, [Message("a"), Message("b")])
+    auditing.claim(queue, 2, holder="spark-batch-7")
+    assert auditing.ack_held(queue, "spark-batch-7") == 2
+    assert sorted(body for _, body in audited(backend, raw, schema)) == [b"a", b"b"]
+
+
+@pytest.mark.parametrize("audit", ["orders", "error"])
+def test_an_audit_queue_that_is_the_queue_or_its_error_queue_is_refused(backend, schema, audit):
+    from airflow_provider_sqlqueue.transport import InvalidArgumentError
+
+    queue = QueueAddress("orders", schema)
+    with QueueClient.connect(backend.uri, audit_queue=QueueAddress(audit, schema)) as client:
+        client.create_queue(queue)
+        client.send(queue, Message("once"))
+        [claimed] = client.claim(queue)
+        with pytest.raises(InvalidArgumentError, match="audit queue"):
+            client.ack(queue, claimed.claim_token)
+        assert client.inflight(queue) == 1  # nothing acknowledged, nothing copied

@@ -199,13 +199,17 @@ def test_async_client_sends_delayed_and_moves(backend, queue):
     assert asyncio.run(run()) == ["async later"]
 
 
-def test_a_destination_that_does_not_exist_falls_back_to_the_own_queue(backend, raw, client, queue, schema):
+def test_a_destination_that_does_not_exist_sends_the_message_to_the_error_queue(backend, raw, client, queue, schema):
     nowhere = client.canonical_address(QueueAddress("gone", "nowhere"))
-    headers = json.dumps({"NServiceBus.MessageId": str(uuid.uuid4()), FORWARD_DESTINATION: nowhere})
+    sent_id = uuid.uuid4()
+    headers = json.dumps({"NServiceBus.MessageId": str(sent_id), FORWARD_DESTINATION: nowhere})
     backend.nservicebus_store_delayed(raw, schema, queue.delayed().table, headers, b"lost?", timedelta(0))
     time.sleep(0.05)
     assert client.move_due(queue) == 1
-    assert [m.body for m in client.receive(queue)] == [b"lost?"]
+    assert client.depth(queue) == 0
+    [failed] = client.browse(QueueAddress("error", schema))
+    assert (failed.id, failed.body) == (sent_id, b"lost?")
+    assert "does not exist" in failed.headers["NServiceBus.ExceptionInfo.Message"]
 
 
 def test_the_pump_moves_due_delayed_messages_and_handles_them(backend, client, queue):
@@ -250,3 +254,113 @@ def test_a_mover_whose_connection_dies_mid_batch_moves_nothing(backend, client, 
     assert client.peek(queue) == 0
     assert client.move_due(queue) == 10
     assert sorted(int(m.text) for m in client.receive(queue, 20)) == list(range(10))
+
+
+# -- hostile input (each test reproduces a defect found by trying the feature as an attacker would) ---
+
+
+def _forwarded_to(backend, raw, queue: QueueAddress, destination: str, body: bytes) -> uuid.UUID:
+    """A due row, as any NServiceBus sender stores one, bound for ``destination``."""
+    sent = uuid.uuid4()
+    headers = json.dumps({"NServiceBus.MessageId": str(sent), FORWARD_DESTINATION: destination})
+    backend.nservicebus_store_delayed(raw, queue.schema, queue.delayed().table, headers, body, timedelta(0))
+    return sent
+
+
+@pytest.mark.postgres_only
+def test_a_delayed_message_no_queue_can_take_goes_to_the_error_queue_and_the_rest_move(
+    backend, raw, client, queue, schema, pg_uri
+):
+    """One row bound for a business table, one for a queue the role may not write: each goes to the
+    error queue with its reason; every other due message moves (before, none ever moved again)."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    raw.execute(f'CREATE TABLE "{schema}".customers (Id int PRIMARY KEY, Name text)')
+    locked = QueueAddress("locked", schema)
+    client.create_queue(locked)
+    role = f"mover_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_uri, autocommit=True) as admin:
+        admin.execute(f'CREATE ROLE "{role}" LOGIN')
+        admin.execute(f'GRANT USAGE ON SCHEMA "{schema}" TO "{role}"')
+        admin.execute(f'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA "{schema}" TO "{role}"')
+        admin.execute(f'GRANT USAGE ON ALL SEQUENCES IN SCHEMA "{schema}" TO "{role}"')
+        admin.execute(f'REVOKE INSERT ON "{schema}"."locked" FROM "{role}"')
+    try:
+        good = [_forwarded_to(backend, raw, queue, client.canonical_address(queue), b"good") for _ in range(5)]
+        business = _forwarded_to(backend, raw, queue, client.canonical_address(QueueAddress("customers", schema)), b"b")
+        unwritable = _forwarded_to(backend, raw, queue, client.canonical_address(locked), b"u")
+        time.sleep(0.05)
+        with QueueClient.connect(make_conninfo(**{**conninfo_to_dict(pg_uri), "user": role})) as mover:
+            assert mover.move_due(queue) == 7
+        assert sorted(m.id for m in client.receive(queue, 10)) == sorted(good)
+        failed = {m.id: m for m in client.browse(QueueAddress("error", schema))}
+        assert set(failed) == {business, unwritable}
+        assert "not a queue table" in failed[business].headers["NServiceBus.ExceptionInfo.Message"]
+        assert "may not insert" in failed[unwritable].headers["NServiceBus.ExceptionInfo.Message"]
+        assert client.depth(locked) == 0 and delayed_rows(backend, raw, queue) == []
+        assert raw.execute(f'SELECT count(*) FROM "{schema}".customers').fetchone()[0] == 0
+    finally:
+        with psycopg.connect(pg_uri, autocommit=True) as admin:
+            admin.execute(f'DROP OWNED BY "{role}"')
+            admin.execute(f'DROP ROLE "{role}"')
+
+
+@pytest.mark.postgres_only
+@pytest.mark.parametrize(
+    ("sender_zone", "mover_zone"),
+    [("Asia/Tokyo", "America/Los_Angeles"), ("America/Los_Angeles", "Asia/Tokyo"), ("UTC", "Pacific/Chatham")],
+)
+def test_due_is_absolute_whatever_the_sessions_time_zones(pg_uri, client, queue, sender_zone, mover_zone):
+    from psycopg.conninfo import make_conninfo
+
+    def zoned(zone: str) -> QueueClient:
+        return QueueClient.connect(make_conninfo(pg_uri, options=f"-c TimeZone={zone}"))
+
+    with zoned(sender_zone) as sender, zoned(mover_zone) as mover:
+        sender.send(queue, Message("in an hour"), delay=timedelta(hours=1))
+        sender.send(queue, Message("in a second"), delay=timedelta(seconds=1))
+        sender.send(
+            queue, Message("at a due time"), due=datetime.now(timezone(timedelta(hours=-8))) + timedelta(seconds=1)
+        )
+        left = mover.next_due(queue)
+        assert left is not None and timedelta(0) < left <= timedelta(seconds=1)
+        assert mover.move_due(queue) == 0  # nothing moves early
+        time.sleep(1.2)
+        assert mover.move_due(queue) == 2
+        assert sorted(m.text for m in mover.receive(queue, 5)) == ["at a due time", "in a second"]
+        left = mover.next_due(queue)
+        assert left is not None and timedelta(minutes=59) < left <= timedelta(hours=1)
+
+
+def test_a_delayed_message_keeps_the_id_it_was_sent_with(client, queue):
+    message = Message("later")
+    client.send(queue, message, delay=0.05)
+    time.sleep(0.1)
+    assert client.move_due(queue) == 1
+    [received] = client.receive(queue)
+    assert received.id == message.id
+
+
+@pytest.mark.postgres_only
+def test_a_batch_of_delayed_messages_is_one_statement(client, queue, monkeypatch):
+    inserts: list[str] = []
+    execute = client.session.execute
+
+    def counting(step):
+        if step.sql.lstrip().upper().startswith("INSERT"):
+            inserts.append(step.sql)
+        return execute(step)
+
+    monkeypatch.setattr(client.session, "execute", counting)
+    assert client.send(queue, [Message(f"m{n}") for n in range(5_000)], delay=timedelta(hours=1)) == 5_000
+    assert len(inserts) == 1
+    monkeypatch.undo()
+    assert client.next_due(queue) is not None
+
+
+def test_drop_queue_drops_its_delayed_table(backend, raw, client, queue, schema):
+    client.send(queue, Message("pending"), delay=timedelta(hours=1))
+    client.drop_queue(queue)
+    assert queue.table not in backend.tables(raw, schema)
+    assert queue.delayed().table not in backend.tables(raw, schema)

@@ -8,6 +8,7 @@ sets on an event.
 from __future__ import annotations
 
 import threading
+import uuid
 from collections import Counter
 
 import pytest
@@ -144,3 +145,31 @@ def test_bad_topics_are_refused(client, queues, schema, topics, match):
         client.subscribe(queues["billing"], topics, table=routing(schema))
     with pytest.raises(ValueError, match=match):
         client.publish(topics, Message("x"), table=routing(schema))
+
+
+@pytest.mark.postgres_only
+def test_two_spellings_of_one_subscriber_get_one_copy(backend, raw, client, schema):
+    """``orders`` and ``orders@"public"`` name one table: the publish used to fail with a duplicate id."""
+    billing = QueueAddress(f"billing_{uuid.uuid4().hex[:8]}", "public")
+    table = routing(schema)
+    client.create_subscription_table(table)
+    client.create_queue(billing, delayed=False)
+    try:
+        client.subscribe(billing, "Shop.OrderPlaced", endpoint="Billing", table=table)
+        backend.nservicebus_subscribe(raw, schema, billing.table, "BillingToo", "Shop.OrderPlaced")  # bare name
+        reached = client.publish("Shop.OrderPlaced", Message("placed"), table=table)
+        assert len(reached) == 1
+        assert [m.text for m in client.receive(billing, 5)] == ["placed"]
+    finally:
+        client.drop_queue(billing)
+
+
+@pytest.mark.parametrize("topic", ["Shop.\x00Placed", "Shop.\udcffPlaced", "", "x" * 1_000_000])
+def test_a_topic_no_table_can_hold_is_refused_before_anything_is_sent(client, queues, schema, topic):
+    from airflow_provider_sqlqueue.transport import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match="topic"):
+        client.publish(topic, Message("x"), table=routing(schema))
+    with pytest.raises(InvalidArgumentError, match="topic"):
+        client.subscribe(queues["billing"], topic, table=routing(schema))
+    assert client.subscribers("Shop.Placed", table=routing(schema)) == []

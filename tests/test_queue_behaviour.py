@@ -244,10 +244,17 @@ def test_injection_shaped_names_are_only_ever_identifiers(client, schema, raw, b
     assert name in tables and "victims" in tables
 
 
-def test_over_long_and_empty_names_are_refused_before_any_sql(client, schema, backend):
+def test_over_long_and_empty_names_are_refused_before_any_sql(client, schema, backend, raw):
     with pytest.raises(InvalidQueueNameError, match=backend.too_long_message):
         client.create_queue(QueueAddress("q" * (backend.max_table_name + 1), schema))
-    client.create_queue(QueueAddress("q" * backend.max_table_name, schema))
+    longest = QueueAddress("q" * backend.max_table_name, schema)
+    with pytest.raises(InvalidQueueNameError, match="no room for its delayed-message table"):
+        client.create_queue(longest)  # every queue made has all its tables, or none is made
+    assert not backend.tables(raw, schema)
+    client.create_queue(longest, delayed=False)
+    with_delays = QueueAddress("d" * (backend.max_table_name - len(".Delayed")), schema)
+    client.create_queue(with_delays)
+    assert f"{with_delays.table}.Delayed" in backend.tables(raw, schema)
     for bad in ["", "   ", "nul\x00byte"]:
         with pytest.raises(InvalidQueueNameError):
             QueueAddress(bad, schema)

@@ -113,6 +113,7 @@ STATEMENTS: dict[str, Statement] = {
     "subscribers": lambda d, a, e: d.subscribers_sql(a.sibling("SubscriptionRouting")),
     "grant_schema_usage": lambda d, a, e: list(d.grant_schema_usage_sql(a, "app]rt")),
     "grant_runtime": lambda d, a, e: list(d.grant_runtime_sql(a, "app]rt", sequence=True)),
+    "can_insert": lambda d, a, e: d.can_insert_sql(),
 }
 #: Dialect methods that return no statement, and statement variants tested under another name.
 NOT_STATEMENTS = {
@@ -126,6 +127,7 @@ NOT_STATEMENTS = {
     "key_list",
     "topic_list",
     "seq_list",
+    "table_reference",
 }
 VARIANTS = {"send_legacy", "insert_error_legacy", "claim_to_error_legacy", "release_lapsed_legacy"}
 SESSION_STATEMENTS = {
@@ -194,8 +196,9 @@ def test_every_statement_parses_as_tsql_and_names_exactly_the_queue_tables(label
         catalog_views = {t.catalog for p in parsed for t in p.find_all(exp.Table) if t.db == "sys"}
         # The queue's database's views; listing queues reads the connection's own database.
         assert catalog_views <= ({""} if name == "list_queues" else {address.catalog or ""}), (name, catalog_views)
-        # Besides the application lock and DB_NAME(), every statement reads a queue table or a catalog view.
-        assert tables or catalog_views or name in ("install_lock", "current_catalog"), name
+        # Besides the application lock, DB_NAME() and the privilege check (which takes the table's name as
+        # a parameter), every statement reads a queue table or a catalog view.
+        assert tables or catalog_views or name in ("install_lock", "current_catalog", "can_insert"), name
         # Names passed as strings (OBJECT_ID) must, read back as T-SQL, name the same table.
         for literal in (n for p in parsed for n in p.find_all(exp.National) if n.this.startswith("[")):
             table = sqlglot.parse_one(f"SELECT 1 FROM {literal.this}", read="tsql").find(exp.Table)
@@ -256,6 +259,7 @@ def test_placeholder_names_match_the_parameters_the_operations_pass():
         "has_expires_index": {"schema", "table"},
         "install_lock": set(),
         "current_catalog": set(),
+        "can_insert": {"table"},
         "peek": set(),
         "depth": set(),
         "purge_all": set(),

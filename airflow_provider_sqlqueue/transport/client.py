@@ -300,10 +300,12 @@ class Addressing:
             delayed_table = address.delayed()
             try:
                 self.dialect.validate_address(delayed_table)
-            except InvalidQueueNameError as exc:
-                log.warning("Queue %s gets no delayed-message table, so no delayed delivery: %s", address, exc)
-            else:
-                tables.append((TableKind.DELAYED, delayed_table))
+            except InvalidQueueNameError as exc:  # every queue made has all its tables, or none is made
+                raise InvalidQueueNameError(
+                    f"queue name {address.table!r} leaves no room for its delayed-message table "
+                    f"{delayed_table.table!r} ({exc}); choose a shorter name, or create it with delayed=False"
+                ) from None
+            tables.append((TableKind.DELAYED, delayed_table))
         return Installation(self.dialect, tuple(tables), body_string)
 
 
@@ -382,7 +384,8 @@ class _Addressing(Addressing, Generic[S]):
 
     def _move_due_op(self, queue: str | QueueAddress, batch_size: int) -> ops.Operation[int]:
         address = self.address(queue)
-        return ops.move_due(self.dialect, address, address.delayed(), check_positive("batch_size", batch_size))
+        limit = check_positive("batch_size", batch_size)
+        return ops.move_due(self.dialect, address, address.delayed(), self.error_address(None, address), limit)
 
     def _receive_op(
         self,
@@ -1049,7 +1052,11 @@ class QueueClient(_Addressing[Session]):
 
     def ack_held(self, queue: str | QueueAddress, holder: str) -> int:
         """Acknowledge every claim ``holder`` holds on the queue; returns how many."""
-        return self._run(ops.ack_held(self.dialect, self.address(queue), label("holder", holder)))
+        address, holder = self.address(queue), label("holder", holder)
+        audit_address = self.audit_address(address)
+        if audit_address is None:
+            return self._run(ops.ack_held(self.dialect, address, holder))
+        return self._run(ops.ack_held_audited(self.dialect, address, holder, audit_address))
 
     def extend_held(self, queue: str | QueueAddress, holder: str, lease: timedelta | float = defaults.LEASE) -> int:
         """Renew every claim ``holder`` holds for another ``lease``, lapsed ones that nobody took

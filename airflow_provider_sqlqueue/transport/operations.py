@@ -265,6 +265,12 @@ def drop_queue(d: Dialect, address: QueueAddress) -> Operation[None]:
         return
     yield Step(d.drop_queue_sql(address), {}, Fetch.NONE, d.qualified_name(address))
     d.forget_table(address)
+    delayed = address.delayed()  # its delayed-message table goes with it
+    columns = yield Step(d.queue_columns_sql(delayed), _table_key(d, delayed), Fetch.ALL, d.qualified_name(delayed))
+    if columns:
+        d.learn_table_of("delayed", delayed, columns)
+        yield Step(d.drop_queue_sql(delayed), {}, Fetch.NONE, d.qualified_name(delayed))
+        d.forget_table(delayed)
 
 
 # -- sending -----------------------------------------------------------------------------------
@@ -338,55 +344,99 @@ def send_delayed(
                 "Remove the time_to_be_received to delay this message."
             )
     target = d.qualified_name(delayed)
+    yield from table_shape(d, address)
     yield from table_of(d, delayed, "delayed")
     destination = d.format_address(address)
     sent_at = wire_timestamp(datetime.now(timezone.utc))
-    for message in messages:
-        stored = Message(message.body, {**message.headers, FORWARD_DESTINATION: destination}, id=message.id)
-        params = {"headers": stored.wire_headers(sent_at), "body": stored.body, "delay_ms": delay_ms}
-        yield Step(d.store_delayed_sql(delayed), params, Fetch.NONE, target)
+    stored = [
+        Message(m.body, {**m.headers, FORWARD_DESTINATION: destination}, id=m.id).wire_headers(sent_at)
+        for m in messages
+    ]
+    bodies = [m.body for m in messages]
+    batch_sql = d.store_delayed_batch_sql(delayed)
+    if batch_sql is not None and len(messages) > 1:
+        yield Step(batch_sql, {"headers": stored, "bodies": bodies, "delay_ms": delay_ms}, Fetch.NONE, target)
+        return len(messages)
+    for headers, body in zip(stored, bodies, strict=True):
+        yield Step(
+            d.store_delayed_sql(delayed), {"headers": headers, "body": body, "delay_ms": delay_ms}, Fetch.NONE, target
+        )
     return len(messages)
 
 
-def move_due(d: Dialect, address: QueueAddress, delayed: QueueAddress, limit: int) -> Operation[int]:
+def move_due(
+    d: Dialect, address: QueueAddress, delayed: QueueAddress, error_address: QueueAddress, limit: int
+) -> Operation[int]:
     """Move up to ``limit`` due messages from the delayed table to where they are going, in one transaction.
 
     Rows are locked as they are read and rows other movers hold are skipped, so any number of
     movers (this package's and NServiceBus's own) can run at once: each row is moved by the one
     that deleted it, once. A row goes to the queue its ``ForwardDestination`` header names
     (without that header, as NServiceBus forwards it), or to the table's own queue when the header
-    is missing, names no queue of this database, or the row's headers cannot be read -- there its
-    receiver deals with it as with any message. Returns how many rows were moved.
+    is missing or its headers cannot be read -- there its receiver deals with it as with any
+    message. A row whose destination cannot take it -- no such table, a table that is not a queue,
+    a queue this connection may not write -- goes to ``error_address`` with the reason in its
+    failure headers, so one bad row never stops the others. Each message keeps the id it was sent
+    with (``NServiceBus.MessageId``). Returns how many rows were moved.
     """
-    yield from table_shape(d, address)
     target = d.qualified_name(delayed)
+    yield from table_shape(d, address)
+    yield from table_shape(d, error_address)
     yield from table_of(d, delayed, "delayed")
     found = yield Step(d.due_delayed_sql(delayed), {"limit": limit}, Fetch.ALL, target)
     rows = [DueRow(*row) for row in found]
     if not rows:
         return 0
     routed: dict[QueueAddress, list[SendRow]] = {}
+    refused: dict[QueueAddress, str | None] = {}
     for key, headers_text, body in rows:
-        message_id = key if isinstance(key, uuid.UUID) else uuid.uuid4()
         destination, headers = _due_destination(d, address, headers_text)
-        routed.setdefault(destination, []).append((message_id, None, headers, bytes(body or b"")))
-    for destination, batch in routed.items():
-        try:
-            shape = yield from table_shape(d, destination)
-        except QueueNotFoundError:
-            log.warning(
-                "Delayed messages in %s are due for %s, which does not exist; moving %d of them to %s instead",
+        message_id = _sent_id(headers, key)
+        if destination not in refused:
+            refused[destination] = yield from _refusal(d, destination)
+        reason = refused[destination]
+        if reason is not None:
+            log.error(
+                "A delayed message in %s cannot go to %s (%s); moving it to %s",
                 target,
                 d.qualified_name(destination),
-                len(batch),
-                d.qualified_name(address),
+                reason,
+                d.qualified_name(error_address),
             )
-            destination = address
-            shape = yield from table_shape(d, address)
+            failed = failure_headers(
+                _readable_headers(headers) or {},
+                d.format_address(address),
+                f"delayed delivery to {d.format_address(destination)} failed: {reason}",
+            )
+            destination, headers = error_address, encode_headers(failed)
+        routed.setdefault(destination, []).append((message_id, None, headers, bytes(body or b"")))
+    for destination, batch in routed.items():
+        shape = yield from table_shape(d, destination)
         yield from _insert(d, destination, shape, batch)
     yield Step(d.delete_delayed_sql(delayed), {"keys": d.key_list([row.key for row in rows])}, Fetch.NONE, target)
     log.debug("Moved %d due delayed message(s) out of %s", len(rows), target)
     return len(rows)
+
+
+def _refusal(d: Dialect, destination: QueueAddress) -> Operation[str | None]:
+    """Why ``destination`` cannot take a message (None: it can): missing, not a queue, or not writable."""
+    try:
+        yield from table_shape(d, destination)
+    except (QueueNotFoundError, NotAQueueError) as exc:
+        return str(exc)
+    allowed = yield Step(
+        d.can_insert_sql(), {"table": d.table_reference(destination)}, Fetch.ONE, d.qualified_name(destination)
+    )
+    return None if allowed and allowed[0] else f"this connection may not insert into {d.qualified_name(destination)}"
+
+
+def _sent_id(headers_text: str, key: object) -> uuid.UUID:
+    """The id a delayed message was sent with (its ``NServiceBus.MessageId``), else its row's own key."""
+    sent = (_readable_headers(headers_text) or {}).get(MESSAGE_ID)
+    try:
+        return uuid.UUID(str(sent))
+    except ValueError:
+        return key if isinstance(key, uuid.UUID) else uuid.uuid4()
 
 
 def _due_destination(d: Dialect, address: QueueAddress, headers_text: str | None) -> tuple[QueueAddress, str]:
@@ -468,7 +518,13 @@ def publish(
     (nothing is sent), so no subscriber silently misses an event. Returns the queues reached.
     """
     found = yield from subscribers(d, table, topics)
-    destinations = [d.parse_address(text) for text in found]
+    # Subscriptions written differently (``orders``, ``orders@"public"``) may name one table: each gets one copy.
+    resolved: dict[tuple[str | None, str, str], QueueAddress] = {}
+    for text in found:
+        destination = d.parse_address(text)
+        key = (destination.catalog, destination.schema or d.default_schema, destination.table)
+        resolved.setdefault(key, destination)
+    destinations = list(resolved.values())
     event_headers = {MESSAGE_INTENT: "Publish", ENCLOSED_MESSAGE_TYPES: ";".join(topics)}
     published = [
         Message(m.body, {**event_headers, **m.headers}, id=m.id, time_to_be_received=m.time_to_be_received)
@@ -866,6 +922,13 @@ def held(d: Dialect, address: QueueAddress, holder: str, parts: int, part: int) 
 
 
 @autocommitted
+def ack_held_audited(d: Dialect, address: QueueAddress, holder: str, audit_address: QueueAddress) -> Operation[int]:
+    """:func:`ack_held` with an audit copy of each message, in the same transaction (:func:`ack_audited`)."""
+    messages = yield from held(d, address, holder, 1, 0)
+    tokens = [m.claim_token for m in messages if m.claim_token is not None]
+    return len((yield from ack_audited(d, address, tokens, audit_address, {}))) if tokens else 0
+
+
 def ack_held(d: Dialect, address: QueueAddress, holder: str) -> Operation[int]:
     """Finish every claim ``holder`` holds on the queue; returns how many."""
     yield from table_shape(d, address)

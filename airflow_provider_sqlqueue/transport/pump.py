@@ -31,6 +31,7 @@ from .drivers import AsyncSession, AsyncSessionPool
 from .errors import (
     ArgumentTypeError,
     InvalidArgumentError,
+    NotAQueueError,
     PermissionDeniedError,
     QueueNotFoundError,
     TransactionAbortedError,
@@ -248,12 +249,14 @@ class MessagePump:
         while not self._stop.is_set():
             try:
                 async with self.pool.session() as session:
-                    moved = await session.run(ops.move_due(self.dialect, self.queue, delayed, defaults.DELAYED_BATCH))
+                    moved = await session.run(
+                        ops.move_due(self.dialect, self.queue, delayed, self.error_queue, defaults.DELAYED_BATCH)
+                    )
             except QueueNotFoundError:
                 log.info("Queue %s: no delayed table %s, so no delayed messages to move", self.name, delayed)
                 return
-            except PermissionDeniedError as exc:  # retrying cannot grant rights
-                log.error("Queue %s: not moving delayed messages: %s", self.name, exc)
+            except (PermissionDeniedError, NotAQueueError, InvalidArgumentError, TransportMisconfiguredError) as exc:
+                log.error("Queue %s: not moving delayed messages (retrying cannot help): %s", self.name, exc)
                 return
             except Exception as exc:  # the consumer loop reports lasting outages; this one retries
                 log.warning("Queue %s: moving due delayed messages failed (%s); trying again", self.name, exc)

@@ -187,6 +187,9 @@ SELECT DISTINCT QueueAddress FROM [dbo].[SubscriptionRouting] WHERE Topic IN (SE
 -- plain: grant_runtime[0]
 GRANT SELECT, INSERT, UPDATE, DELETE ON [dbo].[orders] TO [app]]rt];
 
+-- plain: can_insert
+SELECT CAST(HAS_PERMS_BY_NAME(@p_table, 'OBJECT', 'INSERT') AS bit);
+
 -- escaping: install_lock
 DECLARE @resource nvarchar(255) = QUOTENAME(DB_NAME()) + N'.' + QUOTENAME(N'sa]les') + N'.' + QUOTENAME(N'we]ird [name]; DROP TABLE x--''%s') + N'_lock'; EXEC sp_getapplock @Resource = @resource, @LockMode = N'Exclusive', @LockOwner = N'Transaction';
 
@@ -375,6 +378,9 @@ SELECT DISTINCT QueueAddress FROM [sa]]les].[SubscriptionRouting] WHERE Topic IN
 
 -- escaping: grant_runtime[0]
 GRANT SELECT, INSERT, UPDATE, DELETE ON [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] TO [app]]rt];
+
+-- escaping: can_insert
+SELECT CAST(HAS_PERMS_BY_NAME(@p_table, 'OBJECT', 'INSERT') AS bit);
 
 -- catalog: install_lock
 DECLARE @resource nvarchar(255) = QUOTENAME(N'Shop''s DB') + N'.' + QUOTENAME(N'ops') + N'.' + QUOTENAME(N'Sales.WORKER01') + N'_lock'; EXEC sp_getapplock @Resource = @resource, @LockMode = N'Exclusive', @LockOwner = N'Transaction';
@@ -565,6 +571,9 @@ SELECT DISTINCT QueueAddress FROM [Shop's DB].[ops].[SubscriptionRouting] WHERE 
 -- catalog: grant_runtime[0]
 USE [Shop's DB]; GRANT SELECT, INSERT, UPDATE, DELETE ON [ops].[Sales.WORKER01] TO [app]]rt];
 
+-- catalog: can_insert
+SELECT CAST(HAS_PERMS_BY_NAME(@p_table, 'OBJECT', 'INSERT') AS bit);
+
 -- unicode: install_lock
 DECLARE @resource nvarchar(255) = QUOTENAME(DB_NAME()) + N'.' + QUOTENAME(N'ünï') + N'.' + QUOTENAME(N'東京 queue') + N'_lock'; EXEC sp_getapplock @Resource = @resource, @LockMode = N'Exclusive', @LockOwner = N'Transaction';
 
@@ -753,6 +762,9 @@ SELECT DISTINCT QueueAddress FROM [ünï].[SubscriptionRouting] WHERE Topic IN (
 
 -- unicode: grant_runtime[0]
 GRANT SELECT, INSERT, UPDATE, DELETE ON [ünï].[東京 queue] TO [app]]rt];
+
+-- unicode: can_insert
+SELECT CAST(HAS_PERMS_BY_NAME(@p_table, 'OBJECT', 'INSERT') AS bit);
 
 -- session: setup
 SET ANSI_NULLS ON; SET ANSI_PADDING ON; SET ANSI_WARNINGS ON; SET ARITHABORT ON; SET CONCAT_NULL_YIELDS_NULL ON; SET QUOTED_IDENTIFIER ON; SET NUMERIC_ROUNDABORT OFF; SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SET XACT_ABORT ON;

@@ -364,6 +364,19 @@ class Dialect(ABC):
     def purge_all_sql(self, address: QueueAddress) -> str:
         """Delete every message; rowcount is the number deleted."""
 
+    def store_delayed_batch_sql(self, delayed: QueueAddress) -> str | None:
+        """Params headers, bodies (lists), delay_ms: store a batch of delayed messages in one statement;
+        None where the dialect stores them one statement each."""
+        return None
+
+    @abstractmethod
+    def can_insert_sql(self) -> str:
+        """Params table (:meth:`table_reference`) -> one row: whether the connection may insert into it."""
+
+    @abstractmethod
+    def table_reference(self, address: QueueAddress) -> str:
+        """The qualified name as the database's privilege functions take it, as a parameter value."""
+
     @abstractmethod
     def insert_error_sql(self, error_address: QueueAddress, shape: TableShape) -> str:
         """Params id, headers, body: insert a row that never expires (into an error queue, or back from one)."""

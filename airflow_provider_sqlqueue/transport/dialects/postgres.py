@@ -324,34 +324,44 @@ class PostgresDialect(Dialect):
             f"RETURNING rs.Id, rs.Expires IS NOT NULL AND rs.Expires <= {_UTC_NOW}, rs.Headers, rs.Body, rs.Seq"
         )
 
-    # Due is a timestamptz holding UTC wall-clock time read in the session's time zone, exactly as
-    # NServiceBus writes and compares it (timestamptz(now() AT TIME ZONE 'UTC') + delay); the two
-    # agree as long as both run with the server's default TimeZone.
+    # Due is an absolute instant (timestamptz), written and compared against the server's clock
+    # whatever the session's TimeZone: a sender in Tokyo and a mover in Los Angeles agree. NServiceBus
+    # writes timestamptz(now() AT TIME ZONE 'UTC') + delay, the same instant in a session whose
+    # TimeZone is UTC (the usual server default); its rows are moved here when due, and ours there.
 
     def store_delayed_sql(self, delayed: QueueAddress) -> str:
         return (
             f"INSERT INTO {self.qualified_name(delayed)} (Headers, Body, Due) VALUES (%(headers)s, %(body)s, "
-            f"(clock_timestamp() AT TIME ZONE 'UTC')::timestamptz + %(delay_ms)s::bigint * interval '1 millisecond')"
+            "clock_timestamp() + %(delay_ms)s::bigint * interval '1 millisecond')"
+        )
+
+    def store_delayed_batch_sql(self, delayed: QueueAddress) -> str | None:
+        return (
+            f"INSERT INTO {self.qualified_name(delayed)} (Headers, Body, Due) "
+            "SELECT m.headers, m.body, clock_timestamp() + %(delay_ms)s::bigint * interval '1 millisecond' "
+            "FROM unnest(%(headers)b::text[], %(bodies)b::bytea[]) AS m(headers, body)"
         )
 
     def due_delayed_sql(self, delayed: QueueAddress) -> str:
         d = self.qualified_name(delayed)
         return (
-            f"SELECT Id, Headers, Body FROM {d} WHERE Due < {_UTC_NOW} ORDER BY Due "
-            "LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
+            f"SELECT Id, Headers, Body FROM {d} WHERE Due < now() ORDER BY Due LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
         )
 
     def delete_delayed_sql(self, delayed: QueueAddress) -> str:
         return f"DELETE FROM {self.qualified_name(delayed)} WHERE Id = ANY(%(keys)s::uuid[])"
 
     def next_due_sql(self, delayed: QueueAddress) -> str:
-        return (
-            f"SELECT (EXTRACT(EPOCH FROM min(Due) - {_UTC_NOW}::timestamptz) * 1000)::bigint "
-            f"FROM {self.qualified_name(delayed)}"
-        )
+        return f"SELECT (EXTRACT(EPOCH FROM min(Due) - now()) * 1000)::bigint FROM {self.qualified_name(delayed)}"
 
     def key_list(self, keys: Sequence[Any]) -> object:
         return list(keys)
+
+    def can_insert_sql(self) -> str:
+        return "SELECT has_table_privilege(%(table)s, 'INSERT')"
+
+    def table_reference(self, address: QueueAddress) -> str:
+        return self.qualified_name(address).replace("%%", "%")
 
     def subscribe_sql(self, table: QueueAddress) -> str:
         return (

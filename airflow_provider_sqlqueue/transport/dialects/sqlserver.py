@@ -559,6 +559,12 @@ class SqlServerDialect(Dialect):
             "WITH (READPAST, READCOMMITTEDLOCK)"
         )
 
+    def can_insert_sql(self) -> str:
+        return "SELECT CAST(HAS_PERMS_BY_NAME(%(table)s, 'OBJECT', 'INSERT') AS bit)"
+
+    def table_reference(self, address: QueueAddress) -> str:
+        return self.qualified_name(address)
+
     def key_list(self, keys: Sequence[Any]) -> object:
         # A JSON array of RowVersions, opened server side with OPENJSON (SQL Server 2016+).
         return json.dumps([int(key) for key in keys])
