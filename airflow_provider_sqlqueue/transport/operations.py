@@ -20,6 +20,7 @@ from enum import Enum
 from operator import itemgetter
 from typing import Any, ParamSpec, TypeVar
 
+from . import defaults
 from .addressing import QueueAddress
 from .dialects import (
     BrowsedRow,
@@ -574,6 +575,8 @@ def _receive(
         wanted = limit - len(received)
         rows: list[ReceivedRow] = yield Step(d.receive_sql(address), {"limit": wanted}, Fetch.ALL, target)
         rows.sort(key=_RECEIVED_SEQ)  # plain driver tuples, in the shape of ReceivedRow
+        if any(row[1] for row in rows):
+            yield from _purge_expired_run(d, address)
         for message_id, expired, headers_text, body, _seq in rows:
             if expired:
                 log.debug("Dropped expired message %s from %s", message_id, target)
@@ -595,6 +598,24 @@ def _receive(
         if len(rows) < wanted:
             break
     return received
+
+
+def _purge_expired_run(d: Dialect, address: QueueAddress) -> Operation[int]:
+    """Delete the expired messages a receive has met, in bulk: a run of them at the head of a queue
+    (a consumer that was down longer than their time to be received) then costs a few set-based
+    statements instead of one receive per row. Bounded per statement, and rows other receivers
+    hold are skipped."""
+    purged = 0
+    while True:
+        count = yield Step(
+            d.purge_expired_sql(address), {"limit": defaults.PURGE_BATCH}, Fetch.ROWCOUNT, d.qualified_name(address)
+        )
+        purged += int(count)
+        if int(count) < defaults.PURGE_BATCH:
+            break
+    if purged:
+        log.info("Queue %s: deleted %d expired message(s) met by a receive", d.qualified_name(address), purged)
+    return purged
 
 
 def _log_poison(
@@ -672,6 +693,8 @@ def claim(
         wanted = limit - len(claimed)
         found = yield Step(d.claim_sql(address), {**params, "limit": wanted}, Fetch.ALL, target)
         rows = sorted((ClaimedRow(*row) for row in found), key=lambda row: row.seq)
+        if any(row.token is None for row in rows):
+            yield from _purge_expired_run(d, address)
         for token, message_id, headers_text, body, deliveries, _seq in rows:
             if token is None:  # expired: deleted by the statement, reported so the shortfall is asked again
                 log.debug("Dropped expired message %s from %s", message_id, target)
