@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -52,8 +53,8 @@ from pyspark.sql.types import BinaryType, IntegerType, MapType, StringType, Stru
 from .transport import Message, QueueClient, defaults
 from .transport.client import Addressing
 from .transport.drivers import dialect_for
-from .transport.errors import SqlQueueError
-from .transport.message import CONTENT_TYPE, ENCLOSED_MESSAGE_TYPES, JSON_CONTENT_TYPE, ReceivedMessage
+from .transport.errors import InvalidArgumentError, SqlQueueError
+from .transport.message import CONTENT_TYPE, ENCLOSED_MESSAGE_TYPES, JSON_CONTENT_TYPE, ReceivedMessage, duration
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, Row, SparkSession
@@ -98,6 +99,15 @@ def _number(options: Mapping[str, str], name: str, default: float, *, whole: boo
     if not value > 0 or value == float("inf"):
         raise InvalidOptionError(f"option {name!r} must be positive, got {text!r}")
     return value
+
+
+def _span(options: Mapping[str, str], name: str, default: timedelta | None, maximum: timedelta) -> timedelta:
+    """A duration option in seconds, within what the core accepts (a lease up to ``MAX_LEASE``...)."""
+    seconds = _number(options, name, 0 if default is None else default.total_seconds())
+    try:
+        return duration(name, seconds, maximum=maximum)
+    except SqlQueueError as exc:
+        raise InvalidOptionError(f"option {name!r}: {exc}") from None
 
 
 def _count(options: Mapping[str, str], name: str, default: int, maximum: int = defaults.MAX_BATCH) -> int:
@@ -175,7 +185,7 @@ class Options:
             holder=holder,
             partitions=_count(options, "numPartitions", PARTITIONS, maximum=10_000),
             fetch_size=_count(options, "fetchSize", FETCH_SIZE),
-            lease=timedelta(seconds=_number(options, "lease", defaults.LEASE.total_seconds())),
+            lease=_span(options, "lease", defaults.LEASE, defaults.MAX_LEASE),
             max_deliveries=_count(options, "maxDeliveries", defaults.MAX_DELIVERIES),
             max_messages_per_batch=_count(
                 options, "maxMessagesPerBatch", MAX_MESSAGES_PER_BATCH, maximum=10 * defaults.MAX_BATCH
@@ -183,13 +193,30 @@ class Options:
             batch_size=_count(options, "batchSize", BATCH_SIZE),
             message_type=options.get("messageType") or None,
             content_type=options.get("contentType") or None,
-            time_to_be_received=None if ttbr is None else timedelta(seconds=_number(options, "timeToBeReceived", 0)),
+            time_to_be_received=None
+            if ttbr is None
+            else _span(options, "timeToBeReceived", None, defaults.MAX_TIME_TO_BE_RECEIVED),
             ledger=addressing.dialect.format_address(ledger),
             write_id=options.get("writeId") or None,
         )
 
     def connect(self) -> QueueClient:
         return QueueClient.connect(self.url, error_queue=self.error_queue)
+
+    def check(self, client: QueueClient) -> None:
+        """On the driver, before any task: the queue and the error queue are queue tables."""
+        client.check_queue(self.queue)
+        if self.error_queue is not None:
+            client.check_queue(client.error_address(self.error_queue, client.address(self.queue)))
+
+    def write_key(self, write_id: str | None) -> uuid.UUID:
+        """The ledger key of a write: of ``write_id`` *to this queue* (the same id written to two queues
+        is two writes, each sent once), or a fresh one for a write that cannot be repeated."""
+        if write_id is None:
+            return uuid.uuid4()
+        addressing = Addressing(dialect_for(self.url))
+        queue = addressing.dialect.claim_key(addressing.address(self.queue))  # one key however it is written
+        return uuid.uuid5(WRITE_ID_NAMESPACE, f"{write_id}\n{queue}")
 
 
 def _with_password(url: str, password: str) -> str:
@@ -221,7 +248,16 @@ def _row_message(row: Row, options: Options, headers: Mapping[str, str | None]) 
         if body is not None and not isinstance(body, (bytes, bytearray, str)):
             raise InvalidOptionError(f"column 'body' must be binary or string, got {type(body).__name__}")
     else:
-        body = json.dumps(fields, default=str, separators=(",", ":"))
+        try:
+            body = json.dumps(fields, default=str, separators=(",", ":"), allow_nan=False)
+        except ValueError:  # JSON has no NaN or infinity: never send invalid JSON labelled application/json
+            columns = sorted(
+                name for name, value in fields.items() if isinstance(value, float) and not math.isfinite(value)
+            )
+            raise InvalidArgumentError(
+                f"a row holds NaN or an infinite number in {', '.join(columns) or 'a nested value'}, which JSON "
+                "cannot carry: replace them (e.g. with null) or write a 'body' column of your own"
+            ) from None
         merged.setdefault(CONTENT_TYPE, JSON_CONTENT_TYPE)
     if row_headers:
         merged.update(row_headers)
@@ -312,10 +348,9 @@ class QueueWriter(DataSourceWriter):
 
     def __init__(self, options: Options) -> None:
         self.options = options
-        given = options.write_id
-        self.key = uuid.uuid4() if given is None else uuid.uuid5(WRITE_ID_NAMESPACE, given)
+        self.key = options.write_key(options.write_id)
         with options.connect() as client:
-            client.check_queue(options.queue)
+            options.check(client)
             client.create_writes(options.ledger)
 
     def write(self, iterator: Iterator[Row]) -> WritePart:
@@ -408,6 +443,8 @@ class QueueReader(DataSourceReader):
 
     def __init__(self, options: Options) -> None:
         self.options = options
+        with options.connect() as client:
+            options.check(client)
 
     def partitions(self) -> Sequence[InputPartition]:
         options = self.options
@@ -511,6 +548,8 @@ class QueueStreamReader(DataSourceStreamReader):
 
     def __init__(self, options: Options) -> None:
         self.options = options
+        with options.connect() as client:
+            options.check(client)
         self.renewer = _Renewer(options)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -606,7 +645,7 @@ def forget_write(url: str, queue: str, write_id: str, *, ledger: str = defaults.
     """Forget a ``writeId`` whose write can no longer be repeated; returns the ledger rows deleted."""
     options = Options.parse({"url": url, "queue": queue, "ledger": ledger})
     with options.connect() as client:
-        return client.forget_write(options.ledger, uuid.uuid5(WRITE_ID_NAMESPACE, write_id))
+        return client.forget_write(options.ledger, options.write_key(write_id))
 
 
 def batch_writer(options: Mapping[str, str], checkpoint: str) -> Callable[[DataFrame, int], None]:
@@ -656,7 +695,7 @@ def send_rows(
     it again. ``conninfo`` travels to executors with the task.
     """
     if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        raise InvalidArgumentError(f"batch_size must be at least 1, got {batch_size}")
     message_headers = {CONTENT_TYPE: JSON_CONTENT_TYPE, **(headers or {})}
 
     def send(rows: Iterable[Any]) -> Iterator[int]:
