@@ -129,11 +129,12 @@ def run_ddl(args: argparse.Namespace, out: TextIO) -> None:
 
 def run_grants(args: argparse.Namespace, out: TextIO) -> None:
     plan = _installation(args)
+    grants = plan.grants(args.role)  # a role no database can name is refused before anything is printed
     out.write(
         f"-- What role {args.role!r} needs to use {', '.join(map(repr, args.queues))} at run time, and no more.\n"
     )
     out.write("-- Run after the tables exist, as a role that may grant on them and on their schema (its owner).\n\n")
-    out.write(plan.dialect.script(plan.grants(args.role)))
+    out.write(plan.dialect.script(grants))
 
 
 def _hook(args: argparse.Namespace) -> SqlQueueHook:
@@ -172,22 +173,26 @@ def _table(out: TextIO, header: Sequence[str], rows: Sequence[Sequence[object]])
 
 
 def run_depths(args: argparse.Namespace, out: TextIO) -> None:
+    """Per queue: waiting (counted), in flight and lapsed (``-`` where the schema has no claim store,
+    as in tables an NServiceBus endpoint made), and its own failures among the error queue's newest."""
     rows = []
     with _client(args) as client:
         for name in args.queues:
             queue = client.address(name)
-            lapsed = client.lapsed_claims(queue)
-            error = client.error_address(None, queue)
+            [stats] = client.queue_stats(queue)
+            canonical = client.canonical_address(queue)
+            failed = sum(g.count for g in client.error_summary(queue=queue) if g.source == canonical)
             rows.append(
                 [
-                    client.canonical_address(queue),
+                    canonical,
                     client.depth(queue),
-                    client.inflight(queue),
-                    lapsed,
-                    client.depth(error),
+                    "-" if stats.in_flight is None else stats.in_flight,
+                    "-" if stats.lapsed is None else stats.lapsed,
+                    failed,
                 ]
             )
-    _table(out, ["queue", "waiting", "in flight", "lapsed claims", "in its error queue"], rows)
+    newest = f"failed (of the newest {defaults.ERROR_SUMMARY_ROWS:,} failures)"
+    _table(out, ["queue", "waiting", "in flight", "lapsed claims", newest], rows)
 
 
 def run_errors(args: argparse.Namespace, out: TextIO) -> None:

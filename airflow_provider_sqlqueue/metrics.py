@@ -60,7 +60,9 @@ def emit_queue_metrics(conn_ids: Iterable[str]) -> dict[str, int]:
         for found in stats:
             figures: dict[str, float | None] = {
                 "waiting": found.waiting,
-                "oldest_age": None
+                # An empty queue's oldest message is 0 s old: sent, not left out, so that an alert on a
+                # stuck queue clears when the queue drains (StatsD keeps a gauge's last value).
+                "oldest_age": (0.0 if found.waiting == 0 else None)
                 if found.oldest_sent is None
                 else max(0.0, (now - found.oldest_sent).total_seconds()),
                 "in_flight": found.in_flight,

@@ -73,7 +73,7 @@ HOSTILE_ARGS: dict[str, list[tuple[str, str]]] = {
         ("unreachable", f"postgresql://app:{SECRET}@127.0.0.1:1/test?connect_timeout=2"),
         ("unknown database", "{uri_base}/no_such_database"),
     ],
-    "--role": [("empty", ""), ("lone surrogate", LONE_SURROGATE)],
+    "app": [("empty", ""), ("blank", "  "), ("lone surrogate", LONE_SURROGATE)],
     "Contract.Topic": [("lone surrogate", LONE_SURROGATE), ("empty", ""), ("megabyte", MEGABYTE)],
     "--limit": [("zero", "0"), ("negative", "-1"), ("past bigint", str(2**63)), ("text", "many")],
 }
@@ -201,6 +201,8 @@ def cli_problems(status: int, out: str, err: str, secret: str) -> list[str]:
         found.append(f"exit status {status}")
     if status == 1 and len(lines) != 1:
         found.append(f"{len(lines)} lines on stderr: {err[:300]!r}")
+    if status == 1 and out.strip():
+        found.append(f"printed before it failed: {out[:200]!r}")
     if "Traceback" in err or "Traceback" in out:
         found.append("a traceback")
     if secret in err or secret in out:

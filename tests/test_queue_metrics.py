@@ -27,6 +27,7 @@ def test_queue_metrics_reach_statsd_tagged_and_named_per_queue(airflow_db, pg_ur
         client.session.connection.execute(f'CREATE SCHEMA "{schema}"')
         try:
             client.create_queue(orders)
+            client.create_queue(QueueAddress("billing", schema))  # empty: its oldest message is 0 s old
             client.send(orders, [Message(f"m{n}") for n in range(6)])
             [failing] = client.claim(orders, 1)  # before the lapsing claims: a claim takes lapsed ones first
             client.fail(orders, failing, ValueError("x"))
@@ -66,6 +67,8 @@ def test_queue_metrics_reach_statsd_tagged_and_named_per_queue(airflow_db, pg_ur
             assert gauges[f"airflow.sqlqueue.expired.{path}.orders"] == "0"
             assert 0 <= float(gauges[f"airflow.sqlqueue.oldest_age.{path}.orders"]) < 60
             assert gauges[f"airflow.sqlqueue.errors.{path}.error"] == "1"
+            # sent for an empty queue, so an alert on a stuck queue clears (StatsD keeps a gauge's last value)
+            assert float(gauges[f"airflow.sqlqueue.oldest_age.{path}.billing"]) == 0
             assert f"airflow.sqlqueue.errors.{path}.orders" not in gauges
             assert gauges["airflow.sqlqueue.waiting"]  # the tagged form (tags travel only with tag-aware backends)
         finally:

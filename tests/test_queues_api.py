@@ -243,3 +243,21 @@ def test_actions_are_in_airflows_audit_log(api: Api) -> None:
     with create_session() as session:
         rows = session.scalars(select(Log).where(Log.event == "sqlqueue.purge_expired")).all()
     assert any(row.owner == "operator" and json.loads(row.extra)["queue"] == address(api, "billing") for row in rows)
+
+
+def test_a_page_of_failures_bounds_every_header(api: Api) -> None:
+    """A failed message with a 2 MB header (and one holding a lone surrogate) made a 2 MB answer."""
+    error = QueueAddress("error", api.schema)
+    with QueueClient.connect(api.pg_uri) as client:
+        client.send(
+            error,
+            Message("huge", {"NServiceBus.FailedQ": address(api, "orders"), "Custom.Trace": "t" * 2_000_000}),
+        )
+        try:
+            answer = api.get("operator", "/connections/shop/errors/messages", error_queue=address(api, "error"))
+            assert answer.status_code == 200, answer.text
+            assert len(answer.content) < 100_000
+            [huge] = [f for f in answer.json()["failures"] if f["body_preview"] == "huge"]
+            assert huge["headers"]["Custom.Trace"].endswith("characters cut)")
+        finally:
+            client.purge(error)

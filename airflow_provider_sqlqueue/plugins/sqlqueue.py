@@ -41,7 +41,7 @@ from ..transport.errors import (
     TransportUnavailableError,
     one_line,
 )
-from ..transport.message import EXCEPTION_MESSAGE, TIME_OF_FAILURE
+from ..transport.message import EXCEPTION_MESSAGE, TIME_OF_FAILURE, storable_text
 from ..transport.operations import FailedMessage, QueueStats
 
 log = logging.getLogger("airflow_provider_sqlqueue.plugins")
@@ -213,18 +213,23 @@ def _preview(message: FailedMessage) -> tuple[str, str, bool]:
     return data.hex(" "), "hex", truncated
 
 
+def _shown(text: str | None) -> str | None:
+    """A header value as a page shows it: bounded, and valid text whatever the row holds."""
+    return None if text is None else storable_text(text, defaults.HEADER_PREVIEW_CHARS)
+
+
 def _failure(message: FailedMessage) -> Failure:
-    headers = message.headers or {}
+    headers = {_shown(key) or "": _shown(value) for key, value in (message.headers or {}).items()}
     preview, encoding, truncated = _preview(message)
     source, exception_type = message.group
     return Failure(
         seq=message.seq,
         id=str(message.id),
-        source=source,
-        exception_type=exception_type,
+        source=_shown(source) or "",
+        exception_type=_shown(exception_type) or "",
         exception_message=headers.get(EXCEPTION_MESSAGE),
         time_of_failure=headers.get(TIME_OF_FAILURE),
-        headers=message.headers,
+        headers=None if message.headers is None else headers,
         body_size=message.body_size,
         body_preview=preview,
         body_encoding=encoding,

@@ -95,3 +95,7 @@ MAX_LABEL = 255
 #: Longest exception message and stack trace kept in failure headers (characters each; the rest is
 #: cut, saying how much): a failure is recorded whatever its size, and headers stay readable.
 MAX_FAILURE_TEXT = 16_384
+
+#: Characters of each header value a page of failed messages shows (the rest is cut, saying how
+#: much): a failure's stack trace or a hostile header never makes a page megabytes long.
+HEADER_PREVIEW_CHARS = 2_048

@@ -15,7 +15,7 @@ from enum import Enum
 from functools import partial
 
 from . import operations as ops
-from .addressing import QueueAddress
+from .addressing import QueueAddress, check_name
 from .dialects import Dialect
 from .errors import InvalidArgumentError
 
@@ -103,6 +103,7 @@ class Installation:
         Rights on the tables only (and, where the database asks for it, on the schema and on the
         queue tables' sequences): no CREATE, so a runtime role cannot install or alter anything.
         """
+        check_name("role", role)  # quoted as an identifier, never formatted in: it must be one
         d = self.dialect
         statements: list[str] = []
         for schema_of in _distinct_schemas(d, [address for _, address in self.tables]):
