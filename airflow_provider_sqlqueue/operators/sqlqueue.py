@@ -18,6 +18,7 @@ from airflow.sdk import BaseOperator, get_current_context
 
 from ..hooks.sqlqueue import SqlQueueHook, configured_conn_ids
 from ..transport import Failure, LeaseKeeper, LeaseLostError, Message, defaults
+from ..transport.client import delay_ms
 from ..transport.errors import ArgumentTypeError, InvalidArgumentError
 from ..transport.message import ENCLOSED_MESSAGE_TYPES
 
@@ -121,6 +122,8 @@ class _SendingOperator(_QueueOperator):
     def _message(self, value: Any) -> Message:
         if isinstance(value, Message):
             return value
+        if self.headers is not None and not isinstance(self.headers, Mapping):
+            raise ArgumentTypeError(f"headers must map header names to values, got {type(self.headers).__name__}")
         headers = dict(self.headers or {})
         if self.message_type:
             headers.setdefault(ENCLOSED_MESSAGE_TYPES, self.message_type)
@@ -191,7 +194,10 @@ class SendMessageOperator(_SendingOperator):
 
     def execute(self, context: Any) -> list[str]:
         batch = [self._message(self.body)] if self.messages is None else self._batch(self.messages)
-        due = datetime.fromisoformat(self.due) if isinstance(self.due, str) else self.due
+        try:
+            due = datetime.fromisoformat(self.due) if isinstance(self.due, str) else self.due
+        except ValueError:
+            raise InvalidArgumentError(f"due {str(self.due)[:60]!r} is not an ISO 8601 date and time") from None
         ids = self.hook.send(self.queue_name, batch, notify=self.notify, delay=self.delay, due=due)
         if due is not None or self.delay is not None:
             self.log.info(
@@ -372,6 +378,8 @@ def claimed_messages(messages: Any, context: Any) -> list[Mapping[str, Any]]:
         raise ArgumentTypeError(
             "messages must be message dicts (a sensor's output, passed as XComArg), not a rendered string"
         )
+    if not isinstance(messages, Iterable):
+        raise ArgumentTypeError(f"messages must be message dicts, got {type(messages).__name__}")
     return list(messages)
 
 
@@ -568,6 +576,7 @@ class NackMessagesOperator(_QueueOperator):
         self.reason = reason
 
     def execute(self, context: Any) -> int:
+        delay_ms(self.delay)  # a delay no claim can take fails the task, whatever it holds
         grouped = tokens_by_queue(claimed_messages(self.messages, context))
         reason = Failure.of(
             self.reason or f"a task upstream of {self.task_id} failed in run {context.get('run_id')}",

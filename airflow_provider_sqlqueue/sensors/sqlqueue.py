@@ -12,7 +12,7 @@ from airflow.sdk.exceptions import AirflowException
 from ..hooks.sqlqueue import SqlQueueHook
 from ..operators.sqlqueue import claim_holder
 from ..transport import TransactionMode, defaults
-from ..transport.errors import InvalidArgumentError
+from ..transport.client import check_positive
 from ..triggers.sqlqueue import SqlQueueTrigger, lease_seconds, receiving_mode
 
 
@@ -72,8 +72,7 @@ class SqlQueueSensor(BaseSensorOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if max_messages < 1:
-            raise InvalidArgumentError(f"max_messages must be at least 1, got {max_messages}")
+        check_positive("max_messages", max_messages)
         self.queue_name = queue_name
         self.sqlqueue_conn_id = sqlqueue_conn_id
         self.max_messages = max_messages
