@@ -2,17 +2,21 @@
 
 Hypothesis drives random sequences of operations -- sends with and without TTBR, receive, claim,
 reserve, take and adopt, ack, nack, extend, leases running out, messages expiring, poison rows
-inserted by SQL, purge, retry from the error queue, atomic forwards -- across three queues in two
-schemas, and after every step compares what the database holds with a plain in-memory model of
-what each queue, the in-flight store and each error queue must hold. Time is not waited for: a
-lease running out or a message expiring is a step that moves the row's clock into the past.
+inserted by SQL, purge, retry from the error queue, atomic forwards, delayed sends and moves from
+sessions in several time zones (two movers at once among them), subscriptions and publishes, and
+audited acknowledgements -- across three queues in two schemas, and after every step compares what
+the database holds with a plain in-memory model of what each queue, its delayed messages, the
+in-flight store, each error queue and each audit queue must hold. Time is not waited for: a lease
+running out, a message expiring or a delay ending is a step that moves the row's clock.
 
 CI runs it derandomized with a fixed budget; ``SQLQUEUE_MODEL_EXAMPLES=500`` runs it longer.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import threading
 import uuid
 from dataclasses import dataclass, field
 
@@ -21,10 +25,15 @@ import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+from psycopg.conninfo import make_conninfo
 
 from airflow_provider_sqlqueue.transport import LeaseLostError, Message, QueueAddress, QueueClient, defaults
 
 SCHEMAS = ("m_a", "m_b")
+#: Session time zones of the clients that send and move delayed messages: Due must not depend on them.
+ZONES = ("UTC", "Asia/Tokyo", "America/Los_Angeles", "Pacific/Chatham")
+TOPICS = ("Shop.OrderPlaced", "Shop.OrderCancelled")
+ROUTING = QueueAddress("SubscriptionRouting", "m_a")
 QUEUES = (QueueAddress("orders", "m_a"), QueueAddress("invoices", "m_a"), QueueAddress("orders", "m_b"))
 LONG = 600.0  # seconds: a lease that does not run out unless a step says so
 
@@ -55,6 +64,9 @@ class Model:
     claims: dict[uuid.UUID, Claim] = field(default_factory=dict)  # by token
     errors: dict[str, list[uuid.UUID]] = field(default_factory=lambda: {s: [] for s in SCHEMAS})
     retryable: dict[uuid.UUID, tuple[QueueAddress, Item]] = field(default_factory=dict)  # error rows with a FailedQ
+    delayed: dict[QueueAddress, list[tuple[Item, bool]]] = field(default_factory=lambda: {q: [] for q in QUEUES})
+    subscribed: dict[str, set[QueueAddress]] = field(default_factory=lambda: {t: set() for t in TOPICS})
+    audited: dict[str, list[uuid.UUID]] = field(default_factory=lambda: {s: [] for s in SCHEMAS})
 
 
 queues = st.sampled_from(QUEUES)
@@ -69,13 +81,19 @@ class QueueMachine(RuleBasedStateMachine):
             self.raw.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
             self.raw.execute(f'CREATE SCHEMA "{schema}"')
         self.client = QueueClient.connect(self.uri)
+        self.zoned = {
+            zone: QueueClient.connect(make_conninfo(self.uri, options=f"-c TimeZone={zone}")) for zone in ZONES
+        }
+        self.auditing = QueueClient.connect(self.uri, audit_queue=True)
         for queue in QUEUES:
-            self.client.create_queue(queue)
+            self.auditing.create_queue(queue)  # with its delayed table and the schema's audit queue
+        self.client.create_subscription_table(ROUTING)
         self.model = Model()
         self.counter = 0
 
     def teardown(self) -> None:
-        self.client.close()
+        for client in (self.client, self.auditing, *self.zoned.values()):
+            client.close()
         self.raw.close()
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -88,12 +106,17 @@ class QueueMachine(RuleBasedStateMachine):
         expired rows met on the way are consumed (poison to the error queue of the schema)."""
         taken: list[Item] = []
         line = self.model.waiting[queue]
+        met_expired = False
         while line and len(taken) < wanted:
             item = line.pop(0)
             if item.poison:
                 self.model.errors[queue.schema].append(item.id)
-            elif not item.expired:
+            elif item.expired:
+                met_expired = True
+            else:
                 taken.append(item)
+        if met_expired:  # a receive that meets expired messages deletes every expired one of the queue, in bulk
+            self.model.waiting[queue] = [item for item in line if not item.expired]
         return taken
 
     def lapsed_claims(self, queue: QueueAddress, limit: int) -> list[tuple[uuid.UUID, Claim]]:
@@ -260,6 +283,82 @@ class QueueMachine(RuleBasedStateMachine):
         del self.model.claims[token]
         self.model.waiting[target_queue].append(Item(result.id, f"r{self.counter}"))
 
+    @rule(queue=queues, zone=st.sampled_from(ZONES))
+    def send_delayed(self, queue: QueueAddress, zone: str) -> None:
+        """A message delayed an hour, sent from a session in ``zone``: not due until a step says so."""
+        self.counter += 1
+        message = Message(f"d{self.counter}")
+        self.zoned[zone].send(queue, message, delay=3600)
+        self.model.delayed[queue].append((Item(message.id, f"d{self.counter}"), False))
+
+    @rule(queue=queues)
+    def delays_end(self, queue: QueueAddress) -> None:
+        """Two hours pass for the queue's delayed messages: all of them are due, in the order they were sent."""
+        delayed = f'"{queue.schema}"."{queue.table}.Delayed"'
+        self.raw.execute(f"UPDATE {delayed} SET Due = Due - interval '2 hours'")
+        self.model.delayed[queue] = [(item, True) for item, _ in self.model.delayed[queue]]
+
+    @rule(queue=queues, zone=st.sampled_from(ZONES))
+    def move_due(self, queue: QueueAddress, zone: str) -> None:
+        moved = self.zoned[zone].move_due(queue)
+        self.apply_moves(queue, moved)
+
+    @rule(queue=queues, zones=st.tuples(st.sampled_from(ZONES), st.sampled_from(ZONES)))
+    def two_movers_at_once(self, queue: QueueAddress, zones: tuple[str, str]) -> None:
+        """Two movers in other time zones: each due message is moved by one of them, once."""
+        counts: list[int] = []
+        movers = [QueueClient.connect(make_conninfo(self.uri, options=f"-c TimeZone={zone}")) for zone in zones]
+        try:
+            threads = [
+                threading.Thread(target=lambda m=m: counts.append(m.move_due(queue, batch_size=1))) for m in movers
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        finally:
+            for mover in movers:
+                mover.close()
+        self.apply_moves(queue, sum(counts), reorder=True)
+
+    def apply_moves(self, queue: QueueAddress, moved: int, *, reorder: bool = False) -> None:
+        due = [item for item, is_due in self.model.delayed[queue] if is_due]
+        assert moved == len(due), (moved, len(due))  # every due one, none early, none twice
+        self.model.delayed[queue] = [(item, False) for item, is_due in self.model.delayed[queue] if not is_due]
+        if reorder:  # concurrent movers insert in the order their transactions ran: take the table's order
+            rows = self.raw.execute(f'SELECT Id FROM "{queue.schema}"."{queue.table}" ORDER BY Seq').fetchall()
+            place = {row[0]: n for n, row in enumerate(rows)}
+            assert set(place) >= {item.id for item in due}
+            due.sort(key=lambda item: place[item.id])
+        self.model.waiting[queue].extend(due)
+
+    @rule(queue=queues, topic=st.sampled_from(TOPICS))
+    def subscribe(self, queue: QueueAddress, topic: str) -> None:
+        self.client.subscribe(queue, topic, endpoint=f"{queue.schema}.{queue.table}", table=ROUTING)
+        self.model.subscribed[topic].add(queue)
+
+    @rule(queue=queues, topic=st.sampled_from(TOPICS))
+    def unsubscribe(self, queue: QueueAddress, topic: str) -> None:
+        self.client.unsubscribe(queue, topic, endpoint=f"{queue.schema}.{queue.table}", table=ROUTING)
+        self.model.subscribed[topic].discard(queue)
+
+    @rule(topic=st.sampled_from(TOPICS))
+    def publish(self, topic: str) -> None:
+        self.counter += 1
+        event = Message(f"e{self.counter}")
+        reached = self.client.publish(topic, event, table=ROUTING)
+        assert {(q.schema, q.table) for q in reached} == {(q.schema, q.table) for q in self.model.subscribed[topic]}
+        for queue in self.model.subscribed[topic]:  # one copy each, the same id everywhere
+            self.model.waiting[queue].append(Item(event.id, f"e{self.counter}"))
+
+    @precondition(lambda self: self.model.claims)
+    @rule(data=st.data())
+    def ack_audited(self, data) -> None:
+        token = self.pick(data)
+        claim = self.model.claims.pop(token)
+        assert self.auditing.ack(claim.queue, token) is True
+        self.model.audited[claim.queue.schema].append(claim.item.id)
+
     @rule(schema=st.sampled_from(SCHEMAS))
     def retry_errors(self, schema: str) -> None:
         moved = self.client.retry_errors(QueueAddress("error", schema))
@@ -284,9 +383,16 @@ class QueueMachine(RuleBasedStateMachine):
         for queue in QUEUES:
             rows = self.raw.execute(f'SELECT Id FROM "{queue.schema}"."{queue.table}" ORDER BY Seq').fetchall()
             assert [row[0] for row in rows] == [i.id for i in self.model.waiting[queue]], queue
+        for queue in QUEUES:
+            delayed = self.raw.execute(f'SELECT Headers FROM "{queue.schema}"."{queue.table}.Delayed"').fetchall()
+            sent = {uuid.UUID(json.loads(row[0])["NServiceBus.MessageId"]) for row in delayed}
+            assert sent == {item.id for item, _ in self.model.delayed[queue]}, queue
         for schema in SCHEMAS:
             rows = self.raw.execute(f'SELECT Id FROM "{schema}"."error" ORDER BY Seq').fetchall()
             assert sorted(row[0] for row in rows) == sorted(self.model.errors[schema]), schema
+            rows = self.raw.execute(f'SELECT Headers FROM "{schema}"."audit"').fetchall()
+            copies = sorted(uuid.UUID(json.loads(row[0])["NServiceBus.MessageId"]) for row in rows)
+            assert copies == sorted(self.model.audited[schema]), schema  # a copy of its own, naming the original
             held = self.raw.execute(
                 f'SELECT Token, Id, Deliveries, Holder IS NULL FROM "{schema}".sqlqueue_inflight'
             ).fetchall()
