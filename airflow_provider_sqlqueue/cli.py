@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
 from .transport import QueueClient, defaults
-from .transport.client import Addressing
+from .transport.client import Addressing, check_positive
 from .transport.dialects import Dialect, get_dialect
 from .transport.drivers import dialect_for
 from .transport.errors import SqlQueueError, one_line
@@ -205,9 +205,20 @@ def run_errors(args: argparse.Namespace, out: TextIO) -> None:
 
 
 def run_retry(args: argparse.Namespace, out: TextIO) -> None:
+    """Retry in bounded passes, saying which messages stay in the error queue and why."""
+    check_positive("limit", args.limit)
+    retried, after = 0, 0
+    left: list[tuple[int, str]] = []
     with _client(args) as client:
-        moved = client.retry_errors(queue=args.queue, limit=args.limit)
-    out.write(f"sent {moved} message(s) back to the queue(s) they failed in\n")
+        while True:
+            page = client.retry_errors_page(queue=args.queue, after=after, limit=args.limit - retried)
+            retried, after = retried + page.retried, page.after
+            left += page.skipped
+            if page.done or retried >= args.limit:
+                break
+    out.write(f"sent {retried} message(s) back to the queue(s) they failed in\n")
+    for seq, reason in left:
+        out.write(f"left the message at seq {seq}: {one_line(Exception(reason))}\n")
 
 
 def run_move_due(args: argparse.Namespace, out: TextIO) -> None:

@@ -280,6 +280,11 @@ def test_depths_errors_and_retry_on_a_live_database(pg_uri, schema, client, queu
     assert retry.returncode == 0 and "sent 2 message(s)" in retry.stdout
     assert client.depth(queue) == 4 and client.depth(error) == 1
 
+    rest = sqlqueue("retry", "--error-queue", f'error@"{schema}"', env=env)  # what it cannot route, it says
+    assert rest.returncode == 0, rest.stderr
+    assert rest.stdout.splitlines()[0] == "sent 0 message(s) back to the queue(s) they failed in"
+    assert "left the message at seq" in rest.stdout and "does not exist" in rest.stdout
+
 
 def test_errors_are_the_librarys_own_and_exit_1(pg_uri, schema):
     missing = sqlqueue("depths", f'nowhere@"{schema}"', "--conn", pg_uri)

@@ -219,6 +219,7 @@ def test_a_reader_cannot_act_and_an_operator_can(api: Api) -> None:
                 "retried": 0,
                 "after": 0,
                 "done": True,
+                "skipped": [],
             }
             assert [m.text for m in client.browse(orders)] == ["x", "to fail"]
         finally:
@@ -259,5 +260,29 @@ def test_a_page_of_failures_bounds_every_header(api: Api) -> None:
             assert len(answer.content) < 100_000
             [huge] = [f for f in answer.json()["failures"] if f["body_preview"] == "huge"]
             assert huge["headers"]["Custom.Trace"].endswith("characters cut)")
+        finally:
+            client.purge(error)
+
+
+def test_a_retry_answers_which_messages_it_left_and_why(api: Api) -> None:
+    """A failure whose FailedQ is a business table used to fail the whole retry with a 500."""
+    error = QueueAddress("error", api.schema)
+    with QueueClient.connect(api.pg_uri) as client:
+        client.session.connection.execute(f'CREATE TABLE IF NOT EXISTS "{api.schema}".ledger (Id int, Amount int)')
+        client.send(error, Message("misrouted", {"NServiceBus.FailedQ": address(api, "ledger")}))
+        client.send(error, Message("fine", {"NServiceBus.FailedQ": address(api, "billing")}))
+        try:
+            body = {"error_queue": address(api, "error"), "source": address(api, "billing")}
+            answer = api.post("operator", "/connections/shop/errors/retry", body)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["retried"] == 1
+            seqs = [m.seq for m in client.failed_messages(error)[0]]
+            answer = api.post(
+                "operator", "/connections/shop/errors/retry", {"error_queue": address(api, "error"), "seqs": seqs}
+            )
+            assert answer.status_code == 200, answer.text
+            [left] = answer.json()["skipped"]
+            assert "not a queue table" in left["reason"] and answer.json()["retried"] == 0
+            assert [m.text for m in client.receive(QueueAddress("billing", api.schema), 5)] == ["fine"]
         finally:
             client.purge(error)

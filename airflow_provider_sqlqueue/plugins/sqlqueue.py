@@ -138,10 +138,16 @@ class RetryRequest(BaseModel):
     after: int = Field(0, ge=0, description="continue a retry of a source queue after this seq")
 
 
+class Skipped(BaseModel):
+    seq: int
+    reason: str
+
+
 class RetryAnswer(BaseModel):
     retried: int
     after: int
     done: bool
+    skipped: list[Skipped]  #: messages left in the error queue, each with why it cannot be routed
 
 
 class QueueRequest(BaseModel):
@@ -420,7 +426,8 @@ def create_app() -> FastAPI:
             seqs=body.seqs,
             retried=page.retried,
         )
-        return RetryAnswer(retried=page.retried, after=page.after, done=page.done)
+        skipped = [Skipped(seq=seq, reason=one_line(Exception(reason))) for seq, reason in page.skipped]
+        return RetryAnswer(retried=page.retried, after=page.after, done=page.done, skipped=skipped)
 
     @app.post("/api/connections/{connection_id}/purge-expired", dependencies=[EditConnection])
     def purge_expired(connection_id: str, body: Annotated[QueueRequest, Body()], user: GetUserDep) -> Count:
