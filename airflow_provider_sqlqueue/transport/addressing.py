@@ -15,22 +15,32 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import defaults
-from .errors import InvalidQueueNameError
+from .errors import InvalidArgumentError, InvalidQueueNameError
+
+
+def checked_text(
+    what: str, value: object, *, limit: int | None = None, invalid: type[InvalidArgumentError] = InvalidArgumentError
+) -> str:
+    """Text a database can hold as a name or a column value: non-empty, no NUL, valid Unicode (no lone
+    surrogates) and, given a ``limit``, at most that many characters; else ``invalid`` naming ``what``."""
+    if not isinstance(value, str):
+        raise invalid(f"{what} must be text, got {type(value).__name__}")
+    if not value.strip():
+        raise invalid(f"{what} must not be empty or blank")
+    if "\x00" in value:
+        raise invalid(f"{what} {value[:60]!r} contains a NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise invalid(f"{what} {value[:60]!r} is not valid Unicode text: {exc.reason}") from None
+    if limit is not None and len(value) > limit:
+        raise invalid(f"{what} {value[:40]!r}... is {len(value):,} characters; at most {limit:,} are kept")
+    return value
 
 
 def check_name(kind: str, name: object) -> str:
     """Refuse a name no database can hold as an identifier, with a message naming the problem."""
-    if not isinstance(name, str):
-        raise InvalidQueueNameError(f"{kind} name must be a string, got {type(name).__name__}")
-    if not name or not name.strip():
-        raise InvalidQueueNameError(f"{kind} name must not be empty or blank")
-    if "\x00" in name:
-        raise InvalidQueueNameError(f"{kind} name {name!r} contains a NUL character")
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidQueueNameError(f"{kind} name {name!r} is not valid Unicode text: {exc.reason}") from None
-    return name
+    return checked_text(f"{kind} name", name, invalid=InvalidQueueNameError)
 
 
 @dataclass(frozen=True)

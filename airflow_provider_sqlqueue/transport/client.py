@@ -21,7 +21,7 @@ from typing import Any, Generic, Literal, TypeVar, Union, overload
 
 from . import defaults
 from . import operations as ops
-from .addressing import QueueAddress
+from .addressing import QueueAddress, checked_text
 from .dialects import Dialect
 from .drivers import AsyncSession, Session, open_async_session, open_session
 from .errors import ArgumentTypeError, InvalidArgumentError, InvalidQueueNameError, ObjectExistsError
@@ -97,19 +97,7 @@ def as_uuid(what: str, value: object) -> uuid.UUID:
 
 def label(what: str, value: object) -> str:
     """A holder or machine name as the database stores it: non-empty text it can hold, of bounded size."""
-    if not isinstance(value, str):
-        raise ArgumentTypeError(f"{what} must be text, got {type(value).__name__}")
-    if not value.strip():
-        raise InvalidArgumentError(f"{what} must not be empty or blank")
-    if "\x00" in value:
-        raise InvalidArgumentError(f"{what} {value[:60]!r} contains a NUL character")
-    if len(value) > defaults.MAX_LABEL:
-        raise InvalidArgumentError(f"{what} is {len(value):,} characters; at most {defaults.MAX_LABEL} are kept")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidArgumentError(f"{what} {value[:60]!r} is not valid Unicode text: {exc.reason}") from None
-    return value
+    return checked_text(what, value, limit=defaults.MAX_LABEL)
 
 
 def received(what: str, message: object) -> ReceivedMessage:

@@ -23,6 +23,7 @@ from json.encoder import encode_basestring, encode_basestring_ascii
 import msgspec
 
 from . import defaults
+from .addressing import checked_text
 from .errors import ArgumentTypeError, InvalidArgumentError, InvalidHeadersError
 
 Headers = dict[str, "str | None"]
@@ -289,23 +290,8 @@ def delivery_delay(delay: timedelta | float | None = None, due: datetime | None 
 
 
 def subscription_text(kind: str, value: object) -> str:
-    """A topic, endpoint name or queue address as the subscription table holds it, or a clear error."""
-    if not isinstance(value, str):
-        raise ArgumentTypeError(f"{kind} must be text, got {type(value).__name__}")
-    if not value.strip():
-        raise InvalidArgumentError(f"{kind} must be non-empty text, got {value!r:.60}")
-    if "\x00" in value:
-        raise InvalidArgumentError(f"{kind} {value[:60]!r} contains a NUL character")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidArgumentError(f"{kind} {value[:60]!r} is not valid Unicode text: {exc.reason}") from None
-    if len(value) > SUBSCRIPTION_TEXT_LIMIT:
-        raise InvalidArgumentError(
-            f"{kind} {value[:40]!r}... is {len(value)} characters; NServiceBus's subscription table holds "
-            f"{SUBSCRIPTION_TEXT_LIMIT}"
-        )
-    return value
+    """A topic, endpoint name or queue address as NServiceBus's subscription table holds it, or a clear error."""
+    return checked_text(kind, value, limit=SUBSCRIPTION_TEXT_LIMIT)
 
 
 def topic_names(topics: str | Iterable[str]) -> list[str]:
