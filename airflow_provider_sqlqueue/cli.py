@@ -232,7 +232,12 @@ def run_move_due(args: argparse.Namespace, out: TextIO) -> None:
 
 def run_subscribe(args: argparse.Namespace, out: TextIO) -> None:
     with _client(args) as client:
-        table = client.create_subscription_table(args.subscription_table)  # the installer's, if it is missing
+        # NServiceBus's own table (SubscriptionRouting, in whichever schema) is made when missing, as
+        # its installer makes it; a table named otherwise must exist: a misspelt name would
+        # otherwise get a table no publisher reads.
+        table = client.subscription_table(args.subscription_table)
+        if table.table == defaults.SUBSCRIPTION_TABLE:
+            client.create_subscription_table(table)
         client.subscribe(args.queue, args.topics, endpoint=args.endpoint, table=table)
         out.write(f"{client.canonical_address(args.queue)} subscribed to {', '.join(args.topics)}\n")
 

@@ -51,6 +51,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import BinaryType, IntegerType, MapType, StringType, StructField, StructType
 
 from .transport import Message, QueueClient, defaults
+from .transport.addressing import checked_text
 from .transport.client import Addressing
 from .transport.drivers import dialect_for
 from .transport.errors import InvalidArgumentError, SqlQueueError
@@ -108,6 +109,14 @@ def _span(options: Mapping[str, str], name: str, default: timedelta | None, maxi
         return duration(name, seconds, maximum=maximum)
     except SqlQueueError as exc:
         raise InvalidOptionError(f"option {name!r}: {exc}") from None
+
+
+def _text(options: Mapping[str, str], name: str) -> str:
+    """A text option the data source stores or hashes: text a database can hold."""
+    try:
+        return checked_text(f"option {name!r}", options.get(name), limit=defaults.MAX_LABEL)
+    except SqlQueueError as exc:
+        raise InvalidOptionError(str(exc)) from None
 
 
 def _count(options: Mapping[str, str], name: str, default: int, maximum: int = defaults.MAX_BATCH) -> int:
@@ -197,7 +206,7 @@ class Options:
             if ttbr is None
             else _span(options, "timeToBeReceived", None, defaults.MAX_TIME_TO_BE_RECEIVED),
             ledger=addressing.dialect.format_address(ledger),
-            write_id=options.get("writeId") or None,
+            write_id=None if not options.get("writeId") else _text(options, "writeId"),
         )
 
     def connect(self) -> QueueClient:

@@ -138,7 +138,8 @@ def test_nservicebus_subscriptions_are_read_here_and_ours_by_nservicebus(backend
 
 
 @pytest.mark.parametrize(
-    ("topics", "match"), [("", "topic must not be empty"), ([], "at least one topic"), ("x" * 201, "at most 200 are kept")]
+    ("topics", "match"),
+    [("", "topic must not be empty"), ([], "at least one topic"), ("x" * 201, "at most 200 are kept")],
 )
 def test_bad_topics_are_refused(client, queues, schema, topics, match):
     with pytest.raises(ValueError, match=match):

@@ -56,7 +56,7 @@ OPTIONS: dict[str, list[str]] = {
     "contentType": [],  # free text, sent as a header
     "timeToBeReceived": ["0", "-1", "nan", "1e20", "soon"],
     "ledger": ['customers@"{schema}"', 'orders@"{schema}"', "\x00"],
-    "writeId": [],  # free text, hashed into the ledger's key
+    "writeId": ["\udcff", "w" * 1_000, "\x00"],  # text, hashed into the ledger's key
 }
 
 

@@ -201,12 +201,29 @@ def decode_headers(text: str | None) -> Headers:
         raise InvalidHeadersError(f"headers are not valid JSON: {exc}") from None
 
 
+def message_id(value: object) -> uuid.UUID:
+    """A message id given as a UUID or its text, or the library's error."""
+    if isinstance(value, uuid.UUID):
+        return value
+    if not isinstance(value, str):
+        raise ArgumentTypeError(f"a message id is a UUID or its text, got {type(value).__name__}")
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise InvalidArgumentError(f"message id {value[:60]!r} is not a UUID") from None
+
+
 def coerce_body(body: bytes | bytearray | memoryview | str | None) -> bytes:
     """Bodies are bytes on the wire; text is encoded as UTF-8, ``None`` is an empty body."""
     if body is None:
         return b""
     if isinstance(body, str):
-        return body.encode("utf-8")
+        try:
+            return body.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidArgumentError(
+                f"message body text is not valid Unicode ({exc.reason} at {exc.start}); send bytes for binary data"
+            ) from None
     if isinstance(body, (bytes, bytearray, memoryview)):
         return bytes(body)
     raise ArgumentTypeError(f"message body must be bytes or str, got {type(body).__name__}; serialise it first")
@@ -331,7 +348,7 @@ class Message:
     ) -> None:
         self.body = coerce_body(body)
         self.headers = validate_headers({} if headers is None else headers)
-        self.id = uuid.uuid4() if id is None else id if isinstance(id, uuid.UUID) else uuid.UUID(str(id))
+        self.id = uuid.uuid4() if id is None else message_id(id)
         self.time_to_be_received = coerce_ttbr(time_to_be_received)
 
     @classmethod

@@ -117,6 +117,23 @@ class FailureCounter:
         self._counts.pop(message_id, None)
 
 
+def handler_failure(exc: BaseException) -> None:
+    """Decide whether what a handler raised is its failure (the message's business) or the process's.
+
+    A ``CancelledError`` the handler raised itself (a cancelled inner wait) and any other exception
+    fail the delivery like any error; a cancellation of the pump's own task, ``KeyboardInterrupt``,
+    ``SystemExit`` and ``GeneratorExit`` are re-raised: they stop the pump, and the message stays as
+    the mode leaves it (back to the queue in ``native``, its claim lapsing in ``claim``).
+    """
+    if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+        raise exc
+    if isinstance(exc, asyncio.CancelledError):
+        task = asyncio.current_task()
+        cancelling = getattr(task, "cancelling", None)  # Python 3.11+: whether this task was cancelled
+        if task is None or cancelling is None or cancelling():
+            raise exc
+
+
 def aborted(session: AsyncSession) -> TransactionAbortedError | None:
     """The failure of a native handler that returned normally from a transaction an error aborted
     (it caught a database error): its work is rolled back, so the delivery failed."""
@@ -498,7 +515,8 @@ class MessagePump:
                         started = datetime.now(timezone.utc)
                         try:
                             await batch_handler(batch, session.connection)
-                        except Exception as exc:  # the batch's failure rolls it back; the pump goes on
+                        except BaseException as exc:  # the batch's failure rolls it back; the pump goes on
+                            handler_failure(exc)
                             outcome = exc
                             raise _Rollback from exc
                         outcome = aborted(session)
@@ -561,7 +579,8 @@ class MessagePump:
             raise ArgumentTypeError("this pump has a batch_handler")
         try:
             await self.handler(message, connection)
-        except Exception as exc:  # the handler's failure is data for recoverability, not a pump crash
+        except BaseException as exc:  # the handler's failure is data for recoverability, not a pump crash
+            handler_failure(exc)
             self.failed += 1
             log.warning(
                 "Queue %s: handler failed for message %s: %s: %s",

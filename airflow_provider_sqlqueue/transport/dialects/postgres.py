@@ -66,6 +66,8 @@ _MISCONFIGURED_TEXT = (
         SETTINGS,
     ),
     (re.compile(r"missing \"=\" after|unterminated quoted string in connection info"), SETTINGS),
+    # Startup options (``options=-c ...``) the server refuses: FATAL before the session exists.
+    (re.compile(r"FATAL:\s+(invalid value for parameter|unrecognized configuration parameter)"), SETTINGS),
 )
 _CANONICAL = re.compile(r'^(?P<table>.+)@(?P<schema>"(?:[^"]|"")+")$', re.DOTALL)
 

@@ -920,6 +920,12 @@ class SqlServerDialect(Dialect):
             return StatementRejectedError(
                 f"SQL Server refused a statement on {address} (error {number}): {text}", number
             )
+        if sqlstate in ("IM002", "IM003", "IM004") or "Can't open lib" in text:
+            # The ODBC driver manager could not load the driver the connection names: no retry loads it.
+            return TransportMisconfiguredError(
+                f"the ODBC driver or data source the connection names cannot be loaded: {text}; install the driver "
+                "(e.g. Debian's tdsodbc) or fix the connection's driver setting"
+            )
         return None
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 from urllib.parse import unquote
@@ -15,7 +16,13 @@ from psycopg.pq import TransactionStatus
 
 from .. import defaults
 from ..dialects import get_dialect
-from ..errors import InvalidArgumentError, TransactionAbortedError, TransportUnavailableError
+from ..errors import (
+    InvalidArgumentError,
+    SqlQueueError,
+    TransactionAbortedError,
+    TransportMisconfiguredError,
+    TransportUnavailableError,
+)
 from ..operations import Operation, Step, drive, drive_async, needs_no_transaction
 from .base import (
     ANY_STEP,
@@ -36,6 +43,8 @@ _BINARY_PLACEHOLDER = re.compile(r"%\(\w+\)b")
 _FUSE_LIMIT = 64 * 1024
 
 
+log = logging.getLogger("airflow_provider_sqlqueue.transport")
+
 #: What running a statement can raise: the server's errors, and psycopg's refusal to encode text
 #: that is not valid Unicode (a lone surrogate) -- both become the transport's own errors.
 STATEMENT_ERRORS = (psycopg.Error, UnicodeEncodeError)
@@ -54,15 +63,29 @@ def refuse_aborted(session: Session | AsyncSession) -> None:
 class PsycopgSession(Session):
     """A blocking psycopg 3 connection."""
 
-    def __init__(self, connection: Any, owned: bool = False) -> None:
+    def __init__(self, connection: Any, owned: bool = False, reopen: Callable[[], Any] | None = None) -> None:
         super().__init__(get_dialect("postgres"), connection, owned)
+        self._reopen = reopen
+
+    def _revive(self) -> None:
+        """Open again an owned connection the server dropped: the call that met the loss said "retry"
+        (TransportUnavailableError), and the retry must be able to succeed."""
+        if self._reopen is not None and (self.connection.closed or self.connection.broken):
+            log.info("The database connection was lost; opening a new one")
+            self.connection = self._reopen()
 
     @classmethod
     def connect(cls, conninfo: str, **kwargs: Any) -> PsycopgSession:
         """Open an autocommit connection: outside an operation's transaction nothing stays open."""
-        with connecting(conninfo):
-            connection = psycopg.connect(conninfo, autocommit=True, **with_connect_timeout(conninfo, kwargs))
-        return cls(connection, owned=True)
+        try:
+            connection = psycopg.connect(
+                checked_conninfo(conninfo), autocommit=True, **with_connect_timeout(conninfo, kwargs)
+            )
+        except CONNECT_ERRORS as exc:
+            error = connect_error(exc, conninfo)
+        else:
+            return cls(connection, owned=True, reopen=lambda: cls.connect(conninfo, **kwargs).connection)
+        raise error
 
     def autocommits(self) -> bool:
         return _psycopg_autocommits(self.connection)
@@ -75,6 +98,7 @@ class PsycopgSession(Session):
         statement's message (its parameters inlined by psycopg's own client-side quoting), which
         leaves two.
         """
+        self._revive()
         if not self.autocommits():
             return super().run(op)
         if needs_no_transaction(op):
@@ -120,6 +144,7 @@ class PsycopgSession(Session):
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
+        self._revive()
         with translated(self.dialect, psycopg.Error), self.connection.transaction():
             yield
             refuse_aborted(self)
@@ -133,18 +158,35 @@ class PsycopgSession(Session):
             return fetch(cursor, step)
 
 
-@contextmanager
-def connecting(conninfo: str) -> Iterator[None]:
-    """Translate what opening a connection raises, with the password taken out of every message:
-    libpq quotes a malformed connection string whole, password and all."""
-    try:
-        yield
-    except psycopg.Error as exc:
+#: What opening a connection can raise: the driver's errors, and Python's refusal to encode a
+#: connection string that is not valid Unicode.
+CONNECT_ERRORS = (psycopg.Error, UnicodeError)
+
+
+def connect_error(exc: BaseException, conninfo: str) -> SqlQueueError:
+    """The transport's error for a failed connection attempt, its text free of the password.
+
+    Callers raise it *after* their ``except`` block, so that the driver's exception (which quotes
+    the whole connection string, password and all) is not even kept as its context.
+    """
+    error: SqlQueueError | None
+    if isinstance(exc, UnicodeError):
+        error = TransportMisconfiguredError("the connection string is not valid Unicode text; fix the connection")
+    elif isinstance(exc, psycopg.ProgrammingError):  # libpq refused the string itself: no server was reached
+        error = TransportMisconfiguredError(f"the connection string cannot be used: {exc}; fix the connection")
+    else:
         error = get_dialect("postgres").translate_error(exc, "the database")
         if error is None:  # not reached: every psycopg error has a translation
-            raise
-        error.args = (redact(str(error), conninfo),)
-        raise error from None  # the driver's own error quotes the connection string
+            error = TransportUnavailableError(f"database unavailable: {exc}")
+    error.args = (redact(str(error), conninfo),)
+    return error
+
+
+def checked_conninfo(conninfo: str) -> str:
+    """Refuse, before libpq reads it, a connection string no server could be reached with."""
+    if "\x00" in conninfo:
+        raise TransportMisconfiguredError("the connection string contains a NUL character; fix the connection")
+    return conninfo
 
 
 def redact(text: str, conninfo: str) -> str:
@@ -191,17 +233,36 @@ def _fusable(step: Step) -> bool:
 class AsyncPsycopgSession(AsyncSession):
     """An asyncio psycopg 3 connection."""
 
-    def __init__(self, connection: Any, owned: bool = False) -> None:
+    def __init__(
+        self, connection: Any, owned: bool = False, reopen: Callable[[], Awaitable[Any]] | None = None
+    ) -> None:
         super().__init__(get_dialect("postgres"), connection, owned)
         self._listening: set[str] = set()
+        self._reopen = reopen
+
+    async def _revive(self) -> None:
+        """As :meth:`PsycopgSession._revive`; a new connection listens afresh."""
+        if self._reopen is not None and (self.connection.closed or self.connection.broken):
+            log.info("The database connection was lost; opening a new one")
+            self.connection = await self._reopen()
+            self._listening.clear()
+
+    async def _reconnected(self, conninfo: str, kwargs: dict[str, Any]) -> Any:
+        return (await type(self).connect(conninfo, **kwargs)).connection
 
     @classmethod
     async def connect(cls, conninfo: str, **kwargs: Any) -> AsyncPsycopgSession:
-        with connecting(conninfo):
+        try:
             connection = await psycopg.AsyncConnection.connect(
-                conninfo, autocommit=True, **with_connect_timeout(conninfo, kwargs)
+                checked_conninfo(conninfo), autocommit=True, **with_connect_timeout(conninfo, kwargs)
             )
-        return cls(connection, owned=True)
+        except CONNECT_ERRORS as exc:
+            error = connect_error(exc, conninfo)
+        else:
+            session = cls(connection, owned=True)
+            session._reopen = lambda: session._reconnected(conninfo, kwargs)
+            return session
+        raise error
 
     def autocommits(self) -> bool:
         return _psycopg_autocommits(self.connection)
@@ -212,6 +273,7 @@ class AsyncPsycopgSession(AsyncSession):
         Notifications that arrive while the connection runs other statements are kept by psycopg
         and end the next wait at once.
         """
+        await self._revive()
         with translated(self.dialect, psycopg.Error):
             for channel in channels:
                 if channel not in self._listening:
@@ -227,6 +289,7 @@ class AsyncPsycopgSession(AsyncSession):
 
     async def run(self, op: Operation[T]) -> T:
         """As :meth:`PsycopgSession.run`: BEGIN travels with the first statement."""
+        await self._revive()
         if not self.autocommits():
             return await super().run(op)
         if needs_no_transaction(op):
@@ -272,6 +335,7 @@ class AsyncPsycopgSession(AsyncSession):
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[None]:
+        await self._revive()
         with translated(self.dialect, psycopg.Error):
             async with self.connection.transaction():
                 yield
