@@ -26,7 +26,16 @@ from .dialects import Dialect
 from .drivers import AsyncSession, Session, open_async_session, open_session
 from .errors import ArgumentTypeError, InvalidArgumentError, InvalidQueueNameError, ObjectExistsError
 from .install import Installation, TableKind
-from .message import Failure, Message, ReceivedMessage, delivery_delay, duration, subscription_text, topic_names
+from .message import (
+    Failure,
+    Message,
+    ReceivedMessage,
+    delivery_delay,
+    duration,
+    subscription_text,
+    topic_names,
+    uuid_value,
+)
 
 T = TypeVar("T")
 #: The session type of a client: blocking for QueueClient, asyncio for AsyncQueueClient.
@@ -75,24 +84,12 @@ def as_tokens(tokens: Token | Iterable[Token]) -> list[uuid.UUID]:
         tokens = [tokens]
     elif not isinstance(tokens, Iterable) or isinstance(tokens, (bytes, Mapping)):
         raise ArgumentTypeError(f"tokens must be a claim token or an iterable of them, got {type(tokens).__name__}")
-    checked = [as_uuid("claim token", token) for token in tokens]
+    checked = [uuid_value("claim token", token) for token in tokens]
     if len(checked) > defaults.MAX_BATCH:
         raise InvalidArgumentError(
             f"at most {defaults.MAX_BATCH:,} tokens per call, got {len(checked):,}; settle in batches"
         )
     return checked
-
-
-def as_uuid(what: str, value: object) -> uuid.UUID:
-    """A UUID given as one or as its text, or the library's error naming ``what`` it should have been."""
-    if isinstance(value, uuid.UUID):
-        return value
-    if not isinstance(value, str):
-        raise ArgumentTypeError(f"{what} must be a UUID or its text, got {type(value).__name__}")
-    try:
-        return uuid.UUID(value)
-    except ValueError:
-        raise InvalidArgumentError(f"{what} {value[:60]!r} is not a UUID") from None
 
 
 def label(what: str, value: object) -> str:
@@ -132,7 +129,7 @@ def started_times(started: object) -> Mapping[uuid.UUID, datetime] | None:
     if not isinstance(started, Mapping):
         raise ArgumentTypeError(f"started must map message ids to datetimes, got {type(started).__name__}")
     for key, value in started.items():
-        as_uuid("message id", key)
+        uuid_value("message id", key)
         if not isinstance(value, datetime) or value.tzinfo is None:
             raise InvalidArgumentError(f"started must hold timezone-aware datetimes, got {value!r:.60}")
     return started
@@ -1075,12 +1072,12 @@ class QueueClient(_Addressing[Session]):
     def record_write(self, ledger: str | QueueAddress, write: uuid.UUID, part: int) -> bool:
         """Record, in the transaction the caller holds open, that partition ``part`` of ``write`` is
         being sent; False when it was sent before, so a re-run partition sends nothing."""
-        write, part = as_uuid("write", write), place("part", part)
+        write, part = uuid_value("write", write), place("part", part)
         return self._run(ops.record_write(self.dialect, self.address(ledger), write, part))
 
     def forget_write(self, ledger: str | QueueAddress, write: uuid.UUID) -> int:
         """Delete a finished write's ledger rows; returns how many."""
-        return self._run(ops.forget_write(self.dialect, self.address(ledger), as_uuid("write", write)))
+        return self._run(ops.forget_write(self.dialect, self.address(ledger), uuid_value("write", write)))
 
     def queues(self) -> list[QueueAddress]:
         """Every queue table of the connection's database that it may read, by schema and name.

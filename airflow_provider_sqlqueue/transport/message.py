@@ -201,16 +201,17 @@ def decode_headers(text: str | None) -> Headers:
         raise InvalidHeadersError(f"headers are not valid JSON: {exc}") from None
 
 
-def message_id(value: object) -> uuid.UUID:
-    """A message id given as a UUID or its text, or the library's error."""
+def uuid_value(what: str, value: object) -> uuid.UUID:
+    """A UUID given as one or as its text (a message id, a claim token, a write id), or the library's
+    error naming ``what`` it should have been."""
     if isinstance(value, uuid.UUID):
         return value
     if not isinstance(value, str):
-        raise ArgumentTypeError(f"a message id is a UUID or its text, got {type(value).__name__}")
+        raise ArgumentTypeError(f"{what} must be a UUID or its text, got {type(value).__name__}")
     try:
         return uuid.UUID(value)
     except ValueError:
-        raise InvalidArgumentError(f"message id {value[:60]!r} is not a UUID") from None
+        raise InvalidArgumentError(f"{what} {value[:60]!r} is not a UUID") from None
 
 
 def coerce_body(body: bytes | bytearray | memoryview | str | None) -> bytes:
@@ -348,7 +349,7 @@ class Message:
     ) -> None:
         self.body = coerce_body(body)
         self.headers = validate_headers({} if headers is None else headers)
-        self.id = uuid.uuid4() if id is None else message_id(id)
+        self.id = uuid.uuid4() if id is None else uuid_value("message id", id)
         self.time_to_be_received = coerce_ttbr(time_to_be_received)
 
     @classmethod
