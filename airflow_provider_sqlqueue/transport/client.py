@@ -15,6 +15,7 @@ import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from functools import partial
 from typing import Any, Generic, Literal, TypeVar, Union, overload
@@ -254,6 +255,17 @@ class Addressing:
             return "audit"
         return "queue"
 
+    def _longest_delayed_name(self, address: QueueAddress) -> int:
+        """The longest queue name, in the same schema, whose delayed table the database can name."""
+        longest = 0
+        for size in range(1, len(address.table.encode("utf-8")) + 1):
+            try:
+                self.dialect.validate_address(replace(address, table="q" * size).delayed())
+            except InvalidQueueNameError:
+                break
+            longest = size
+        return longest
+
     def installation(
         self,
         queue: str | QueueAddress,
@@ -286,9 +298,12 @@ class Addressing:
             try:
                 self.dialect.validate_address(delayed_table)
             except InvalidQueueNameError as exc:  # every queue made has all its tables, or none is made
+                unit = "bytes" if self.dialect.name == "postgres" else "characters"
                 raise InvalidQueueNameError(
                     f"queue name {address.table!r} leaves no room for its delayed-message table "
-                    f"{delayed_table.table!r} ({exc}); choose a shorter name, or create it with delayed=False"
+                    f"{delayed_table.table!r} ({exc}); a queue with a delayed table may have a name of at most "
+                    f"{self._longest_delayed_name(address)} {unit}: choose a shorter name, or create it with "
+                    "delayed=False"
                 ) from None
             tables.append((TableKind.DELAYED, delayed_table))
         return Installation(self.dialect, tuple(tables), body_string)

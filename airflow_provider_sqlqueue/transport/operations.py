@@ -378,7 +378,10 @@ def move_due(
     message. A row whose destination cannot take it -- no such table, a table that is not a queue,
     a queue this connection may not write -- goes to ``error_address`` with the reason in its
     failure headers, so one bad row never stops the others. Each message keeps the id it was sent
-    with (``NServiceBus.MessageId``). Returns how many rows were moved.
+    with (``NServiceBus.MessageId``), unless a message of that id is already in its destination
+    (the same message delayed twice): that copy goes in under its row's own key, as NServiceBus's
+    mover moves every row, rather than failing the batch on the queue's key. Returns how many rows
+    were moved.
     """
     target = d.qualified_name(delayed)
     yield from table_shape(d, address)
@@ -389,6 +392,7 @@ def move_due(
     if not rows:
         return 0
     routed: dict[QueueAddress, list[SendRow]] = {}
+    row_keys: dict[uuid.UUID, uuid.UUID] = {}  # sent id -> the row's own key, for an id already taken
     refused: dict[QueueAddress, str | None] = {}
     for key, headers_text, body in rows:
         destination, headers = _due_destination(d, address, headers_text)
@@ -410,9 +414,12 @@ def move_due(
                 f"delayed delivery to {d.format_address(destination)} failed: {reason}",
             )
             destination, headers = error_address, encode_headers(failed)
+        if isinstance(key, uuid.UUID):
+            row_keys[message_id] = key
         routed.setdefault(destination, []).append((message_id, None, headers, bytes(body or b"")))
     for destination, batch in routed.items():
         shape = yield from table_shape(d, destination)
+        batch = yield from _untaken_ids(d, destination, batch, row_keys)
         yield from _insert(d, destination, shape, batch)
     yield Step(d.delete_delayed_sql(delayed), {"keys": d.key_list([row.key for row in rows])}, Fetch.NONE, target)
     log.debug("Moved %d due delayed message(s) out of %s", len(rows), target)
@@ -429,6 +436,34 @@ def _refusal(d: Dialect, destination: QueueAddress) -> Operation[str | None]:
         d.can_insert_sql(), {"table": d.table_reference(destination)}, Fetch.ONE, d.qualified_name(destination)
     )
     return None if allowed and allowed[0] else f"this connection may not insert into {d.qualified_name(destination)}"
+
+
+def _untaken_ids(
+    d: Dialect, destination: QueueAddress, batch: list[SendRow], row_keys: Mapping[uuid.UUID, uuid.UUID]
+) -> Operation[list[SendRow]]:
+    """``batch`` with every id not yet in ``destination`` (nor twice in the batch): a row whose id is
+    taken goes in under its delayed row's key (a new id where the delayed table has no uuid key)."""
+    waiting_sql = d.waiting_ids_sql(destination)
+    if waiting_sql is None:  # the table does not key its rows by Id
+        return batch
+    ids = d.token_list([row[0] for row in batch])
+    found = yield Step(waiting_sql, {"ids": ids}, Fetch.ALL, d.qualified_name(destination))
+    taken = {as_uuid(row[0]) for row in found}
+    untaken: list[SendRow] = []
+    for message_id, ttbr_ms, headers, body in batch:
+        if message_id in taken:
+            new_id = row_keys.get(message_id, uuid.uuid4())
+            new_id = new_id if new_id not in taken else uuid.uuid4()
+            log.warning(
+                "Queue %s already holds message %s; its delayed copy goes in under id %s",
+                d.qualified_name(destination),
+                message_id,
+                new_id,
+            )
+            message_id = new_id
+        taken.add(message_id)
+        untaken.append((message_id, ttbr_ms, headers, body))
+    return untaken
 
 
 def _sent_id(headers_text: str, key: object) -> uuid.UUID:

@@ -450,6 +450,11 @@ class Dialect(ABC):
         """One row: milliseconds from the database clock to the earliest Due (negative when overdue),
         NULL when the table is empty."""
 
+    def waiting_ids_sql(self, address: QueueAddress) -> str | None:
+        """Params ids (see :meth:`token_list`) -> rows (Id,) of those ids already in the queue table; None
+        where the table does not key its rows by Id (then no id can collide)."""
+        return None
+
     @abstractmethod
     def key_list(self, keys: Sequence[Any]) -> object:
         """The ``keys`` parameter of :meth:`delete_delayed_sql` for keys read by :meth:`due_delayed_sql`."""

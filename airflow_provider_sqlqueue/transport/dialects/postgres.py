@@ -414,6 +414,10 @@ class PostgresDialect(Dialect):
         # statement neither fails nor aborts the retry's transaction.
         return f"{self.insert_error_sql(address, shape)} ON CONFLICT DO NOTHING"
 
+    def waiting_ids_sql(self, address: QueueAddress) -> str | None:
+        # Id is the queue's primary key here: looked up through its index.
+        return f"SELECT Id FROM {self.qualified_name(address)} WHERE Id = ANY(%(ids)s::uuid[])"
+
     def browse_sql(self, address: QueueAddress) -> str:
         q = self.qualified_name(address)
         return (
