@@ -1,0 +1,106 @@
+"""Receiving and settling under hostile handlers and input, each outcome counted on the real database.
+
+Regression tests:
+
+- a native handler that ended the receive's transaction itself (``ROLLBACK`` or ``COMMIT`` on the
+  connection) was counted as handled; after a ROLLBACK the message came back at once, for ever;
+- a native handler the server cut off (its session killed mid-handler, as
+  ``idle_in_transaction_session_timeout`` does to a slow one) never had the delivery counted, so
+  the message came back after every back-off and never reached the error queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from airflow_provider_sqlqueue.transport import Message, MessagePump, QueueAddress
+from airflow_provider_sqlqueue.transport.drivers import open_pool
+from airflow_provider_sqlqueue.transport.errors import TransactionAbortedError
+from airflow_provider_sqlqueue.transport.message import EXCEPTION_TYPE
+
+pytestmark = pytest.mark.postgres_only
+
+
+async def pump_until(pump: MessagePump, done: Any, timeout: float = 60.0) -> None:
+    """Run the pump until ``done()``; fail if it stops or takes longer than ``timeout``."""
+    task = asyncio.create_task(pump.run())
+    try:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not done():
+            assert asyncio.get_running_loop().time() < deadline, "the pump did not get there in time"
+            assert not task.done(), f"the pump stopped: {task.exception()}"
+            await asyncio.sleep(0.05)
+    finally:
+        pump.stop()
+        await asyncio.wait_for(task, 30)
+
+
+async def run_native(
+    uri: str, client: Any, queue: QueueAddress, schema: str, handler: Any, deliveries: int
+) -> MessagePump:
+    """A native pump on ``queue`` until its error queue holds one message and the queue is empty."""
+    error = QueueAddress("error", schema)
+    pool = open_pool(uri, max_size=2)
+    await pool.open()
+    try:
+        pump = MessagePump(
+            pool, queue, handler, transaction_mode="native", error_queue=error, max_deliveries=deliveries,
+            peek_interval=0.05, max_backoff=0.2,
+        )  # fmt: skip
+        await pump_until(pump, lambda: client.depth(error) == 1 and client.depth(queue) == 0)
+    finally:
+        await pool.close()
+    return pump
+
+
+async def test_a_native_handler_that_ends_the_receive_transaction_itself_has_failed(backend, client, queue, schema):
+    client.send(queue, [Message("rolled back"), Message("fine")])
+    attempts: dict[str, int] = {}
+
+    async def handler(message, connection):
+        attempts[message.text] = attempts.get(message.text, 0) + 1
+        if message.text == "rolled back":
+            await connection.execute("ROLLBACK")  # the mistake: the receive is undone, silently
+
+    pump = await run_native(backend.uri, client, queue, schema, handler, deliveries=3)
+    assert attempts == {"rolled back": 3, "fine": 1}  # three counted failures, then moved: never a hot loop
+    assert pump.handled == 1 and pump.failed == 3
+    [failed] = client.browse(QueueAddress("error", schema))
+    assert failed.text == "rolled back"
+    assert failed.headers[EXCEPTION_TYPE].endswith("TransactionAbortedError")
+
+
+def test_a_native_block_that_ends_the_transaction_itself_raises_and_keeps_the_message(client, queue):
+    client.send(queue, Message("kept"))
+
+    def roll_back() -> None:
+        with client.receive_native(queue) as message:
+            assert message is not None
+            client.connection.execute("ROLLBACK")
+
+    with pytest.raises(TransactionAbortedError, match="ended"):
+        roll_back()
+    assert [m.text for m in client.receive(queue)] == ["kept"]
+    assert client.depth(queue) == 0
+
+
+async def test_a_native_handler_cut_off_by_the_server_reaches_the_error_queue(backend, client, queue, schema):
+    client.send(queue, [Message("slow"), Message("fine")])
+    attempts: dict[str, int] = {}
+
+    async def handler(message, connection):
+        attempts[message.text] = attempts.get(message.text, 0) + 1
+        if message.text == "slow":
+            # Slower than the session may sit idle in a transaction: the server ends the session.
+            await connection.execute("SET idle_in_transaction_session_timeout = '50ms'")
+            await asyncio.sleep(0.5)
+
+    pump = await run_native(backend.uri, client, queue, schema, handler, deliveries=2)
+    assert attempts == {"slow": 2, "fine": 1}  # each cut-off delivery counted; then the error queue
+    assert pump.handled == 1 and pump.failed == 2
+    [failed] = client.browse(QueueAddress("error", schema))
+    assert failed.text == "slow"
+    assert failed.headers[EXCEPTION_TYPE].endswith("TransportUnavailableError")
