@@ -6,7 +6,11 @@ Regression tests:
   connection) was counted as handled; after a ROLLBACK the message came back at once, for ever;
 - a native handler the server cut off (its session killed mid-handler, as
   ``idle_in_transaction_session_timeout`` does to a slow one) never had the delivery counted, so
-  the message came back after every back-off and never reached the error queue.
+  the message came back after every back-off and never reached the error queue;
+- ``fail()`` given a message claimed from another queue of the schema moved that message to the
+  wrong error queue, naming the wrong queue as where it failed;
+- a run of lapsed claims whose messages expired cost a claim one statement per claim, and the
+  live lapsed claim behind them was not handed out.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import pytest
 from airflow_provider_sqlqueue.transport import Message, MessagePump, QueueAddress
 from airflow_provider_sqlqueue.transport.drivers import open_pool
 from airflow_provider_sqlqueue.transport.errors import TransactionAbortedError
-from airflow_provider_sqlqueue.transport.message import EXCEPTION_TYPE
+from airflow_provider_sqlqueue.transport.message import EXCEPTION_TYPE, FAILED_QUEUE
 
 pytestmark = pytest.mark.postgres_only
 
@@ -104,3 +108,50 @@ async def test_a_native_handler_cut_off_by_the_server_reaches_the_error_queue(ba
     [failed] = client.browse(QueueAddress("error", schema))
     assert failed.text == "slow"
     assert failed.headers[EXCEPTION_TYPE].endswith("TransportUnavailableError")
+
+
+def test_fail_leaves_a_message_claimed_from_another_queue_alone(client, queue, schema):
+    other = QueueAddress("invoices", schema)
+    client.create_queue(other)
+    client.send(queue, Message("an order"))
+    [claimed] = client.claim(queue, lease=60)
+    assert client.fail(other, claimed, "wrong queue") is False
+    assert client.depth(QueueAddress("error", schema)) == 0
+    assert client.inflight(queue) == 1  # still claimed, by its holder, on its own queue
+    assert client.fail(queue, claimed, "right queue") is True
+    [failed] = client.browse(QueueAddress("error", schema))
+    assert failed.text == "an order"
+    assert failed.headers[FAILED_QUEUE] == client.canonical_address(queue)
+    assert client.inflight(queue) == 0
+
+
+LAPSED_EXPIRED = 20_000
+
+
+def test_a_run_of_expired_lapsed_claims_costs_a_claim_a_few_statements(raw, client, queue, schema, monkeypatch):
+    # A fleet of consumers died holding claims; their messages' time to be received ran out meanwhile.
+    # One live claim lapsed behind them.
+    client.send(queue, Message("live"))
+    [live] = client.claim(queue, lease=0.001)
+    inflight = f'"{schema}".sqlqueue_inflight'
+    raw.execute(
+        f"INSERT INTO {inflight} (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil, Holder) "
+        "SELECT gen_random_uuid(), c.Queue, gen_random_uuid(), (now() AT TIME ZONE 'UTC') - interval '1 hour', "
+        "'{}', ''::bytea, c.Seq - g, 1, (now() AT TIME ZONE 'UTC') - interval '1 minute', 'gone' "
+        f"FROM {inflight} AS c, generate_series(1, %s) AS g",
+        (LAPSED_EXPIRED,),
+    )
+    statements: list[str] = []
+    execute = client.session.execute
+
+    def counting(step):
+        statements.append(step.sql)
+        return execute(step)
+
+    monkeypatch.setattr(client.session, "execute", counting)
+    got = client.claim(queue, 1)
+    monkeypatch.undo()
+    assert [m.id for m in got] == [live.id]  # handed out again: the expired claims ahead were no obstacle
+    assert len(statements) <= 10, f"{len(statements)} statements for one claim behind {LAPSED_EXPIRED:,} expired"
+    assert client.inflight(queue) == 1  # the expired claims are gone, in bulk; the live one is held
+    assert client.depth(queue) == 0
