@@ -110,6 +110,34 @@ async def test_a_native_handler_cut_off_by_the_server_reaches_the_error_queue(ba
     assert failed.headers[EXCEPTION_TYPE].endswith("TransportUnavailableError")
 
 
+async def test_a_native_batch_cut_off_by_the_server_reaches_the_error_queue(backend, client, queue, schema):
+    client.send(queue, [Message("slow"), Message("fine")])
+    attempts: dict[str, int] = {}
+
+    async def batch_handler(batch, connection):
+        for message in batch:
+            attempts[message.text] = attempts.get(message.text, 0) + 1
+        if any(message.text == "slow" for message in batch):
+            await connection.execute("SET idle_in_transaction_session_timeout = '50ms'")
+            await asyncio.sleep(0.5)
+
+    error = QueueAddress("error", schema)
+    pool = open_pool(backend.uri, max_size=2)
+    await pool.open()
+    try:
+        pump = MessagePump(
+            pool, queue, None, batch_handler=batch_handler, transaction_mode="native", error_queue=error,
+            max_deliveries=2, peek_interval=0.05, max_backoff=0.2,
+        )  # fmt: skip
+        await pump_until(pump, lambda: client.depth(error) == 1 and client.depth(queue) == 0)
+    finally:
+        await pool.close()
+    assert attempts == {"slow": 2, "fine": 1}
+    assert pump.handled == 1 and pump.failed == 2
+    [failed] = client.browse(error)
+    assert failed.text == "slow"
+
+
 def test_fail_leaves_a_message_claimed_from_another_queue_alone(client, queue, schema):
     other = QueueAddress("invoices", schema)
     client.create_queue(other)
