@@ -79,6 +79,7 @@ STATEMENTS: dict[str, Statement] = {
     "queue_figures": lambda d, a, e: d.queue_figures_sql(a),
     "claim_figures": lambda d, a, e: d.claim_figures_sql(a),
     "claims": lambda d, a, e: d.claims_sql(a),
+    "purge_expired_claims": lambda d, a, e: d.purge_expired_claims_sql(a),
     "release_lapsed": lambda d, a, e: d.release_lapsed_sql(a, SHAPE),
     "release_lapsed_legacy": lambda d, a, e: d.release_lapsed_sql(a, LEGACY_SHAPE),
     "delete_by_seq": lambda d, a, e: d.delete_by_seq_sql(e),
@@ -240,6 +241,7 @@ def test_placeholder_names_match_the_parameters_the_operations_pass():
         "queue_figures": {"limit"},
         "claim_figures": {"queue"},
         "claims": {"queue", "limit"},
+        "purge_expired_claims": {"queue", "limit"},
         "release_lapsed": {"queue", "limit"},
         "release_lapsed_legacy": {"queue", "limit"},
         "delete_by_seq": {"seq"},
@@ -253,8 +255,8 @@ def test_placeholder_names_match_the_parameters_the_operations_pass():
         "ack_copy": {"tokens", "queue"},
         "nack": {"delay_ms", "error", "tokens", "queue"},
         "extend": {"lease_ms", "tokens", "queue"},
-        "claim_to_error": {"token", "headers"},
-        "claim_to_error_legacy": {"token", "headers"},
+        "claim_to_error": {"token", "queue", "headers"},
+        "claim_to_error_legacy": {"token", "queue", "headers"},
         "queue_columns": {"schema", "table"},
         "has_expires_index": {"schema", "table"},
         "install_lock": set(),
@@ -538,7 +540,12 @@ SAMPLE_PARAMS: dict[str, dict[str, object]] = {
         "queue": "orders@[dbo]",
     },
     "extend": {"lease_ms": 60_000, "tokens": dialect.token_list([uuid.uuid4()]), "queue": "orders@[dbo]"},
-    "claim_to_error": {"token": uuid.uuid4(), "headers": '{"NServiceBus.FailedQ":"orders@[dbo]"}'},
+    "claim_to_error": {
+        "token": uuid.uuid4(),
+        "queue": "orders@[dbo]",
+        "headers": '{"NServiceBus.FailedQ":"orders@[dbo]"}',
+    },
+    "purge_expired_claims": {"queue": "orders@[dbo]", "limit": 10_000},
     "queue_columns": {"schema": "dbo", "table": "orders"},
     "has_expires_index": {"schema": "dbo", "table": "orders"},
 }
@@ -602,7 +609,7 @@ def sample_params(name: str, body: bytes | None, headers: str) -> dict[str, obje
     if name == "store_delayed":
         return {"headers": headers, "body": body, "delay_ms": 2**40}
     if name in ("claim_to_error", "claim_to_error_legacy"):
-        return {"token": uuid.uuid4(), "headers": headers}
+        return {"token": uuid.uuid4(), "queue": "orders@[dbo]", "headers": headers}
     return SAMPLE_PARAMS.get(name, {})
 
 

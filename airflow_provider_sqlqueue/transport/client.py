@@ -884,7 +884,11 @@ class QueueClient(_Addressing[Session]):
         *,
         error_queue: str | QueueAddress | None = None,
     ) -> bool:
-        """Move a claimed message to the error queue now, with failure headers (no further deliveries)."""
+        """Move a claimed message to the error queue now, with failure headers (no further deliveries).
+
+        False when its claim is not held on ``queue``: the lease ran out and someone else has it, or
+        the message was claimed from another queue (then nothing is moved).
+        """
         if received("message", message).claim_token is None:
             raise InvalidArgumentError(
                 "fail() takes a claimed message; use move_to_error() for one received in none mode"

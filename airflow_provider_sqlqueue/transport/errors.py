@@ -74,7 +74,9 @@ class StatementRejectedError(SqlQueueError):
 
 class TransactionAbortedError(StatementRejectedError):
     """A statement inside a transaction failed and the code around it went on: the database has
-    rolled the transaction back, so what it did is undone. In native mode this is a failed delivery
+    rolled the transaction back, so what it did is undone. Also raised when the code inside ended the
+    transaction itself (COMMIT or ROLLBACK on the connection), so that the receive and its work did
+    not commit together. In native mode this is a failed delivery
     (counted, backed off, moved to the error queue after ``max_deliveries``), never a success."""
 
 

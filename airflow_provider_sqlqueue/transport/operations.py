@@ -635,21 +635,24 @@ def _receive(
     return received
 
 
-def _purge_expired_run(d: Dialect, address: QueueAddress) -> Operation[int]:
+def _purge_expired_run(d: Dialect, address: QueueAddress, *, claims: bool = False) -> Operation[int]:
     """Delete the expired messages a receive has met, in bulk: a run of them at the head of a queue
     (a consumer that was down longer than their time to be received) then costs a few set-based
     statements instead of one receive per row. Bounded per statement, and rows other receivers
-    hold are skipped."""
+    hold are skipped. ``claims``: the queue's lapsed claims whose messages expired (consumers that
+    died holding them), which would otherwise cost a claim one reclaim each."""
+    if claims:
+        sql, params, what = d.purge_expired_claims_sql(address), {"queue": d.claim_key(address)}, "lapsed claim(s)"
+    else:
+        sql, params, what = d.purge_expired_sql(address), {}, "message(s)"
     purged = 0
     while True:
-        count = yield Step(
-            d.purge_expired_sql(address), {"limit": defaults.PURGE_BATCH}, Fetch.ROWCOUNT, d.qualified_name(address)
-        )
+        count = yield Step(sql, {**params, "limit": defaults.PURGE_BATCH}, Fetch.ROWCOUNT, d.qualified_name(address))
         purged += int(count)
         if int(count) < defaults.PURGE_BATCH:
             break
     if purged:
-        log.info("Queue %s: deleted %d expired message(s) met by a receive", d.qualified_name(address), purged)
+        log.info("Queue %s: deleted %d expired %s met by a receive", d.qualified_name(address), purged, what)
     return purged
 
 
@@ -711,7 +714,9 @@ def claim(
     (a paused DAG, a dead triggerer) costs the message none of its ``max_deliveries``.
 
     A message that has already been delivered ``max_deliveries`` times is moved to the error
-    queue instead of being handed out again, with the failure its last holder reported.
+    queue instead of being handed out again, with the failure its last holder reported. Lapsed
+    claims whose messages expired are deleted in bulk once one is met, as expired rows of the
+    queue are: holders that died long ago cost a claim a few statements, not one each.
     """
     yield from table_shape(d, address)
     yield from table_shape(d, error_address)
@@ -723,6 +728,12 @@ def claim(
     if reclaim:
         held = [HeldRow(*row) for row in (yield Step(d.reclaim_sql(address), params, Fetch.ALL, target))]
         claimed = yield from _hand_out(d, address, error_address, held, counted, max_deliveries)
+        if any(row.expired for row in held):
+            yield from _purge_expired_run(d, address, claims=True)
+            if len(held) == limit and len(claimed) < limit:  # lapsed claims may wait behind the expired ones
+                shortfall = {**params, "limit": limit - len(claimed)}
+                held = [HeldRow(*row) for row in (yield Step(d.reclaim_sql(address), shortfall, Fetch.ALL, target))]
+                claimed += yield from _hand_out(d, address, error_address, held, counted, max_deliveries)
     requeued = False  # a poison row moved into this very queue (its own error queue): do not meet it again
     while len(claimed) < limit and not requeued:
         wanted = limit - len(claimed)
@@ -790,7 +801,11 @@ def _hand_out(
             shape = yield from table_shape(d, error_address)
             yield Step(
                 d.claim_to_error_sql(address, error_address, shape),
-                {"token": token, "headers": encode_headers(failed, ascii_only=shape.ascii_headers)},
+                {
+                    "token": token,
+                    "queue": d.claim_key(address),
+                    "headers": encode_headers(failed, ascii_only=shape.ascii_headers),
+                },
                 Fetch.NONE,
                 target,
             )
@@ -815,7 +830,7 @@ def _claim_poison_to_error(
     shape = yield from table_shape(d, error_address)
     yield Step(
         d.claim_to_error_sql(address, error_address, shape),
-        {"token": token, "headers": headers_text or ""},
+        {"token": token, "queue": d.claim_key(address), "headers": headers_text or ""},
         Fetch.NONE,
         d.qualified_name(address),
     )
@@ -1114,7 +1129,11 @@ def fail_claim(
     shape = yield from table_shape(d, error_address)
     count = yield Step(
         d.claim_to_error_sql(address, error_address, shape),
-        {"token": message.claim_token, "headers": encode_headers(headers, ascii_only=shape.ascii_headers)},
+        {
+            "token": message.claim_token,
+            "queue": d.claim_key(address),
+            "headers": encode_headers(headers, ascii_only=shape.ascii_headers),
+        },
         Fetch.ROWCOUNT,
         d.qualified_name(address),
     )

@@ -135,14 +135,22 @@ def handler_failure(exc: BaseException) -> None:
 
 
 def aborted(session: AsyncSession) -> TransactionAbortedError | None:
-    """The failure of a native handler that returned normally from a transaction an error aborted
-    (it caught a database error): its work is rolled back, so the delivery failed."""
+    """The failure of a native handler that returned normally from a transaction that is no longer
+    whole: an error aborted it (the handler caught a database error), or the handler ended it with
+    COMMIT or ROLLBACK. Its work did not commit with the receive, so the delivery failed."""
     if not session.transaction_failed():
         return None
     return TransactionAbortedError(
-        "the handler returned normally, but a statement it ran failed and aborted the receive's transaction; "
-        "everything it did was rolled back (a native-mode handler must let database errors propagate)"
+        "the handler returned normally, but the receive's transaction is no longer whole: a statement it ran "
+        "failed and aborted it (everything it did was rolled back), or it ended the transaction itself with "
+        "COMMIT or ROLLBACK; a native-mode handler must let database errors propagate and leave the "
+        "transaction to the pump"
     )
+
+
+#: Errors that say the setup is wrong, not the message: a native delivery they interrupt is not
+#: counted against the message (retrying cannot help until the setup is fixed; the pump backs off).
+SETUP_ERRORS = (TransportMisconfiguredError, PermissionDeniedError, QueueNotFoundError, NotAQueueError)
 
 
 class MessagePump:
@@ -500,31 +508,40 @@ class MessagePump:
         received: list[ReceivedMessage] = []
         batch: list[ReceivedMessage] = []
         outcome: BaseException | None = None
-        async with self.pool.session() as session:
-            try:
-                async with session.transaction():
-                    received = await ops.drive_async(
-                        ops.receive(self.dialect, self.queue, self.error_queue, wanted), session.execute
-                    )
-                    for message in received:
-                        if not await self._dead_letter_if_exhausted(session, message):
-                            batch.append(message)
-                    if batch:
-                        for message in batch:
-                            self._note_ttbr(message)
-                        started = datetime.now(timezone.utc)
-                        try:
-                            await batch_handler(batch, session.connection)
-                        except BaseException as exc:  # the batch's failure rolls it back; the pump goes on
-                            handler_failure(exc)
-                            outcome = exc
-                            raise _Rollback from exc
-                        outcome = aborted(session)
-                        if outcome is not None:
-                            raise _Rollback
-                        await self._audit_in(session, batch, dict.fromkeys((m.id for m in batch), started))
-            except _Rollback:
-                pass
+        handled = False  # the batch handler returned normally, its transaction still whole
+        try:
+            async with self.pool.session() as session:
+                try:
+                    async with session.transaction():
+                        received = await ops.drive_async(
+                            ops.receive(self.dialect, self.queue, self.error_queue, wanted), session.execute
+                        )
+                        for message in received:
+                            if not await self._dead_letter_if_exhausted(session, message):
+                                batch.append(message)
+                        if batch:
+                            for message in batch:
+                                self._note_ttbr(message)
+                            started = datetime.now(timezone.utc)
+                            try:
+                                await batch_handler(batch, session.connection)
+                            except BaseException as exc:  # the batch's failure rolls it back; the pump goes on
+                                handler_failure(exc)
+                                outcome = exc
+                                raise _Rollback from exc
+                            outcome = aborted(session)
+                            handled = outcome is None
+                            if outcome is not None:
+                                raise _Rollback
+                            await self._audit_in(session, batch, dict.fromkeys((m.id for m in batch), started))
+                except _Rollback:
+                    pass
+        except SETUP_ERRORS:
+            raise
+        except Exception as exc:  # the handler had the batch, yet its transaction did not commit
+            if handled:
+                self._not_committed(batch, exc)
+            raise
         if self._isolating:
             self._isolating -= 1
         if outcome is None:
@@ -546,6 +563,26 @@ class MessagePump:
                 for message in batch:
                     self.failures.record(message.id, outcome)
         return len(received)
+
+    def _not_committed(self, messages: list[ReceivedMessage], exc: Exception) -> None:
+        """Native mode: the handler had ``messages`` and returned normally, but their transaction did not
+        commit -- the server ended the session under it (a handler slower than
+        ``idle_in_transaction_session_timeout``, a restart) or the commit failed. Nothing it did was
+        kept, so it is a failed delivery, counted as a raising handler's is: a message whose handling
+        always outlasts the session reaches the error queue after ``max_deliveries`` instead of
+        coming back for ever. Several messages are then received one at a time, as after a failed batch."""
+        self.failed += len(messages)
+        log.warning(
+            "Queue %s: the transaction of %d handled message(s) did not commit, so they count as failed: %s",
+            self.name,
+            len(messages),
+            storable_text(error_text(exc), defaults.MAX_FAILURE_TEXT),
+        )
+        if len(messages) > 1:
+            self._isolating = len(messages)
+        else:
+            for message in messages:
+                self.failures.record(message.id, exc)
 
     async def _dead_letter_if_exhausted(self, session: AsyncSession, message: ReceivedMessage) -> bool:
         """In a native receive transaction: move a message that failed ``max_deliveries`` times to the error
@@ -594,30 +631,40 @@ class MessagePump:
         return None
 
     async def _receive_native(self) -> bool:
-        async with self.pool.session() as session:
-            outcome: BaseException | None = None
-            message: ReceivedMessage | None = None
-            try:
-                async with session.transaction():
-                    received = await ops.drive_async(
-                        ops.receive(self.dialect, self.queue, self.error_queue, 1), session.execute
-                    )
-                    if not received:
-                        return False
-                    message = received[0]
-                    if await self._dead_letter_if_exhausted(session, message):
-                        self.failures.forget(message.id)
-                        return True
-                    started = datetime.now(timezone.utc)
-                    outcome = await self._handle(message, session.connection)
-                    if outcome is None and (outcome := aborted(session)) is not None:
-                        self.handled, self.failed = self.handled - 1, self.failed + 1
-                        log.warning("Queue %s: message %s: %s", self.name, message.id, outcome)
-                    if outcome is not None:
-                        raise _Rollback
-                    await self._audit_in(session, [message], {message.id: started})
-            except _Rollback:
-                pass
+        outcome: BaseException | None = None
+        message: ReceivedMessage | None = None
+        handled = False  # the handler ran and returned normally: counted as handled, until the commit says otherwise
+        try:
+            async with self.pool.session() as session:
+                try:
+                    async with session.transaction():
+                        received = await ops.drive_async(
+                            ops.receive(self.dialect, self.queue, self.error_queue, 1), session.execute
+                        )
+                        if not received:
+                            return False
+                        message = received[0]
+                        if await self._dead_letter_if_exhausted(session, message):
+                            self.failures.forget(message.id)
+                            return True
+                        started = datetime.now(timezone.utc)
+                        outcome = await self._handle(message, session.connection)
+                        if outcome is None and (outcome := aborted(session)) is not None:
+                            self.handled, self.failed = self.handled - 1, self.failed + 1
+                            log.warning("Queue %s: message %s: %s", self.name, message.id, outcome)
+                        handled = outcome is None
+                        if outcome is not None:
+                            raise _Rollback
+                        await self._audit_in(session, [message], {message.id: started})
+                except _Rollback:
+                    pass
+        except SETUP_ERRORS:
+            raise
+        except Exception as exc:  # the handler had the message, yet its transaction did not commit
+            if message is not None and handled:
+                self.handled -= 1
+                self._not_committed([message], exc)
+            raise
         if message is not None:
             if outcome is None:
                 self.failures.forget(message.id)

@@ -88,6 +88,9 @@ SELECT COUNT_BIG(*), COUNT_BIG(CASE WHEN LeaseUntil <= SYSUTCDATETIME() THEN 1 E
 -- plain: claims
 SELECT TOP (@p_limit) Id, Holder, Deliveries, DATEDIFF_BIG(millisecond, SYSUTCDATETIME(), LeaseUntil), LastError FROM [dbo].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p_queue ORDER BY LeaseUntil;
 
+-- plain: purge_expired_claims
+DECLARE @queue nvarchar(450) = @p_queue, @limit int = @p_limit; WITH expired AS (SELECT TOP (@limit) * FROM [dbo].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() AND Expires < GETUTCDATE()) DELETE FROM expired;
+
 -- plain: release_lapsed
 DECLARE @queue nvarchar(450) = @p_queue, @limit int = @p_limit; DECLARE @released TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); WITH lapsed AS (SELECT TOP (@limit) * FROM [dbo].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) DELETE FROM lapsed OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.Seq INTO @released; INSERT INTO [dbo].[orders] (Id, Recoverable, Expires, Headers, Body) SELECT r.Id, 1, r.Expires, r.Headers, r.Body FROM @released AS r ORDER BY r.Seq; SELECT r.Id FROM @released AS r ORDER BY r.Seq;
 
@@ -152,10 +155,10 @@ DECLARE @write uniqueidentifier = @p_write, @part int = @p_part; INSERT INTO [db
 DELETE FROM [dbo].[sqlqueue_writes] WHERE WriteId = @p_write;
 
 -- plain: claim_to_error
-DECLARE @token uniqueidentifier = @p_token, @headers nvarchar(max) = @p_headers; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [dbo].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [dbo].[error] (Id, Recoverable, Expires, Headers, Body) SELECT m.Id, 1, NULL, @headers, m.Body FROM @moved AS m;
+DECLARE @token uniqueidentifier = @p_token, @queue nvarchar(450) = @p_queue, @headers nvarchar(max) = @p_headers; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [dbo].[sqlqueue_inflight] WHERE Token = @token AND Queue = @queue) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [dbo].[error] (Id, Recoverable, Expires, Headers, Body) SELECT m.Id, 1, NULL, @headers, m.Body FROM @moved AS m;
 
 -- plain: claim_to_error_legacy
-DECLARE @token uniqueidentifier = @p_token, @headers nvarchar(max) = @p_headers; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [dbo].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [dbo].[error] (Id, Expires, Headers, Body) SELECT m.Id, NULL, @headers, m.Body FROM @moved AS m;
+DECLARE @token uniqueidentifier = @p_token, @queue nvarchar(450) = @p_queue, @headers nvarchar(max) = @p_headers; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [dbo].[sqlqueue_inflight] WHERE Token = @token AND Queue = @queue) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [dbo].[error] (Id, Expires, Headers, Body) SELECT m.Id, NULL, @headers, m.Body FROM @moved AS m;
 
 -- plain: create_delayed[0]
 IF OBJECT_ID(N'[dbo].[orders.Delayed]', N'U') IS NULL BEGIN CREATE TABLE [dbo].[orders.Delayed] (Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, Due datetime NOT NULL, RowVersion bigint IDENTITY(1,1) NOT NULL); CREATE NONCLUSTERED INDEX [Index_Due] ON [dbo].[orders.Delayed] (Due); END;
@@ -280,6 +283,9 @@ SELECT COUNT_BIG(*), COUNT_BIG(CASE WHEN LeaseUntil <= SYSUTCDATETIME() THEN 1 E
 -- escaping: claims
 SELECT TOP (@p_limit) Id, Holder, Deliveries, DATEDIFF_BIG(millisecond, SYSUTCDATETIME(), LeaseUntil), LastError FROM [sa]]les].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p_queue ORDER BY LeaseUntil;
 
+-- escaping: purge_expired_claims
+DECLARE @queue nvarchar(450) = @p_queue, @limit int = @p_limit; WITH expired AS (SELECT TOP (@limit) * FROM [sa]]les].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() AND Expires < GETUTCDATE()) DELETE FROM expired;
+
 -- escaping: release_lapsed
 DECLARE @queue nvarchar(450) = @p_queue, @limit int = @p_limit; DECLARE @released TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); WITH lapsed AS (SELECT TOP (@limit) * FROM [sa]]les].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) DELETE FROM lapsed OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.Seq INTO @released; INSERT INTO [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] (Id, Recoverable, Expires, Headers, Body) SELECT r.Id, 1, r.Expires, r.Headers, r.Body FROM @released AS r ORDER BY r.Seq; SELECT r.Id FROM @released AS r ORDER BY r.Seq;
 
@@ -344,10 +350,10 @@ DECLARE @write uniqueidentifier = @p_write, @part int = @p_part; INSERT INTO [sa
 DELETE FROM [sa]]les].[sqlqueue_writes] WHERE WriteId = @p_write;
 
 -- escaping: claim_to_error
-DECLARE @token uniqueidentifier = @p_token, @headers nvarchar(max) = @p_headers; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [sa]]les].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [sa]]les].[error] (Id, Recoverable, Expires, Headers, Body) SELECT m.Id, 1, NULL, @headers, m.Body FROM @moved AS m;
+DECLARE @token uniqueidentifier = @p_token, @queue nvarchar(450) = @p_queue, @headers nvarchar(max) = @p_headers; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [sa]]les].[sqlqueue_inflight] WHERE Token = @token AND Queue = @queue) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [sa]]les].[error] (Id, Recoverable, Expires, Headers, Body) SELECT m.Id, 1, NULL, @headers, m.Body FROM @moved AS m;
 
 -- escaping: claim_to_error_legacy
-DECLARE @token uniqueidentifier = @p_token, @headers nvarchar(max) = @p_headers; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [sa]]les].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [sa]]les].[error] (Id, Expires, Headers, Body) SELECT m.Id, NULL, @headers, m.Body FROM @moved AS m;
+DECLARE @token uniqueidentifier = @p_token, @queue nvarchar(450) = @p_queue, @headers nvarchar(max) = @p_headers; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [sa]]les].[sqlqueue_inflight] WHERE Token = @token AND Queue = @queue) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [sa]]les].[error] (Id, Expires, Headers, Body) SELECT m.Id, NULL, @headers, m.Body FROM @moved AS m;
 
 -- escaping: create_delayed[0]
 IF OBJECT_ID(N'[sa]]les].[we]]ird [name]]; DROP TABLE x--''%s.Delayed]', N'U') IS NULL BEGIN CREATE TABLE [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s.Delayed] (Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, Due datetime NOT NULL, RowVersion bigint IDENTITY(1,1) NOT NULL); CREATE NONCLUSTERED INDEX [Index_Due] ON [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s.Delayed] (Due); END;
@@ -472,6 +478,9 @@ SELECT COUNT_BIG(*), COUNT_BIG(CASE WHEN LeaseUntil <= SYSUTCDATETIME() THEN 1 E
 -- catalog: claims
 SELECT TOP (@p_limit) Id, Holder, Deliveries, DATEDIFF_BIG(millisecond, SYSUTCDATETIME(), LeaseUntil), LastError FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p_queue ORDER BY LeaseUntil;
 
+-- catalog: purge_expired_claims
+DECLARE @queue nvarchar(450) = @p_queue, @limit int = @p_limit; WITH expired AS (SELECT TOP (@limit) * FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() AND Expires < GETUTCDATE()) DELETE FROM expired;
+
 -- catalog: release_lapsed
 DECLARE @queue nvarchar(450) = @p_queue, @limit int = @p_limit; DECLARE @released TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); WITH lapsed AS (SELECT TOP (@limit) * FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) DELETE FROM lapsed OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.Seq INTO @released; INSERT INTO [Shop's DB].[ops].[Sales.WORKER01] (Id, Recoverable, Expires, Headers, Body) SELECT r.Id, 1, r.Expires, r.Headers, r.Body FROM @released AS r ORDER BY r.Seq; SELECT r.Id FROM @released AS r ORDER BY r.Seq;
 
@@ -536,10 +545,10 @@ DECLARE @write uniqueidentifier = @p_write, @part int = @p_part; INSERT INTO [Sh
 DELETE FROM [Shop's DB].[ops].[sqlqueue_writes] WHERE WriteId = @p_write;
 
 -- catalog: claim_to_error
-DECLARE @token uniqueidentifier = @p_token, @headers nvarchar(max) = @p_headers; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [Shop's DB].[ops].[error] (Id, Recoverable, Expires, Headers, Body) SELECT m.Id, 1, NULL, @headers, m.Body FROM @moved AS m;
+DECLARE @token uniqueidentifier = @p_token, @queue nvarchar(450) = @p_queue, @headers nvarchar(max) = @p_headers; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Token = @token AND Queue = @queue) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [Shop's DB].[ops].[error] (Id, Recoverable, Expires, Headers, Body) SELECT m.Id, 1, NULL, @headers, m.Body FROM @moved AS m;
 
 -- catalog: claim_to_error_legacy
-DECLARE @token uniqueidentifier = @p_token, @headers nvarchar(max) = @p_headers; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [Shop's DB].[ops].[error] (Id, Expires, Headers, Body) SELECT m.Id, NULL, @headers, m.Body FROM @moved AS m;
+DECLARE @token uniqueidentifier = @p_token, @queue nvarchar(450) = @p_queue, @headers nvarchar(max) = @p_headers; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Token = @token AND Queue = @queue) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [Shop's DB].[ops].[error] (Id, Expires, Headers, Body) SELECT m.Id, NULL, @headers, m.Body FROM @moved AS m;
 
 -- catalog: create_delayed[0]
 IF OBJECT_ID(N'[Shop''s DB].[ops].[Sales.WORKER01.Delayed]', N'U') IS NULL BEGIN CREATE TABLE [Shop's DB].[ops].[Sales.WORKER01.Delayed] (Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, Due datetime NOT NULL, RowVersion bigint IDENTITY(1,1) NOT NULL); CREATE NONCLUSTERED INDEX [Index_Due] ON [Shop's DB].[ops].[Sales.WORKER01.Delayed] (Due); END;
@@ -664,6 +673,9 @@ SELECT COUNT_BIG(*), COUNT_BIG(CASE WHEN LeaseUntil <= SYSUTCDATETIME() THEN 1 E
 -- unicode: claims
 SELECT TOP (@p_limit) Id, Holder, Deliveries, DATEDIFF_BIG(millisecond, SYSUTCDATETIME(), LeaseUntil), LastError FROM [ünï].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = @p_queue ORDER BY LeaseUntil;
 
+-- unicode: purge_expired_claims
+DECLARE @queue nvarchar(450) = @p_queue, @limit int = @p_limit; WITH expired AS (SELECT TOP (@limit) * FROM [ünï].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() AND Expires < GETUTCDATE()) DELETE FROM expired;
+
 -- unicode: release_lapsed
 DECLARE @queue nvarchar(450) = @p_queue, @limit int = @p_limit; DECLARE @released TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), Seq bigint); WITH lapsed AS (SELECT TOP (@limit) * FROM [ünï].[sqlqueue_inflight] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Queue = @queue AND LeaseUntil <= SYSUTCDATETIME() ORDER BY Seq) DELETE FROM lapsed OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.Seq INTO @released; INSERT INTO [ünï].[東京 queue] (Id, Recoverable, Expires, Headers, Body) SELECT r.Id, 1, r.Expires, r.Headers, r.Body FROM @released AS r ORDER BY r.Seq; SELECT r.Id FROM @released AS r ORDER BY r.Seq;
 
@@ -728,10 +740,10 @@ DECLARE @write uniqueidentifier = @p_write, @part int = @p_part; INSERT INTO [ü
 DELETE FROM [ünï].[sqlqueue_writes] WHERE WriteId = @p_write;
 
 -- unicode: claim_to_error
-DECLARE @token uniqueidentifier = @p_token, @headers nvarchar(max) = @p_headers; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [ünï].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [ünï].[error] (Id, Recoverable, Expires, Headers, Body) SELECT m.Id, 1, NULL, @headers, m.Body FROM @moved AS m;
+DECLARE @token uniqueidentifier = @p_token, @queue nvarchar(450) = @p_queue, @headers nvarchar(max) = @p_headers; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [ünï].[sqlqueue_inflight] WHERE Token = @token AND Queue = @queue) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [ünï].[error] (Id, Recoverable, Expires, Headers, Body) SELECT m.Id, 1, NULL, @headers, m.Body FROM @moved AS m;
 
 -- unicode: claim_to_error_legacy
-DECLARE @token uniqueidentifier = @p_token, @headers nvarchar(max) = @p_headers; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [ünï].[sqlqueue_inflight] WHERE Token = @token) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [ünï].[error] (Id, Expires, Headers, Body) SELECT m.Id, NULL, @headers, m.Body FROM @moved AS m;
+DECLARE @token uniqueidentifier = @p_token, @queue nvarchar(450) = @p_queue, @headers nvarchar(max) = @p_headers; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [ünï].[sqlqueue_inflight] WHERE Token = @token AND Queue = @queue) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [ünï].[error] (Id, Expires, Headers, Body) SELECT m.Id, NULL, @headers, m.Body FROM @moved AS m;
 
 -- unicode: create_delayed[0]
 IF OBJECT_ID(N'[ünï].[東京 queue.Delayed]', N'U') IS NULL BEGIN CREATE TABLE [ünï].[東京 queue.Delayed] (Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, Due datetime NOT NULL, RowVersion bigint IDENTITY(1,1) NOT NULL); CREATE NONCLUSTERED INDEX [Index_Due] ON [ünï].[東京 queue.Delayed] (Due); END;

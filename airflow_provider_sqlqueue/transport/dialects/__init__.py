@@ -553,6 +553,11 @@ class Dialect(ABC):
         Rows: :class:`ClaimRow`."""
 
     @abstractmethod
+    def purge_expired_claims_sql(self, address: QueueAddress) -> str:
+        """Params queue, limit: delete up to ``limit`` lapsed claims of the queue whose messages expired
+        (never to be delivered: nobody holds them); rowcount is the number deleted."""
+
+    @abstractmethod
     def release_lapsed_sql(self, address: QueueAddress, shape: TableShape) -> str:
         """Params queue, limit: move up to ``limit`` lapsed claims back into the queue table, where every
         receiver (an NServiceBus endpoint too) finds them again; rows (Id,) of the messages moved."""
@@ -624,7 +629,8 @@ class Dialect(ABC):
 
     @abstractmethod
     def claim_to_error_sql(self, address: QueueAddress, error_address: QueueAddress, shape: TableShape) -> str:
-        """Params token, headers: move a claimed message, with new headers, to the error queue."""
+        """Params token, queue, headers: move a claim of the queue, with new headers, to the error queue
+        (a token of another queue's claim moves nothing: rowcount 0)."""
 
     # -- errors --------------------------------------------------------------------------------
 

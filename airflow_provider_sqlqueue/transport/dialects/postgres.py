@@ -540,6 +540,14 @@ class PostgresDialect(Dialect):
             f"FROM {f} WHERE Queue = %(queue)s ORDER BY LeaseUntil LIMIT %(limit)s"
         )
 
+    def purge_expired_claims_sql(self, address: QueueAddress) -> str:
+        # Locked as a reclaim locks them (SKIP LOCKED): a claim being renewed meanwhile is left alone.
+        f = self.qualified_name(self.inflight_address(address))
+        return (
+            f"DELETE FROM {f} WHERE Token = ANY(ARRAY(SELECT Token FROM {f} WHERE Queue = %(queue)s "
+            f"AND LeaseUntil <= {_UTC_NOW} AND Expires < {_UTC_NOW} LIMIT %(limit)s FOR UPDATE SKIP LOCKED))"
+        )
+
     def release_lapsed_sql(self, address: QueueAddress, shape: TableShape) -> str:
         # The claims are locked as a reclaim locks them (SKIP LOCKED), so a claim is either given
         # back here or renewed by a receiver, never both; rows get new Seq values, behind the queue.
@@ -631,7 +639,7 @@ class PostgresDialect(Dialect):
         f = self.qualified_name(self.inflight_address(address))
         e = self.qualified_name(error_address)
         return (
-            f"WITH moved AS (DELETE FROM {f} WHERE Token = %(token)s RETURNING Id, Body) "
+            f"WITH moved AS (DELETE FROM {f} WHERE Token = %(token)s AND Queue = %(queue)s RETURNING Id, Body) "
             f"INSERT INTO {e} (Id, Expires, Headers, Body) SELECT Id, NULL, %(headers)s, Body FROM moved"
         )
 

@@ -742,6 +742,15 @@ class SqlServerDialect(Dialect):
             f"LastError FROM {f} WITH (READPAST, READCOMMITTEDLOCK) WHERE Queue = %(queue)s ORDER BY LeaseUntil"
         )
 
+    def purge_expired_claims_sql(self, address: QueueAddress) -> str:
+        # Locked as a reclaim locks them (UPDLOCK, READPAST): a claim being renewed meanwhile is left alone.
+        f = self.qualified_name(self.inflight_address(address))
+        return (
+            "DECLARE @queue nvarchar(450) = %(queue)s, @limit int = %(limit)s; "
+            f"WITH expired AS (SELECT TOP (@limit) * FROM {f} WITH (UPDLOCK, READPAST, ROWLOCK) "
+            f"WHERE Queue = @queue AND LeaseUntil <= {_LEASE_NOW} AND Expires < {_UTC_NOW}) DELETE FROM expired"
+        )
+
     def release_lapsed_sql(self, address: QueueAddress, shape: TableShape) -> str:
         # Locked as a reclaim locks them (UPDLOCK, READPAST), so a claim is either given back here
         # or renewed by a receiver, never both; the rows get new RowVersions, behind the queue.
@@ -854,9 +863,10 @@ class SqlServerDialect(Dialect):
         e = self.qualified_name(error_address)
         recoverable = ("Recoverable, ", "1, ") if shape.recoverable else ("", "")
         return (
-            "DECLARE @token uniqueidentifier = %(token)s, @headers nvarchar(max) = %(headers)s; "
+            "DECLARE @token uniqueidentifier = %(token)s, @queue nvarchar(450) = %(queue)s, "
+            "@headers nvarchar(max) = %(headers)s; "
             "DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); "
-            f"WITH claimed AS (SELECT * FROM {f} WHERE Token = @token) "
+            f"WITH claimed AS (SELECT * FROM {f} WHERE Token = @token AND Queue = @queue) "
             "DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; "
             f"INSERT INTO {e} (Id, {recoverable[0]}Expires, Headers, Body) SELECT m.Id, {recoverable[1]}NULL, "
             "@headers, m.Body FROM @moved AS m"

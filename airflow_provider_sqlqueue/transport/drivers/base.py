@@ -108,8 +108,9 @@ class Session(ABC):
         """Whether a statement run now commits by itself (autocommit and no transaction open)."""
 
     def transaction_failed(self) -> bool:
-        """Whether the open transaction was aborted by an error that its caller caught: committing it
-        would only roll it back. False where the database does not keep such a state."""
+        """Whether the open transaction can no longer commit as one: an error aborted it and its caller
+        caught the error (committing would only roll it back), or the code inside ended it itself.
+        False where the database does not keep such a state (SQL Server's COMMIT reports it instead)."""
         return False
 
     def close(self) -> None:

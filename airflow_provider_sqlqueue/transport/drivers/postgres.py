@@ -51,13 +51,23 @@ STATEMENT_ERRORS = (psycopg.Error, UnicodeEncodeError)
 
 
 def refuse_aborted(session: Session | AsyncSession) -> None:
-    """Raise instead of committing a transaction an error already aborted: PostgreSQL answers that
-    COMMIT with a silent ROLLBACK, which a caller would take for success."""
+    """Raise instead of committing a transaction that is no longer whole: one an error aborted
+    (PostgreSQL answers its COMMIT with a silent ROLLBACK, which a caller would take for success),
+    or one the code inside ended itself (its COMMIT would find no transaction, and say nothing)."""
     if session.transaction_failed():
         raise TransactionAbortedError(
-            "a statement inside the transaction failed and the error was caught; PostgreSQL rolled the whole "
-            "transaction back, so nothing it did was kept (a native-mode handler must not swallow database errors)"
+            "the transaction is no longer whole: a statement inside it failed and the error was caught (PostgreSQL "
+            "rolled the whole transaction back), or the code inside ended it with COMMIT or ROLLBACK on the "
+            "connection; so the receive and the work did not commit together (a native-mode handler must neither "
+            "swallow database errors nor end the transaction)"
         )
+
+
+def transaction_broken(connection: Any) -> bool:
+    """Inside a transaction block: whether the transaction can no longer commit as one. INERROR: an
+    error aborted it. IDLE: the code inside sent COMMIT or ROLLBACK itself, so the block's own
+    COMMIT would find no transaction -- and PostgreSQL would only warn."""
+    return bool(connection.info.transaction_status in (TransactionStatus.INERROR, TransactionStatus.IDLE))
 
 
 class PsycopgSession(Session):
@@ -150,7 +160,7 @@ class PsycopgSession(Session):
             refuse_aborted(self)
 
     def transaction_failed(self) -> bool:
-        return bool(self.connection.info.transaction_status == psycopg.pq.TransactionStatus.INERROR)
+        return transaction_broken(self.connection)
 
     def execute(self, step: Step) -> Any:
         with translated(self.dialect, STATEMENT_ERRORS, step), self.connection.cursor() as cursor:
@@ -342,7 +352,7 @@ class AsyncPsycopgSession(AsyncSession):
                 refuse_aborted(self)
 
     def transaction_failed(self) -> bool:
-        return bool(self.connection.info.transaction_status == psycopg.pq.TransactionStatus.INERROR)
+        return transaction_broken(self.connection)
 
     async def execute(self, step: Step) -> Any:
         with translated(self.dialect, STATEMENT_ERRORS, step):
