@@ -301,7 +301,7 @@ def _send_partition(
     transaction: None means it had committed before and nothing was sent.
     """
     sent = 0
-    with client.session.transaction():
+    with client.transaction():
         if ledger is not None and not client.record_write(*ledger):
             return None
         batch: list[Message] = []

@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import timedelta
 from typing import Any, ClassVar
 
 from airflow_provider_sqlqueue.transport import QueueAddress, QueueClient
-from airflow_provider_sqlqueue.transport.drivers import open_session
+from airflow_provider_sqlqueue.transport.drivers import blocking_context, finish, open_session
 from airflow_provider_sqlqueue.transport.drivers.sqlserver import execute_pymssql, execute_pyodbc
 from airflow_provider_sqlqueue.transport.operations import Fetch, Step
 
@@ -29,13 +29,17 @@ class Raw:
     """A plain autocommit connection: ``execute(sql, params)`` returns a cursor, for either driver."""
 
     def __init__(self, uri: str) -> None:
-        self.session = open_session(uri)
+        self.session = finish(open_session(uri, blocking=True))
 
     def execute(self, sql: str, params: tuple[Any, ...] = ()) -> Any:
         return execute_on(self.session, sql, params)
 
+    def transaction(self) -> AbstractContextManager[None]:
+        """The session's transaction, for statements that must share one (a lock held while others wait)."""
+        return blocking_context(self.session.transaction())
+
     def close(self) -> None:
-        self.session.close()
+        finish(self.session.close())
 
 
 def execute_on(session: Any, sql: str, params: tuple[Any, ...] = ()) -> Any:
@@ -137,9 +141,9 @@ class Backend:
         """Another receiver mid-receive: the transport's own receive, its transaction left open, then rolled back."""
         with QueueClient.connect(self.uri) as other:
             try:
-                with other.session.transaction():
+                with other.transaction():
                     statement = other.session.dialect.receive_sql(address)
-                    other.session.execute(Step(statement, {"limit": count}, Fetch.ALL, "holder"))
+                    finish(other.session.execute(Step(statement, {"limit": count}, Fetch.ALL, "holder")))
                     yield
                     raise _HeldForTest
             except _HeldForTest:

@@ -264,7 +264,7 @@ def test_sigkill_between_the_ack_and_its_audit_copy_leaves_neither(backend, raw,
     ctx = multiprocessing.get_context("spawn")
     taken = ctx.Event()
     locker = backend.raw()  # pg_stat_activity is read once per transaction: the lock needs its own session
-    with locker.session.transaction():
+    with locker.transaction():
         locker.execute(f"LOCK TABLE {audit_table} IN ACCESS EXCLUSIVE MODE")
         child = ctx.Process(target=ack_in_child, args=(backend.uri, schema, mode, taken))
         child.start()

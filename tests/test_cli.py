@@ -101,9 +101,9 @@ def test_the_printed_ddl_is_what_create_queue_runs(pg_uri, schema):
     with QueueClient.connect(pg_uri, error_queue=f'error@"{schema}"', audit_queue=True) as client:
         execute = client.session.execute
 
-        def recording(step):
+        async def recording(step):
             ran.append(step.sql)
-            return execute(step)
+            return await execute(step)
 
         client.session.execute = recording
         for queue in with_schema(schema, ["orders", "billing"]):
@@ -164,10 +164,10 @@ def test_ddl_run_as_the_installer_and_the_grants_give_a_runtime_role_what_it_nee
         assert runtime.purge_expired(orders) == 0
         ledger = runtime.create_writes(QueueAddress("sqlqueue_writes", schema))  # there already: no CREATE needed
         write = uuid.uuid4()
-        with runtime.session.transaction():  # a partition of a Spark write
+        with runtime.transaction():  # a partition of a Spark write
             assert runtime.record_write(ledger, write, 0)
             runtime.send(billing, Message("row"))
-        with runtime.session.transaction():
+        with runtime.transaction():
             assert not runtime.record_write(ledger, write, 0)  # a re-run of it sends nothing
         assert runtime.forget_write(ledger, write) == 1
         with pytest.raises(PermissionDeniedError):

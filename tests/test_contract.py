@@ -52,13 +52,10 @@ CLIENT = {
     "lapsed_claims", "move_due", "move_to_error", "nack", "nack_held", "next_due", "peek", "publish", "purge",
     "purge_expired", "queue_stats", "queues", "receive", "receive_native", "record_write", "release_lapsed",
     "reserve", "retry_errors", "retry_errors_page", "send", "seq_range", "subscribe", "subscribers",
-    "subscription_table", "take", "unsubscribe",
+    "subscription_table", "take", "transaction", "unsubscribe",
 }  # fmt: skip
-ASYNC_CLIENT = {
-    "ack", "address", "audit_address", "beside", "canonical_address", "claim", "close", "connect", "connection",
-    "database", "depth", "error_address", "extend", "installation", "kind", "move_due", "move_to_error", "nack",
-    "peek", "receive", "receive_native", "reserve", "send", "subscription_table", "wait_for_notifications",
-}  # fmt: skip
+#: AsyncQueueClient is the one implementation of the same API, with the asyncio-only wait for notifications.
+ASYNC_CLIENT = CLIENT | {"wait_for_notifications"}
 #: Entry points that parse names or report settings without touching the database.
 PURE = {"address", "audit_address", "beside", "canonical_address", "error_address", "installation", "kind"}
 PURE |= {"subscription_table", "database", "connection", "close"}

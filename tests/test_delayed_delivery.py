@@ -28,7 +28,7 @@ from airflow_provider_sqlqueue.transport import (
     QueueNotFoundError,
 )
 from airflow_provider_sqlqueue.transport import operations as ops
-from airflow_provider_sqlqueue.transport.drivers import open_pool
+from airflow_provider_sqlqueue.transport.drivers import finish, open_pool
 from airflow_provider_sqlqueue.transport.message import FORWARD_DESTINATION, decode_headers
 
 pytestmark = pytest.mark.every_dialect
@@ -247,8 +247,8 @@ def test_a_mover_whose_connection_dies_mid_batch_moves_nothing(backend, client, 
     time.sleep(0.1)
     dying = backend.client(schema)
     session = dying.session
-    with contextlib.suppress(Exception), session.transaction():
-        moved = ops.drive(ops.move_due(session.dialect, queue, queue.delayed(), 100), session.execute)
+    with contextlib.suppress(Exception), dying.transaction():
+        moved = finish(ops.drive(ops.move_due(session.dialect, queue, queue.delayed(), 100), session.execute))
         assert moved == 10  # inserted and deleted, not committed
         dying.connection.close()  # the process dies here: the server rolls the batch back
     assert client.peek(queue) == 0
@@ -347,10 +347,10 @@ def test_a_batch_of_delayed_messages_is_one_statement(client, queue, monkeypatch
     inserts: list[str] = []
     execute = client.session.execute
 
-    def counting(step):
+    async def counting(step):
         if step.sql.lstrip().upper().startswith("INSERT"):
             inserts.append(step.sql)
-        return execute(step)
+        return await execute(step)
 
     monkeypatch.setattr(client.session, "execute", counting)
     assert client.send(queue, [Message(f"m{n}") for n in range(5_000)], delay=timedelta(hours=1)) == 5_000

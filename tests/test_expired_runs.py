@@ -33,9 +33,9 @@ def test_a_run_of_expired_messages_costs_a_few_statements(raw, client, queue, sc
     statements: list[str] = []
     execute = client.session.execute
 
-    def counting(step):
+    async def counting(step):
         statements.append(step.sql)
-        return execute(step)
+        return await execute(step)
 
     monkeypatch.setattr(client.session, "execute", counting)
     if how == "receive_native":

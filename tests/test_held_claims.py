@@ -72,15 +72,15 @@ def test_a_partition_is_recorded_once_and_a_rolled_back_record_is_forgotten(clie
     write = uuid.uuid4()
 
     def failed_attempt() -> None:
-        with client.session.transaction():
+        with client.transaction():
             assert client.record_write(ledger, write, 3)
             raise RuntimeError("the partition's send failed")
 
     with pytest.raises(RuntimeError):
         failed_attempt()
-    with client.session.transaction():
+    with client.transaction():
         assert client.record_write(ledger, write, 3)  # the failed attempt left no trace
-    with client.session.transaction():
+    with client.transaction():
         assert not client.record_write(ledger, write, 3)
     assert client.record_write(ledger, write, 4)
     assert client.forget_write(ledger, write) == 2
@@ -94,7 +94,7 @@ def test_two_attempts_of_one_partition_at_once_send_it_once(backend, client, que
     results: list[bool] = []
 
     def attempt(sender: QueueClient, hold: float) -> None:
-        with sender.session.transaction():
+        with sender.transaction():
             recorded = sender.record_write(ledger, write, 0)
             results.append(recorded)
             if recorded:

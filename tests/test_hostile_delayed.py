@@ -29,6 +29,7 @@ from airflow_provider_sqlqueue.transport import (
 from airflow_provider_sqlqueue.transport import operations as ops
 from airflow_provider_sqlqueue.transport.client import Addressing
 from airflow_provider_sqlqueue.transport.dialects import get_dialect
+from airflow_provider_sqlqueue.transport.drivers import finish
 from airflow_provider_sqlqueue.transport.errors import InvalidArgumentError
 from airflow_provider_sqlqueue.transport.message import (
     EXCEPTION_MESSAGE,
@@ -170,13 +171,13 @@ def test_a_delayed_batch_is_stored_in_one_statement(raw, client, queue, schema):
     session = client.session
     steps: list[ops.Step] = []
 
-    def execute(step: ops.Step) -> object:
+    async def execute(step: ops.Step) -> object:
         steps.append(step)
-        return session.execute(step)
+        return await session.execute(step)
 
-    with session.transaction():
+    with client.transaction():
         op = ops.send_delayed(session.dialect, queue, queue.delayed(), batch, 50)
-        assert ops.drive(op, execute) == 5000
+        assert finish(ops.drive(op, execute)) == 5000
     assert len([step for step in steps if "INSERT" in step.sql]) == 1
     assert count(raw, schema, queue.delayed().table) == 5000
     time.sleep(0.1)

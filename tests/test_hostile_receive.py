@@ -172,9 +172,9 @@ def test_a_run_of_expired_lapsed_claims_costs_a_claim_a_few_statements(raw, clie
     statements: list[str] = []
     execute = client.session.execute
 
-    def counting(step):
+    async def counting(step):
         statements.append(step.sql)
-        return execute(step)
+        return await execute(step)
 
     monkeypatch.setattr(client.session, "execute", counting)
     got = client.claim(queue, 1)

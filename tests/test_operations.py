@@ -20,6 +20,7 @@ import pytest
 from airflow_provider_sqlqueue.transport import LeaseLostError, Message, QueueAddress
 from airflow_provider_sqlqueue.transport import operations as ops
 from airflow_provider_sqlqueue.transport.dialects import Dialect, get_dialect
+from airflow_provider_sqlqueue.transport.drivers import finish
 from airflow_provider_sqlqueue.transport.message import DELIVERY_COUNT, FAILED_QUEUE, Failure
 
 QUEUE = QueueAddress("orders", "sales")
@@ -92,7 +93,10 @@ def _shape() -> Any:
 
 
 def drive(op: ops.Operation[Any], script: Script) -> Any:
-    return ops.drive(op, script)
+    async def execute(step: ops.Step) -> Any:
+        return script(step)
+
+    return finish(ops.drive(op, execute))
 
 
 DIALECTS = ["postgres", "sqlserver"]

@@ -12,17 +12,23 @@ import pytest
 
 from airflow_provider_sqlqueue.transport import AsyncPsycopgPool, Message, MessagePump, QueueAddress
 from airflow_provider_sqlqueue.transport.dialects import get_dialect
-from airflow_provider_sqlqueue.transport.drivers import AsyncSessionPool, AsyncThreadPool, PsycopgSession, open_pool
+from airflow_provider_sqlqueue.transport.drivers import (
+    PsycopgSession,
+    SessionPool,
+    ThreadSessionPool,
+    finish,
+    open_pool,
+)
 from airflow_provider_sqlqueue.transport.pump import check_peek_interval, parse_timespan
 from tests.backends import aexecute
 
 pytestmark = pytest.mark.every_dialect
 
 
-class CountingPool(AsyncSessionPool):
+class CountingPool(SessionPool):
     """A real pool that also counts which statements the pump ran, to observe its modes."""
 
-    def __init__(self, inner: AsyncSessionPool) -> None:
+    def __init__(self, inner: SessionPool) -> None:
         self.inner = inner
         self.dialect = inner.dialect
         self.statements: Counter[str] = Counter()
@@ -71,7 +77,9 @@ async def run_until(pump: MessagePump, done, timeout: float = 60.0) -> None:
 @pytest.mark.postgres_only
 async def test_thread_offloaded_sessions_drive_the_pump(pg_uri, client, queue, schema):
     """The thread-per-connection pool SQL Server's blocking drivers use, here over blocking psycopg."""
-    pool = AsyncThreadPool(lambda: PsycopgSession.connect(pg_uri), max_size=3, dialect=client.session.dialect)
+    pool = ThreadSessionPool(
+        lambda: finish(PsycopgSession.connect(pg_uri, blocking=True)), max_size=3, dialect=client.session.dialect
+    )
     seen: Counter[str] = Counter()
 
     async def handler(message, connection):

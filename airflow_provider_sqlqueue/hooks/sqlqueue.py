@@ -39,15 +39,7 @@ from ..transport import (
 )
 from ..transport.client import Addressing, Token, as_messages, as_tokens
 from ..transport.dialects import get_dialect
-from ..transport.drivers import (
-    AsyncPsycopgSession,
-    AsyncSession,
-    AsyncThreadSession,
-    PsycopgSession,
-    Session,
-    opening,
-    session_over,
-)
+from ..transport.drivers import PsycopgSession, Session, ThreadSession, finish, opening, session_over
 from ..transport.errors import InvalidArgumentError, SqlQueueError
 from ..transport.operations import ClaimInfo, ErrorGroup, FailedMessage, QueueStats, RetryPage
 
@@ -215,7 +207,7 @@ class SqlQueueHook(BaseHook):
     def _open_session(self, conn: Connection) -> Session:
         """A blocking session on a new autocommit connection, opened by the owning provider's hook."""
         if dialect_of(conn) == "postgres":
-            return PsycopgSession.connect("", **self._postgres_kwargs(conn))
+            return finish(PsycopgSession.connect("", blocking=True, **self._postgres_kwargs(conn)))
         return session_over(_sqlserver_hook(conn).get_conn(), owned=True)
 
     def _connect(self, conn: Connection) -> Session:
@@ -244,9 +236,9 @@ class SqlQueueHook(BaseHook):
         conn = await self.aconnection()
         if dialect_of(conn) == "postgres":
             kwargs = await asyncio.to_thread(self._postgres_kwargs, conn)  # may fetch an IAM token
-            session: AsyncSession = await AsyncPsycopgSession.connect("", **kwargs)
+            session: Session = await PsycopgSession.connect("", **kwargs)
         else:
-            session = await AsyncThreadSession.open(lambda: self._connect(conn))
+            session = await ThreadSession.open(lambda: self._connect(conn))
         return AsyncQueueClient(session, self.error_queue, self.audit_queue)
 
     def conninfo(self) -> str:

@@ -19,7 +19,6 @@ if TYPE_CHECKING:  # the same names, for type checkers (re-exported)
     from .client import AsyncQueueClient as AsyncQueueClient
     from .client import QueueClient as QueueClient
     from .drivers import AsyncPsycopgPool as AsyncPsycopgPool
-    from .drivers import AsyncPsycopgSession as AsyncPsycopgSession
     from .drivers import PsycopgSession as PsycopgSession
     from .errors import ArgumentTypeError as ArgumentTypeError
     from .errors import DuplicateMessageError as DuplicateMessageError
@@ -46,7 +45,6 @@ _HOMES = {
     "AsyncQueueClient": ".client",
     "QueueClient": ".client",
     "AsyncPsycopgPool": ".drivers",
-    "AsyncPsycopgSession": ".drivers",
     "PsycopgSession": ".drivers",
     "ArgumentTypeError": ".errors",
     "DuplicateMessageError": ".errors",

@@ -1,30 +1,36 @@
 """The queue API: one client per connection, blocking (:class:`QueueClient`) or asyncio (:class:`AsyncQueueClient`).
 
+The API is written once, as :class:`AsyncQueueClient`'s coroutines; :class:`QueueClient` runs the
+same coroutines over a blocking session, where they finish without suspending
+(:func:`~.drivers.finish`), so the two clients cannot drift apart.
+
 Queues are named by a string in the database's address syntax (``orders``, ``"sales"."orders"``,
 ``orders@[dbo]@[shop]``) or a :class:`~airflow_provider_sqlqueue.transport.addressing.QueueAddress`.
-Each call runs in its own short transaction, except :meth:`QueueClient.receive_native`, which keeps
-the receive transaction open while the caller handles the message.
+Each call runs in its own short transaction, except in a ``transaction()`` block, and
+``receive_native``, which keeps the receive transaction open while the caller handles the message.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import os
 import socket
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping
+from contextlib import AbstractContextManager, asynccontextmanager
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from functools import partial
-from typing import Any, Generic, Literal, TypeVar, Union, overload
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, Union, overload
 
 from . import defaults
 from . import operations as ops
 from .addressing import QueueAddress, checked_text
 from .dialects import Dialect
-from .drivers import AsyncSession, Session, open_async_session, open_session
+from .drivers import Session, blocking_context, finish, open_session
 from .errors import ArgumentTypeError, InvalidArgumentError, InvalidQueueNameError, ObjectExistsError
 from .install import Installation, TableKind
 from .message import (
@@ -39,8 +45,6 @@ from .message import (
 )
 
 T = TypeVar("T")
-#: The session type of a client: blocking for QueueClient, asyncio for AsyncQueueClient.
-S = TypeVar("S", bound="Session | AsyncSession")
 
 log = logging.getLogger("airflow_provider_sqlqueue.transport")
 
@@ -244,6 +248,19 @@ class Addressing:
             return None
         return self.beside(defaults.AUDIT_QUEUE if chosen is True else chosen, queue)
 
+    def subscription_table(self, table: str | QueueAddress | None = None) -> QueueAddress:
+        """NServiceBus's subscription table: ``table``, else ``SubscriptionRouting`` in the default schema."""
+        return self.address(defaults.SUBSCRIPTION_TABLE if table is None else table)
+
+    def _subscription(
+        self, queue: str | QueueAddress, topics: str | Iterable[str], endpoint: str | None
+    ) -> tuple[QueueAddress, str, list[str]]:
+        """A subscription's queue, endpoint and topics, checked as the subscription table stores them."""
+        address = self.address(queue)
+        subscription_text("queue address", self.dialect.format_address(address))
+        endpoint = subscription_text("endpoint", address.table if endpoint is None else endpoint)
+        return address, endpoint, topic_names(topics)
+
     def kind(self, address: QueueAddress) -> Literal["queue", "error", "audit"]:
         """``error`` or ``audit`` when the table is its schema's error or audit queue (as this addressing
         names them, or by NServiceBus's default names), else ``queue``: how a listing of every queue
@@ -309,215 +326,54 @@ class Addressing:
         return Installation(self.dialect, tuple(tables), body_string)
 
 
-class _Addressing(Addressing, Generic[S]):
-    """A client's addressing, over a session of its dialect."""
+class TaskLock:
+    """asyncio's lock, re-entrant for the task that holds it, as ``threading.RLock`` is for a thread.
 
-    session: S
+    Calls on one client take turns on its one connection. A task inside :meth:`AsyncQueueClient.transaction`
+    or :meth:`AsyncQueueClient.receive_native` holds the lock and may call the client again (its
+    calls then join that transaction); other tasks wait.
+    """
 
-    # Operation builders shared by the sync and async clients: argument checks live here once.
+    def __init__(self) -> None:
+        self._lock = asyncio.Lock()
+        self._owner: object = None
+        self._depth = 0
 
-    def _send_op(
-        self,
-        queue: str | QueueAddress,
-        batch: list[Message],
-        notify: bool,
-        delay: timedelta | float | None,
-        due: datetime | None,
-    ) -> ops.Operation[int]:
-        address = self.address(queue)
-        flag("notify", notify)
-        wait = delivery_delay(delay, due)
-        if wait is None:
-            return ops.send(self.dialect, address, batch, notify)
-        delay_ms = max(1, round(wait / timedelta(milliseconds=1)))
-        return ops.send_delayed(self.dialect, address, address.delayed(), batch, delay_ms)
+    async def __aenter__(self) -> None:
+        task = asyncio.current_task()
+        if self._owner is not task:
+            await self._lock.acquire()
+            self._owner = task
+        self._depth += 1
 
-    def subscription_table(self, table: str | QueueAddress | None = None) -> QueueAddress:
-        """NServiceBus's subscription table: ``table``, else ``SubscriptionRouting`` in the default schema."""
-        return self.address(defaults.SUBSCRIPTION_TABLE if table is None else table)
-
-    def _subscribe_op(
-        self,
-        queue: str | QueueAddress,
-        topics: str | Iterable[str],
-        endpoint: str | None,
-        table: str | QueueAddress | None,
-        *,
-        unsubscribe: bool = False,
-    ) -> ops.Operation[None]:
-        address = self.address(queue)
-        canonical = self.dialect.format_address(address)
-        endpoint = subscription_text("endpoint", address.table if endpoint is None else endpoint)
-        subscription_text("queue address", canonical)
-        names = topic_names(topics)
-        dialect, where = self.dialect, self.subscription_table(table)
-        if unsubscribe:
-            return ops.checked(dialect, [address], ops.unsubscribe(dialect, where, endpoint, names))
-        return ops.subscribe(dialect, where, address, endpoint, names)
-
-    def _publish_op(
-        self,
-        topics: str | Iterable[str],
-        messages: Message | Iterable[Message],
-        table: str | QueueAddress | None,
-        notify: bool,
-        claims: ByQueue[Token | Iterable[Token]] | None = None,
-        started: Mapping[uuid.UUID, datetime] | None = None,
-    ) -> ops.Operation[list[QueueAddress]]:
-        batch, names, where = as_messages(messages), topic_names(topics), self.subscription_table(table)
-        flag("notify", notify)
-        started = started_times(started)
-        if claims is None:
-            return ops.publish(self.dialect, where, names, batch, notify)
-        settled, audit = self._claims(claims)
-        return ops.forward_published(self.dialect, settled, where, names, batch, notify, audit, started)
-
-    def _claims(
-        self, claims: ByQueue[Token | Iterable[Token]]
-    ) -> tuple[list[tuple[QueueAddress, list[uuid.UUID]]], dict[QueueAddress, QueueAddress]]:
-        """Claims by queue address, and the audit queue of each queue that has one."""
-        if not isinstance(claims, Mapping):
-            raise ArgumentTypeError(f"claims must map queues to claim tokens, got {type(claims).__name__}")
-        settled = [(self.address(queue), as_tokens(tokens)) for queue, tokens in claims.items()]
-        audit = {address: where for address, _ in settled if (where := self.audit_address(address)) is not None}
-        return settled, audit
-
-    def _move_due_op(self, queue: str | QueueAddress, batch_size: int) -> ops.Operation[int]:
-        address = self.address(queue)
-        limit = check_positive("batch_size", batch_size)
-        return ops.move_due(self.dialect, address, address.delayed(), self.error_address(None, address), limit)
-
-    def _receive_op(
-        self,
-        queue: str | QueueAddress,
-        max_messages: int,
-        error_queue: str | QueueAddress | None,
-        *,
-        atomic: bool = False,
-    ) -> ops.Operation[list[ReceivedMessage]]:
-        check_positive("max_messages", max_messages)
-        address = self.address(queue)
-        return ops.receive(self.dialect, address, self.error_address(error_queue, address), max_messages, atomic=atomic)
-
-    def _claim_op(
-        self,
-        queue: str | QueueAddress,
-        max_messages: int,
-        lease: timedelta | float,
-        max_deliveries: int,
-        error_queue: str | QueueAddress | None,
-        holder: str | None,
-    ) -> ops.Operation[list[ReceivedMessage]]:
-        check_positive("max_messages", max_messages)
-        check_positive("max_deliveries", max_deliveries)
-        address = self.address(queue)
-        holder = None if holder is None else label("holder", holder)
-        return ops.claim(
-            self.dialect,
-            address,
-            self.error_address(error_queue, address),
-            max_messages,
-            lease_ms(lease),
-            max_deliveries,
-            holder,
-        )
-
-    def _take_op(
-        self,
-        queue: str | QueueAddress,
-        tokens: Token | Iterable[Token] | None,
-        lease: timedelta | float,
-        holder: str,
-        limit: int,
-        error_queue: str | QueueAddress | None,
-    ) -> ops.Operation[list[ReceivedMessage]]:
-        check_positive("limit", limit)
-        address = self.address(queue)
-        holder = label("holder", holder)
-        return ops.take(
-            self.dialect,
-            address,
-            self.error_address(error_queue, address),
-            None if tokens is None else as_tokens(tokens),
-            lease_ms(lease),
-            holder,
-            limit,
-        )
-
-    def _nack_op(
-        self,
-        queue: str | QueueAddress,
-        tokens: Token | Iterable[Token],
-        error: BaseException | str | Failure | None,
-        delay: timedelta | float,
-    ) -> ops.Operation[set[uuid.UUID]]:
-        failure = None if error is None else Failure.of(error)
-        return ops.nack(self.dialect, self.address(queue), as_tokens(tokens), failure, delay_ms(delay))
-
-    def _forward_op(
-        self,
-        claims: ByQueue[Token | Iterable[Token]],
-        sends: ByQueue[Message | Iterable[Message]],
-        notify: bool,
-        started: Mapping[uuid.UUID, datetime] | None,
-    ) -> ops.Operation[int]:
-        if not isinstance(sends, Mapping):
-            raise ArgumentTypeError(f"sends must map queues to messages, got {type(sends).__name__}")
-        flag("notify", notify)
-        started = started_times(started)
-        settled, audit = self._claims(claims)
-        return ops.forward(
-            self.dialect,
-            settled,
-            [(self.address(queue), as_messages(messages)) for queue, messages in sends.items()],
-            notify,
-            audit,
-            started,
-        )
-
-    def _ack_op(
-        self, queue: str | QueueAddress, tokens: Token | Iterable[Token], started: Mapping[uuid.UUID, datetime] | None
-    ) -> ops.Operation[set[uuid.UUID]]:
-        address = self.address(queue)
-        started = started_times(started)
-        audit_address = self.audit_address(address)
-        if audit_address is None:
-            return ops.ack(self.dialect, address, as_tokens(tokens))
-        return ops.ack_audited(self.dialect, address, as_tokens(tokens), audit_address, started or {})
-
-    def _audit_op(
-        self, queue: str | QueueAddress, message: ReceivedMessage, started: datetime
-    ) -> ops.Operation[None] | None:
-        """The audit copy of a message just processed; None when the client does not audit."""
-        address = self.address(queue)
-        audit_address = self.audit_address(address)
-        if audit_address is None:
-            return None
-        return ops.audit(self.dialect, address, audit_address, [message], {message.id: started})
-
-    def _move_to_error_op(
-        self,
-        queue: str | QueueAddress,
-        message: ReceivedMessage,
-        error: BaseException | str | None,
-        error_queue: str | QueueAddress | None,
-    ) -> ops.Operation[None]:
-        address = self.address(queue)
-        received("message", message)
-        return ops.move_to_error(self.dialect, address, self.error_address(error_queue, address), message, error)
+    async def __aexit__(self, *exc: object) -> None:
+        self._depth -= 1
+        if not self._depth:
+            self._owner = None
+            self._lock.release()
 
 
-class QueueClient(_Addressing[Session]):
-    """Blocking queue operations over one connection (psycopg 3 for PostgreSQL, pymssql or pyodbc for SQL Server).
+class ThreadLock:
+    """``threading.RLock`` behind :class:`TaskLock`'s interface, for a client whose calls block (:class:`QueueClient`)."""
 
-    ``QueueClient.connect(uri)`` opens and owns an autocommit connection (``postgresql://``,
-    ``mssql://`` for pymssql, ``mssql+pyodbc://`` or an ODBC connection string for pyodbc);
-    ``QueueClient.connect(connection)`` borrows a DB-API connection of one of those drivers. Use it
-    as a context manager to close what it owns.
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
 
-    A client may be shared by threads: its calls take turns on its one connection (a
-    :meth:`receive_native` block holds it until the block ends). For calls in parallel, give each
-    thread a client of its own.
+    async def __aenter__(self) -> None:
+        self._lock.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
+class AsyncQueueClient(Addressing):
+    """Queue operations over one connection, for asyncio callers (the message pump, Airflow's triggers).
+
+    This is the one implementation of the queue API: :class:`QueueClient` runs these same
+    coroutines over a blocking session, where they finish without suspending. ``connect(uri)``
+    opens and owns a connection (psycopg's asyncio connection for PostgreSQL; SQL Server's drivers
+    on a thread of their own); ``AsyncQueueClient(session)`` runs over a session the caller opened.
+    Tasks sharing a client take turns on its connection (:class:`TaskLock`).
     """
 
     def __init__(
@@ -528,49 +384,60 @@ class QueueClient(_Addressing[Session]):
     ) -> None:
         super().__init__(session.dialect, error_queue, audit_queue)
         self.session = session
-        self._lock = threading.RLock()
+        self._lock: TaskLock | ThreadLock = TaskLock()
 
-    def _run(self, op: ops.Operation[T]) -> T:
-        """Run an operation, one caller at a time: threads sharing the client take turns on its connection."""
-        with self._lock:
-            return self.session.run(op)
+    async def _run(self, op: ops.Operation[T]) -> T:
+        """Run an operation in its own transaction, or in the caller's (:meth:`transaction`), one caller at a time."""
+        async with self._lock:
+            return await self.session.run(op)
 
-    def _in_batches(self, make: Callable[[], ops.Operation[int]], batch_size: int) -> int:
+    async def _in_batches(self, make: Callable[[], ops.Operation[int]], batch_size: int) -> int:
         """Run a batch operation, each batch its own transaction, until one comes back short; returns the total."""
         total = 0
         while True:
-            count = self._run(make())
+            count = await self._run(make())
             total += count
             if count < batch_size:
                 return total
 
     @classmethod
-    def connect(
+    async def connect(
         cls,
         target: Any,
         error_queue: str | QueueAddress | None = None,
         audit_queue: str | QueueAddress | bool | None = None,
-    ) -> QueueClient:
+    ) -> AsyncQueueClient:
         """Open a client from a URI/DSN (owned connection) or wrap an existing DB-API connection (borrowed)."""
-        return cls(open_session(target), error_queue, audit_queue)
+        return cls(await open_session(target, blocking=False), error_queue, audit_queue)
 
     @property
     def connection(self) -> Any:
         """The DB-API connection (in :meth:`receive_native`, the one holding the receive transaction)."""
         return self.session.connection
 
-    def close(self) -> None:
-        self.session.close()
+    async def close(self) -> None:
+        """Close the connection if the client opened it."""
+        await self.session.close()
 
-    def __enter__(self) -> QueueClient:
+    async def __aenter__(self) -> AsyncQueueClient:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[None]:
+        """Run the block's calls of this client in one transaction: all commit when it ends, none if it raises.
+
+        What a caller needs when several calls must commit together (a Spark partition recorded in
+        the write ledger with the messages it sends). Other callers of the client wait meanwhile.
+        """
+        async with self._lock, self.session.transaction():
+            yield
 
     # -- installation ------------------------------------------------------------------------
 
-    def create_queue(
+    async def create_queue(
         self,
         queue: str | QueueAddress,
         *,
@@ -580,9 +447,8 @@ class QueueClient(_Addressing[Session]):
         delayed: bool = True,
     ) -> list[QueueAddress]:
         """Create the queue, its error queue, its audit queue (when the client audits), optionally its
-        ``Endpoint.Machine`` secondary, the claim
-        store, and (``delayed``) its delayed-message table ``<queue>.Delayed``, as an NServiceBus
-        endpoint's installer does.
+        ``Endpoint.Machine`` secondary, the claim store, and (``delayed``) its delayed-message table
+        ``<queue>.Delayed``, as an NServiceBus endpoint's installer does.
 
         Idempotent and safe to run from several processes at once. Needs the installer's rights
         (CREATE on the schema). Returns the addresses of the queue tables.
@@ -591,28 +457,29 @@ class QueueClient(_Addressing[Session]):
             queue, error_queue=error_queue, secondary=secondary, body_string=body_string, delayed=delayed
         )
         for make in installation.operations():
-            self._install(make)
+            await self._install(make)
         return installation.queue_tables()
 
-    def _install(self, make: Callable[[], ops.Operation[None]]) -> None:
+    async def _install(self, make: Callable[[], ops.Operation[None]]) -> None:
         """Run an installer; run it once more if another installer, one that does not take the same
         lock, created the table or an index at the same moment: it then finds the table and checks it."""
         try:
-            self._run(make())
+            await self._run(make())
         except ObjectExistsError as exc:
             log.info("Another installer created an object at the same time (%s); checking what it created", exc)
-            self._run(make())
+            await self._run(make())
 
-    def drop_queue(self, queue: str | QueueAddress) -> None:
-        self._run(ops.drop_queue(self.dialect, self.address(queue)))
+    async def drop_queue(self, queue: str | QueueAddress) -> None:
+        """Drop the queue table and its delayed table; a missing table is left alone, a table that is no queue refused."""
+        await self._run(ops.drop_queue(self.dialect, self.address(queue)))
 
-    def check_queue(self, queue: str | QueueAddress) -> None:
+    async def check_queue(self, queue: str | QueueAddress) -> None:
         """Raise QueueNotFoundError if the table is missing; log a warning if Index_Expires is."""
-        self._run(ops.check_queue(self.dialect, self.address(queue)))
+        await self._run(ops.check_queue(self.dialect, self.address(queue)))
 
     # -- sending -----------------------------------------------------------------------------
 
-    def send(
+    async def send(
         self,
         queue: str | QueueAddress,
         messages: Message | Iterable[Message],
@@ -632,33 +499,60 @@ class QueueClient(_Addressing[Session]):
         queue. Messages with a time-to-be-received cannot be delayed, as in NServiceBus.
         """
         batch = as_messages(messages)
+        address = self.address(queue)
+        flag("notify", notify)
+        wait = delivery_delay(delay, due)
         if not batch:
             return 0
-        return self._run(self._send_op(queue, batch, notify, delay, due))
+        if wait is None:
+            return await self._run(ops.send(self.dialect, address, batch, notify))
+        wait_ms = max(1, round(wait / timedelta(milliseconds=1)))
+        return await self._run(ops.send_delayed(self.dialect, address, address.delayed(), batch, wait_ms))
 
-    def move_due(self, queue: str | QueueAddress, *, batch_size: int = defaults.DELAYED_BATCH) -> int:
+    async def move_due(self, queue: str | QueueAddress, *, batch_size: int = defaults.DELAYED_BATCH) -> int:
         """Move every due message of the queue's delayed table on to its destination; returns how many.
 
         One transaction per ``batch_size`` messages; safe beside other movers (each message is moved
         once). Raises QueueNotFoundError when the queue has no delayed table.
         """
-        return self._in_batches(partial(self._move_due_op, queue, batch_size), batch_size)
+        address = self.address(queue)
+        limit = check_positive("batch_size", batch_size)
+        error = self.error_address(None, address)
+        return await self._in_batches(
+            partial(ops.move_due, self.dialect, address, address.delayed(), error, limit), batch_size
+        )
 
-    def next_due(self, queue: str | QueueAddress) -> timedelta | None:
+    async def next_due(self, queue: str | QueueAddress) -> timedelta | None:
         """How long until the queue's earliest delayed message is due (negative: overdue); None when none waits."""
-        delayed = self.address(queue).delayed()
-        wait_ms = self._run(ops.next_due(self.dialect, delayed))
+        wait_ms = await self._run(ops.next_due(self.dialect, self.address(queue).delayed()))
         return None if wait_ms is None else timedelta(milliseconds=wait_ms)
+
+    async def wait_for_notifications(self, queues: Iterable[str | QueueAddress], timeout: float) -> bool:
+        """Listen for the queues' send notifications and wait up to ``timeout`` seconds for one.
+
+        Returns True when woken by a send, False on timeout or where the database has no
+        notifications (then it just waits). Notifications that arrived meanwhile are all consumed,
+        so a burst of sends wakes the caller once.
+        """
+        wait = duration("timeout", timeout, maximum=defaults.MAX_PEEK_INTERVAL, minimum=timedelta(0))
+        if isinstance(queues, (str, bytes, Mapping)) or not isinstance(queues, Iterable):
+            raise ArgumentTypeError(f"queues must be an iterable of queues, got {type(queues).__name__}")
+        addresses = [self.address(queue) for queue in queues]
+        for address in addresses:
+            await self._run(ops.table_shape(self.dialect, address))
+        channels = [self.dialect.notify_channel(address) for address in addresses]
+        async with self._lock:
+            return await self.session.wait_for_notification(channels, wait.total_seconds())
 
     # -- publish/subscribe -------------------------------------------------------------------
 
-    def create_subscription_table(self, table: str | QueueAddress | None = None) -> QueueAddress:
+    async def create_subscription_table(self, table: str | QueueAddress | None = None) -> QueueAddress:
         """Create NServiceBus's subscription table (``SubscriptionRouting``) if missing; returns its address."""
         where = self.subscription_table(table)
-        self._install(partial(ops.create_subscriptions, self.dialect, where))
+        await self._install(partial(ops.create_subscriptions, self.dialect, where))
         return where
 
-    def subscribe(
+    async def subscribe(
         self,
         queue: str | QueueAddress,
         topics: str | Iterable[str],
@@ -671,9 +565,10 @@ class QueueClient(_Addressing[Session]):
         ``endpoint`` names the subscriber (default: the queue's table name, an NServiceBus endpoint's
         name); one endpoint has one subscription per topic. Idempotent and safe concurrently.
         """
-        self._run(self._subscribe_op(queue, topics, endpoint, table))
+        address, endpoint, names = self._subscription(queue, topics, endpoint)
+        await self._run(ops.subscribe(self.dialect, self.subscription_table(table), address, endpoint, names))
 
-    def unsubscribe(
+    async def unsubscribe(
         self,
         queue: str | QueueAddress,
         topics: str | Iterable[str],
@@ -681,13 +576,16 @@ class QueueClient(_Addressing[Session]):
         endpoint: str | None = None,
         table: str | QueueAddress | None = None,
     ) -> None:
-        self._run(self._subscribe_op(queue, topics, endpoint, table, unsubscribe=True))
+        """End ``endpoint``'s subscriptions to ``topics`` (default endpoint: the queue's table name)."""
+        address, endpoint, names = self._subscription(queue, topics, endpoint)
+        where = self.subscription_table(table)
+        await self._run(ops.checked(self.dialect, [address], ops.unsubscribe(self.dialect, where, endpoint, names)))
 
-    def subscribers(self, topics: str | Iterable[str], *, table: str | QueueAddress | None = None) -> list[str]:
+    async def subscribers(self, topics: str | Iterable[str], *, table: str | QueueAddress | None = None) -> list[str]:
         """The queue addresses (NServiceBus's form) subscribed to any of ``topics``."""
-        return self._run(ops.subscribers(self.dialect, self.subscription_table(table), topic_names(topics)))
+        return await self._run(ops.subscribers(self.dialect, self.subscription_table(table), topic_names(topics)))
 
-    def publish(
+    async def publish(
         self,
         topics: str | Iterable[str],
         messages: Message | Iterable[Message],
@@ -704,35 +602,67 @@ class QueueClient(_Addressing[Session]):
         With ``claims`` ({queue: tokens}) the claims the event came from are acknowledged in the
         same transaction, as :meth:`forward` does for a send (``LeaseLostError``: nothing published).
         """
-        return self._run(self._publish_op(topics, messages, table, notify, claims, started))
+        batch, names, where = as_messages(messages), topic_names(topics), self.subscription_table(table)
+        flag("notify", notify)
+        started = started_times(started)
+        if claims is None:
+            return await self._run(ops.publish(self.dialect, where, names, batch, notify))
+        settled, audit = self._claims(claims)
+        return await self._run(
+            ops.forward_published(self.dialect, settled, where, names, batch, notify, audit, started)
+        )
+
+    def _claims(
+        self, claims: ByQueue[Token | Iterable[Token]]
+    ) -> tuple[list[tuple[QueueAddress, list[uuid.UUID]]], dict[QueueAddress, QueueAddress]]:
+        """Claims by queue address, and the audit queue of each queue that has one."""
+        if not isinstance(claims, Mapping):
+            raise ArgumentTypeError(f"claims must map queues to claim tokens, got {type(claims).__name__}")
+        settled = [(self.address(queue), as_tokens(tokens)) for queue, tokens in claims.items()]
+        audit = {address: where for address, _ in settled if (where := self.audit_address(address)) is not None}
+        return settled, audit
 
     # -- receiving ---------------------------------------------------------------------------
 
-    def receive(
+    async def receive(
         self, queue: str | QueueAddress, max_messages: int = 1, *, error_queue: str | QueueAddress | None = None
     ) -> list[ReceivedMessage]:
         """Receive in ``none`` mode: the messages are gone from the queue when this returns (at-most-once)."""
-        return self._run(self._receive_op(queue, max_messages, error_queue))
+        return await self._run(self._receive_op(queue, max_messages, error_queue))
 
-    @contextmanager
-    def receive_native(
+    def _receive_op(
+        self,
+        queue: str | QueueAddress,
+        max_messages: int,
+        error_queue: str | QueueAddress | None,
+        *,
+        atomic: bool = False,
+    ) -> ops.Operation[list[ReceivedMessage]]:
+        check_positive("max_messages", max_messages)
+        address = self.address(queue)
+        return ops.receive(self.dialect, address, self.error_address(error_queue, address), max_messages, atomic=atomic)
+
+    @asynccontextmanager
+    async def receive_native(
         self, queue: str | QueueAddress, *, error_queue: str | QueueAddress | None = None
-    ) -> Iterator[ReceivedMessage | None]:
+    ) -> AsyncIterator[ReceivedMessage | None]:
         """Receive in ``native`` mode: the block runs inside the receive transaction.
 
         Leaving the block normally commits the receive together with anything the block did on
         :attr:`connection` (and the message's audit copy, when the client audits); an exception
         rolls them all back and the message stays in the queue. Yields None when the queue is empty.
         """
-        with self._lock, self.session.transaction():
-            received = ops.drive(self._receive_op(queue, 1, error_queue, atomic=True), self.session.execute)
+        receive = self._receive_op(queue, 1, error_queue, atomic=True)
+        async with self._lock, self.session.transaction():
+            received = await ops.drive(receive, self.session.execute)
             started = datetime.now(timezone.utc)
             yield received[0] if received else None
-            audit = self._audit_op(queue, received[0], started) if received else None
+            audit = self.audit_address(self.address(queue)) if received else None
             if audit is not None:
-                ops.drive(audit, self.session.execute)
+                op = ops.audit(self.dialect, self.address(queue), audit, received, {received[0].id: started})
+                await ops.drive(op, self.session.execute)
 
-    def claim(
+    async def claim(
         self,
         queue: str | QueueAddress,
         max_messages: int = 1,
@@ -747,13 +677,10 @@ class QueueClient(_Addressing[Session]):
         Renew the lease while working (:meth:`extend`, or :class:`~.lease.LeaseKeeper`); ``holder``
         says who holds the claims (default: this host and process).
         """
-        return self._run(
-            self._claim_op(
-                queue, max_messages, lease, max_deliveries, error_queue, default_holder() if holder is None else holder
-            )
-        )
+        holder = default_holder() if holder is None else holder
+        return await self._run(self._claim_op(queue, max_messages, lease, max_deliveries, error_queue, holder))
 
-    def reserve(
+    async def reserve(
         self,
         queue: str | QueueAddress,
         max_messages: int = 1,
@@ -767,9 +694,26 @@ class QueueClient(_Addressing[Session]):
         What a waiter that hands messages on uses (an Airflow trigger): if it dies before handing
         them over, they are back after one lease with no delivery spent.
         """
-        return self._run(self._claim_op(queue, max_messages, lease, max_deliveries, error_queue, None))
+        return await self._run(self._claim_op(queue, max_messages, lease, max_deliveries, error_queue, None))
 
-    def take(
+    def _claim_op(
+        self,
+        queue: str | QueueAddress,
+        max_messages: int,
+        lease: timedelta | float,
+        max_deliveries: int,
+        error_queue: str | QueueAddress | None,
+        holder: str | None,
+    ) -> ops.Operation[list[ReceivedMessage]]:
+        """A claim (``holder`` named) or a reservation (None)."""
+        check_positive("max_messages", max_messages)
+        check_positive("max_deliveries", max_deliveries)
+        address = self.address(queue)
+        holder = None if holder is None else label("holder", holder)
+        error = self.error_address(error_queue, address)
+        return ops.claim(self.dialect, address, error, max_messages, lease_ms(lease), max_deliveries, holder)
+
+    async def take(
         self,
         queue: str | QueueAddress,
         tokens: Token | Iterable[Token] | None = None,
@@ -784,23 +728,26 @@ class QueueClient(_Addressing[Session]):
         Counts a delivery and gives each message a new token; reservations someone else took first
         are skipped, so a message has one owner.
         """
-        return self._run(
-            self._take_op(queue, tokens, lease, default_holder() if holder is None else holder, limit, error_queue)
-        )
+        check_positive("limit", limit)
+        address = self.address(queue)
+        holder = label("holder", default_holder() if holder is None else holder)
+        chosen = None if tokens is None else as_tokens(tokens)
+        error = self.error_address(error_queue, address)
+        return await self._run(ops.take(self.dialect, address, error, chosen, lease_ms(lease), holder, limit))
 
     @overload
-    def ack(  # type: ignore[overload-overlap]  # str is Iterable too; this overload wins, as at run time
+    async def ack(  # type: ignore[overload-overlap]  # str is Iterable too; this overload wins, as at run time
         self, queue: str | QueueAddress, tokens: Token, *, started: Mapping[uuid.UUID, datetime] | None = None
     ) -> bool: ...
     @overload
-    def ack(
+    async def ack(
         self,
         queue: str | QueueAddress,
         tokens: Iterable[Token],
         *,
         started: Mapping[uuid.UUID, datetime] | None = None,
     ) -> set[uuid.UUID]: ...
-    def ack(
+    async def ack(
         self,
         queue: str | QueueAddress,
         tokens: Token | Iterable[Token],
@@ -814,10 +761,18 @@ class QueueClient(_Addressing[Session]):
         copied to the audit queue in the same transaction; ``started`` (message id -> time) says
         when its processing began, for the copy's ``NServiceBus.ProcessingStarted``.
         """
-        return one_or_many(tokens, self._run(self._ack_op(queue, tokens, started)))
+        address = self.address(queue)
+        started = started_times(started)
+        audit = self.audit_address(address)
+        chosen = as_tokens(tokens)
+        if audit is None:
+            return one_or_many(tokens, await self._run(ops.ack(self.dialect, address, chosen)))
+        return one_or_many(
+            tokens, await self._run(ops.ack_audited(self.dialect, address, chosen, audit, started or {}))
+        )
 
     @overload
-    def nack(  # type: ignore[overload-overlap]  # str is Iterable too; this overload wins, as at run time
+    async def nack(  # type: ignore[overload-overlap]  # str is Iterable too; this overload wins, as at run time
         self,
         queue: str | QueueAddress,
         tokens: Token,
@@ -826,7 +781,7 @@ class QueueClient(_Addressing[Session]):
         delay: timedelta | float = 0,
     ) -> bool: ...
     @overload
-    def nack(
+    async def nack(
         self,
         queue: str | QueueAddress,
         tokens: Iterable[Token],
@@ -834,7 +789,7 @@ class QueueClient(_Addressing[Session]):
         error: BaseException | str | Failure | None = None,
         delay: timedelta | float = 0,
     ) -> set[uuid.UUID]: ...
-    def nack(
+    async def nack(
         self,
         queue: str | QueueAddress,
         tokens: Token | Iterable[Token],
@@ -843,23 +798,24 @@ class QueueClient(_Addressing[Session]):
         delay: timedelta | float = 0,
     ) -> bool | set[uuid.UUID]:
         """Give claims back: delivered again after ``delay``; ``error`` is what the error queue will say if they end there."""
-        held = self._run(self._nack_op(queue, tokens, error, delay))
-        return one_or_many(tokens, held)
+        failure = None if error is None else Failure.of(error)
+        op = ops.nack(self.dialect, self.address(queue), as_tokens(tokens), failure, delay_ms(delay))
+        return one_or_many(tokens, await self._run(op))
 
     @overload
-    def extend(self, queue: str | QueueAddress, tokens: Token, lease: timedelta | float = ...) -> bool: ...  # type: ignore[overload-overlap]  # str is Iterable too; this overload wins, as at run time
+    async def extend(self, queue: str | QueueAddress, tokens: Token, lease: timedelta | float = ...) -> bool: ...  # type: ignore[overload-overlap]  # str is Iterable too; this overload wins, as at run time
     @overload
-    def extend(
+    async def extend(
         self, queue: str | QueueAddress, tokens: Iterable[Token], lease: timedelta | float = ...
     ) -> set[uuid.UUID]: ...
-    def extend(
+    async def extend(
         self, queue: str | QueueAddress, tokens: Token | Iterable[Token], lease: timedelta | float = defaults.LEASE
     ) -> bool | set[uuid.UUID]:
         """Renew claims for another ``lease``. False (or a missing token) means someone else has the message."""
         op = ops.extend(self.dialect, self.address(queue), as_tokens(tokens), lease_ms(lease))
-        return one_or_many(tokens, self._run(op))
+        return one_or_many(tokens, await self._run(op))
 
-    def forward(
+    async def forward(
         self,
         claims: ByQueue[Token | Iterable[Token]],
         sends: ByQueue[Message | Iterable[Message]],
@@ -874,9 +830,15 @@ class QueueClient(_Addressing[Session]):
         sent. Between stages in one database this makes the hand-off exactly-once. Returns how many
         messages were sent. Audit copies, when the client audits, are made as :meth:`ack` makes them.
         """
-        return self._run(self._forward_op(claims, sends, notify, started))
+        if not isinstance(sends, Mapping):
+            raise ArgumentTypeError(f"sends must map queues to messages, got {type(sends).__name__}")
+        flag("notify", notify)
+        started = started_times(started)
+        settled, audit = self._claims(claims)
+        batches = [(self.address(queue), as_messages(messages)) for queue, messages in sends.items()]
+        return await self._run(ops.forward(self.dialect, settled, batches, notify, audit, started))
 
-    def fail(
+    async def fail(
         self,
         queue: str | QueueAddress,
         message: ReceivedMessage,
@@ -894,10 +856,11 @@ class QueueClient(_Addressing[Session]):
                 "fail() takes a claimed message; use move_to_error() for one received in none mode"
             )
         address = self.address(queue)
-        op = ops.fail_claim(self.dialect, address, self.error_address(error_queue, address), message, error)
-        return self._run(op)
+        return await self._run(
+            ops.fail_claim(self.dialect, address, self.error_address(error_queue, address), message, error)
+        )
 
-    def move_to_error(
+    async def move_to_error(
         self,
         queue: str | QueueAddress,
         message: ReceivedMessage,
@@ -906,9 +869,12 @@ class QueueClient(_Addressing[Session]):
         error_queue: str | QueueAddress | None = None,
     ) -> None:
         """Put a message received in ``none`` mode into the error queue with NServiceBus failure headers."""
-        self._run(self._move_to_error_op(queue, message, error, error_queue))
+        address = self.address(queue)
+        received("message", message)
+        error_address = self.error_address(error_queue, address)
+        await self._run(ops.move_to_error(self.dialect, address, error_address, message, error))
 
-    def retry_errors(
+    async def retry_errors(
         self,
         error_queue: str | QueueAddress | None = None,
         *,
@@ -927,13 +893,13 @@ class QueueClient(_Addressing[Session]):
         check_positive("limit", limit)
         retried, after = 0, 0
         while True:
-            page = self.retry_errors_page(error_queue, queue=queue, after=after, limit=limit - retried, seqs=seqs)
+            page = await self.retry_errors_page(error_queue, queue=queue, after=after, limit=limit - retried, seqs=seqs)
             retried += page.retried
             if page.done or retried >= limit:
                 return retried
             after = page.after
 
-    def retry_errors_page(
+    async def retry_errors_page(
         self,
         error_queue: str | QueueAddress | None = None,
         *,
@@ -958,9 +924,9 @@ class QueueClient(_Addressing[Session]):
             only_queue=only,
             seqs=chosen,
         )
-        return self._run(op)
+        return await self._run(op)
 
-    def error_summary(
+    async def error_summary(
         self,
         error_queue: str | QueueAddress | None = None,
         *,
@@ -974,9 +940,9 @@ class QueueClient(_Addressing[Session]):
         check_positive("limit", limit)
         near = self.address(queue) if queue is not None else None
         op = ops.error_summary(self.dialect, self.error_address(error_queue, near), limit)
-        return self._run(op if near is None else ops.checked(self.dialect, [near], op))
+        return await self._run(op if near is None else ops.checked(self.dialect, [near], op))
 
-    def failed_messages(
+    async def failed_messages(
         self,
         error_queue: str | QueueAddress | None = None,
         *,
@@ -1010,64 +976,68 @@ class QueueClient(_Addressing[Session]):
             group=group,
             scan=defaults.ERROR_SCAN_ROWS,
         )
-        return self._run(op if near is None else ops.checked(self.dialect, [near], op))
+        return await self._run(op if near is None else ops.checked(self.dialect, [near], op))
 
     # -- inspection and maintenance ------------------------------------------------------------
 
-    def peek(self, queue: str | QueueAddress, *, include_claims: bool = False) -> int:
+    async def peek(self, queue: str | QueueAddress, *, include_claims: bool = False) -> int:
         """Cheap estimate of waiting messages (plus claims whose lease ran out, when asked)."""
-        return self._run(ops.peek(self.dialect, self.address(queue), flag("include_claims", include_claims)))
+        return await self._run(ops.peek(self.dialect, self.address(queue), flag("include_claims", include_claims)))
 
-    def depth(self, queue: str | QueueAddress) -> int:
+    async def depth(self, queue: str | QueueAddress) -> int:
         """Exact count of waiting messages (scans the table)."""
-        return self._run(ops.depth(self.dialect, self.address(queue)))
+        return await self._run(ops.depth(self.dialect, self.address(queue)))
 
-    def browse(self, queue: str | QueueAddress, limit: int = 1000) -> list[ReceivedMessage]:
+    async def browse(self, queue: str | QueueAddress, limit: int = 1000) -> list[ReceivedMessage]:
         """Waiting, unexpired messages in send order, without removing or locking them."""
-        return self.browse_page(queue, limit).messages
+        return (await self.browse_page(queue, limit)).messages
 
-    def browse_page(
+    async def browse_page(
         self, queue: str | QueueAddress, limit: int = 1000, *, after: int = 0, last: int = ops.LAST_SEQ
     ) -> ops.BrowsePage:
         """One page of :meth:`browse` over the rows with ``after`` < Seq <= ``last``; pass the page's
         ``after`` to read on. Bounds come from :meth:`seq_range`: a range read in parallel pages."""
         check_positive("limit", limit)
-        return self._run(
-            ops.browse(self.dialect, self.address(queue), limit, place("after", after), place("last", last))
-        )
+        op = ops.browse(self.dialect, self.address(queue), limit, place("after", after), place("last", last))
+        return await self._run(op)
 
-    def seq_range(self, queue: str | QueueAddress) -> tuple[int, int] | None:
+    async def seq_range(self, queue: str | QueueAddress) -> tuple[int, int] | None:
         """The lowest and highest Seq of the queue's rows (None when it is empty): where a reader of the
         whole queue starts and stops, so messages sent while it reads are left for the next read."""
-        return self._run(ops.seq_range(self.dialect, self.address(queue)))
+        return await self._run(ops.seq_range(self.dialect, self.address(queue)))
 
     # -- claims found by holder ------------------------------------------------------------------
     #
     # A holder names a unit of work that may be retried (a Spark batch): its claims are taken once,
     # under that name, then read, renewed and settled by the name alone, from any process.
 
-    def held(self, queue: str | QueueAddress, holder: str, *, parts: int = 1, part: int = 0) -> list[ReceivedMessage]:
+    async def held(
+        self, queue: str | QueueAddress, holder: str, *, parts: int = 1, part: int = 0
+    ) -> list[ReceivedMessage]:
         """The messages ``holder`` holds on the queue, in send order; with ``parts``, only the share
         ``part`` (Seq modulo ``parts``), so that many readers split them without overlap."""
         check_positive("parts", parts)
         if place("part", part) >= parts:
             raise InvalidArgumentError(f"part must be an integer from 0 to {parts - 1}, got {part!r}")
-        return self._run(ops.held(self.dialect, self.address(queue), label("holder", holder), parts, part))
+        return await self._run(ops.held(self.dialect, self.address(queue), label("holder", holder), parts, part))
 
-    def ack_held(self, queue: str | QueueAddress, holder: str) -> int:
+    async def ack_held(self, queue: str | QueueAddress, holder: str) -> int:
         """Acknowledge every claim ``holder`` holds on the queue; returns how many."""
         address, holder = self.address(queue), label("holder", holder)
         audit_address = self.audit_address(address)
         if audit_address is None:
-            return self._run(ops.ack_held(self.dialect, address, holder))
-        return self._run(ops.ack_held_audited(self.dialect, address, holder, audit_address))
+            return await self._run(ops.ack_held(self.dialect, address, holder))
+        return await self._run(ops.ack_held_audited(self.dialect, address, holder, audit_address))
 
-    def extend_held(self, queue: str | QueueAddress, holder: str, lease: timedelta | float = defaults.LEASE) -> int:
+    async def extend_held(
+        self, queue: str | QueueAddress, holder: str, lease: timedelta | float = defaults.LEASE
+    ) -> int:
         """Renew every claim ``holder`` holds for another ``lease``, lapsed ones that nobody took
         over included; returns how many it still holds."""
-        return self._run(ops.extend_held(self.dialect, self.address(queue), label("holder", holder), lease_ms(lease)))
+        address, holder = self.address(queue), label("holder", holder)
+        return await self._run(ops.extend_held(self.dialect, address, holder, lease_ms(lease)))
 
-    def nack_held(
+    async def nack_held(
         self,
         queue: str | QueueAddress,
         holder: str,
@@ -1078,35 +1048,35 @@ class QueueClient(_Addressing[Session]):
         """Give back every claim ``holder`` holds, delivered again after ``delay``; returns how many."""
         failure = None if error is None else Failure.of(error)
         address, holder = self.address(queue), label("holder", holder)
-        return self._run(ops.nack_held(self.dialect, address, holder, failure, delay_ms(delay)))
+        return await self._run(ops.nack_held(self.dialect, address, holder, failure, delay_ms(delay)))
 
     # -- the write ledger ------------------------------------------------------------------------
 
-    def create_writes(self, ledger: str | QueueAddress) -> QueueAddress:
+    async def create_writes(self, ledger: str | QueueAddress) -> QueueAddress:
         """Create a write ledger (idempotent, safe concurrently; needs CREATE on the schema); returns its address."""
         address = self.address(ledger)
-        self._install(partial(ops.create_writes, self.dialect, address))
+        await self._install(partial(ops.create_writes, self.dialect, address))
         return address
 
-    def record_write(self, ledger: str | QueueAddress, write: uuid.UUID, part: int) -> bool:
-        """Record, in the transaction the caller holds open, that partition ``part`` of ``write`` is
-        being sent; False when it was sent before, so a re-run partition sends nothing."""
+    async def record_write(self, ledger: str | QueueAddress, write: uuid.UUID, part: int) -> bool:
+        """Record, in the caller's :meth:`transaction`, that partition ``part`` of ``write`` is being
+        sent; False when it was sent before, so a re-run partition sends nothing."""
         write, part = uuid_value("write", write), place("part", part)
-        return self._run(ops.record_write(self.dialect, self.address(ledger), write, part))
+        return await self._run(ops.record_write(self.dialect, self.address(ledger), write, part))
 
-    def forget_write(self, ledger: str | QueueAddress, write: uuid.UUID) -> int:
+    async def forget_write(self, ledger: str | QueueAddress, write: uuid.UUID) -> int:
         """Delete a finished write's ledger rows; returns how many."""
-        return self._run(ops.forget_write(self.dialect, self.address(ledger), uuid_value("write", write)))
+        return await self._run(ops.forget_write(self.dialect, self.address(ledger), uuid_value("write", write)))
 
-    def queues(self) -> list[QueueAddress]:
+    async def queues(self) -> list[QueueAddress]:
         """Every queue table of the connection's database that it may read, by schema and name.
 
         Tables an NServiceBus endpoint created count as well as this library's: a queue is a table
         with the columns NServiceBus reads. Error and audit queues are among them.
         """
-        return self._run(ops.list_queues(self.dialect))
+        return await self._run(ops.list_queues(self.dialect))
 
-    def queue_stats(
+    async def queue_stats(
         self,
         queues: str | QueueAddress | Iterable[str | QueueAddress],
         *,
@@ -1121,14 +1091,14 @@ class QueueClient(_Addressing[Session]):
             many = list(queues)
         else:
             raise ArgumentTypeError(f"queues must be a queue or an iterable of queues, got {type(queues).__name__}")
-        return self._run(ops.queue_stats(self.dialect, [self.address(q) for q in many], expired_limit))
+        return await self._run(ops.queue_stats(self.dialect, [self.address(q) for q in many], expired_limit))
 
-    def claims(self, queue: str | QueueAddress, limit: int = 100) -> list[ops.ClaimInfo]:
+    async def claims(self, queue: str | QueueAddress, limit: int = 100) -> list[ops.ClaimInfo]:
         """The queue's ``limit`` claims whose leases end first (lapsed first): who holds what, and for how long still."""
         check_positive("limit", limit)
-        return self._run(ops.claims(self.dialect, self.address(queue), limit))
+        return await self._run(ops.claims(self.dialect, self.address(queue), limit))
 
-    def release_lapsed(self, queue: str | QueueAddress, *, batch_size: int = defaults.RELEASE_BATCH) -> int:
+    async def release_lapsed(self, queue: str | QueueAddress, *, batch_size: int = defaults.RELEASE_BATCH) -> int:
         """Give every lapsed claim of the queue back to the queue table (``batch_size`` per transaction); returns how many.
 
         Claim-mode receivers take lapsed claims again by themselves; given back, the messages reach
@@ -1137,185 +1107,144 @@ class QueueClient(_Addressing[Session]):
         """
         check_positive("batch_size", batch_size)
         address = self.address(queue)
-        return self._in_batches(partial(ops.release_lapsed, self.dialect, address, batch_size), batch_size)
+        return await self._in_batches(partial(ops.release_lapsed, self.dialect, address, batch_size), batch_size)
 
-    def lapsed_claims(self, queue: str | QueueAddress) -> int:
+    async def lapsed_claims(self, queue: str | QueueAddress) -> int:
         """Claims on ``queue`` whose lease ran out: their holders are gone or stuck, and the messages are receivable again."""
-        return self._run(ops.peek_claims(self.dialect, self.address(queue)))[1]
+        return (await self._run(ops.peek_claims(self.dialect, self.address(queue))))[1]
 
-    def inflight(self, queue: str | QueueAddress) -> int:
+    async def inflight(self, queue: str | QueueAddress) -> int:
         """Claimed, unacknowledged messages of the queue."""
-        return self._run(ops.inflight(self.dialect, self.address(queue)))
+        return await self._run(ops.inflight(self.dialect, self.address(queue)))
 
-    def purge_expired(self, queue: str | QueueAddress, batch_size: int = defaults.PURGE_BATCH) -> int:
+    async def purge_expired(self, queue: str | QueueAddress, batch_size: int = defaults.PURGE_BATCH) -> int:
         """Delete expired messages in batches of ``batch_size``, each in its own short transaction."""
         check_positive("batch_size", batch_size)
         address = self.address(queue)
-        return self._in_batches(partial(ops.purge_expired_batch, self.dialect, address, batch_size), batch_size)
+        return await self._in_batches(partial(ops.purge_expired_batch, self.dialect, address, batch_size), batch_size)
 
-    def purge(self, queue: str | QueueAddress) -> int:
+    async def purge(self, queue: str | QueueAddress) -> int:
         """Delete every message in the queue; returns how many."""
-        return self._run(ops.purge_all(self.dialect, self.address(queue)))
+        return await self._run(ops.purge_all(self.dialect, self.address(queue)))
 
 
-class AsyncQueueClient(_Addressing[AsyncSession]):
-    """The asyncio twin of :class:`QueueClient`, used by the message pump and Airflow triggers."""
+P = ParamSpec("P")
+
+
+def _blocking(
+    call: Callable[Concatenate[AsyncQueueClient, P], Coroutine[Any, Any, T]],
+) -> Callable[Concatenate[QueueClient, P], T]:
+    """``call`` of :class:`AsyncQueueClient` as a method of :class:`QueueClient`: the same coroutine,
+    over the client's blocking session, run to its end in the caller's thread (:func:`finish`)."""
+
+    @functools.wraps(call)
+    def method(self: QueueClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return finish(call(self._calls, *args, **kwargs))
+
+    return method
+
+
+class QueueClient(Addressing):
+    """Blocking queue operations over one connection (psycopg 3 for PostgreSQL, pymssql or pyodbc for SQL Server).
+
+    ``QueueClient.connect(uri)`` opens and owns an autocommit connection (``postgresql://``,
+    ``mssql://`` for pymssql, ``mssql+pyodbc://`` or an ODBC connection string for pyodbc);
+    ``QueueClient.connect(connection)`` borrows a DB-API connection of one of those drivers. Use it
+    as a context manager to close what it owns.
+
+    Each method is :class:`AsyncQueueClient`'s, run over a blocking session: one implementation,
+    the same checks and results. A client may be shared by threads: its calls take turns on its
+    one connection (a :meth:`receive_native` or :meth:`transaction` block holds it until the block
+    ends). For calls in parallel, give each thread a client of its own.
+    """
 
     def __init__(
         self,
-        session: AsyncSession,
+        session: Session,
         error_queue: str | QueueAddress | None = None,
         audit_queue: str | QueueAddress | bool | None = None,
     ) -> None:
+        if not session.blocking:
+            raise ArgumentTypeError("QueueClient needs a blocking session; use AsyncQueueClient with an asyncio one")
         super().__init__(session.dialect, error_queue, audit_queue)
         self.session = session
+        self._calls = AsyncQueueClient(session, error_queue, audit_queue)
+        self._calls._lock = ThreadLock()
 
     @classmethod
-    async def connect(
+    def connect(
         cls,
         target: Any,
         error_queue: str | QueueAddress | None = None,
         audit_queue: str | QueueAddress | bool | None = None,
-    ) -> AsyncQueueClient:
-        return cls(await open_async_session(target), error_queue, audit_queue)
+    ) -> QueueClient:
+        """Open a client from a URI/DSN (owned connection) or wrap an existing DB-API connection (borrowed)."""
+        return cls(finish(open_session(target, blocking=True)), error_queue, audit_queue)
 
     @property
     def connection(self) -> Any:
+        """The DB-API connection (in :meth:`receive_native`, the one holding the receive transaction)."""
         return self.session.connection
 
-    async def close(self) -> None:
-        await self.session.close()
-
-    async def __aenter__(self) -> AsyncQueueClient:
+    def __enter__(self) -> QueueClient:
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
-    async def send(
-        self,
-        queue: str | QueueAddress,
-        messages: Message | Iterable[Message],
-        *,
-        notify: bool = False,
-        delay: timedelta | float | None = None,
-        due: datetime | None = None,
-    ) -> int:
-        batch = as_messages(messages)
-        if not batch:
-            return 0
-        return await self.session.run(self._send_op(queue, batch, notify, delay, due))
+    def transaction(self) -> AbstractContextManager[None]:
+        """As :meth:`AsyncQueueClient.transaction`: the block's calls of this client commit together."""
+        return blocking_context(self._calls.transaction())
 
-    async def move_due(self, queue: str | QueueAddress, *, batch_size: int = defaults.DELAYED_BATCH) -> int:
-        moved = 0
-        while True:
-            count = await self.session.run(self._move_due_op(queue, batch_size))
-            moved += count
-            if count < batch_size:
-                return moved
-
-    async def wait_for_notifications(self, queues: Iterable[str | QueueAddress], timeout: float) -> bool:
-        """Listen for the queues' send notifications and wait up to ``timeout`` seconds for one.
-
-        Returns True when woken by a send, False on timeout or where the database has no
-        notifications (then it just waits). Notifications that arrived meanwhile are all consumed,
-        so a burst of sends wakes the caller once.
-        """
-        wait = duration("timeout", timeout, maximum=defaults.MAX_PEEK_INTERVAL, minimum=timedelta(0))
-        if isinstance(queues, (str, bytes, Mapping)) or not isinstance(queues, Iterable):
-            raise ArgumentTypeError(f"queues must be an iterable of queues, got {type(queues).__name__}")
-        addresses = [self.address(queue) for queue in queues]
-        for address in addresses:
-            await self.session.run(ops.table_shape(self.dialect, address))
-        channels = [self.dialect.notify_channel(address) for address in addresses]
-        return await self.session.wait_for_notification(channels, wait.total_seconds())
-
-    async def receive(
-        self, queue: str | QueueAddress, max_messages: int = 1, *, error_queue: str | QueueAddress | None = None
-    ) -> list[ReceivedMessage]:
-        return await self.session.run(self._receive_op(queue, max_messages, error_queue))
-
-    @asynccontextmanager
-    async def receive_native(
+    def receive_native(
         self, queue: str | QueueAddress, *, error_queue: str | QueueAddress | None = None
-    ) -> AsyncIterator[ReceivedMessage | None]:
-        async with self.session.transaction():
-            received = await ops.drive_async(self._receive_op(queue, 1, error_queue, atomic=True), self.session.execute)
-            started = datetime.now(timezone.utc)
-            yield received[0] if received else None
-            audit = self._audit_op(queue, received[0], started) if received else None
-            if audit is not None:
-                await ops.drive_async(audit, self.session.execute)
+    ) -> AbstractContextManager[ReceivedMessage | None]:
+        """As :meth:`AsyncQueueClient.receive_native`: the block runs inside the receive transaction."""
+        return blocking_context(self._calls.receive_native(queue, error_queue=error_queue))
 
-    async def claim(
-        self,
-        queue: str | QueueAddress,
-        max_messages: int = 1,
-        *,
-        lease: timedelta | float = defaults.LEASE,
-        max_deliveries: int = defaults.MAX_DELIVERIES,
-        error_queue: str | QueueAddress | None = None,
-        holder: str | None = None,
-    ) -> list[ReceivedMessage]:
-        return await self.session.run(
-            self._claim_op(
-                queue, max_messages, lease, max_deliveries, error_queue, default_holder() if holder is None else holder
-            )
-        )
-
-    async def reserve(
-        self,
-        queue: str | QueueAddress,
-        max_messages: int = 1,
-        *,
-        lease: timedelta | float = defaults.LEASE,
-        max_deliveries: int = defaults.MAX_DELIVERIES,
-        error_queue: str | QueueAddress | None = None,
-    ) -> list[ReceivedMessage]:
-        return await self.session.run(self._claim_op(queue, max_messages, lease, max_deliveries, error_queue, None))
-
-    async def ack(
-        self,
-        queue: str | QueueAddress,
-        tokens: Token | Iterable[Token],
-        *,
-        started: Mapping[uuid.UUID, datetime] | None = None,
-    ) -> set[uuid.UUID]:
-        """Acknowledge claims (and audit them, as :meth:`QueueClient.ack`); returns the tokens that were still held."""
-        return await self.session.run(self._ack_op(queue, tokens, started))
-
-    async def nack(
-        self,
-        queue: str | QueueAddress,
-        tokens: Token | Iterable[Token],
-        *,
-        error: BaseException | str | Failure | None = None,
-        delay: timedelta | float = 0,
-    ) -> set[uuid.UUID]:
-        """Give claims back; returns the tokens that were still held."""
-        return await self.session.run(self._nack_op(queue, tokens, error, delay))
-
-    async def extend(
-        self, queue: str | QueueAddress, tokens: Token | Iterable[Token], lease: timedelta | float = defaults.LEASE
-    ) -> set[uuid.UUID]:
-        """Renew claims; returns the tokens still held."""
-        op = ops.extend(self.dialect, self.address(queue), as_tokens(tokens), lease_ms(lease))
-        return await self.session.run(op)
-
-    async def move_to_error(
-        self,
-        queue: str | QueueAddress,
-        message: ReceivedMessage,
-        error: BaseException | str | None,
-        *,
-        error_queue: str | QueueAddress | None = None,
-    ) -> None:
-        await self.session.run(self._move_to_error_op(queue, message, error, error_queue))
-
-    async def peek(self, queue: str | QueueAddress, *, include_claims: bool = False) -> int:
-        return await self.session.run(
-            ops.peek(self.dialect, self.address(queue), flag("include_claims", include_claims))
-        )
-
-    async def depth(self, queue: str | QueueAddress) -> int:
-        return await self.session.run(ops.depth(self.dialect, self.address(queue)))
+    close = _blocking(AsyncQueueClient.close)
+    create_queue = _blocking(AsyncQueueClient.create_queue)
+    drop_queue = _blocking(AsyncQueueClient.drop_queue)
+    check_queue = _blocking(AsyncQueueClient.check_queue)
+    send = _blocking(AsyncQueueClient.send)
+    move_due = _blocking(AsyncQueueClient.move_due)
+    next_due = _blocking(AsyncQueueClient.next_due)
+    create_subscription_table = _blocking(AsyncQueueClient.create_subscription_table)
+    subscribe = _blocking(AsyncQueueClient.subscribe)
+    unsubscribe = _blocking(AsyncQueueClient.unsubscribe)
+    subscribers = _blocking(AsyncQueueClient.subscribers)
+    publish = _blocking(AsyncQueueClient.publish)
+    receive = _blocking(AsyncQueueClient.receive)
+    claim = _blocking(AsyncQueueClient.claim)
+    reserve = _blocking(AsyncQueueClient.reserve)
+    take = _blocking(AsyncQueueClient.take)
+    ack = _blocking(AsyncQueueClient.ack)
+    nack = _blocking(AsyncQueueClient.nack)
+    extend = _blocking(AsyncQueueClient.extend)
+    forward = _blocking(AsyncQueueClient.forward)
+    fail = _blocking(AsyncQueueClient.fail)
+    move_to_error = _blocking(AsyncQueueClient.move_to_error)
+    retry_errors = _blocking(AsyncQueueClient.retry_errors)
+    retry_errors_page = _blocking(AsyncQueueClient.retry_errors_page)
+    error_summary = _blocking(AsyncQueueClient.error_summary)
+    failed_messages = _blocking(AsyncQueueClient.failed_messages)
+    peek = _blocking(AsyncQueueClient.peek)
+    depth = _blocking(AsyncQueueClient.depth)
+    browse = _blocking(AsyncQueueClient.browse)
+    browse_page = _blocking(AsyncQueueClient.browse_page)
+    seq_range = _blocking(AsyncQueueClient.seq_range)
+    held = _blocking(AsyncQueueClient.held)
+    ack_held = _blocking(AsyncQueueClient.ack_held)
+    extend_held = _blocking(AsyncQueueClient.extend_held)
+    nack_held = _blocking(AsyncQueueClient.nack_held)
+    create_writes = _blocking(AsyncQueueClient.create_writes)
+    record_write = _blocking(AsyncQueueClient.record_write)
+    forget_write = _blocking(AsyncQueueClient.forget_write)
+    queues = _blocking(AsyncQueueClient.queues)
+    queue_stats = _blocking(AsyncQueueClient.queue_stats)
+    claims = _blocking(AsyncQueueClient.claims)
+    release_lapsed = _blocking(AsyncQueueClient.release_lapsed)
+    lapsed_claims = _blocking(AsyncQueueClient.lapsed_claims)
+    inflight = _blocking(AsyncQueueClient.inflight)
+    purge_expired = _blocking(AsyncQueueClient.purge_expired)
+    purge = _blocking(AsyncQueueClient.purge)

@@ -2,7 +2,7 @@
 
 Each operation is a generator that yields :class:`Step` objects (a statement, its parameters and
 what to fetch) and receives each step's result; a driver runs the steps on a connection inside one
-transaction (:func:`drive` / :func:`drive_async`). The operation decides *what* happens -- dropping
+transaction (:func:`drive`). The operation decides *what* happens -- dropping
 expired rows, routing poison rows to the error queue, counting deliveries -- and the dialect says
 *how* in SQL, so those rules cannot drift between PostgreSQL and SQL Server or between the sync
 client and the asyncio pump.
@@ -138,19 +138,8 @@ def needs_no_transaction(op: Operation[Any]) -> bool:
     return getattr(op, "autocommit", False) is True
 
 
-def drive(op: Operation[T], execute: Callable[[Step], Any]) -> T:
-    """Run an operation with a blocking ``execute``; the caller owns the transaction."""
-    try:
-        step = next(op)
-        while True:
-            step = op.send(execute(step))
-    except StopIteration as done:
-        result: T = done.value
-        return result
-
-
-async def drive_async(op: Operation[T], execute: Callable[[Step], Awaitable[Any]]) -> T:
-    """Run an operation with an awaitable ``execute``; the caller owns the transaction."""
+async def drive(op: Operation[T], execute: Callable[[Step], Awaitable[Any]]) -> T:
+    """Run an operation step by step with a session's ``execute``; the caller owns the transaction."""
     try:
         step = next(op)
         while True:

@@ -27,7 +27,7 @@ from . import operations as ops
 from .addressing import QueueAddress
 from .breaker import CircuitBreaker
 from .client import default_holder, lease_ms
-from .drivers import AsyncSession, AsyncSessionPool
+from .drivers import Session, SessionPool
 from .errors import (
     ArgumentTypeError,
     InvalidArgumentError,
@@ -134,7 +134,7 @@ def handler_failure(exc: BaseException) -> None:
             raise exc
 
 
-def aborted(session: AsyncSession) -> TransactionAbortedError | None:
+def aborted(session: Session) -> TransactionAbortedError | None:
     """The failure of a native handler that returned normally from a transaction that is no longer
     whole: an error aborted it (the handler caught a database error), or the handler ended it with
     COMMIT or ROLLBACK. Its work did not commit with the receive, so the delivery failed."""
@@ -168,7 +168,7 @@ class MessagePump:
 
     def __init__(
         self,
-        pool: AsyncSessionPool,
+        pool: SessionPool,
         queue: QueueAddress,
         handler: Handler | None,
         *,
@@ -513,7 +513,7 @@ class MessagePump:
             async with self.pool.session() as session:
                 try:
                     async with session.transaction():
-                        received = await ops.drive_async(
+                        received = await ops.drive(
                             ops.receive(self.dialect, self.queue, self.error_queue, wanted), session.execute
                         )
                         for message in received:
@@ -584,7 +584,7 @@ class MessagePump:
             for message in messages:
                 self.failures.record(message.id, exc)
 
-    async def _dead_letter_if_exhausted(self, session: AsyncSession, message: ReceivedMessage) -> bool:
+    async def _dead_letter_if_exhausted(self, session: Session, message: ReceivedMessage) -> bool:
         """In a native receive transaction: move a message that failed ``max_deliveries`` times to the error
         queue (with its last failure) instead of handing it out again; whether it was moved."""
         count, last_error = self.failures.get(message.id)
@@ -597,7 +597,7 @@ class MessagePump:
             count,
             self.dialect.qualified_name(self.error_queue),
         )
-        await ops.drive_async(
+        await ops.drive(
             ops.move_to_error(self.dialect, self.queue, self.error_queue, message, last_error), session.execute
         )
         return True
@@ -638,7 +638,7 @@ class MessagePump:
             async with self.pool.session() as session:
                 try:
                     async with session.transaction():
-                        received = await ops.drive_async(
+                        received = await ops.drive(
                             ops.receive(self.dialect, self.queue, self.error_queue, 1), session.execute
                         )
                         if not received:
@@ -673,13 +673,11 @@ class MessagePump:
         return True
 
     async def _audit_in(
-        self, session: AsyncSession, messages: list[ReceivedMessage], started: dict[uuid.UUID, datetime]
+        self, session: Session, messages: list[ReceivedMessage], started: dict[uuid.UUID, datetime]
     ) -> None:
         """In a native receive transaction: the audit copies of the messages just handled, committed with it."""
         if self.audit_queue is not None:
-            await ops.drive_async(
-                ops.audit(self.dialect, self.queue, self.audit_queue, messages, started), session.execute
-            )
+            await ops.drive(ops.audit(self.dialect, self.queue, self.audit_queue, messages, started), session.execute)
 
     async def _renew(self, tokens: list[Any]) -> None:
         """Renew a handler's claim every third of the lease while it runs, so a long handler keeps its message."""

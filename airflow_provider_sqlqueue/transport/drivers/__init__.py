@@ -1,8 +1,8 @@
 """Drivers: run operations' steps on real connections, one module per database (as ``dialects``).
 
-- :mod:`.base`: the session interfaces, result fetching, error translation;
+- :mod:`.base`: the session interface, result fetching, error translation;
 - :mod:`.postgres`: psycopg 3, blocking and asyncio, and the pump's pool;
-- :mod:`.sqlserver`: pymssql and pyodbc;
+- :mod:`.sqlserver`: pymssql and pyodbc (blocking);
 - :mod:`.threads`: blocking sessions driven from asyncio on a thread of their own.
 
 This module picks the database and driver from a URI, a connection string or a DB-API connection.
@@ -14,25 +14,24 @@ from typing import Any
 
 from ..dialects import Dialect, get_dialect
 from ..errors import ArgumentTypeError, InvalidArgumentError
-from .base import AsyncSession, AsyncSessionPool, Session, close_quietly, opening
-from .postgres import AsyncPsycopgPool, AsyncPsycopgSession, PsycopgSession
+from .base import Session, SessionPool, blocking_context, close_quietly, finish, opening
+from .postgres import AsyncPsycopgPool, PsycopgSession
 from .sqlserver import PYMSSQL_SCHEMES, PYODBC_SCHEMES, PymssqlSession, PyodbcSession, is_odbc_string
-from .threads import AsyncThreadPool, AsyncThreadSession
+from .threads import ThreadSession, ThreadSessionPool
 
 __all__ = [
     "AsyncPsycopgPool",
-    "AsyncPsycopgSession",
-    "AsyncSession",
-    "AsyncSessionPool",
-    "AsyncThreadPool",
-    "AsyncThreadSession",
     "PsycopgSession",
     "PymssqlSession",
     "PyodbcSession",
     "Session",
+    "SessionPool",
+    "ThreadSession",
+    "ThreadSessionPool",
+    "blocking_context",
     "close_quietly",
     "dialect_for",
-    "open_async_session",
+    "finish",
     "open_pool",
     "open_session",
     "opening",
@@ -66,13 +65,19 @@ def dialect_for(target: object) -> Dialect:
     raise ArgumentTypeError(f"unsupported connection type {type(target).__module__}.{type(target).__qualname__}")
 
 
-def open_session(target: Any) -> Session:
-    """A blocking session: opened from a URI/connection string (owned) or over a DB-API connection (borrowed)."""
+async def open_session(target: Any, *, blocking: bool) -> Session:
+    """A session opened from a URI/connection string (owned) or over a DB-API connection (borrowed).
+
+    ``blocking``: for :class:`~..client.QueueClient`, whose calls block the caller's thread; else
+    for asyncio callers: native for psycopg, a worker thread for SQL Server's drivers.
+    """
     dialect = dialect_for(target)
+    if dialect.name != "postgres" and not blocking:
+        return await ThreadSession.open(lambda: finish(open_session(target, blocking=True)))
     if not isinstance(target, str):
         return session_over(target, owned=False)
     if dialect.name == "postgres":
-        return PsycopgSession.connect(target)
+        return await PsycopgSession.connect(target, blocking=blocking)
     if _scheme(target) in PYMSSQL_SCHEMES:
         return PymssqlSession.connect(target)
     return PyodbcSession.connect(target)
@@ -101,15 +106,8 @@ def session_over(connection: Any, *, owned: bool) -> Session:
     return PyodbcSession(connection, owned=owned)
 
 
-async def open_async_session(target: Any) -> AsyncSession:
-    """The asyncio twin of :func:`open_session`: native for psycopg, a worker thread for SQL Server's drivers."""
-    if dialect_for(target).name == "postgres":
-        return await AsyncPsycopgSession.connect(target) if isinstance(target, str) else AsyncPsycopgSession(target)
-    return await AsyncThreadSession.open(lambda: open_session(target))
-
-
-def open_pool(target: str, max_size: int) -> AsyncSessionPool:
-    """A pool of async sessions for a message pump on the database ``target`` names."""
+def open_pool(target: str, max_size: int) -> SessionPool:
+    """A pool of asyncio sessions for a message pump on the database ``target`` names."""
     if dialect_for(target).name == "postgres":
         return AsyncPsycopgPool(target, max_size=max_size)
-    return AsyncThreadPool(lambda: open_session(target), max_size=max_size)
+    return ThreadSessionPool(lambda: finish(open_session(target, blocking=True)), max_size=max_size)

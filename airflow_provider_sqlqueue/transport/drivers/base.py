@@ -1,7 +1,8 @@
-"""What every driver module shares: the session interfaces, result fetching and error translation.
+"""What every driver module shares: the session interface, result fetching and error translation.
 
 A *session* wraps one DB-API connection and knows how to begin/commit a transaction and execute a
-:class:`~airflow_provider_sqlqueue.transport.operations.Step` on it. Sessions opened from a URI own
+:class:`~airflow_provider_sqlqueue.transport.operations.Step` on it, behind one asyncio interface
+whether the driver blocks or not (:class:`Session`, :func:`finish`). Sessions opened from a URI own
 their connection (and close it); sessions over a caller's connection only borrow it. Either way a
 transaction is opened only around an operation and always ended before control returns, so no
 session is left ``idle in transaction`` between calls.
@@ -10,14 +11,16 @@ session is left ``idle in transaction`` between calls.
 from __future__ import annotations
 
 import asyncio
+import inspect
+import sys
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Coroutine, Iterator
+from contextlib import AbstractAsyncContextManager, contextmanager
 from typing import Any, NoReturn, TypeVar
 
 from ..dialects import Dialect
 from ..errors import SqlQueueError
-from ..operations import Fetch, Operation, Step, drive, drive_async, needs_no_transaction
+from ..operations import Fetch, Operation, Step, drive, needs_no_transaction
 
 T = TypeVar("T")
 
@@ -56,7 +59,9 @@ def translated(
         raise_translated(dialect, exc, step)
 
 
-async def fetch_async(cursor: Any, step: Step) -> Any:
+async def fetch(cursor: Any, step: Step) -> Any:
+    """What ``step`` asks for from a cursor that has run it (an asyncio cursor, or a blocking one
+    behind :class:`BlockingCursor`)."""
     if step.fetch is Fetch.ALL:
         return await cursor.fetchall()
     if step.fetch is Fetch.ONE:
@@ -66,42 +71,74 @@ async def fetch_async(cursor: Any, step: Step) -> Any:
     return None
 
 
-def fetch(cursor: Any, step: Step) -> Any:
-    if step.fetch is Fetch.ALL:
-        return cursor.fetchall()
-    if step.fetch is Fetch.ONE:
-        return cursor.fetchone()
-    if step.fetch is Fetch.ROWCOUNT:
-        return cursor.rowcount
-    return None
+def finish(coroutine: Coroutine[Any, Any, T]) -> T:
+    """The result of a coroutine that never suspends: a call of the queue API over a blocking session.
+
+    The API is written once, as coroutines (:class:`~..client.AsyncQueueClient`). Over a blocking
+    session every ``await`` reaches code that does its I/O by blocking and returns, so the
+    coroutine runs to its end on its first step, here, in the caller's thread; no event loop is
+    involved. A coroutine that does suspend was given an asyncio session by mistake.
+    """
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+    coroutine.close()
+    raise RuntimeError("a blocking call suspended: it was given an asyncio session")
+
+
+@contextmanager
+def blocking_context(manager: AbstractAsyncContextManager[T]) -> Iterator[T]:
+    """An async context manager of a blocking session, entered and left in the caller's thread (:func:`finish`)."""
+    value = finish(manager.__aenter__())
+    try:
+        yield value
+    except BaseException:
+        if not finish(manager.__aexit__(*sys.exc_info())):
+            raise
+    else:
+        finish(manager.__aexit__(None, None, None))
 
 
 class Session(ABC):
-    """One connection, used by one caller at a time."""
+    """One connection, used by one caller at a time, behind one interface for every driver.
+
+    The interface is asyncio's. An asyncio driver (psycopg's ``AsyncConnection``) suspends while
+    the database works; a blocking one (psycopg's ``Connection``, pymssql, pyodbc) blocks inside
+    the coroutine and never suspends, so its coroutines run to their end with :func:`finish`, and
+    :class:`~.threads.ThreadSession` runs them on a thread for asyncio callers. Either way each
+    operation is written and driven once.
+    """
 
     def __init__(self, dialect: Dialect, connection: Any, owned: bool) -> None:
         self.dialect = dialect
         self.connection = connection
         self.owned = owned
 
-    @abstractmethod
-    def transaction(self) -> Any:
-        """Context manager: commit on success, roll back on error (savepoint inside a caller's transaction)."""
+    @property
+    def blocking(self) -> bool:
+        """Whether the session blocks (and never suspends): what a blocking client requires."""
+        return True
 
     @abstractmethod
-    def execute(self, step: Step) -> Any:
+    def transaction(self) -> AbstractAsyncContextManager[None]:
+        """Commit on success, roll back on error (inside an open transaction: join it, or a savepoint)."""
+
+    @abstractmethod
+    async def execute(self, step: Step) -> Any:
         """Run one step in the current transaction and return what it asks to fetch."""
 
-    def run(self, op: Operation[T]) -> T:
+    async def run(self, op: Operation[T]) -> T:
         """Run a whole operation in its own transaction.
 
         An operation of one statement needs no explicit transaction on an autocommit connection
         (the statement is atomic by itself), which saves the BEGIN and COMMIT round trips.
         """
         if needs_no_transaction(op) and self.autocommits():
-            return drive(op, self.execute)
-        with self.transaction():
-            return drive(op, self.execute)
+            return await drive(op, self.execute)
+        async with self.transaction():
+            return await drive(op, self.execute)
 
     @abstractmethod
     def autocommits(self) -> bool:
@@ -113,61 +150,27 @@ class Session(ABC):
         False where the database does not keep such a state (SQL Server's COMMIT reports it instead)."""
         return False
 
-    def close(self) -> None:
-        """Close the connection if this session opened it."""
-        if self.owned:
-            self.connection.close()
-
-
-class AsyncSession(ABC):
-    """One connection for asyncio callers."""
-
-    def __init__(self, dialect: Dialect, connection: Any, owned: bool) -> None:
-        self.dialect = dialect
-        self.connection = connection
-        self.owned = owned
-
-    @abstractmethod
-    def transaction(self) -> Any:
-        """Async context manager: commit on success, roll back on error."""
-
-    @abstractmethod
-    async def execute(self, step: Step) -> Any:
-        """Run one step in the current transaction and return what it asks to fetch."""
-
-    async def run(self, op: Operation[T]) -> T:
-        """Run a whole operation in its own transaction (none for one statement, as :meth:`Session.run`)."""
-        if needs_no_transaction(op) and self.autocommits():
-            return await drive_async(op, self.execute)
-        async with self.transaction():
-            return await drive_async(op, self.execute)
-
-    @abstractmethod
-    def autocommits(self) -> bool:
-        """Whether a statement run now commits by itself (autocommit and no transaction open)."""
-
-    def transaction_failed(self) -> bool:
-        """As :meth:`Session.transaction_failed`."""
-        return False
-
     async def wait_for_notification(self, channels: list[str], timeout: float) -> bool:
         """Wait up to ``timeout`` for a notification on any of ``channels``; without notifications, just wait."""
         await asyncio.sleep(timeout)
         return False
 
     async def close(self) -> None:
+        """Close the connection if this session opened it."""
         if self.owned:
-            await self.connection.close()
+            closed = self.connection.close()
+            if inspect.isawaitable(closed):
+                await closed
 
 
-class AsyncSessionPool(ABC):
-    """Hands out async sessions; the message pump needs one per concurrent receive."""
+class SessionPool(ABC):
+    """Hands out asyncio sessions; the message pump needs one per concurrent receive."""
 
     dialect: Dialect
 
     @abstractmethod
-    def session(self) -> Any:
-        """Async context manager yielding an :class:`AsyncSession` for exclusive use."""
+    def session(self) -> AbstractAsyncContextManager[Session]:
+        """A session for exclusive use while the block runs."""
 
     @abstractmethod
     async def open(self) -> None:
@@ -178,8 +181,8 @@ class AsyncSessionPool(ABC):
         """Close every connection."""
 
 
-async def close_quietly(closable: AsyncSession | Any) -> None:
-    """Close an async session or client whose connection may already be broken (best effort)."""
+async def close_quietly(closable: Session | Any) -> None:
+    """Close a session, client or asyncio connection that may already be broken (best effort)."""
     try:
         await closable.close()
     except Exception:  # the connection is already broken

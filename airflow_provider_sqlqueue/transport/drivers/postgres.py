@@ -1,12 +1,12 @@
-"""PostgreSQL through psycopg 3: blocking and asyncio sessions side by side, and the pump's pool."""
+"""PostgreSQL through psycopg 3: one session for blocking and asyncio connections, and the pump's pool."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import unquote
 
@@ -23,16 +23,14 @@ from ..errors import (
     TransportMisconfiguredError,
     TransportUnavailableError,
 )
-from ..operations import Operation, Step, drive, drive_async, needs_no_transaction
+from ..operations import Operation, Step, drive, needs_no_transaction
 from .base import (
     ANY_STEP,
-    AsyncSession,
-    AsyncSessionPool,
     Session,
+    SessionPool,
     T,
     close_quietly,
     fetch,
-    fetch_async,
     raise_translated,
     translated,
 )
@@ -50,7 +48,7 @@ log = logging.getLogger("airflow_provider_sqlqueue.transport")
 STATEMENT_ERRORS = (psycopg.Error, UnicodeEncodeError)
 
 
-def refuse_aborted(session: Session | AsyncSession) -> None:
+def refuse_aborted(session: Session) -> None:
     """Raise instead of committing a transaction that is no longer whole: one an error aborted
     (PostgreSQL answers its COMMIT with a silent ROLLBACK, which a caller would take for success),
     or one the code inside ended itself (its COMMIT would find no transaction, and say nothing)."""
@@ -68,104 +66,6 @@ def transaction_broken(connection: Any) -> bool:
     error aborted it. IDLE: the code inside sent COMMIT or ROLLBACK itself, so the block's own
     COMMIT would find no transaction -- and PostgreSQL would only warn."""
     return bool(connection.info.transaction_status in (TransactionStatus.INERROR, TransactionStatus.IDLE))
-
-
-class PsycopgSession(Session):
-    """A blocking psycopg 3 connection."""
-
-    def __init__(self, connection: Any, owned: bool = False, reopen: Callable[[], Any] | None = None) -> None:
-        super().__init__(get_dialect("postgres"), connection, owned)
-        self._reopen = reopen
-
-    def _revive(self) -> None:
-        """Open again an owned connection the server dropped: the call that met the loss said "retry"
-        (TransportUnavailableError), and the retry must be able to succeed."""
-        if self._reopen is not None and (self.connection.closed or self.connection.broken):
-            log.info("The database connection was lost; opening a new one")
-            self.connection = self._reopen()
-
-    @classmethod
-    def connect(cls, conninfo: str, **kwargs: Any) -> PsycopgSession:
-        """Open an autocommit connection: outside an operation's transaction nothing stays open."""
-        try:
-            connection = psycopg.connect(
-                checked_conninfo(conninfo), autocommit=True, **with_connect_timeout(conninfo, kwargs)
-            )
-        except CONNECT_ERRORS as exc:
-            error = connect_error(exc, conninfo)
-        else:
-            return cls(connection, owned=True, reopen=lambda: cls.connect(conninfo, **kwargs).connection)
-        raise error
-
-    def autocommits(self) -> bool:
-        return _psycopg_autocommits(self.connection)
-
-    def run(self, op: Operation[T]) -> T:
-        """Run an operation in one transaction, with BEGIN sent together with its first statement.
-
-        A receive is BEGIN, DELETE ... RETURNING, COMMIT; sent one by one that is three round
-        trips, and on a fast network the round trips are the cost. BEGIN travels in the first
-        statement's message (its parameters inlined by psycopg's own client-side quoting), which
-        leaves two.
-        """
-        self._revive()
-        if not self.autocommits():
-            return super().run(op)
-        if needs_no_transaction(op):
-            return drive(op, self.execute)
-        began = False
-
-        def execute(step: Step) -> Any:
-            nonlocal began
-            if began:
-                return self.execute(step)
-            began = True
-            return self._begin_with(step)
-
-        try:
-            result = drive(op, execute)
-            if began:
-                self._command(self.dialect.commit_sql)
-        except BaseException:
-            # Also after a failed COMMIT: the session must not stay in an aborted transaction.
-            if began:
-                self._command(self.dialect.rollback_sql, quietly=True)
-            raise
-        return result
-
-    def _begin_with(self, step: Step) -> Any:
-        if not _fusable(step):
-            self._command(self.dialect.begin_sql)
-            return self.execute(step)
-        with translated(self.dialect, STATEMENT_ERRORS, step):
-            text = psycopg.ClientCursor(self.connection).mogrify(step.sql, step.params)
-            with self.connection.cursor() as cursor:
-                cursor.execute(self.dialect.begin_sql + "; " + text)  # no parameters: one simple-protocol message
-                cursor.nextset()
-                return fetch(cursor, step)
-
-    def _command(self, command: str, quietly: bool = False) -> None:
-        """BEGIN, COMMIT or ROLLBACK; ``quietly`` for a ROLLBACK on a connection that may be gone."""
-        try:
-            self.connection.execute(command)
-        except psycopg.Error as exc:
-            if not quietly:  # a broken connection's transaction is rolled back by the server anyway
-                raise_translated(self.dialect, exc, ANY_STEP)
-
-    @contextmanager
-    def transaction(self) -> Iterator[None]:
-        self._revive()
-        with translated(self.dialect, psycopg.Error), self.connection.transaction():
-            yield
-            refuse_aborted(self)
-
-    def transaction_failed(self) -> bool:
-        return transaction_broken(self.connection)
-
-    def execute(self, step: Step) -> Any:
-        with translated(self.dialect, STATEMENT_ERRORS, step), self.connection.cursor() as cursor:
-            cursor.execute(step.sql, step.params)
-            return fetch(cursor, step)
 
 
 #: What opening a connection can raise: the driver's errors, and Python's refusal to encode a
@@ -240,8 +140,56 @@ def _fusable(step: Step) -> bool:
     return size <= _FUSE_LIMIT
 
 
-class AsyncPsycopgSession(AsyncSession):
-    """An asyncio psycopg 3 connection."""
+class _BlockingCursor:
+    """A blocking psycopg cursor behind the asyncio cursor's interface (see :class:`_Blocking`)."""
+
+    def __init__(self, cursor: Any) -> None:
+        self._cursor = cursor
+
+    @property
+    def rowcount(self) -> int:
+        return int(self._cursor.rowcount)
+
+    def nextset(self) -> bool | None:
+        return self._cursor.nextset()  # type: ignore[no-any-return]
+
+    async def execute(self, query: str, params: Any = None) -> None:
+        self._cursor.execute(query, params)
+
+    async def fetchall(self) -> list[Any]:
+        return self._cursor.fetchall()  # type: ignore[no-any-return]
+
+    async def fetchone(self) -> Any:
+        return self._cursor.fetchone()
+
+
+class _Blocking:
+    """A blocking psycopg connection behind psycopg's asyncio interface: each coroutine blocks and
+    returns without suspending, so one :class:`PsycopgSession` serves blocking and asyncio callers."""
+
+    def __init__(self, connection: Any) -> None:
+        self._connection = connection
+
+    async def execute(self, query: str) -> None:
+        self._connection.execute(query)
+
+    @asynccontextmanager
+    async def cursor(self) -> AsyncIterator[_BlockingCursor]:
+        with self._connection.cursor() as cursor:
+            yield _BlockingCursor(cursor)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[None]:
+        with self._connection.transaction():
+            yield
+
+
+class PsycopgSession(Session):
+    """A psycopg 3 connection: a blocking ``Connection`` or an asyncio ``AsyncConnection``.
+
+    The session is written once against psycopg's asyncio interface; a blocking connection is
+    reached through :class:`_Blocking`, whose coroutines never suspend (see :class:`~.base.Session`).
+    """
 
     def __init__(
         self, connection: Any, owned: bool = False, reopen: Callable[[], Awaitable[Any]] | None = None
@@ -250,28 +198,42 @@ class AsyncPsycopgSession(AsyncSession):
         self._listening: set[str] = set()
         self._reopen = reopen
 
+    @property
+    def blocking(self) -> bool:
+        return not isinstance(self.connection, psycopg.AsyncConnection)
+
+    @property
+    def _db(self) -> Any:
+        """The connection behind psycopg's asyncio interface."""
+        return _Blocking(self.connection) if self.blocking else self.connection
+
     async def _revive(self) -> None:
-        """As :meth:`PsycopgSession._revive`; a new connection listens afresh."""
+        """Open again an owned connection the server dropped: the call that met the loss said "retry"
+        (TransportUnavailableError), and the retry must be able to succeed. A new connection listens afresh."""
         if self._reopen is not None and (self.connection.closed or self.connection.broken):
             log.info("The database connection was lost; opening a new one")
             self.connection = await self._reopen()
             self._listening.clear()
 
-    async def _reconnected(self, conninfo: str, kwargs: dict[str, Any]) -> Any:
-        return (await type(self).connect(conninfo, **kwargs)).connection
-
     @classmethod
-    async def connect(cls, conninfo: str, **kwargs: Any) -> AsyncPsycopgSession:
+    async def connect(cls, conninfo: str, *, blocking: bool = False, **kwargs: Any) -> PsycopgSession:
+        """Open an autocommit connection (outside an operation's transaction nothing stays open):
+        a blocking one, or an asyncio one."""
         try:
-            connection = await psycopg.AsyncConnection.connect(
-                checked_conninfo(conninfo), autocommit=True, **with_connect_timeout(conninfo, kwargs)
-            )
+            target, options = checked_conninfo(conninfo), with_connect_timeout(conninfo, kwargs)
+            connection: Any
+            if blocking:
+                connection = psycopg.connect(target, autocommit=True, **options)
+            else:
+                connection = await psycopg.AsyncConnection.connect(target, autocommit=True, **options)
         except CONNECT_ERRORS as exc:
             error = connect_error(exc, conninfo)
         else:
-            session = cls(connection, owned=True)
-            session._reopen = lambda: session._reconnected(conninfo, kwargs)
-            return session
+
+            async def reopen() -> Any:
+                return (await cls.connect(conninfo, blocking=blocking, **kwargs)).connection
+
+            return cls(connection, owned=True, reopen=reopen)
         raise error
 
     def autocommits(self) -> bool:
@@ -281,8 +243,10 @@ class AsyncPsycopgSession(AsyncSession):
         """LISTEN on first use of each channel, then wait for a NOTIFY; a burst already received wakes once.
 
         Notifications that arrive while the connection runs other statements are kept by psycopg
-        and end the next wait at once.
+        and end the next wait at once. A blocking connection only waits.
         """
+        if self.blocking:
+            return await super().wait_for_notification(channels, timeout)
         await self._revive()
         with translated(self.dialect, psycopg.Error):
             for channel in channels:
@@ -298,12 +262,18 @@ class AsyncPsycopgSession(AsyncSession):
             return woken
 
     async def run(self, op: Operation[T]) -> T:
-        """As :meth:`PsycopgSession.run`: BEGIN travels with the first statement."""
+        """Run an operation in one transaction, with BEGIN sent together with its first statement.
+
+        A receive is BEGIN, DELETE ... RETURNING, COMMIT; sent one by one that is three round
+        trips, and on a fast network the round trips are the cost. BEGIN travels in the first
+        statement's message (its parameters inlined by psycopg's own client-side quoting), which
+        leaves two.
+        """
         await self._revive()
         if not self.autocommits():
             return await super().run(op)
         if needs_no_transaction(op):
-            return await drive_async(op, self.execute)
+            return await drive(op, self.execute)
         began = False
 
         async def execute(step: Step) -> Any:
@@ -314,7 +284,7 @@ class AsyncPsycopgSession(AsyncSession):
             return await self._begin_with(step)
 
         try:
-            result = await drive_async(op, execute)
+            result = await drive(op, execute)
             if began:
                 await self._command(self.dialect.commit_sql)
         except BaseException:
@@ -329,25 +299,26 @@ class AsyncPsycopgSession(AsyncSession):
             await self._command(self.dialect.begin_sql)
             return await self.execute(step)
         with translated(self.dialect, STATEMENT_ERRORS, step):
-            text = psycopg.AsyncClientCursor(self.connection).mogrify(step.sql, step.params)
-            async with self.connection.cursor() as cursor:
-                await cursor.execute(self.dialect.begin_sql + "; " + text)
+            client_cursor = psycopg.ClientCursor if self.blocking else psycopg.AsyncClientCursor
+            text = client_cursor(self.connection).mogrify(step.sql, step.params)
+            async with self._db.cursor() as cursor:
+                await cursor.execute(self.dialect.begin_sql + "; " + text)  # no parameters: one simple-protocol message
                 cursor.nextset()
-                return await fetch_async(cursor, step)
+                return await fetch(cursor, step)
 
     async def _command(self, command: str, quietly: bool = False) -> None:
-        """As :meth:`PsycopgSession._command`."""
+        """BEGIN, COMMIT or ROLLBACK; ``quietly`` for a ROLLBACK on a connection that may be gone."""
         try:
-            await self.connection.execute(command)
+            await self._db.execute(command)
         except psycopg.Error as exc:
-            if not quietly:
+            if not quietly:  # a broken connection's transaction is rolled back by the server anyway
                 raise_translated(self.dialect, exc, ANY_STEP)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[None]:
         await self._revive()
         with translated(self.dialect, psycopg.Error):
-            async with self.connection.transaction():
+            async with self._db.transaction():
                 yield
                 refuse_aborted(self)
 
@@ -356,12 +327,12 @@ class AsyncPsycopgSession(AsyncSession):
 
     async def execute(self, step: Step) -> Any:
         with translated(self.dialect, STATEMENT_ERRORS, step):
-            async with self.connection.cursor() as cursor:
+            async with self._db.cursor() as cursor:
                 await cursor.execute(step.sql, step.params)
-                return await fetch_async(cursor, step)
+                return await fetch(cursor, step)
 
 
-class AsyncPsycopgPool(AsyncSessionPool):
+class AsyncPsycopgPool(SessionPool):
     """Up to ``max_size`` autocommit psycopg connections for asyncio callers, reopened as soon as they fail.
 
     A connection that fails (the server restarted, ``pg_terminate_backend`` killed its session) is
@@ -386,7 +357,7 @@ class AsyncPsycopgPool(AsyncSessionPool):
         self._closed = False
 
     async def _connect(self) -> Any:
-        return (await AsyncPsycopgSession.connect(self._conninfo, **self._kwargs)).connection
+        return (await PsycopgSession.connect(self._conninfo, **self._kwargs)).connection
 
     async def open(self) -> None:
         for _ in range(self._min_size - len(self._idle)):
@@ -402,14 +373,14 @@ class AsyncPsycopgPool(AsyncSessionPool):
             await close_quietly(connection)
 
     @asynccontextmanager
-    async def session(self) -> AsyncIterator[AsyncSession]:
+    async def session(self) -> AsyncIterator[Session]:
         if self._closed:
             raise TransportUnavailableError("the session pool is closed")
         async with self._slots:
             connection = self._idle.pop() if self._idle else await self._connect()
             cut = False
             try:
-                yield AsyncPsycopgSession(connection)
+                yield PsycopgSession(connection)
             except TransportUnavailableError:
                 cut = True
                 idle, self._idle = self._idle, []  # cut by the same event, most likely

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 import uuid
 from abc import abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -14,7 +14,7 @@ from ..dialects import get_dialect
 from ..dialects import sqlserver as tsql
 from ..errors import TransportMisconfiguredError
 from ..operations import Fetch, Step
-from .base import Session, translated
+from .base import Session, finish, translated
 
 #: URI schemes of SQL Server, and which driver each one opens.
 PYMSSQL_SCHEMES = ("mssql", "sqlserver", "mssql+pymssql")
@@ -167,7 +167,7 @@ class _SqlServerSession(Session):
         self._depth = 0
         if not owned:
             self._check_borrowed()
-        self.execute(Step(tsql.SESSION_SETUP, {}, Fetch.NONE, "the database"))
+        finish(self.execute(Step(tsql.SESSION_SETUP, {}, Fetch.NONE, "the database")))
 
     @abstractmethod
     def _driver_autocommits(self) -> bool:
@@ -187,7 +187,7 @@ class _SqlServerSession(Session):
                 f"or switch it ({self._autocommit_hint}) before handing it to the transport, which opens and ends "
                 "its own transactions"
             )
-        row = self.execute(Step(tsql.OPEN_TRANSACTIONS, {}, Fetch.ONE, "the database"))
+        row = finish(self.execute(Step(tsql.OPEN_TRANSACTIONS, {}, Fetch.ONE, "the database")))
         if row and row[0]:
             raise TransportMisconfiguredError(
                 f"the {self.driver} connection given has {row[0]} transaction(s) open: commit or roll back first; "
@@ -205,8 +205,8 @@ class _SqlServerSession(Session):
     def _driver_errors(self) -> tuple[type[BaseException], ...]:
         """The driver's exception classes, which :meth:`execute` translates."""
 
-    @contextmanager
-    def transaction(self) -> Iterator[None]:
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[None]:
         if self._depth:
             self._depth += 1
             try:
@@ -214,21 +214,22 @@ class _SqlServerSession(Session):
             finally:
                 self._depth -= 1
             return
-        self.execute(Step(self.dialect.begin_sql, {}, Fetch.NONE, "the database"))
+        await self.execute(Step(self.dialect.begin_sql, {}, Fetch.NONE, "the database"))
         self._depth = 1
         try:
             yield
         except BaseException:
             self._depth = 0
             try:
-                self.execute(Step(self.dialect.rollback_sql, {}, Fetch.NONE, "the database"))
+                await self.execute(Step(self.dialect.rollback_sql, {}, Fetch.NONE, "the database"))
             except Exception:  # the connection may be gone; the server rolls back then
                 pass
             raise
         self._depth = 0
-        self.execute(Step(self.dialect.commit_sql, {}, Fetch.NONE, "the database"))
+        await self.execute(Step(self.dialect.commit_sql, {}, Fetch.NONE, "the database"))
 
-    def execute(self, step: Step) -> Any:
+    async def execute(self, step: Step) -> Any:
+        """Run the step by blocking on the driver (the coroutine never suspends: see :class:`~.base.Session`)."""
         with translated(self.dialect, self._driver_errors(), step):
             cursor = self.connection.cursor()
             try:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
@@ -11,14 +11,15 @@ from typing import Any
 from ..dialects import Dialect, get_dialect
 from ..errors import SqlQueueError, TransportUnavailableError
 from ..operations import Step
-from .base import AsyncSession, AsyncSessionPool, Session, T, close_quietly
+from .base import Session, SessionPool, T, close_quietly, finish
 
 
-class AsyncThreadSession(AsyncSession):
+class ThreadSession(Session):
     """A blocking session driven from asyncio on a thread of its own.
 
     pymssql and pyodbc have no asyncio interface; running every call of one connection on one
     dedicated thread keeps the event loop (the triggerer's) free and the connection single-threaded.
+    The blocking session's coroutines never suspend, so each runs whole on that thread (:func:`finish`).
     """
 
     def __init__(self, session: Session, executor: ThreadPoolExecutor) -> None:
@@ -26,8 +27,12 @@ class AsyncThreadSession(AsyncSession):
         self._session = session
         self._executor = executor
 
+    @property
+    def blocking(self) -> bool:
+        return False
+
     @classmethod
-    async def open(cls, factory: Callable[[], Session]) -> AsyncThreadSession:
+    async def open(cls, factory: Callable[[], Session]) -> ThreadSession:
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlqueue-db")
         try:
             session = await asyncio.get_running_loop().run_in_executor(executor, factory)
@@ -36,34 +41,34 @@ class AsyncThreadSession(AsyncSession):
             raise
         return cls(session, executor)
 
-    async def _call(self, function: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
+    async def _call(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, finish, coroutine)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[None]:
         manager = self._session.transaction()
-        await self._call(manager.__enter__)
+        await self._call(manager.__aenter__())
         try:
             yield
         except BaseException as exc:
-            await self._call(manager.__exit__, type(exc), exc, exc.__traceback__)
+            await self._call(manager.__aexit__(type(exc), exc, exc.__traceback__))
             raise
-        await self._call(manager.__exit__, None, None, None)
+        await self._call(manager.__aexit__(None, None, None))
 
     def autocommits(self) -> bool:
         return self._session.autocommits()
 
     async def execute(self, step: Step) -> Any:
-        return await self._call(self._session.execute, step)
+        return await self._call(self._session.execute(step))
 
     async def close(self) -> None:
         try:
-            await self._call(self._session.close)
+            await self._call(self._session.close())
         finally:
             self._executor.shutdown(wait=False)
 
 
-class AsyncThreadPool(AsyncSessionPool):
+class ThreadSessionPool(SessionPool):
     """Up to ``max_size`` thread-backed sessions, opened on demand and reused.
 
     A session whose connection failed is closed instead of being handed out again, so a pump
@@ -74,7 +79,7 @@ class AsyncThreadPool(AsyncSessionPool):
         self.dialect = dialect or get_dialect("sqlserver")
         self._factory = factory
         self._slots = asyncio.Semaphore(max_size)
-        self._idle: list[AsyncThreadSession] = []
+        self._idle: list[ThreadSession] = []
 
     async def open(self) -> None:
         """Nothing to do: connections open when first needed."""
@@ -85,9 +90,9 @@ class AsyncThreadPool(AsyncSessionPool):
             await close_quietly(session)
 
     @asynccontextmanager
-    async def session(self) -> AsyncIterator[AsyncSession]:
+    async def session(self) -> AsyncIterator[Session]:
         async with self._slots:
-            session = self._idle.pop() if self._idle else await AsyncThreadSession.open(self._factory)
+            session = self._idle.pop() if self._idle else await ThreadSession.open(self._factory)
             try:
                 yield session
             except SqlQueueError as exc:  # a queue error leaves the connection usable, unless it is the cause
