@@ -125,6 +125,7 @@ class World:
     error: QueueAddress
     delayed_queue: QueueAddress
     customers: QueueAddress  # an ordinary business table with rows: never a queue
+    lookalike: QueueAddress  # a business table with a queue's column names but other types, with rows
     subscriptions: QueueAddress
     ledger: QueueAddress
     uri: str
@@ -150,6 +151,7 @@ def _tables(world: World) -> list[tuple[str, Any]]:
     return [
         ("business table", world.customers),
         ("business table by name", f'customers@"{world.schema}"'),
+        ("a queue's column names, other types", world.lookalike),
         ("catalog table", 'pg_authid@"pg_catalog"'),
         ("claim store", QueueAddress("sqlqueue_inflight", world.schema)),
         ("missing table", QueueAddress("no_such_queue", world.schema)),

@@ -113,6 +113,7 @@ def world(pg_uri: str, raw_pg: psycopg.Connection[Any]) -> Iterator[World]:
         error=QueueAddress("error", schema),
         delayed_queue=QueueAddress("orders.Delayed", schema),
         customers=QueueAddress("customers", schema),
+        lookalike=QueueAddress("ledger_lines", schema),
         subscriptions=QueueAddress("SubscriptionRouting", schema),
         ledger=QueueAddress("sqlqueue_writes", schema),
         uri=uri,
@@ -120,6 +121,15 @@ def world(pg_uri: str, raw_pg: psycopg.Connection[Any]) -> Iterator[World]:
     customers = sql.Identifier(schema, "customers")
     raw_pg.execute(sql.SQL("CREATE TABLE {} (Id int PRIMARY KEY, Name text, Body bytea)").format(customers))
     raw_pg.execute(sql.SQL("INSERT INTO {} VALUES (1, 'ada', 'a'), (2, 'bob', 'b')").format(customers))
+    lookalike = sql.Identifier(schema, "ledger_lines")  # a queue's column names, other types
+    raw_pg.execute(
+        sql.SQL(
+            "CREATE TABLE {} (Id uuid PRIMARY KEY, Expires timestamp, Headers jsonb, Body text, Seq serial)"
+        ).format(lookalike)
+    )
+    raw_pg.execute(
+        sql.SQL("INSERT INTO {} (Id, Headers, Body) VALUES (gen_random_uuid(), '{{}}', 'a line')").format(lookalike)
+    )
     with QueueClient.connect(uri, error_queue=made.error) as client:
         client.create_queue(made.queue)
         client.create_subscription_table(made.subscriptions)

@@ -4,6 +4,11 @@ Bodies and ids that are not valid, a handler raising ``CancelledError`` or anoth
 ``BaseException``, a client whose session the server killed, connection strings that are not
 valid Unicode, hold NUL, carry startup options the server refuses or name a missing ODBC driver,
 a Spark ``writeId`` that is not text, and ``sqlqueue subscribe`` given a misspelt table.
+
+A second attack: tables with a queue's column names but other types (never treated as queues,
+never emptied or dropped), a delayed message bound for one, installations refused half-way, a
+queue as its own error queue, roles a grant must not name, wrong pump arguments, a hook whose
+connection is not defined, and a lent connection the caller closed.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 
 import psycopg
 import pytest
@@ -20,6 +26,7 @@ from airflow_provider_sqlqueue.transport import (
     InvalidArgumentError,
     Message,
     MessagePump,
+    NotAQueueError,
     QueueAddress,
     QueueClient,
     SqlQueueError,
@@ -134,3 +141,142 @@ def test_sqlqueue_subscribe_refuses_a_misspelt_subscription_table(pg_uri, client
     assert "SubscriptonRouting" not in {row[0] for row in raw.execute(
         "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (schema,)
     ).fetchall()}  # fmt: skip
+
+
+# -- a second attack: tables named like queues, refused installations, roles, pump arguments -----------
+
+
+LOOKALIKES = {
+    "int columns": "Id int PRIMARY KEY, Expires int, Headers int, Body int, Seq int",
+    "jsonb headers, text body": "Id uuid PRIMARY KEY, Expires timestamp, Headers jsonb NOT NULL, Body text, Seq serial",
+}
+
+
+@pytest.fixture(params=sorted(LOOKALIKES))
+def lookalike(request, raw, schema) -> QueueAddress:
+    """A business table with rows whose columns have a queue's names but other types."""
+    raw.execute(f'CREATE TABLE "{schema}".lines ({LOOKALIKES[request.param]})')
+    if request.param == "int columns":
+        raw.execute(f'INSERT INTO "{schema}".lines VALUES (1, 1, 1, 1, 1), (2, 2, 2, 2, 2)')
+    else:
+        raw.execute(f"INSERT INTO \"{schema}\".lines (Id, Headers, Body) VALUES (gen_random_uuid(), '{{}}', 'a line')")
+    return QueueAddress("lines", schema)
+
+
+def rows_of(raw, address: QueueAddress) -> list[tuple[object, ...]]:
+    return sorted(map(tuple, raw.execute(f'SELECT * FROM "{address.schema}"."{address.table}"').fetchall()), key=str)
+
+
+def test_a_table_with_a_queues_column_names_but_other_types_is_no_queue(raw, client, queue, lookalike) -> None:
+    before = rows_of(raw, lookalike)
+    calls = {
+        "purge": lambda: client.purge(lookalike),
+        "drop_queue": lambda: client.drop_queue(lookalike),
+        "receive": lambda: client.receive(lookalike),
+        "claim": lambda: client.claim(lookalike),
+        "send": lambda: client.send(lookalike, Message("x")),
+        "browse": lambda: client.browse(lookalike),
+        "queue_stats": lambda: client.queue_stats(lookalike),
+        "failed_messages": lambda: client.failed_messages(lookalike),
+        "retry_errors": lambda: client.retry_errors(lookalike),
+        "create_queue": lambda: client.create_queue(lookalike),
+    }
+    for name, call in calls.items():
+        with pytest.raises(NotAQueueError, match="is not a queue table"):
+            call()
+        assert rows_of(raw, lookalike) == before, f"{name} changed the business table"
+    assert lookalike not in client.queues()  # and the listing of the real queues still works
+    assert queue in client.queues()
+
+
+def test_a_delayed_message_bound_for_a_lookalike_table_goes_to_the_error_queue(raw, client, queue, lookalike) -> None:
+    delayed = f'"{queue.schema}"."{queue.delayed().table}"'
+    headers = f'{{"NServiceBus.SqlServer.ForwardDestination": "{lookalike.table}@\\"{lookalike.schema}\\""}}'
+    raw.execute(
+        f"INSERT INTO {delayed} (Headers, Body, Due) VALUES (%s, 'stray', now() - interval '1 minute')", (headers,)
+    )
+    client.send(queue, [Message(f"good {n}") for n in range(3)], delay=0.01)
+    time.sleep(0.05)
+    before = rows_of(raw, lookalike)
+    assert client.move_due(queue) == 4  # every due message moved on: three to the queue, one to the error queue
+    assert sorted(m.text for m in client.receive(queue, 10)) == ["good 0", "good 1", "good 2"]
+    assert [m.body for m in client.browse(QueueAddress("error", queue.schema))] == [b"stray"]
+    assert rows_of(raw, lookalike) == before
+
+
+@pytest.mark.parametrize("which", ["error_queue", "audit_queue"])
+def test_a_refused_installation_creates_nothing(backend, raw, schema, which) -> None:
+    raw.execute(f'CREATE TABLE "{schema}".customers (Id int PRIMARY KEY, Name text)')
+    customers = QueueAddress("customers", schema)
+    audit = {"audit_queue": customers} if which == "audit_queue" else {}
+    error = {"error_queue": customers} if which == "error_queue" else {}
+    with QueueClient.connect(backend.uri, **audit) as client, pytest.raises(NotAQueueError):
+        client.create_queue(QueueAddress("neworders", schema), **error)
+    tables = {row[0] for row in raw.execute(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (schema,)
+    ).fetchall()}  # fmt: skip
+    assert tables == {"customers"}
+
+
+def test_a_queue_cannot_be_its_own_error_queue(client, schema) -> None:
+    with pytest.raises(InvalidArgumentError, match="its own error queue"):
+        client.create_queue(QueueAddress("orders", schema), error_queue=QueueAddress("orders", schema))
+
+
+@pytest.mark.parametrize(
+    "role", ["public", "PUBLIC", "pg_write_all_data", "a" * 63 + "_intended_role", "none"], ids=str.__len__
+)
+def test_sqlqueue_grants_refuses_a_role_a_grant_must_not_name(role) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "airflow_provider_sqlqueue.cli", "grants", "orders", "--dialect", "postgres", "--role", role],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )  # fmt: skip
+    assert run.returncode == 1 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert "GRANT" not in run.stdout
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"max_concurrency": "x"},
+        {"max_concurrency": True},
+        {"receive_batch_size": "5"},
+        {"peek_batch_size": None},
+        {"max_deliveries": "3"},
+        {"move_delayed": "yes"},
+        {"error_queue": "error"},
+        {"pool": None},
+        {"pool": "postgresql://postgres@127.0.0.1/test"},
+        {"queue": "orders"},
+    ],
+    ids=repr,
+)
+async def test_a_pump_given_wrong_arguments_refuses_them_with_the_librarys_error(pg_uri, arguments) -> None:
+    pool = open_pool(pg_uri, max_size=1)
+
+    async def handler(message, connection):
+        return None
+
+    given = {"pool": pool, "queue": QueueAddress("orders"), "handler": handler, **arguments}
+    with pytest.raises(SqlQueueError):
+        MessagePump(given.pop("pool"), given.pop("queue"), given.pop("handler"), **given)
+    await pool.close()
+
+
+def test_a_hook_whose_connection_is_not_defined_says_so(monkeypatch) -> None:
+    from airflow_provider_sqlqueue.hooks.sqlqueue import ConnectionNotDefinedError, SqlQueueHook
+
+    monkeypatch.delenv("AIRFLOW_CONN_NO_SUCH_CONN", raising=False)
+    for conn_id in ("no_such_conn", "", None):
+        with pytest.raises(ConnectionNotDefinedError) as raised:
+            SqlQueueHook(conn_id).depth("orders")  # type: ignore[arg-type]
+        assert isinstance(raised.value, TransportMisconfiguredError)  # permanent: not "retry later"
+
+
+def test_a_lent_connection_the_caller_closed_is_misconfigured_not_unavailable(pg_uri, queue) -> None:
+    connection = psycopg.connect(pg_uri, autocommit=True)
+    client = QueueClient.connect(connection)
+    connection.close()
+    for _ in range(2):
+        with pytest.raises(TransportMisconfiguredError, match="closed"):
+            client.depth(queue)

@@ -118,6 +118,7 @@ STATEMENTS: dict[str, Statement] = {
 }
 #: Dialect methods that return no statement, and statement variants tested under another name.
 NOT_STATEMENTS = {
+    "validate_role",
     "validate_address",
     "parse_address",
     "format_address",

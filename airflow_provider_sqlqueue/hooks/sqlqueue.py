@@ -40,7 +40,7 @@ from ..transport import (
 from ..transport.client import Addressing, Token, as_messages, as_tokens
 from ..transport.dialects import get_dialect
 from ..transport.drivers import PsycopgSession, Session, ThreadSession, finish, opening, session_over
-from ..transport.errors import InvalidArgumentError, SqlQueueError
+from ..transport.errors import InvalidArgumentError, SqlQueueError, TransportMisconfiguredError
 from ..transport.operations import ClaimInfo, ErrorGroup, FailedMessage, QueueStats, RetryPage
 
 if TYPE_CHECKING:
@@ -65,6 +65,26 @@ DIALECT_OF_CONN_TYPE = {"postgres": "postgres", "postgresql": "postgres", "mssql
 
 class UnsupportedConnectionError(SqlQueueError, ValueError):
     """The connection's type is not one a queue can live behind."""
+
+
+class ConnectionNotDefinedError(TransportMisconfiguredError):
+    """No Airflow connection has the id given: a setting to fix, never worth a retry."""
+
+
+@contextmanager
+def _defined(conn_id: object) -> Iterator[None]:
+    """Around a lookup of ``conn_id``: Airflow's "not found" as the library's own, permanent, error."""
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    missing = ConnectionNotDefinedError(
+        f"no Airflow connection {conn_id!r:.200} is defined (environment, secrets backends, metadata database)"
+    )
+    if not isinstance(conn_id, str) or not conn_id:
+        raise missing
+    try:
+        yield
+    except AirflowNotFoundException:
+        raise missing from None
 
 
 def dialect_of(conn: Connection) -> str:
@@ -172,14 +192,17 @@ class SqlQueueHook(BaseHook):
 
     @property
     def connection(self) -> Connection:
+        """The Airflow connection, looked up once (:class:`ConnectionNotDefinedError` when there is none)."""
         if self._connection is None:
-            self._connection = self.get_connection(self.sqlqueue_conn_id)
+            with _defined(self.sqlqueue_conn_id):
+                self._connection = self.get_connection(self.sqlqueue_conn_id)
         return self._connection
 
     async def aconnection(self) -> Connection:
         """The connection, looked up without blocking the event loop (for triggers)."""
         if self._connection is None:
-            self._connection = await self.aget_connection(self.sqlqueue_conn_id)
+            with _defined(self.sqlqueue_conn_id):
+                self._connection = await self.aget_connection(self.sqlqueue_conn_id)
         return self._connection
 
     @property

@@ -32,7 +32,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, Field
 
-from ..hooks.sqlqueue import DIALECT_OF_CONN_TYPE, SqlQueueHook, UnsupportedConnectionError, configured_conn_ids
+from ..hooks.sqlqueue import (
+    DIALECT_OF_CONN_TYPE,
+    ConnectionNotDefinedError,
+    SqlQueueHook,
+    UnsupportedConnectionError,
+    configured_conn_ids,
+)
 from ..transport import defaults
 from ..transport.errors import (
     InvalidQueueNameError,
@@ -174,7 +180,7 @@ def _answering(connection_id: str) -> Iterator[None]:
 
     try:
         yield
-    except AirflowNotFoundException:
+    except (AirflowNotFoundException, ConnectionNotDefinedError):
         raise HTTPException(404, f"connection {one_line(Exception(connection_id))!r} is not defined") from None
     except QueueNotFoundError as exc:
         raise HTTPException(404, one_line(exc)) from None

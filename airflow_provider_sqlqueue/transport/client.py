@@ -300,10 +300,10 @@ class Addressing:
             )
         flag("body_string", body_string)
         flag("delayed", delayed)
-        tables: list[tuple[TableKind, QueueAddress]] = [
-            (TableKind.QUEUE, address),
-            (TableKind.QUEUE, self.error_address(error_queue, address)),
-        ]
+        error_address = self.error_address(error_queue, address)
+        if error_address == address:
+            raise InvalidArgumentError(f"queue {address} cannot be its own error queue: name another error queue")
+        tables: list[tuple[TableKind, QueueAddress]] = [(TableKind.QUEUE, address), (TableKind.QUEUE, error_address)]
         audit_address = self._audit_of(address)
         if audit_address is not None and audit_address != address:
             tables.append((TableKind.QUEUE, audit_address))
@@ -456,6 +456,7 @@ class AsyncQueueClient(Addressing):
         installation = self.installation(
             queue, error_queue=error_queue, secondary=secondary, body_string=body_string, delayed=delayed
         )
+        await self._run(installation.check())
         for make in installation.operations():
             await self._install(make)
         return installation.queue_tables()

@@ -78,6 +78,11 @@ class Installation:
             for kind, address in self.tables
         ]
 
+    def check(self) -> ops.Operation[None]:
+        """Refuse the plan, before anything is created, when one of its tables exists as something else."""
+        checked = [(kind.value, address) for kind, address in self.tables if kind is not TableKind.INFLIGHT]
+        return ops.check_existing(self.dialect, checked)
+
     def ddl(self) -> list[str]:
         """The statements that create every table and index (each one idempotent), as the operations run them."""
         d = self.dialect
@@ -105,6 +110,7 @@ class Installation:
         """
         check_name("role", role)  # quoted as an identifier, never formatted in: it must be one
         d = self.dialect
+        d.validate_role(role)
         statements: list[str] = []
         for schema_of in _distinct_schemas(d, [address for _, address in self.tables]):
             statements += d.grant_schema_usage_sql(schema_of, role)

@@ -213,6 +213,20 @@ def checked(d: Dialect, queues: Sequence[QueueAddress], op: Operation[T]) -> Ope
     return (yield from op)
 
 
+def check_existing(d: Dialect, tables: Sequence[tuple[str, QueueAddress]]) -> Operation[None]:
+    """Refuse, before an installer creates anything, a plan naming a table that exists as something
+    else (a business table given as the error or audit queue): a refused installation leaves no
+    table behind. ``tables``: (kind, address), kind ``queue`` or one of :attr:`Dialect.kind_columns`."""
+    for kind, address in tables:
+        d.forget_table(address)
+        target = d.qualified_name(address)
+        columns = yield Step(d.queue_columns_sql(address), _table_key(d, address), Fetch.ALL, target)
+        if columns and kind == "queue":
+            d.learn_table_shape(address, columns)
+        elif columns:
+            d.learn_table_of(kind, address, columns)
+
+
 def table_of(d: Dialect, address: QueueAddress, kind: str) -> Operation[None]:
     """Check, the first time a session touches it, that ``address`` is a table of ``kind`` (a queue's
     delayed messages, a subscription table, a write ledger: :attr:`Dialect.kind_columns`)."""

@@ -26,7 +26,7 @@ from . import defaults
 from . import operations as ops
 from .addressing import QueueAddress
 from .breaker import CircuitBreaker
-from .client import default_holder, lease_ms
+from .client import check_positive, default_holder, flag, lease_ms
 from .drivers import Session, SessionPool
 from .errors import (
     ArgumentTypeError,
@@ -195,15 +195,20 @@ class MessagePump:
             raise InvalidArgumentError(
                 "batch_handler runs a batch inside its receive transaction: it needs transaction_mode='native'"
             )
-        if max_concurrency < 1:
-            raise InvalidArgumentError(f"max_concurrency must be at least 1, got {max_concurrency}")
-        if peek_batch_size < 1:
-            raise InvalidArgumentError(f"peek_batch_size must be at least 1, got {peek_batch_size}")
-        receive_batch_size = max_concurrency if receive_batch_size is None else receive_batch_size
-        if not 1 <= receive_batch_size <= defaults.MAX_BATCH:
-            raise InvalidArgumentError(
-                f"receive_batch_size must be between 1 and {defaults.MAX_BATCH}, got {receive_batch_size}"
+        if not isinstance(pool, SessionPool):
+            raise ArgumentTypeError(
+                f"pool must be a session pool (AsyncPsycopgPool, drivers.open_pool), got {type(pool).__name__}"
             )
+        for what, address in (("queue", queue), ("error_queue", error_queue), ("audit_queue", audit_queue)):
+            if not (isinstance(address, QueueAddress) or (address is None and what != "queue")):
+                raise ArgumentTypeError(f"{what} must be a QueueAddress, got {type(address).__name__}")
+        check_positive("max_concurrency", max_concurrency)
+        check_positive("peek_batch_size", peek_batch_size)
+        check_positive("max_deliveries", max_deliveries)
+        flag("move_delayed", move_delayed)
+        receive_batch_size = check_positive(
+            "receive_batch_size", max_concurrency if receive_batch_size is None else receive_batch_size
+        )
         peek_interval = duration("peek_interval", peek_interval, maximum=defaults.MAX_PEEK_INTERVAL).total_seconds()
         self.pool = pool
         self.dialect = pool.dialect

@@ -141,8 +141,10 @@ class Dialect(ABC):
     name: str
     #: Schema used when an address has none.
     default_schema: str
-    #: Lower-cased columns every queue table has (what NServiceBus reads); a table without them is not a queue.
-    required_columns: tuple[str, ...]
+    #: The columns every queue table has (what NServiceBus reads), lower-cased, with the types each may
+    #: have as the catalog names them (NServiceBus's, in its current and older layouts). A table
+    #: without them, or with other types under those names, is not a queue.
+    column_types: ClassVar[Mapping[str, tuple[str, ...]]]
     #: Lower-cased columns each other kind of table has, as NServiceBus (or this library) makes it:
     #: a queue's delayed messages, the subscription table, the Spark data source's write ledger.
     kind_columns: ClassVar[Mapping[str, tuple[str, ...]]] = {
@@ -216,13 +218,21 @@ class Dialect(ABC):
         if address.table == self.inflight_table:
             raise NotAQueueError(f"table {target} is the schema's claim store, not a queue table")
         types = {name: type_name.lower() for name, type_name in columns}
-        missing = set(self.required_columns) - set(types)
+        missing = set(self.column_types) - set(types)
         if missing:
             near = sorted(name for name in types if name.lower() in missing)
             hint = f" (it has {', '.join(near)}: quoted names of another case are other columns)" if near else ""
             raise NotAQueueError(
                 f"table {target} exists but is not a queue table as NServiceBus defines it: it lacks column(s) "
                 f"{', '.join(sorted(missing))}{hint}"
+            )
+        wrong = [name for name, accepted in self.column_types.items() if types[name] not in accepted]
+        if wrong:
+            raise NotAQueueError(
+                f"table {target} exists but is not a queue table as NServiceBus defines it: "
+                + "; ".join(
+                    f"column {name} is {types[name]}, not {' or '.join(self.column_types[name])}" for name in wrong
+                )
             )
         shape = self.layout(address, types)
         self._queues[target] = shape
@@ -277,6 +287,11 @@ class Dialect(ABC):
         """Statements, run after :meth:`install_lock_sql` of the in-flight table, that create it (or bring it up to date)."""
 
     @abstractmethod
+    def validate_role(self, role: str) -> None:
+        """Raise InvalidArgumentError for a role a grant must not name: one the database would shorten
+        into another role's name, or one that stands for every role (``public``) or for built-in rights."""
+
+    @abstractmethod
     def grant_schema_usage_sql(self, address: QueueAddress, role: str) -> Sequence[str]:
         """What ``role`` needs on the schema of ``address`` to reach its tables (nothing more: no CREATE)."""
 
@@ -307,7 +322,7 @@ class Dialect(ABC):
     @abstractmethod
     def list_queues_sql(self) -> str:
         """No params -> rows (schema, table) of every table of the connection's database that has a queue
-        table's columns (:attr:`required_columns`) and that the connection may read, the in-flight tables
+        table's columns and types (:attr:`column_types`) and that the connection may read, the in-flight tables
         excepted; by schema and name."""
 
     @abstractmethod

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 from ..addressing import QueueAddress, split_outside, unquote
 from ..errors import (
@@ -100,7 +100,13 @@ class PostgresDialect(Dialect):
     commit_sql = "COMMIT"
     rollback_sql = "ROLLBACK"
     default_schema = "public"
-    required_columns = ("id", "expires", "headers", "body", "seq")
+    column_types: ClassVar[Mapping[str, tuple[str, ...]]] = {
+        "id": ("uuid",),
+        "expires": ("timestamp without time zone", "timestamp with time zone"),
+        "headers": ("text", "character varying"),
+        "body": ("bytea",),
+        "seq": ("integer", "bigint"),
+    }
 
     # -- addressing ---------------------------------------------------------------------------
 
@@ -227,6 +233,18 @@ class PostgresDialect(Dialect):
 )"""
         ]
 
+    def validate_role(self, role: str) -> None:
+        if len(role.encode("utf-8")) > MAX_IDENTIFIER_BYTES:
+            raise InvalidArgumentError(
+                f"role name {role[:40]!r}... is over {MAX_IDENTIFIER_BYTES} bytes: PostgreSQL would shorten it and "
+                "grant to whichever role has the shortened name"
+            )
+        if role.lower() in ("public", "none", "current_user", "current_role", "session_user") or role.startswith("pg_"):
+            raise InvalidArgumentError(
+                f"role {role!r} is not a role of its own (public is every role; pg_ roles are PostgreSQL's): "
+                "grant to the application's role"
+            )
+
     def grant_schema_usage_sql(self, address: QueueAddress, role: str) -> Sequence[str]:
         return [f"GRANT USAGE ON SCHEMA {quote_ident(address.schema or self.default_schema)} TO {quote_ident(role)}"]
 
@@ -252,7 +270,7 @@ class PostgresDialect(Dialect):
     def queue_columns_sql(self, address: QueueAddress) -> str:
         return (
             # Exact names: NServiceBus's unquoted columns are folded to lower case, so a quoted "Id" is another column.
-            "SELECT a.attname, format_type(a.atttypid, a.atttypmod) "
+            "SELECT a.attname, format_type(a.atttypid, NULL) "
             "FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
             "JOIN pg_namespace n ON n.oid = c.relnamespace "
             "WHERE n.nspname = %(schema)s AND c.relname = %(table)s AND a.attnum > 0 AND NOT a.attisdropped "
@@ -260,13 +278,17 @@ class PostgresDialect(Dialect):
         )
 
     def list_queues_sql(self) -> str:
-        columns = ", ".join(f"'{name}'" for name in self.required_columns)
+        pairs = ", ".join(
+            f"({quote_literal(name)}, {quote_literal(type_name)})"
+            for name, accepted in self.column_types.items()
+            for type_name in accepted
+        )
         return (
             "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
             "WHERE c.relkind IN ('r', 'p') AND NOT starts_with(n.nspname, 'pg_') AND n.nspname <> 'information_schema' "
             f"AND c.relname <> {quote_literal(self.inflight_table)} AND has_table_privilege(c.oid, 'SELECT') "
             "AND (SELECT count(*) FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped "
-            f"AND a.attname IN ({columns})) = {len(self.required_columns)} "
+            f"AND (a.attname::text, format_type(a.atttypid, NULL)) IN ({pairs})) = {len(self.column_types)} "
             "ORDER BY n.nspname, c.relname"
         )
 

@@ -24,11 +24,12 @@ import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from ..addressing import QueueAddress, split_outside, unquote
 from ..errors import (
     DuplicateMessageError,
+    InvalidArgumentError,
     InvalidQueueNameError,
     ObjectExistsError,
     PermissionDeniedError,
@@ -192,7 +193,13 @@ class SqlServerDialect(Dialect):
     commit_sql = COMMIT_TRANSACTION
     rollback_sql = ROLLBACK_TRANSACTION
     # Recoverable is not required: NServiceBus reads and writes tables without it too.
-    required_columns = ("id", "expires", "headers", "body", "rowversion")
+    column_types: ClassVar[Mapping[str, tuple[str, ...]]] = {
+        "id": ("uniqueidentifier",),
+        "expires": ("datetime", "datetime2"),
+        "headers": ("nvarchar", "varchar", "ntext", "text"),
+        "body": ("varbinary",),
+        "rowversion": ("bigint", "int"),
+    }
 
     # -- table layouts -------------------------------------------------------------------------
 
@@ -353,6 +360,18 @@ class SqlServerDialect(Dialect):
             "PRIMARY KEY (Endpoint, Topic))",
         ]
 
+    def validate_role(self, role: str) -> None:
+        if len(role) > MAX_IDENTIFIER_CHARS:
+            raise InvalidArgumentError(
+                f"role name {role[:40]!r}... is {len(role)} characters; SQL Server names are limited to "
+                f"{MAX_IDENTIFIER_CHARS}"
+            )
+        if role.lower() in ("public", "dbo", "guest", "sys", "information_schema") or role.lower().startswith("db_"):
+            raise InvalidArgumentError(
+                f"role {role!r} is not a role of its own (public is every user; dbo, guest and the db_ roles are "
+                "SQL Server's): grant to the application's role"
+            )
+
     def grant_schema_usage_sql(self, address: QueueAddress, role: str) -> Sequence[str]:
         return []  # rights on a table reach it; the schema needs none of its own
 
@@ -410,13 +429,17 @@ class SqlServerDialect(Dialect):
         )
 
     def list_queues_sql(self) -> str:
-        columns = ", ".join(_unicode_literal(name) for name in self.required_columns)
+        pairs = ", ".join(
+            _unicode_literal(f"{name}:{type_name}")
+            for name, accepted in self.column_types.items()
+            for type_name in accepted
+        )
         return (
             "SELECT sch.name, tab.name FROM sys.tables AS tab JOIN sys.schemas AS sch ON sch.schema_id = tab.schema_id "
             f"WHERE tab.name <> {_unicode_literal(self.inflight_table)} "
             "AND HAS_PERMS_BY_NAME(QUOTENAME(sch.name) + N'.' + QUOTENAME(tab.name), N'OBJECT', N'SELECT') = 1 "
-            "AND (SELECT COUNT(*) FROM sys.columns AS col WHERE col.object_id = tab.object_id "
-            f"AND LOWER(col.name) IN ({columns})) = {len(self.required_columns)} "
+            "AND (SELECT COUNT(*) FROM sys.columns AS col JOIN sys.types AS typ ON typ.user_type_id = col.user_type_id "
+            f"WHERE col.object_id = tab.object_id AND LOWER(col.name) + N':' + typ.name IN ({pairs})) = {len(self.column_types)} "
             "ORDER BY sch.name, tab.name"
         )
 

@@ -214,6 +214,12 @@ class PsycopgSession(Session):
             log.info("The database connection was lost; opening a new one")
             self.connection = await self._reopen()
             self._listening.clear()
+        elif self._reopen is None and self.connection.closed and not self.connection.broken:
+            # The caller closed the connection it lent: no retry can succeed (a broken one, cut by the
+            # server or the network, is reported as unavailable by the statement that meets it).
+            raise TransportMisconfiguredError(
+                "the connection given to the client is closed: give the client an open connection"
+            )
 
     @classmethod
     async def connect(cls, conninfo: str, *, blocking: bool = False, **kwargs: Any) -> PsycopgSession:
