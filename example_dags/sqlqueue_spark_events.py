@@ -21,7 +21,8 @@ from airflow.sdk import DAG, Asset, AssetWatcher, task
 from spark_jobs import clean_message, summarise_message  # example_dags/spark_jobs.py: the DAGs folder is on sys.path
 from sqlqueue_stages import CONN, LEASE, SCHEMA, SPARK_CONN, queue
 
-from airflow_provider_sqlqueue.operators.sqlqueue import ForwardMessagesOperator, hold_messages
+from airflow_provider_sqlqueue.operators.sqlqueue import ForwardMessagesOperator
+from airflow_provider_sqlqueue.tasks import hold_messages
 
 INGEST, CLEANED, REPORTS = queue("ingest_events"), queue("cleaned_events"), queue("reports")
 

@@ -21,12 +21,9 @@ from typing import Any
 
 from airflow.sdk import DAG, task
 
-from airflow_provider_sqlqueue.operators.sqlqueue import (
-    ForwardMessagesOperator,
-    PublishMessageOperator,
-    hold_messages,
-)
+from airflow_provider_sqlqueue.operators.sqlqueue import ForwardMessagesOperator, PublishMessageOperator
 from airflow_provider_sqlqueue.sensors.sqlqueue import SqlQueueSensor
+from airflow_provider_sqlqueue.tasks import hold_messages
 from airflow_provider_sqlqueue.transport import defaults
 
 SCHEMA = os.environ.get("SQLQUEUE_SCHEMA", "public")

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_sqlqueue import tasks
 from airflow_provider_sqlqueue.operators import sqlqueue as operators
 from airflow_provider_sqlqueue.sensors import sqlqueue as sensors
 from airflow_provider_sqlqueue.transport import Message, QueueAddress, SqlQueueError, TransportUnavailableError
@@ -72,6 +73,11 @@ OPERATORS: dict[str, tuple[dict[str, Any], dict[str, list[Any]]]] = {
         {"queue_name": QUEUE_NAMES + MISSING, "limit": COUNTS, "error_queue": ['customers@"{schema}"', *MISSING]},
     ),
     "QueueMetricsOperator": ({"conn_ids": ["sqlqueue_test"]}, {}),
+    # A task helper, entered as a task body enters it.
+    "hold_messages": (
+        {"messages": []},
+        {"messages": MESSAGE_DICTS, "lease": DURATIONS, "limit": COUNTS, "sqlqueue_conn_id": ["no_such_conn", "", 42]},
+    ),
     "SqlQueueSensor": (
         {"queue_name": "{q}", "error_queue": "{e}"},
         {
@@ -98,7 +104,8 @@ def operator_classes() -> dict[str, type]:
 
 
 def test_every_operator_is_registered() -> None:
-    assert set(operator_classes()) == set(OPERATORS)
+    helpers = {name for name in tasks.__all__ if inspect.isfunction(getattr(tasks, name))}
+    assert set(operator_classes()) | helpers == set(OPERATORS)
 
 
 def fill(value: Any, values: dict[str, str]) -> Any:
@@ -121,6 +128,9 @@ def context_for(task_id: str) -> dict[str, Any]:
 
 def run(name: str, arguments: dict[str, Any]) -> Any:
     connection = {} if name == "QueueMetricsOperator" else {"sqlqueue_conn_id": "sqlqueue_test"}
+    if name == "hold_messages":
+        with tasks.hold_messages(**{**connection, **arguments}, context=context_for("work")) as held:
+            return held.messages
     task = operator_classes()[name](task_id=f"t_{uuid.uuid4().hex[:6]}", **connection, **arguments)
     if name == "SqlQueueSensor":
         return task.poke(context_for(task.task_id))

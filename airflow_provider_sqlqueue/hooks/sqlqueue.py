@@ -21,8 +21,6 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from airflow.providers.microsoft.mssql.hooks.mssql import MsSqlHook
-from airflow.providers.odbc.hooks.odbc import OdbcHook
 from airflow.providers.postgres.hooks.postgres import PostgresHook
 from airflow.sdk import BaseHook
 
@@ -44,6 +42,8 @@ from ..transport.errors import InvalidArgumentError, SqlQueueError, TransportMis
 from ..transport.operations import ClaimInfo, ErrorGroup, FailedMessage, QueueStats, RetryPage
 
 if TYPE_CHECKING:
+    from airflow.providers.microsoft.mssql.hooks.mssql import MsSqlHook
+    from airflow.providers.odbc.hooks.odbc import OdbcHook
     from airflow.sdk import Connection
 
 
@@ -148,12 +148,23 @@ def _without_queue_extras(conn: Connection) -> Connection:
 
 
 def _sqlserver_hook(conn: Connection) -> MsSqlHook | OdbcHook:
-    """The microsoft-mssql provider's hook (pymssql) or, for ``odbc`` connections, the odbc provider's (pyodbc)."""
-    hook: MsSqlHook | OdbcHook
-    if (conn.conn_type or "").lower() == "odbc":
-        hook = OdbcHook(odbc_conn_id=conn.conn_id)
-    else:
-        hook = MsSqlHook(mssql_conn_id=conn.conn_id)
+    """The microsoft-mssql provider's hook (pymssql) or, for ``odbc`` connections, the odbc provider's (pyodbc).
+
+    Imported here, when a SQL Server connection is used: pyodbc needs unixODBC's system library,
+    which a host serving only PostgreSQL queues need not have.
+    """
+    odbc = (conn.conn_type or "").lower() == "odbc"
+    try:
+        if odbc:
+            from airflow.providers.odbc.hooks.odbc import OdbcHook
+        else:
+            from airflow.providers.microsoft.mssql.hooks.mssql import MsSqlHook
+    except ImportError as exc:
+        library = "pyodbc (and unixODBC's libodbc, e.g. apt-get install unixodbc)" if odbc else "pymssql"
+        raise UnsupportedConnectionError(
+            f"connection {conn.conn_id!r} needs {library}, which cannot be loaded here: {exc}"
+        ) from None
+    hook: MsSqlHook | OdbcHook = OdbcHook(odbc_conn_id=conn.conn_id) if odbc else MsSqlHook(mssql_conn_id=conn.conn_id)
     hook._connection = _without_queue_extras(conn)  # the connection already looked up, minus queue extras
     return hook
 
@@ -276,7 +287,7 @@ class SqlQueueHook(BaseHook):
 
             return make_conninfo("", **{key: str(value) for key, value in self._postgres_kwargs(conn).items()})
         hook = _sqlserver_hook(conn)
-        if isinstance(hook, OdbcHook):
+        if (conn.conn_type or "").lower() == "odbc":
             return str(hook.odbc_connection_string)
         login, password = quote(conn.login or "", safe=""), quote(conn.password or "", safe="")
         database = quote(conn.schema or "", safe="")

@@ -7,17 +7,15 @@ accept the same connection types and never build SQL. The queue parameter is ``q
 
 from __future__ import annotations
 
-import uuid
-from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
-from airflow.sdk import BaseOperator, get_current_context
+from airflow.sdk import BaseOperator
 
 from ..hooks.sqlqueue import SqlQueueHook, configured_conn_ids
-from ..transport import Failure, LeaseKeeper, LeaseLostError, Message, defaults
+from ..tasks import claimed_messages, failure_source, give_back, received_times, tokens_by_queue
+from ..transport import Failure, LeaseLostError, Message
 from ..transport.client import delay_ms
 from ..transport.errors import ArgumentTypeError, InvalidArgumentError
 from ..transport.message import ENCLOSED_MESSAGE_TYPES
@@ -222,7 +220,7 @@ class PublishMessageOperator(_SendingOperator):
         them receive it), as NServiceBus publishes.
     :param subscription_table: the subscription table the subscribers used (default
         ``SubscriptionRouting`` in the connection's default schema).
-    :param claims: the messages the events came from (what :func:`hold_messages` yielded): they are
+    :param claims: the messages the events came from (what :func:`~airflow_provider_sqlqueue.tasks.hold_messages` yielded): they are
         acknowledged in the publish's transaction, as :class:`ForwardMessagesOperator` does for a
         send, so a stage's result is published once per message.
 
@@ -307,7 +305,7 @@ class ForwardMessagesOperator(_SendingOperator):
 
     :param queue_name: where the results go.
     :param messages: the results, one message each (a task's output).
-    :param claims: the messages they came from (what :func:`hold_messages` yielded).
+    :param claims: the messages they came from (what :func:`~airflow_provider_sqlqueue.tasks.hold_messages` yielded).
     """
 
     template_fields: Sequence[str] = ("queue_name", "messages", "claims", "headers", "message_type", "sqlqueue_conn_id")
@@ -338,185 +336,6 @@ class ForwardMessagesOperator(_SendingOperator):
             sum(map(len, claims.values())),
         )
         return sent
-
-
-def give_back(hook: SqlQueueHook, claims: Mapping[str, list[str]], failure: Failure) -> None:
-    """Nack the claims a stage could not hand on, with why (a lost lease is not given back: it is gone)."""
-    for queue, tokens in claims.items():
-        hook.nack(queue, tokens, error=failure)
-
-
-def failure_source(context: Any) -> str:
-    """What failed, as the error queue's ``NServiceBus.ExceptionInfo.Source`` names it: ``dag_id.task_id``."""
-    ti = context["ti"]
-    return f"{ti.dag_id}.{ti.task_id}"
-
-
-def claim_holder(context: Any) -> str:
-    """Who holds a claim taken by a task: its DAG run, task and try."""
-    ti = context["ti"]
-    return f"{ti.dag_id}/{ti.run_id}/{ti.task_id}#{ti.try_number}"
-
-
-def claimed_messages(messages: Any, context: Any) -> list[Mapping[str, Any]]:
-    """Message dicts to acknowledge or give back.
-
-    ``messages`` is a sensor's or :func:`hold_messages`' output (a list of message dicts, or a
-    single one); None means the payloads of the asset events that triggered this DAG run.
-    """
-    if messages is None:
-        found: list[Mapping[str, Any]] = []
-        for events in (context.get("triggering_asset_events") or {}).values():
-            for event in events:
-                payload = (event.extra or {}).get("payload")
-                if isinstance(payload, Mapping) and "claim_token" in payload and "queue" in payload:
-                    found.append(payload)
-        return found
-    if isinstance(messages, Mapping):
-        return [messages]
-    if isinstance(messages, (str, bytes)):
-        raise ArgumentTypeError(
-            "messages must be message dicts (a sensor's output, passed as XComArg), not a rendered string"
-        )
-    if not isinstance(messages, Iterable):
-        raise ArgumentTypeError(f"messages must be message dicts, got {type(messages).__name__}")
-    return list(messages)
-
-
-class HeldMessages:
-    """The message dicts a task holds (:attr:`messages`), with :meth:`map` to work on them one by one.
-
-    Built by :func:`hold_messages`; its leases are renewed while the block runs. Iterating gives
-    the messages; pass :attr:`messages` on to :class:`ForwardMessagesOperator` as its claims.
-    """
-
-    def __init__(
-        self, messages: Iterable[dict[str, Any]], hook: SqlQueueHook, keeper: LeaseKeeper, source: str
-    ) -> None:
-        self.messages = list(messages)
-        self._hook = hook
-        self._keeper = keeper
-        self._source = source
-
-    def map(self, function: Callable[[dict[str, Any]], Any]) -> list[Any]:
-        """``function`` of each message; a message it fails on is given back alone, with the exception.
-
-        The others go on: their results are returned and only they remain held (and forwarded).
-        The given-back message is delivered again, and after ``max_deliveries`` failures it moves to
-        the error queue with this exception and ``dag_id.task_id`` in its headers.
-        """
-        results, kept = [], []
-        for message in self.messages:
-            try:
-                results.append(function(message))
-            except Exception as exc:  # one message's failure is its own: recoverability, not a crashed batch
-                self.give_back([message], Failure.of(exc, self._source))
-            else:
-                kept.append(message)
-        self.messages = kept
-        return results
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        return iter(self.messages)
-
-    def give_back(self, messages: Iterable[Mapping[str, Any]], failure: Failure) -> None:
-        """Nack ``messages`` with ``failure`` and stop renewing them."""
-        for queue, tokens in tokens_by_queue(messages).items():
-            given = self._hook.nack(queue, tokens, error=failure)
-            self._keeper.release(queue, tokens)
-            self._hook.log.error(
-                "Queue %s: gave back %d message(s) after %s: %s", queue, given, failure.type, failure.message
-            )
-
-
-@contextmanager
-def hold_messages(
-    messages: Any = None,
-    *,
-    sqlqueue_conn_id: str = SqlQueueHook.default_conn_name,
-    lease: timedelta = defaults.LEASE,
-    limit: int = defaults.ADOPT_LIMIT,
-    context: Any = None,
-) -> Iterator[HeldMessages]:
-    """The messages a task works on, kept claimed while it works; given back, with the error, if it fails.
-
-    ::
-
-        @task(multiple_outputs=True)
-        def work(messages):
-            with hold_messages(messages) as held:
-                results = held.map(handle)      # a message handle() fails on is given back alone
-                return {"claims": held.messages, "results": results}
-
-    ``messages`` is a :class:`~airflow_provider_sqlqueue.sensors.sqlqueue.SqlQueueSensor`'s
-    output. With None, in a DAG run started by an ``AssetWatcher``, the task takes every
-    reservation waiting on the queues its triggering events came from (up to ``limit`` per queue):
-    Airflow may fold several events into one run and attach others to later runs, so a run
-    handles whatever is reserved when it starts, and a later run whose events name messages
-    already taken has nothing to do.
-
-    The leases are renewed every third of ``lease`` from a background thread while the block runs
-    (a SIGKILLed task stops renewing and its messages come back within one lease) and once more
-    when it ends, leaving the next task -- :class:`ForwardMessagesOperator` -- a full lease. Only
-    messages still held are yielded. If the block raises, every message still held is given back
-    at once with the exception (type, message, traceback, ``dag_id.task_id``) as its failure,
-    which is what the error queue's headers show if it ends there.
-    """
-    context = context or get_current_context()
-    hook = SqlQueueHook(sqlqueue_conn_id)
-    taken = take_reserved(hook, context, lease, limit) if messages is None else claimed_messages(messages, context)
-    with hook.keep_claims(tokens_by_queue(taken), lease) as keeper:
-        held = HeldMessages(
-            (dict(m) for m in taken if uuid.UUID(str(m["claim_token"])) in keeper.held.get(str(m["queue"]), ())),
-            hook,
-            keeper,
-            failure_source(context),
-        )
-        try:
-            yield held
-        except BaseException as exc:
-            held.give_back(held.messages, Failure.of(exc, failure_source(context)))
-            raise
-
-
-def take_reserved(hook: SqlQueueHook, context: Any, lease: timedelta, limit: int) -> list[dict[str, Any]]:
-    """Take every reservation waiting on the queues the run's triggering asset events came from.
-
-    Not only the events' own messages: Airflow folds events into runs as they arrive, so this run
-    may be the only one coming for messages whose events it was not given.
-    """
-    holder = claim_holder(context)
-    queues = dict.fromkeys(str(m["queue"]) for m in claimed_messages(None, context))
-    taken: list[dict[str, Any]] = []
-    for queue in queues:
-        adopted = hook.take_dicts(queue, None, lease=lease, holder=holder, limit=limit)
-        hook.log.info("Queue %s: took %d reserved message(s) for %s", queue, len(adopted), holder)
-        taken.extend(adopted)
-    return taken
-
-
-def received_times(messages: Iterable[Mapping[str, Any]]) -> dict[uuid.UUID, datetime]:
-    """When each message dict was received (by message id): where an audit copy's processing started."""
-    times: dict[uuid.UUID, datetime] = {}
-    for message in messages:
-        try:
-            times[uuid.UUID(str(message["id"]))] = datetime.fromisoformat(str(message["received_at"]))
-        except (KeyError, ValueError):  # a dict from an older version, or hand-made: the ack's time stands in
-            continue
-    return times
-
-
-def tokens_by_queue(messages: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]:
-    """Claim tokens grouped by the queue they were claimed from; messages received in none mode have none."""
-    grouped: dict[str, list[str]] = defaultdict(list)
-    for message in messages:
-        try:
-            queue, token = message["queue"], message["claim_token"]
-        except (KeyError, TypeError):
-            raise ArgumentTypeError(f"not a received message dict: {message!r:.200}") from None
-        if token is not None:
-            grouped[queue].append(token)
-    return dict(grouped)
 
 
 class AckMessagesOperator(_QueueOperator):

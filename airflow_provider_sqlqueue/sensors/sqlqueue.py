@@ -10,7 +10,7 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
 from airflow.sdk.exceptions import AirflowException
 
 from ..hooks.sqlqueue import SqlQueueHook
-from ..operators.sqlqueue import claim_holder
+from ..tasks import claim_holder
 from ..transport import TransactionMode, defaults
 from ..transport.client import check_positive
 from ..triggers.sqlqueue import SqlQueueTrigger, lease_seconds, receiving_mode
@@ -28,7 +28,7 @@ class SqlQueueSensor(BaseSensorOperator):
 
     In ``claim`` mode (default) the messages are this task's claims, with a ``lease`` (2 minutes
     by default) that the task working on them renews
-    (:func:`~airflow_provider_sqlqueue.operators.sqlqueue.hold_messages`) until
+    (:func:`~airflow_provider_sqlqueue.tasks.hold_messages`) until
     :class:`~airflow_provider_sqlqueue.operators.sqlqueue.ForwardMessagesOperator` or
     :class:`~airflow_provider_sqlqueue.operators.sqlqueue.AckMessagesOperator` settles them. While
     deferred, the trigger only reserves what it receives; this task takes the reservations when

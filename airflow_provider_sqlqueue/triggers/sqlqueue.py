@@ -234,7 +234,7 @@ class SqlQueueEventTrigger(SqlQueueTrigger, BaseEventTrigger):
 
     Each event's payload is the message dict (it becomes the asset event's ``extra["payload"]``).
     In ``claim`` mode the message is reserved, and the run takes it with
-    :func:`~airflow_provider_sqlqueue.operators.sqlqueue.hold_messages`: a run takes *every*
+    :func:`~airflow_provider_sqlqueue.tasks.hold_messages`: a run takes *every*
     reservation waiting on the queue, not only those of its own events, because Airflow's
     scheduler folds events that arrive together into one run and attaches others to later runs.
     A run that finds its events' messages already taken by an earlier run has nothing to do.

@@ -16,9 +16,9 @@ from airflow_provider_sqlqueue.operators.sqlqueue import (
     PurgeExpiredMessagesOperator,
     RetryErrorMessagesOperator,
     SendMessageOperator,
-    claimed_messages,
 )
 from airflow_provider_sqlqueue.sensors.sqlqueue import SqlQueueSensor
+from airflow_provider_sqlqueue.tasks import claimed_messages
 
 SCHEMA = os.environ.get("SQLQUEUE_TEST_SCHEMA", "public")
 CONN = "sqlqueue_test"

@@ -1,0 +1,208 @@
+"""What a task does with the messages it works on: hold them while it works, give them back if it fails.
+
+These run inside a task (``@task`` functions and the operators), where the Airflow context says
+who holds a claim (the DAG run, task and try) and what failed (``dag_id.task_id``). The operators
+that settle messages (:mod:`~airflow_provider_sqlqueue.operators.sqlqueue`) read message dicts
+with the same helpers, so a sensor's output, an asset event's payload and :func:`hold_messages`'
+yield are one kind of value everywhere.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from typing import Any
+
+from airflow.sdk import get_current_context
+
+from .hooks.sqlqueue import SqlQueueHook
+from .transport import Failure, LeaseKeeper, defaults
+from .transport.client import check_positive, lease_ms
+from .transport.errors import ArgumentTypeError
+
+#: What a task author uses; the rest serves the operators.
+__all__ = ["HeldMessages", "hold_messages"]
+
+
+def give_back(hook: SqlQueueHook, claims: Mapping[str, list[str]], failure: Failure) -> None:
+    """Nack the claims a stage could not hand on, with why (a lost lease is not given back: it is gone)."""
+    for queue, tokens in claims.items():
+        hook.nack(queue, tokens, error=failure)
+
+
+def failure_source(context: Any) -> str:
+    """What failed, as the error queue's ``NServiceBus.ExceptionInfo.Source`` names it: ``dag_id.task_id``."""
+    ti = context["ti"]
+    return f"{ti.dag_id}.{ti.task_id}"
+
+
+def claim_holder(context: Any) -> str:
+    """Who holds a claim taken by a task: its DAG run, task and try."""
+    ti = context["ti"]
+    return f"{ti.dag_id}/{ti.run_id}/{ti.task_id}#{ti.try_number}"
+
+
+def claimed_messages(messages: Any, context: Any) -> list[Mapping[str, Any]]:
+    """Message dicts to acknowledge or give back.
+
+    ``messages`` is a sensor's or :func:`hold_messages`' output (a list of message dicts, or a
+    single one); None means the payloads of the asset events that triggered this DAG run.
+    """
+    if messages is None:
+        found: list[Mapping[str, Any]] = []
+        for events in (context.get("triggering_asset_events") or {}).values():
+            for event in events:
+                payload = (event.extra or {}).get("payload")
+                if isinstance(payload, Mapping) and "claim_token" in payload and "queue" in payload:
+                    found.append(payload)
+        return found
+    if isinstance(messages, Mapping):
+        return [messages]
+    if isinstance(messages, (str, bytes)):
+        raise ArgumentTypeError(
+            "messages must be message dicts (a sensor's output, passed as XComArg), not a rendered string"
+        )
+    if not isinstance(messages, Iterable):
+        raise ArgumentTypeError(f"messages must be message dicts, got {type(messages).__name__}")
+    return list(messages)
+
+
+class HeldMessages:
+    """The message dicts a task holds (:attr:`messages`), with :meth:`map` to work on them one by one.
+
+    Built by :func:`hold_messages`; its leases are renewed while the block runs. Iterating gives
+    the messages; pass :attr:`messages` on to :class:`~airflow_provider_sqlqueue.operators.sqlqueue.ForwardMessagesOperator` as its claims.
+    """
+
+    def __init__(
+        self, messages: Iterable[dict[str, Any]], hook: SqlQueueHook, keeper: LeaseKeeper, source: str
+    ) -> None:
+        self.messages = list(messages)
+        self._hook = hook
+        self._keeper = keeper
+        self._source = source
+
+    def map(self, function: Callable[[dict[str, Any]], Any]) -> list[Any]:
+        """``function`` of each message; a message it fails on is given back alone, with the exception.
+
+        The others go on: their results are returned and only they remain held (and forwarded).
+        The given-back message is delivered again, and after ``max_deliveries`` failures it moves to
+        the error queue with this exception and ``dag_id.task_id`` in its headers.
+        """
+        results, kept = [], []
+        for message in self.messages:
+            try:
+                results.append(function(message))
+            except Exception as exc:  # one message's failure is its own: recoverability, not a crashed batch
+                self.give_back([message], Failure.of(exc, self._source))
+            else:
+                kept.append(message)
+        self.messages = kept
+        return results
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self.messages)
+
+    def give_back(self, messages: Iterable[Mapping[str, Any]], failure: Failure) -> None:
+        """Nack ``messages`` with ``failure`` and stop renewing them."""
+        for queue, tokens in tokens_by_queue(messages).items():
+            given = self._hook.nack(queue, tokens, error=failure)
+            self._keeper.release(queue, tokens)
+            self._hook.log.error(
+                "Queue %s: gave back %d message(s) after %s: %s", queue, given, failure.type, failure.message
+            )
+
+
+@contextmanager
+def hold_messages(
+    messages: Any = None,
+    *,
+    sqlqueue_conn_id: str = SqlQueueHook.default_conn_name,
+    lease: timedelta = defaults.LEASE,
+    limit: int = defaults.ADOPT_LIMIT,
+    context: Any = None,
+) -> Iterator[HeldMessages]:
+    """The messages a task works on, kept claimed while it works; given back, with the error, if it fails.
+
+    ::
+
+        @task(multiple_outputs=True)
+        def work(messages):
+            with hold_messages(messages) as held:
+                results = held.map(handle)      # a message handle() fails on is given back alone
+                return {"claims": held.messages, "results": results}
+
+    ``messages`` is a :class:`~airflow_provider_sqlqueue.sensors.sqlqueue.SqlQueueSensor`'s
+    output. With None, in a DAG run started by an ``AssetWatcher``, the task takes every
+    reservation waiting on the queues its triggering events came from (up to ``limit`` per queue):
+    Airflow may fold several events into one run and attach others to later runs, so a run
+    handles whatever is reserved when it starts, and a later run whose events name messages
+    already taken has nothing to do.
+
+    The leases are renewed every third of ``lease`` from a background thread while the block runs
+    (a SIGKILLed task stops renewing and its messages come back within one lease) and once more
+    when it ends, leaving the next task -- :class:`~airflow_provider_sqlqueue.operators.sqlqueue.ForwardMessagesOperator` -- a full lease. Only
+    messages still held are yielded. If the block raises, every message still held is given back
+    at once with the exception (type, message, traceback, ``dag_id.task_id``) as its failure,
+    which is what the error queue's headers show if it ends there.
+    """
+    lease_ms(lease), check_positive("limit", limit)  # refused before anything is taken
+    context = context or get_current_context()
+    hook = SqlQueueHook(sqlqueue_conn_id)
+    hook.connection  # noqa: B018  # a connection that is not defined fails the task now, holding nothing
+    taken = take_reserved(hook, context, lease, limit) if messages is None else claimed_messages(messages, context)
+    with hook.keep_claims(tokens_by_queue(taken), lease) as keeper:
+        held = HeldMessages(
+            (dict(m) for m in taken if uuid.UUID(str(m["claim_token"])) in keeper.held.get(str(m["queue"]), ())),
+            hook,
+            keeper,
+            failure_source(context),
+        )
+        try:
+            yield held
+        except BaseException as exc:
+            held.give_back(held.messages, Failure.of(exc, failure_source(context)))
+            raise
+
+
+def take_reserved(hook: SqlQueueHook, context: Any, lease: timedelta, limit: int) -> list[dict[str, Any]]:
+    """Take every reservation waiting on the queues the run's triggering asset events came from.
+
+    Not only the events' own messages: Airflow folds events into runs as they arrive, so this run
+    may be the only one coming for messages whose events it was not given.
+    """
+    holder = claim_holder(context)
+    queues = dict.fromkeys(str(m["queue"]) for m in claimed_messages(None, context))
+    taken: list[dict[str, Any]] = []
+    for queue in queues:
+        adopted = hook.take_dicts(queue, None, lease=lease, holder=holder, limit=limit)
+        hook.log.info("Queue %s: took %d reserved message(s) for %s", queue, len(adopted), holder)
+        taken.extend(adopted)
+    return taken
+
+
+def received_times(messages: Iterable[Mapping[str, Any]]) -> dict[uuid.UUID, datetime]:
+    """When each message dict was received (by message id): where an audit copy's processing started."""
+    times: dict[uuid.UUID, datetime] = {}
+    for message in messages:
+        try:
+            times[uuid.UUID(str(message["id"]))] = datetime.fromisoformat(str(message["received_at"]))
+        except (KeyError, ValueError):  # a dict from an older version, or hand-made: the ack's time stands in
+            continue
+    return times
+
+
+def tokens_by_queue(messages: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]:
+    """Claim tokens grouped by the queue they were claimed from; messages received in none mode have none."""
+    grouped: dict[str, list[str]] = defaultdict(list)
+    for message in messages:
+        try:
+            queue, token = message["queue"], message["claim_token"]
+        except (KeyError, TypeError):
+            raise ArgumentTypeError(f"not a received message dict: {message!r:.200}") from None
+        if token is not None:
+            grouped[queue].append(token)
+    return dict(grouped)
