@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import __version__
+from .transport import defaults
 
 INTEGRATION = "SQL Queue"
 
@@ -60,7 +61,7 @@ def get_provider_info() -> dict[str, Any]:
                     "error_queue": {
                         "label": "Error queue",
                         "description": "Queue that poison and failed messages are moved to (NServiceBus default: error).",
-                        "schema": {"type": ["string", "null"], "default": "error"},
+                        "schema": {"type": ["string", "null"], "default": defaults.ERROR_QUEUE},
                     },
                     "audit_queue": {
                         "label": "Audit queue",

@@ -693,7 +693,7 @@ def send_rows(
     conninfo: str,
     queue: str,
     *,
-    batch_size: int = 500,
+    batch_size: int = defaults.SPARK_SEND_BATCH,
     headers: Mapping[str, str | None] | None = None,
     time_to_be_received: timedelta | float | None = None,
 ) -> int:
@@ -722,7 +722,7 @@ def send_rows(
     return int(df.rdd.mapPartitions(send).sum())
 
 
-def read_queue(spark: SparkSession, conninfo: str, queue: str, *, limit: int = 10_000) -> DataFrame:
+def read_queue(spark: SparkSession, conninfo: str, queue: str, *, limit: int = defaults.SPARK_READ_LIMIT) -> DataFrame:
     """The queue's waiting, unexpired messages (up to ``limit``) as a DataFrame, left in the queue.
 
     Columns: ``id`` (string), ``headers`` (map<string,string>), ``body`` (binary) and ``text``

@@ -170,10 +170,12 @@ async def test_a_claim_batch_settles_each_message_by_its_own_outcome(pool, clien
     assert client.depth(queue) == 0 and client.depth(QueueAddress("error", schema)) == 0
 
 
-def test_receive_batch_size_is_checked():
-    never_used = SimpleNamespace(dialect=get_dialect("postgres"))  # the pump is built, never run
-    with pytest.raises(ValueError, match="receive_batch_size must be between 1 and"):
-        MessagePump(never_used, QueueAddress("orders"), lambda m, c: None, receive_batch_size=0)
+async def test_receive_batch_size_is_checked(pg_uri):
+    never_used = open_pool(pg_uri, max_size=1)  # the pump is built, never run
+    for size in (0, 100_001):
+        with pytest.raises(ValueError, match="receive_batch_size must be"):
+            MessagePump(never_used, QueueAddress("orders"), lambda m, c: None, receive_batch_size=size)
+    await never_used.close()
 
 
 async def test_pump_only_peeks_while_idle_and_picks_up_messages_sent_later(backend, client, queue, schema):

@@ -406,7 +406,7 @@ class SqlQueueHook(BaseHook):
     def receive(
         self,
         queue_name: str,
-        max_messages: int = 1,
+        max_messages: int = defaults.RECEIVE_BATCH,
         *,
         transaction_mode: TransactionMode | str = TransactionMode.CLAIM,
         lease: timedelta | float = defaults.LEASE,
@@ -433,7 +433,7 @@ class SqlQueueHook(BaseHook):
     def receive_dicts(
         self,
         queue_name: str,
-        max_messages: int = 1,
+        max_messages: int = defaults.RECEIVE_BATCH,
         *,
         transaction_mode: TransactionMode | str = TransactionMode.CLAIM,
         lease: timedelta | float = defaults.LEASE,
@@ -540,7 +540,7 @@ class SqlQueueHook(BaseHook):
         with self.client() as client:
             return client.depth(queue_name)
 
-    def browse(self, queue_name: str, limit: int = 1000) -> list[ReceivedMessage]:
+    def browse(self, queue_name: str, limit: int = defaults.BROWSE_LIMIT) -> list[ReceivedMessage]:
         """Waiting, unexpired messages in send order, left in the queue (for reports and inspection)."""
         with self.client() as client:
             return client.browse(queue_name, limit)
@@ -573,7 +573,7 @@ class SqlQueueHook(BaseHook):
         error_queue: str | None = None,
         *,
         queue_name: str | None = None,
-        limit: int = 1000,
+        limit: int = defaults.RETRY_LIMIT,
         seqs: Iterable[int] | None = None,
     ) -> int:
         """Send up to ``limit`` error queue messages back to the queue they failed in (only ``queue_name``'s,
@@ -587,7 +587,7 @@ class SqlQueueHook(BaseHook):
         *,
         queue_name: str | None = None,
         after: int = 0,
-        limit: int = 1000,
+        limit: int = defaults.RETRY_LIMIT,
         seqs: Iterable[int] | None = None,
     ) -> RetryPage:
         """One bounded pass of :meth:`retry_errors` (see ``QueueClient.retry_errors_page``)."""
@@ -606,7 +606,7 @@ class SqlQueueHook(BaseHook):
         error_queue: str | None = None,
         *,
         before: int | None = None,
-        limit: int = 50,
+        limit: int = defaults.FAILED_PAGE,
         group: tuple[str, str] | None = None,
     ) -> tuple[list[FailedMessage], int | None]:
         """A page of the error queue, newest first, with body previews; and the ``before`` of the next page."""
@@ -623,7 +623,7 @@ class SqlQueueHook(BaseHook):
         with self.client() as client:
             return client.queue_stats(queue_names)
 
-    def claims(self, queue_name: str, limit: int = 100) -> list[ClaimInfo]:
+    def claims(self, queue_name: str, limit: int = defaults.CLAIMS_PAGE) -> list[ClaimInfo]:
         """The queue's claims whose leases end first, without their tokens."""
         with self.client() as client:
             return client.claims(queue_name, limit)

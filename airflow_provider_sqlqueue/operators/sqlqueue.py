@@ -15,7 +15,7 @@ from airflow.sdk import BaseOperator
 
 from ..hooks.sqlqueue import SqlQueueHook, configured_conn_ids
 from ..tasks import claimed_messages, failure_source, give_back, received_times, tokens_by_queue
-from ..transport import Failure, LeaseLostError, Message
+from ..transport import Failure, LeaseLostError, Message, defaults
 from ..transport.client import delay_ms
 from ..transport.errors import ArgumentTypeError, InvalidArgumentError
 from ..transport.message import ENCLOSED_MESSAGE_TYPES
@@ -415,7 +415,7 @@ class PurgeExpiredMessagesOperator(_QueueOperator):
 
     template_fields: Sequence[str] = ("queue_name", "sqlqueue_conn_id")
 
-    def __init__(self, *, queue_name: str, batch_size: int = 10_000, **kwargs: Any) -> None:
+    def __init__(self, *, queue_name: str, batch_size: int = defaults.PURGE_BATCH, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.queue_name = queue_name
         self.batch_size = batch_size
@@ -435,7 +435,7 @@ class RetryErrorMessagesOperator(_QueueOperator):
 
     template_fields: Sequence[str] = ("queue_name", "error_queue", "sqlqueue_conn_id")
 
-    def __init__(self, *, queue_name: str | None = None, limit: int = 1000, **kwargs: Any) -> None:
+    def __init__(self, *, queue_name: str | None = None, limit: int = defaults.RETRY_LIMIT, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.queue_name = queue_name
         self.limit = limit
@@ -443,7 +443,9 @@ class RetryErrorMessagesOperator(_QueueOperator):
     def execute(self, context: Any) -> int:
         hook = self.hook
         moved = hook.retry_errors(hook.error_queue, queue_name=self.queue_name, limit=self.limit)
-        self.log.info("Error queue %s: sent %d message(s) back for retry", hook.error_queue or "error", moved)
+        self.log.info(
+            "Error queue %s: sent %d message(s) back for retry", hook.error_queue or defaults.ERROR_QUEUE, moved
+        )
         return moved
 
 

@@ -332,7 +332,7 @@ def create_app() -> FastAPI:
     def queues(
         connection_id: str,
         offset: Annotated[int, Query(ge=0)] = 0,
-        limit: Annotated[int, Query(ge=1, le=MAX_QUEUES_PER_PAGE)] = 50,
+        limit: Annotated[int, Query(ge=1, le=MAX_QUEUES_PER_PAGE)] = defaults.QUEUES_PAGE,
         search: str = "",
     ) -> QueuePage:
         """A page of the connection's queues with their figures; the list of names is one catalog query."""
@@ -365,7 +365,9 @@ def create_app() -> FastAPI:
             return Count(queue=queue, count=_hook(connection_id).depth(queue))
 
     @app.get("/api/connections/{connection_id}/claims", dependencies=[ReadConnection])
-    def claims(connection_id: str, queue: str, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list[Claim]:
+    def claims(
+        connection_id: str, queue: str, limit: Annotated[int, Query(ge=1, le=1000)] = defaults.CLAIMS_PAGE
+    ) -> list[Claim]:
         with _answering(connection_id):
             return [
                 Claim(
@@ -398,7 +400,7 @@ def create_app() -> FastAPI:
         connection_id: str,
         error_queue: str,
         before: Annotated[int | None, Query(ge=1)] = None,
-        limit: Annotated[int, Query(ge=1, le=200)] = 50,
+        limit: Annotated[int, Query(ge=1, le=200)] = defaults.FAILED_PAGE,
         source: str | None = None,
         exception_type: str | None = None,
     ) -> FailurePage:

@@ -61,7 +61,7 @@ class SqlQueueSensor(BaseSensorOperator):
         *,
         queue_name: str,
         sqlqueue_conn_id: str = SqlQueueHook.default_conn_name,
-        max_messages: int = 10,
+        max_messages: int = defaults.SENSOR_BATCH,
         transaction_mode: TransactionMode | str = TransactionMode.CLAIM,
         lease: timedelta | float = defaults.LEASE,
         max_deliveries: int = defaults.MAX_DELIVERIES,

@@ -122,8 +122,8 @@ def place(what: str, value: object) -> int:
     """A place in a queue (a Seq, or a partition number): an integer from 0 to the largest Seq."""
     if not isinstance(value, int) or isinstance(value, bool):
         raise ArgumentTypeError(f"{what} must be an integer, got {type(value).__name__} {value!r:.40}")
-    if not 0 <= value <= ops.LAST_SEQ:
-        raise InvalidArgumentError(f"{what} must be between 0 and {ops.LAST_SEQ}, got {value}")
+    if not 0 <= value <= defaults.LAST_SEQ:
+        raise InvalidArgumentError(f"{what} must be between 0 and {defaults.LAST_SEQ}, got {value}")
     return value
 
 
@@ -626,7 +626,11 @@ class AsyncQueueClient(Addressing):
     # -- receiving ---------------------------------------------------------------------------
 
     async def receive(
-        self, queue: str | QueueAddress, max_messages: int = 1, *, error_queue: str | QueueAddress | None = None
+        self,
+        queue: str | QueueAddress,
+        max_messages: int = defaults.RECEIVE_BATCH,
+        *,
+        error_queue: str | QueueAddress | None = None,
     ) -> list[ReceivedMessage]:
         """Receive in ``none`` mode: the messages are gone from the queue when this returns (at-most-once)."""
         return await self._run(self._receive_op(queue, max_messages, error_queue))
@@ -666,7 +670,7 @@ class AsyncQueueClient(Addressing):
     async def claim(
         self,
         queue: str | QueueAddress,
-        max_messages: int = 1,
+        max_messages: int = defaults.RECEIVE_BATCH,
         *,
         lease: timedelta | float = defaults.LEASE,
         max_deliveries: int = defaults.MAX_DELIVERIES,
@@ -684,7 +688,7 @@ class AsyncQueueClient(Addressing):
     async def reserve(
         self,
         queue: str | QueueAddress,
-        max_messages: int = 1,
+        max_messages: int = defaults.RECEIVE_BATCH,
         *,
         lease: timedelta | float = defaults.LEASE,
         max_deliveries: int = defaults.MAX_DELIVERIES,
@@ -880,7 +884,7 @@ class AsyncQueueClient(Addressing):
         error_queue: str | QueueAddress | None = None,
         *,
         queue: str | QueueAddress | None = None,
-        limit: int = 1000,
+        limit: int = defaults.RETRY_LIMIT,
         seqs: Iterable[int] | None = None,
     ) -> int:
         """Send up to ``limit`` failed messages back to the queue they failed in; returns how many.
@@ -906,7 +910,7 @@ class AsyncQueueClient(Addressing):
         *,
         queue: str | QueueAddress | None = None,
         after: int = 0,
-        limit: int = 1000,
+        limit: int = defaults.RETRY_LIMIT,
         seqs: Iterable[int] | None = None,
     ) -> ops.RetryPage:
         """One bounded pass of :meth:`retry_errors`: up to ``limit`` messages among the next
@@ -949,7 +953,7 @@ class AsyncQueueClient(Addressing):
         *,
         queue: str | QueueAddress | None = None,
         before: int | None = None,
-        limit: int = 50,
+        limit: int = defaults.FAILED_PAGE,
         group: tuple[str, str] | None = None,
         preview: int = defaults.BODY_PREVIEW_BYTES,
     ) -> tuple[list[ops.FailedMessage], int | None]:
@@ -989,12 +993,17 @@ class AsyncQueueClient(Addressing):
         """Exact count of waiting messages (scans the table)."""
         return await self._run(ops.depth(self.dialect, self.address(queue)))
 
-    async def browse(self, queue: str | QueueAddress, limit: int = 1000) -> list[ReceivedMessage]:
+    async def browse(self, queue: str | QueueAddress, limit: int = defaults.BROWSE_LIMIT) -> list[ReceivedMessage]:
         """Waiting, unexpired messages in send order, without removing or locking them."""
         return (await self.browse_page(queue, limit)).messages
 
     async def browse_page(
-        self, queue: str | QueueAddress, limit: int = 1000, *, after: int = 0, last: int = ops.LAST_SEQ
+        self,
+        queue: str | QueueAddress,
+        limit: int = defaults.BROWSE_LIMIT,
+        *,
+        after: int = 0,
+        last: int = defaults.LAST_SEQ,
     ) -> ops.BrowsePage:
         """One page of :meth:`browse` over the rows with ``after`` < Seq <= ``last``; pass the page's
         ``after`` to read on. Bounds come from :meth:`seq_range`: a range read in parallel pages."""
@@ -1013,7 +1022,7 @@ class AsyncQueueClient(Addressing):
     # under that name, then read, renewed and settled by the name alone, from any process.
 
     async def held(
-        self, queue: str | QueueAddress, holder: str, *, parts: int = 1, part: int = 0
+        self, queue: str | QueueAddress, holder: str, *, parts: int = defaults.HELD_PARTS, part: int = 0
     ) -> list[ReceivedMessage]:
         """The messages ``holder`` holds on the queue, in send order; with ``parts``, only the share
         ``part`` (Seq modulo ``parts``), so that many readers split them without overlap."""
@@ -1094,7 +1103,7 @@ class AsyncQueueClient(Addressing):
             raise ArgumentTypeError(f"queues must be a queue or an iterable of queues, got {type(queues).__name__}")
         return await self._run(ops.queue_stats(self.dialect, [self.address(q) for q in many], expired_limit))
 
-    async def claims(self, queue: str | QueueAddress, limit: int = 100) -> list[ops.ClaimInfo]:
+    async def claims(self, queue: str | QueueAddress, limit: int = defaults.CLAIMS_PAGE) -> list[ops.ClaimInfo]:
         """The queue's ``limit`` claims whose leases end first (lapsed first): who holds what, and for how long still."""
         check_positive("limit", limit)
         return await self._run(ops.claims(self.dialect, self.address(queue), limit))

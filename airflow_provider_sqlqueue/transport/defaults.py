@@ -48,6 +48,9 @@ MAX_RECOMMENDED_PEEK_INTERVAL = 10.0
 MAX_BACKOFF_SECONDS = 30.0
 BREAKER_ALARM_SECONDS = 120.0
 
+#: Past every Seq (bigint on both databases): the end of a range that has none, and "below the newest".
+LAST_SEQ = 2**63 - 1
+
 #: Most messages or rows one call receives, claims, browses or purges (a statement's LIMIT / TOP).
 MAX_BATCH = 100_000
 
@@ -99,3 +102,29 @@ MAX_FAILURE_TEXT = 16_384
 #: Characters of each header value a page of failed messages shows (the rest is cut, saying how
 #: much): a failure's stack trace or a hostile header never makes a page megabytes long.
 HEADER_PREVIEW_CHARS = 2_048
+
+# -- page and batch sizes of calls that take one (every layer takes its default from here) -------
+
+#: Messages one receive, claim or reservation takes unless told otherwise.
+RECEIVE_BATCH = 1
+#: Messages a sensor or trigger waits for and hands over at once.
+SENSOR_BATCH = 10
+#: Messages ``browse`` shows at once, and failed messages one ``retry_errors`` call sends back.
+BROWSE_LIMIT = 1000
+RETRY_LIMIT = 1000
+#: Rows per page of the error queue's listing, of a queue's claims, and of the Queues page's listing.
+FAILED_PAGE = 50
+CLAIMS_PAGE = 100
+QUEUES_PAGE = 50
+#: Shares a holder's claims are read in: one, the whole (Spark's readers ask for more).
+HELD_PARTS = 1
+#: Handlers a pump runs at once, and messages each peek looks for.
+MAX_CONCURRENCY = 1
+PEEK_BATCH = 50
+#: Connections a pump's pool opens before it is used.
+POOL_MIN_SIZE = 1
+#: Message ids a pump remembers the failures of (the oldest forgotten first).
+FAILURE_MEMORY = 10_000
+#: Rows ``spark.send_rows`` sends per statement, and the most ``spark.read_queue`` reads.
+SPARK_SEND_BATCH = 500
+SPARK_READ_LIMIT = 10_000

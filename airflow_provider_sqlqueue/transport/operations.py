@@ -1177,10 +1177,6 @@ def depth(d: Dialect, address: QueueAddress) -> Operation[int]:
     return int(row[0])
 
 
-#: Past every Seq: the end of a range that has none.
-LAST_SEQ = 2**63 - 1
-
-
 @dataclass(frozen=True)
 class BrowsePage:
     """Waiting messages of one page of a browse, and the Seq to continue after (None: the range is done)."""
@@ -1191,7 +1187,7 @@ class BrowsePage:
 
 @autocommitted
 def browse(
-    d: Dialect, address: QueueAddress, limit: int, after: int = 0, last: int = LAST_SEQ
+    d: Dialect, address: QueueAddress, limit: int, after: int = 0, last: int = defaults.LAST_SEQ
 ) -> Operation[BrowsePage]:
     """Waiting, unexpired messages with ``after`` < Seq <= ``last`` in send order, up to ``limit``,
     left in the queue (no locks: receivers are not blocked).
@@ -1306,8 +1302,6 @@ class RetryPage:
     skipped: tuple[tuple[int, str], ...] = ()
 
 
-#: Seq bound of "everything": above any row's Seq (bigint on both databases).
-NEWEST = 2**63 - 1
 UNREADABLE = "(unreadable headers)"
 #: Pages of headers one listing of a group's failures reads before it returns what it found.
 MAX_SCAN_PAGES = 10
@@ -1425,7 +1419,7 @@ def error_summary(d: Dialect, error_address: QueueAddress, limit: int) -> Operat
     holds. Rows whose headers cannot be read form a group of their own.
     """
     yield from table_shape(d, error_address)
-    params = {"before": NEWEST, "limit": limit}
+    params = {"before": defaults.LAST_SEQ, "limit": limit}
     rows = yield Step(d.newest_headers_sql(error_address), params, Fetch.ALL, d.qualified_name(error_address))
     groups: dict[tuple[str, str], ErrorGroup] = {}
     for _seq, headers_text in rows:
@@ -1463,7 +1457,7 @@ def failed_messages(
     target = d.qualified_name(error_address)
     page = limit if group is None else scan
     chosen: list[int] = []
-    cursor = NEWEST if before is None else before
+    cursor = defaults.LAST_SEQ if before is None else before
     exhausted = False
     for _ in range(MAX_SCAN_PAGES):
         rows = yield Step(d.newest_headers_sql(error_address), {"before": cursor, "limit": page}, Fetch.ALL, target)

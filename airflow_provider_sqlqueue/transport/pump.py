@@ -26,7 +26,7 @@ from . import defaults
 from . import operations as ops
 from .addressing import QueueAddress
 from .breaker import CircuitBreaker
-from .client import check_positive, default_holder, flag, lease_ms
+from .client import Addressing, check_positive, default_holder, flag, lease_ms
 from .drivers import Session, SessionPool
 from .errors import (
     ArgumentTypeError,
@@ -99,7 +99,7 @@ class FailureCounter:
     limit; as in NServiceBus, counts are per process.
     """
 
-    def __init__(self, capacity: int = 10_000) -> None:
+    def __init__(self, capacity: int = defaults.FAILURE_MEMORY) -> None:
         self._counts: OrderedDict[Any, tuple[int, BaseException]] = OrderedDict()
         self._capacity = capacity
 
@@ -174,9 +174,9 @@ class MessagePump:
         *,
         transaction_mode: TransactionMode | str = TransactionMode.CLAIM,
         error_queue: QueueAddress | None = None,
-        max_concurrency: int = 1,
+        max_concurrency: int = defaults.MAX_CONCURRENCY,
         peek_interval: float = defaults.PEEK_INTERVAL,
-        peek_batch_size: int = 50,
+        peek_batch_size: int = defaults.PEEK_BATCH,
         receive_batch_size: int | None = None,
         lease: timedelta = defaults.LEASE,
         max_deliveries: int = defaults.MAX_DELIVERIES,
@@ -214,8 +214,10 @@ class MessagePump:
         self.dialect = pool.dialect
         self.dialect.validate_address(queue)
         self.queue = queue
-        self.error_queue = error_queue or queue.sibling(defaults.ERROR_QUEUE)
-        self.audit_queue = audit_queue
+        # One rule with the clients: an error or audit queue named without a schema is in the queue's schema.
+        addressing = Addressing(self.dialect, error_queue, audit_queue)
+        self.error_queue = addressing.error_address(None, queue)
+        self.audit_queue = addressing.audit_address(queue)
         self.handler = handler
         self.batch_handler = batch_handler
         self.transaction_mode = TransactionMode(transaction_mode)

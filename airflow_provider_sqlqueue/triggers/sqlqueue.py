@@ -100,7 +100,7 @@ class SqlQueueTrigger(BaseTrigger):
         *,
         sqlqueue_conn_id: str,
         queue_name: str,
-        max_messages: int = 10,
+        max_messages: int = defaults.SENSOR_BATCH,
         transaction_mode: str = TransactionMode.CLAIM.value,
         peek_interval: float = defaults.PEEK_INTERVAL,
         lease: timedelta | float = defaults.LEASE,

@@ -351,7 +351,7 @@ class AsyncPsycopgPool(SessionPool):
         does not fail it).
     """
 
-    def __init__(self, conninfo: str, max_size: int, min_size: int = 1, **kwargs: Any) -> None:
+    def __init__(self, conninfo: str, max_size: int, min_size: int = defaults.POOL_MIN_SIZE, **kwargs: Any) -> None:
         if max_size < 1:
             raise InvalidArgumentError(f"max_size must be at least 1, got {max_size}")
         self.dialect = get_dialect("postgres")
