@@ -37,6 +37,7 @@ class Kind(Enum):
     TOKENS = "claim tokens"
     SEQS = "places in an error queue"
     LABEL = "a holder, endpoint or machine name"
+    SEARCH = "text to look for (empty: everything)"
     TOPICS = "event topics"
     MESSAGES = "messages to send"
     RECEIVED = "a message received earlier"
@@ -94,6 +95,8 @@ KINDS: dict[str, Kind] = {
     "sends": Kind.SENDS,
     "group": Kind.GROUP,
     "transaction_mode": Kind.MODE,
+    "search": Kind.SEARCH,
+    "offset": Kind.SEQ,
     "notify": Kind.FLAG,
     "include_claims": Kind.FLAG,
     "body_string": Kind.FLAG,
@@ -376,6 +379,7 @@ CATALOGUE: dict[Kind, Callable[[World], list[tuple[str, Any]]]] = {
     Kind.TOKENS: _tokens,
     Kind.SEQS: _seq_lists,
     Kind.LABEL: _labels,
+    Kind.SEARCH: lambda w: [(label, value) for label, value in _labels(w) if label != "empty"],
     Kind.TOPICS: _topics,
     Kind.MESSAGES: _messages,
     Kind.RECEIVED: _received,
@@ -412,6 +416,7 @@ def good_value(kind: Kind, parameter: str, world: World) -> Any:
         Kind.TOKENS: [uuid.uuid4()],
         Kind.SEQS: [1],
         Kind.LABEL: "contract-holder",
+        Kind.SEARCH: "ord",
         Kind.TOPICS: ["Contract.Events.Nothing"],
         Kind.MESSAGES: [Message("contract")],
         Kind.RECEIVED: ReceivedMessage(uuid.uuid4(), {}, b"", uuid.uuid4(), 1),

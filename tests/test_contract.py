@@ -50,7 +50,7 @@ CLIENT = {
     "create_writes", "database", "depth", "drop_queue", "error_address", "error_summary", "extend", "extend_held",
     "fail", "failed_messages", "forget_write", "forward", "held", "inflight", "installation", "kind",
     "lapsed_claims", "move_due", "move_to_error", "nack", "nack_held", "next_due", "peek", "publish", "purge",
-    "purge_expired", "queue_stats", "queues", "receive", "receive_native", "record_write", "release_lapsed",
+    "purge_expired", "queue_page", "queue_stats", "queues", "receive", "receive_native", "record_write", "release_lapsed",
     "reserve", "retry_errors", "retry_errors_page", "send", "seq_range", "subscribe", "subscribers",
     "subscription_table", "take", "transaction", "unsubscribe",
 }  # fmt: skip
@@ -254,8 +254,8 @@ CREATORS = {"create_queue", "create_subscription_table", "create_writes"}
 #: What a name that reaches no table may leave as it is: an installer creates it, a drop has nothing to drop.
 IDEMPOTENT = CREATORS | {"drop_queue"}
 #: Entry points a role without rights may call: they only read the catalog (a queue's layout, its
-#: notifications), or find nothing to do (an installer whose tables exist).
-NEEDS_NO_RIGHTS = PURE | CREATORS | {"connect", "check_queue", "wait_for_notifications"}
+#: notifications, the queues it may read: none), or find nothing to do (an installer whose tables exist).
+NEEDS_NO_RIGHTS = PURE | CREATORS | {"connect", "check_queue", "wait_for_notifications", "queue_page"}
 
 
 def hostile_cases(name: str, function: Callable[..., Any], world: World) -> Iterator[tuple[str, Kind, tuple[str, Any]]]:

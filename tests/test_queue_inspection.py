@@ -46,6 +46,21 @@ def test_queues_lists_the_queue_tables_and_nothing_else(client, queue, raw, sche
     assert [address.table for address in mine] == ["Shipping", "billing", "error", "orders"]
 
 
+def test_queue_page_filters_and_pages_in_the_database(client, schema) -> None:
+    names = [f"page_{n:02d}" for n in range(7)]
+    for name in names:
+        client.create_queue(QueueAddress(name, schema), delayed=False)
+    mine = f"{schema}.page_"  # this test's schema alone: other tests' queues may share the database
+    first = client.queue_page(mine.upper(), offset=0, limit=3)  # case does not matter
+    assert first.total == 7 and [a.table for a in first.queues] == names[:3]
+    rest = client.queue_page(mine, offset=3, limit=10)
+    assert rest.total == 7 and [a.table for a in rest.queues] == names[3:]
+    past = client.queue_page(mine, offset=50, limit=10)
+    assert past.total == 7 and past.queues == []  # past the end: the total still says how many there are
+    assert client.queue_page(f"{schema}.no such queue").total == 0
+    assert QueueAddress("error", schema) in client.queue_page(schema).queues
+
+
 def test_queue_stats_match_the_tables(client, queue, raw, schema, backend):
     sent = datetime(2026, 5, 1, 12, 30, tzinfo=timezone.utc)
     client.send(queue, Message("oldest", {"NServiceBus.TimeSent": wire_timestamp(sent)}))

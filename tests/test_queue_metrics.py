@@ -52,7 +52,9 @@ def test_queue_metrics_reach_statsd_tagged_and_named_per_queue(airflow_db, pg_ur
                     [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
                 )
                 assert run.returncode == 0, run.stderr[-3000:]
-                assert "'shop'" in run.stdout and "'missing'" not in run.stdout  # an unknown connection is skipped
+                measured = run.stdout.strip().splitlines()[-1]  # what emit_queue_metrics returned
+                assert "'shop'" in measured and "'missing'" not in measured  # an unknown connection is skipped
+                assert "no Airflow connection 'missing' is defined" in run.stdout  # and the log says why
                 lines = []
                 while True:
                     try:

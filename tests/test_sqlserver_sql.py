@@ -238,7 +238,7 @@ def test_placeholder_names_match_the_parameters_the_operations_pass():
         "error_headers": {"after", "limit"},
         "error_rows": {"seqs"},
         "failed_messages": {"seqs", "preview"},
-        "list_queues": set(),
+        "list_queues": {"search", "offset", "limit"},
         "queue_figures": {"limit"},
         "claim_figures": {"queue"},
         "claims": {"queue", "limit"},

@@ -39,7 +39,7 @@ from ..hooks.sqlqueue import (
     UnsupportedConnectionError,
     configured_conn_ids,
 )
-from ..transport import defaults
+from ..transport import QueueAddress, defaults
 from ..transport.errors import (
     InvalidQueueNameError,
     QueueNotFoundError,
@@ -339,23 +339,24 @@ def create_app() -> FastAPI:
         with _answering(connection_id):
             hook = _hook(connection_id)
             with hook.client() as client:
-                listed = []
-                for address in client.queues():
-                    text = client.canonical_address(address)
-                    listed.append((text, address, client.kind(address)))
-                matching = [entry for entry in listed if search.casefold() in entry[0].casefold()]
-                chosen = matching[offset : offset + limit]
-                stats = client.queue_stats([address for _, address, _ in chosen])
+                page = client.queue_page(search, offset=offset, limit=limit)
+                stats = client.queue_stats(page.queues)
+                kinds = [client.kind(address) for address in page.queues]
+                # Error queues of every schema, for the error panel: named as the error queue is named.
+                named = client.error_address(None, QueueAddress("q")).table
+                candidates = client.queue_page(named, limit=defaults.MAX_BATCH).queues
+                error_queues = [client.canonical_address(a) for a in candidates if client.kind(a) == "error"]
+                texts = [client.canonical_address(address) for address in page.queues]
             figures = [
                 _figures(text, address.schema or "", address.table, kind, found)
-                for (text, address, kind), found in zip(chosen, stats, strict=True)
+                for text, address, kind, found in zip(texts, page.queues, kinds, stats, strict=True)
             ]
             return QueuePage(
                 connection_id=connection_id,
-                total=len(matching),
+                total=page.total,
                 offset=offset,
                 queues=figures,
-                error_queues=[text for text, _, kind in listed if kind == "error"],
+                error_queues=error_queues,
             )
 
     @app.get("/api/connections/{connection_id}/depth", dependencies=[ReadConnection])

@@ -19,13 +19,19 @@ from .errors import InvalidArgumentError, InvalidQueueNameError
 
 
 def checked_text(
-    what: str, value: object, *, limit: int | None = None, invalid: type[InvalidArgumentError] = InvalidArgumentError
+    what: str,
+    value: object,
+    *,
+    limit: int | None = None,
+    invalid: type[InvalidArgumentError] = InvalidArgumentError,
+    empty: bool = False,
 ) -> str:
-    """Text a database can hold as a name or a column value: non-empty, no NUL, valid Unicode (no lone
-    surrogates) and, given a ``limit``, at most that many characters; else ``invalid`` naming ``what``."""
+    """Text a database can hold as a name or a column value: non-empty (unless ``empty``), no NUL, valid
+    Unicode (no lone surrogates) and, given a ``limit``, at most that many characters; else ``invalid``
+    naming ``what``."""
     if not isinstance(value, str):
         raise invalid(f"{what} must be text, got {type(value).__name__}")
-    if not value.strip():
+    if not empty and not value.strip():
         raise invalid(f"{what} must not be empty or blank")
     if "\x00" in value:
         raise invalid(f"{what} {value[:60]!r} contains a NUL character")

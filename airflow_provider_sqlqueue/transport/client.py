@@ -1084,7 +1084,16 @@ class AsyncQueueClient(Addressing):
         Tables an NServiceBus endpoint created count as well as this library's: a queue is a table
         with the columns NServiceBus reads. Error and audit queues are among them.
         """
-        return await self._run(ops.list_queues(self.dialect))
+        return (await self.queue_page(limit=defaults.MAX_BATCH)).queues
+
+    async def queue_page(
+        self, search: str = "", *, offset: int = 0, limit: int = defaults.QUEUES_PAGE
+    ) -> ops.QueuePage:
+        """A page of :meth:`queues`: those whose ``schema.table`` holds ``search`` (ignoring case), from
+        the ``offset``-th on, with how many match in all; the database filters and pages."""
+        search = checked_text("search", search, limit=defaults.MAX_LABEL, empty=True)
+        check_positive("limit", limit)
+        return await self._run(ops.list_queues(self.dialect, search, place("offset", offset), limit))
 
     async def queue_stats(
         self,
@@ -1251,6 +1260,7 @@ class QueueClient(Addressing):
     record_write = _blocking(AsyncQueueClient.record_write)
     forget_write = _blocking(AsyncQueueClient.forget_write)
     queues = _blocking(AsyncQueueClient.queues)
+    queue_page = _blocking(AsyncQueueClient.queue_page)
     queue_stats = _blocking(AsyncQueueClient.queue_stats)
     claims = _blocking(AsyncQueueClient.claims)
     release_lapsed = _blocking(AsyncQueueClient.release_lapsed)

@@ -1321,16 +1321,28 @@ def _readable_headers(text: str | None) -> Headers | None:
         return None
 
 
-@autocommitted
-def list_queues(d: Dialect) -> Operation[list[QueueAddress]]:
-    """The queue tables of the connection's database that it may read, by schema and name.
+@dataclass(frozen=True)
+class QueuePage:
+    """One page of a database's queues (:func:`list_queues`), and how many there are in all."""
 
-    A table counts as a queue when it has the columns NServiceBus reads (whoever created it); the
-    claim stores are left out. Names this library cannot address are skipped with a warning.
+    total: int
+    queues: list[QueueAddress]
+
+
+@autocommitted
+def list_queues(d: Dialect, search: str, offset: int, limit: int) -> Operation[QueuePage]:
+    """A page of the queue tables of the connection's database that it may read, by schema and name.
+
+    A table counts as a queue when it has the columns NServiceBus reads, with their types (whoever
+    created it); the claim stores are left out. The database pages and filters, so a database of
+    many schemas costs one page's rows. Names this library cannot address are skipped with a warning.
     """
-    rows = yield Step(d.list_queues_sql(), {}, Fetch.ALL, "the database's catalog")
+    params = {"search": search, "offset": offset, "limit": limit}
+    rows = yield Step(d.list_queues_sql(), params, Fetch.ALL, "the database's catalog")
     queues = []
-    for schema, table in rows:
+    for _, schema, table in rows:
+        if table is None:  # a page past the end: the total alone
+            continue
         address = QueueAddress(str(table), str(schema))
         try:
             d.validate_address(address)
@@ -1338,7 +1350,7 @@ def list_queues(d: Dialect) -> Operation[list[QueueAddress]]:
             log.warning("Leaving table %s.%s out of the queues: %s", schema, table, exc)
             continue
         queues.append(address)
-    return queues
+    return QueuePage(int(rows[0][0]) if rows else 0, queues)
 
 
 @autocommitted

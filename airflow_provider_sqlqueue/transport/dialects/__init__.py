@@ -321,9 +321,11 @@ class Dialect(ABC):
 
     @abstractmethod
     def list_queues_sql(self) -> str:
-        """No params -> rows (schema, table) of every table of the connection's database that has a queue
-        table's columns and types (:attr:`column_types`) and that the connection may read, the in-flight tables
-        excepted; by schema and name."""
+        """%(search)s, %(offset)s, %(limit)s -> rows (total, schema, table): one page, by schema and name, of the
+        tables of the connection's database that have a queue table's columns and types (:attr:`column_types`),
+        that the connection may read and whose ``schema.table`` holds ``search`` (case-insensitively), the
+        in-flight tables excepted; ``total`` counts all of them, and a page past the end is one row of
+        ``total`` with no table."""
 
     @abstractmethod
     def queue_figures_sql(self, address: QueueAddress) -> str:

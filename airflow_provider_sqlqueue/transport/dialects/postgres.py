@@ -284,12 +284,16 @@ class PostgresDialect(Dialect):
             for type_name in accepted
         )
         return (
-            "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WITH q AS (SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
             "WHERE c.relkind IN ('r', 'p') AND NOT starts_with(n.nspname, 'pg_') AND n.nspname <> 'information_schema' "
-            f"AND c.relname <> {quote_literal(self.inflight_table)} AND has_table_privilege(c.oid, 'SELECT') "
+            f"AND c.relname <> {quote_literal(self.inflight_table)} "
+            "AND strpos(lower(n.nspname || '.' || c.relname), lower(%(search)s)) > 0 "
+            "AND has_table_privilege(c.oid, 'SELECT') "
             "AND (SELECT count(*) FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped "
-            f"AND (a.attname::text, format_type(a.atttypid, NULL)) IN ({pairs})) = {len(self.column_types)} "
-            "ORDER BY n.nspname, c.relname"
+            f"AND (a.attname::text, format_type(a.atttypid, NULL)) IN ({pairs})) = {len(self.column_types)}) "
+            "SELECT t.total, p.nspname, p.relname FROM (SELECT count(*) AS total FROM q) AS t LEFT JOIN "
+            "(SELECT nspname, relname FROM q ORDER BY nspname, relname OFFSET %(offset)s LIMIT %(limit)s) AS p ON true "
+            "ORDER BY p.nspname, p.relname"
         )
 
     def queue_figures_sql(self, address: QueueAddress) -> str:
