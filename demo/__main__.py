@@ -58,7 +58,7 @@ class Progress:
                 self.say(f"task {dag_id}.{task_id} {state}")
         for name in QUEUES:
             address = QueueAddress(name, SCHEMA)
-            figures = (self.client.depth(address), self.client.inflight(address))
+            figures = (self.client.depth(address), self.client.in_flight(address))
             if self.queues.get(name, (0, 0)) != figures:
                 self.queues[name] = figures
                 self.say(f"queue {name}: {figures[0]} waiting, {figures[1]} in flight")
@@ -108,7 +108,7 @@ def main() -> int:
             progress.poll()
             reports = {m.json()["dataset"]: m.json() for m in client.receive(QueueAddress("reports", SCHEMA), 10)}
             left = {
-                name: client.depth(QueueAddress(name, SCHEMA)) + client.inflight(QueueAddress(name, SCHEMA))
+                name: client.depth(QueueAddress(name, SCHEMA)) + client.in_flight(QueueAddress(name, SCHEMA))
                 for name in QUEUES
             }
             left["error"] = client.depth(QueueAddress("error", SCHEMA))

@@ -52,7 +52,7 @@ with DAG(
         queues = {}
         for name in QUEUES:
             try:
-                queues[name] = {"waiting": hook.depth(name), "in_flight": hook.inflight(name)}
+                queues[name] = {"waiting": hook.depth(name), "in_flight": hook.in_flight(name)}
             except QueueNotFoundError:
                 queues[name] = {"missing": True}
         groups = hook.error_summary(ERROR_QUEUE)  # the newest 10,000, headers only

@@ -87,7 +87,7 @@ def test_sensor_receives_acks_and_hands_messages_downstream(deferrable, client, 
     assert messages[0]["queue"] == f'orders@"{schema}"'
     assert xcom(run, "handle") == [{"n": 0}, {"n": 1}, {"n": 2}]
     assert xcom(run, "ack") == {"acknowledged": 3, "expired": 0}
-    assert client.depth(queue) == 2 and client.inflight(queue) == 0
+    assert client.depth(queue) == 2 and client.in_flight(queue) == 0
 
 
 def test_an_audit_queue_on_the_connection_gets_a_copy_of_each_acknowledged_message(
@@ -135,7 +135,7 @@ def test_deferrable_sensor_defers_then_resumes_when_a_message_arrives(client, qu
     [wait] = [ti for ti in run.get_task_instances() if ti.task_id == "wait"]
     assert wait.next_method is None and wait.try_number == 1
     assert [m["body"] for m in xcom(run, "wait")] == ["late"]
-    assert client.depth(queue) == 0 and client.inflight(queue) == 0
+    assert client.depth(queue) == 0 and client.in_flight(queue) == 0
 
 
 def test_failed_downstream_gives_the_message_back_then_error_queue(client, queue, schema, raw, monkeypatch):
@@ -158,7 +158,7 @@ def test_failed_downstream_gives_the_message_back_then_error_queue(client, queue
     monkeypatch.setenv("SQLQUEUE_TEST_FAIL", "0")
     healed = dag.test()
     assert healed.state == "success" and [m["body"] for m in xcom(healed, "wait")] == ["fragile"]
-    assert client.depth(queue) == 0 and client.inflight(queue) == 0
+    assert client.depth(queue) == 0 and client.in_flight(queue) == 0
     assert raw.execute(f'SELECT count(*) FROM "{schema}".error').fetchone()[0] == 0
 
 
@@ -168,10 +168,10 @@ def test_failed_downstream_without_nack_redelivers_after_the_lease(client, queue
     dag = load_dag("sqlqueue_consume_failing_no_nack")
     first = dag.test()
     assert first.state == "failed"
-    assert client.depth(queue) == 0 and client.inflight(queue) == 1  # still leased to the failed run
+    assert client.depth(queue) == 0 and client.in_flight(queue) == 1  # still leased to the failed run
     monkeypatch.setenv("SQLQUEUE_TEST_FAIL", "0")
     second = dag.test()  # peeks until the 1 s lease runs out, then claims it again
     assert second.state == "success"
     [message] = xcom(second, "wait")
     assert message["body"] == "slow to fail" and message["deliveries"] == 2
-    assert client.depth(queue) == 0 and client.inflight(queue) == 0
+    assert client.depth(queue) == 0 and client.in_flight(queue) == 0

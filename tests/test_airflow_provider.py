@@ -65,14 +65,14 @@ def test_hook_round_trip_on_a_postgres_connection(conn_id, client, queue, schema
     ids = hook.send(name, [Message("a"), Message("b"), Message("c")])
     assert hook.peek(name) == 3 and hook.depth(name) == 3
     [claimed] = hook.receive(name, transaction_mode="claim")
-    assert str(claimed.id) == ids[0] and hook.inflight(name) == 1
+    assert str(claimed.id) == ids[0] and hook.in_flight(name) == 1
     assert hook.nack(name, [claimed.claim_token], error="try later") == 1
     [again] = hook.receive(name, transaction_mode="claim")
     assert again.id == claimed.id and again.deliveries == 2
     assert (
         hook.extend(name, [again.claim_token, uuid.uuid4()], lease=60) == 1
     )  # one statement; the stranger is not held
-    assert hook.ack(name, [again.claim_token]) == 1 and hook.inflight(name) == 0
+    assert hook.ack(name, [again.claim_token]) == 1 and hook.in_flight(name) == 0
     [gone] = hook.receive(name, transaction_mode="none")
     assert gone.text == "b"
     hook.move_to_error(name, gone, "bad order")

@@ -81,7 +81,7 @@ class Pipeline:
     def left(self) -> dict[str, int]:
         """Messages still waiting or in flight, per queue, and in the error queue."""
         with QueueClient.connect(self.pg_uri) as client:
-            counts = {name: client.depth(self.address(name)) + client.inflight(self.address(name)) for name in QUEUES}
+            counts = {name: client.depth(self.address(name)) + client.in_flight(self.address(name)) for name in QUEUES}
             counts["error"] = client.depth(self.address("error"))
         return counts
 
@@ -287,7 +287,7 @@ def test_fan_out_each_dataset_reaches_both_subscribed_stages_exactly_once(pipeli
         reports = pipeline.address("fanout_reports")
 
         def waiting() -> dict[str, int]:
-            return {n: client.depth(pipeline.address(n)) + client.inflight(pipeline.address(n)) for n in FANOUT_QUEUES}
+            return {n: client.depth(pipeline.address(n)) + client.in_flight(pipeline.address(n)) for n in FANOUT_QUEUES}
 
         pipeline.wait_until(lambda: waiting()["fanout_reports"] >= 6, 900, "6 fan-out reports")
         pipeline.wait_until(lambda: sum(waiting().values()) == waiting()["fanout_reports"], 120, "fan-out drained")

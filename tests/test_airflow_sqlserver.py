@@ -127,7 +127,7 @@ async def test_sql_server_connection_carries_messages_end_to_end(airflow_db, mon
         await events.aclose()
         assert [m["body"] for m in event.payload["messages"]] == ["one", "two"]
         assert hook.ack(queue, [m["claim_token"] for m in event.payload["messages"]]) == 2
-        assert hook.depth(queue) == 0 and hook.inflight(queue) == 0
+        assert hook.depth(queue) == 0 and hook.in_flight(queue) == 0
         with QueueClient.connect(hook.conninfo()) as client:
             assert client.depth(queue) == 0
     finally:

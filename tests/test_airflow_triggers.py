@@ -58,7 +58,7 @@ async def test_run_fires_once_messages_arrive_after_it_started(conn_id, client, 
     messages = event.payload["messages"]
     assert [m["body"] for m in messages] == ["m0", "m1", "m2"]
     assert all(m["claim_token"] and m["queue"] == f'orders@"{schema}"' for m in messages)
-    assert client.depth(queue) == 2 and client.inflight(queue) == 3
+    assert client.depth(queue) == 2 and client.in_flight(queue) == 3
 
 
 async def test_none_mode_deletes_on_receipt(conn_id, client, queue, schema):
@@ -66,7 +66,7 @@ async def test_none_mode_deletes_on_receipt(conn_id, client, queue, schema):
     event = await first_event(make_trigger(schema, transaction_mode="none"))
     [message] = event.payload["messages"]
     assert message["body"] == "x" and message["claim_token"] is None
-    assert client.depth(queue) == 0 and client.inflight(queue) == 0
+    assert client.depth(queue) == 0 and client.in_flight(queue) == 0
 
 
 async def test_restart_neither_loses_nor_duplicates(conn_id, client, queue, schema):
@@ -90,7 +90,7 @@ async def test_restart_neither_loses_nor_duplicates(conn_id, client, queue, sche
     third = await first_event(import_string(classpath)(**{**kwargs, "max_messages": 10}))  # after the lease
     redelivered = third.payload["messages"]
     assert {m["id"] for m in redelivered} == lost_ids and all(m["deliveries"] == 0 for m in redelivered)
-    assert client.depth(queue) == 0 and client.inflight(queue) == 4
+    assert client.depth(queue) == 0 and client.in_flight(queue) == 4
 
 
 async def test_missing_queue_fires_an_error_event(conn_id, schema):
@@ -140,7 +140,7 @@ async def test_event_trigger_fires_one_event_per_message_and_keeps_running(conn_
         assert (await asyncio.wait_for(anext(events), 20)).payload["body"] == "later"
     finally:
         await events.aclose()
-    assert client.inflight(queue) == 4 and client.depth(queue) == 0
+    assert client.in_flight(queue) == 4 and client.depth(queue) == 0
 
 
 def test_message_queue_trigger_resolves_the_sqlqueue_scheme(schema):
@@ -215,7 +215,7 @@ async def test_asset_watcher_starts_one_dag_run_per_message(conn_id, client, que
         [{"n": 1}],
         [{"n": 2}],
     ]
-    assert client.inflight(queue) == 3 and client.depth(queue) == 0  # leased to the runs until they ack
+    assert client.in_flight(queue) == 3 and client.depth(queue) == 0  # leased to the runs until they ack
 
     # Each run's last task acknowledges the messages that triggered it (messages=None).
     ack = AckMessagesOperator(task_id="ack", sqlqueue_conn_id="sqlqueue_test", error_queue=f'error@"{schema}"')
@@ -224,7 +224,7 @@ async def test_asset_watcher_starts_one_dag_run_per_message(conn_id, client, que
             "triggering_asset_events": {asset.name: [type("Event", (), {"extra": {"payload": p}}) for p in payloads]}
         }
         assert await asyncio.to_thread(ack.execute, context) == {"acknowledged": 1, "expired": 0}
-    assert client.inflight(queue) == 0
+    assert client.in_flight(queue) == 0
 
 
 async def test_many_triggers_share_one_peek_per_queue_and_each_message_fires_once(conn_id, client, schema):

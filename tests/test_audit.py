@@ -78,7 +78,7 @@ def test_ack_copies_each_message_with_the_processing_headers(backend, raw, schem
     before = datetime.now(timezone.utc)
     held = auditing.ack(queue, [m.claim_token for m in claimed[:2]], started={claimed[0].id: started})
     assert held == {claimed[0].claim_token, claimed[1].claim_token}
-    assert auditing.inflight(queue) == 1  # the third is still being worked on: no copy yet
+    assert auditing.in_flight(queue) == 1  # the third is still being worked on: no copy yet
 
     copies = sorted(audited(backend, raw, schema), key=lambda row: row[1])
     assert [body for _, body in copies] == [b"m0", b"m1"]
@@ -167,7 +167,7 @@ def test_a_missing_audit_queue_fails_the_ack_and_keeps_the_claim(backend, raw, s
     auditing.drop_queue(QueueAddress("audit", schema))
     with pytest.raises(QueueNotFoundError):
         auditing.ack(queue, message.claim_token)
-    assert auditing.inflight(queue) == 1
+    assert auditing.in_flight(queue) == 1
     auditing.create_queue(queue)
     assert auditing.ack(queue, message.claim_token) is True
     assert audited_ids(raw, backend, schema) == Counter({str(message.id): 1})
@@ -286,7 +286,7 @@ def test_sigkill_between_the_ack_and_its_audit_copy_leaves_neither(backend, raw,
         time.sleep(0.05)
     assert audited_ids(raw, backend, schema) == Counter()
     if mode == "claim":
-        assert auditing.inflight(queue) == 1  # still claimed: back when its lease runs out
+        assert auditing.in_flight(queue) == 1  # still claimed: back when its lease runs out
         deadline = time.monotonic() + 30
         while not (again := auditing.claim(queue)):
             assert time.monotonic() < deadline
@@ -297,7 +297,7 @@ def test_sigkill_between_the_ack_and_its_audit_copy_leaves_neither(backend, raw,
         with auditing.receive_native(queue) as message:
             assert message is not None and message.id == sent.id
     assert audited_ids(raw, backend, schema) == Counter({str(sent.id): 1})
-    assert auditing.depth(queue) == 0 and auditing.inflight(queue) == 0
+    assert auditing.depth(queue) == 0 and auditing.in_flight(queue) == 0
 
 
 def consume_audited(uri: str, schema: str, mode: str, stop_file: str, seed: int) -> None:
@@ -351,7 +351,7 @@ def test_killed_consumers_leave_exactly_one_copy_per_finished_message(backend, r
             killed += 1
             spawn()
         deadline = time.monotonic() + 120
-        while auditing.depth(queue) or auditing.inflight(queue):
+        while auditing.depth(queue) or auditing.in_flight(queue):
             assert time.monotonic() < deadline, "the consumers did not drain the queue"
             time.sleep(0.2)
     finally:
@@ -387,4 +387,4 @@ def test_an_audit_queue_that_is_the_queue_or_its_error_queue_is_refused(backend,
         [claimed] = client.claim(queue)
         with pytest.raises(InvalidArgumentError, match="audit queue"):
             client.ack(queue, claimed.claim_token)
-        assert client.inflight(queue) == 1  # nothing acknowledged, nothing copied
+        assert client.in_flight(queue) == 1  # nothing acknowledged, nothing copied

@@ -208,7 +208,7 @@ def test_sigkilled_consumers_lose_and_duplicate_only_what_their_mode_allows(pg_u
 
     def drained() -> bool:
         handled = {body for body, _ in ledger(raw, schema)}
-        return client.depth(queue) == 0 and client.inflight(queue) == 0 and (mode == "none" or handled == expected)
+        return client.depth(queue) == 0 and client.in_flight(queue) == 0 and (mode == "none" or handled == expected)
 
     try:
         while len(run.killed) < KILLS and not drained():  # chaos while the queue drains ...
@@ -319,7 +319,7 @@ def test_consumers_recover_from_a_restart_and_a_session_kill_storm(own_pg, mode)
         run.stop()
     rows = handled()
     with QueueClient.connect(uri, error_queue=QueueAddress("error", schema)) as check:
-        assert check.depth(queue) == 0 and check.inflight(queue) == 0
+        assert check.depth(queue) == 0 and check.in_flight(queue) == 0
     counts = Counter(body for body, _ in rows)
     assert set(counts) == expected  # 0 lost
     if mode == "native":

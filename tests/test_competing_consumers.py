@@ -58,7 +58,7 @@ def test_competing_consumers_deliver_each_message_exactly_once(backend, client, 
     assert sorted(delivered) == expected
     assert max(delivered.values()) == 1
     assert sum(1 for result in results if result) >= 2, "consumers did not actually compete"
-    assert client.depth(queue) == 0 and client.inflight(queue) == 0
+    assert client.depth(queue) == 0 and client.in_flight(queue) == 0
     if mode == "native":
         ledger = Counter(r[0] for r in raw.execute(f'SELECT body FROM "{schema}".ledger').fetchall())
         assert sorted(ledger) == expected and max(ledger.values()) == 1

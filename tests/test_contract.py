@@ -48,7 +48,7 @@ CLIENT = {
     "ack", "ack_held", "address", "audit_address", "beside", "browse", "browse_page", "canonical_address",
     "check_queue", "claim", "claims", "close", "connect", "connection", "create_queue", "create_subscription_table",
     "create_writes", "database", "depth", "drop_queue", "error_address", "error_summary", "extend", "extend_held",
-    "fail", "failed_messages", "forget_write", "forward", "held", "inflight", "installation", "kind",
+    "fail", "failed_messages", "forget_write", "forward", "held", "in_flight", "installation", "kind",
     "lapsed_claims", "move_due", "move_to_error", "nack", "nack_held", "next_due", "peek", "publish", "purge",
     "purge_expired", "queue_page", "queue_stats", "queues", "receive", "receive_native", "record_write", "release_lapsed",
     "reserve", "retry_errors", "retry_errors_page", "send", "seq_range", "subscribe", "subscribers",
@@ -378,7 +378,7 @@ def test_an_async_client_method_keeps_its_contract(
 HOOK = {
     "ack", "aconnection", "audit_queue", "browse", "canonical_address", "check_queue", "claims", "client",
     "connection", "conninfo", "create_queue", "depth", "dialect_name", "drop_queue", "error_queue", "error_summary",
-    "extend", "failed_messages", "forward", "get_async_client", "get_conn", "inflight", "keep_claims", "move_due",
+    "extend", "failed_messages", "forward", "get_async_client", "get_conn", "in_flight", "keep_claims", "move_due",
     "move_to_error", "nack", "peek", "publish", "purge", "purge_expired", "queue_stats", "queues", "receive",
     "receive_dicts", "receive_native", "release_lapsed", "retry_errors", "retry_errors_page", "send", "subscribe",
     "take_dicts", "test_connection", "unsubscribe",

@@ -172,7 +172,7 @@ def test_bad_leases_are_refused_before_anything_is_sent(client, queue, lease, er
         client.claim(queue, lease=lease)
     with pytest.raises(error, match="lease"):
         client.reserve(queue, lease=lease)
-    assert client.depth(queue) == 1 and client.inflight(queue) == 0
+    assert client.depth(queue) == 1 and client.in_flight(queue) == 0
 
 
 def test_time_to_be_received_is_bounded_to_what_nservicebus_can_read():
@@ -357,7 +357,7 @@ def test_a_claim_is_one_queue_however_its_address_is_written(client, queue, raw,
     database = raw.execute("SELECT DB_NAME()").fetchone()[0]
     client.send(queue, Message("x"))
     [claim] = client.claim(QueueAddress("orders", schema, database))
-    assert client.inflight(QueueAddress("orders", schema)) == 1
+    assert client.in_flight(QueueAddress("orders", schema)) == 1
     assert client.ack(QueueAddress("orders", schema), claim.claim_token) is True
 
 

@@ -70,11 +70,11 @@ def test_claim_mode_kill_redelivers_after_the_lease(backend, client, queue):
     client.send(queue, sent)
     kill_holder(backend.uri, queue.schema, "claim")
     assert client.claim(queue) == []  # still leased to the dead consumer
-    assert client.inflight(queue) == 1
+    assert client.in_flight(queue) == 1
     [again] = wait_for(lambda: client.claim(queue))
     assert (again.id, again.deliveries) == (sent.id, 2)
     assert client.ack(queue, again.claim_token)
-    assert client.depth(queue) == 0 and client.inflight(queue) == 0
+    assert client.depth(queue) == 0 and client.in_flight(queue) == 0
 
 
 def test_none_mode_kill_loses_exactly_the_message_in_the_handler(backend, client, queue):

@@ -70,7 +70,9 @@ async def test_a_failure_with_any_text_reaches_the_error_queue(backend, client, 
             pool, queue, handler, transaction_mode=mode, error_queue=error, max_deliveries=2, peek_interval=0.05,
             lease=1.0,
         )  # fmt: skip
-        await pump_until(pump, lambda: client.depth(error) == 1 and handled == ["fine"] and client.inflight(queue) == 0)
+        await pump_until(
+            pump, lambda: client.depth(error) == 1 and handled == ["fine"] and client.in_flight(queue) == 0
+        )
     finally:
         await pool.close()
     assert client.depth(queue) == 0

@@ -50,7 +50,7 @@ def test_reservation_counts_no_delivery_and_comes_back_after_its_lease(client, q
     assert taken.claim_token != final.claim_token  # the reservation's token no longer settles anything
     assert client.ack(queue, final.claim_token) is False
     assert client.ack(queue, taken.claim_token) is True
-    assert client.depth(queue) == 0 and client.inflight(queue) == 0
+    assert client.depth(queue) == 0 and client.in_flight(queue) == 0
 
 
 def test_a_reservation_has_one_taker(client, queue):
@@ -71,7 +71,7 @@ def test_take_checks_the_queue_of_the_token(client, queue, schema):
     [reserved] = client.reserve(queue)
     assert client.take(other, [reserved.claim_token]) == []
     assert client.ack(other, reserved.claim_token) is False
-    assert client.inflight(queue) == 1
+    assert client.in_flight(queue) == 1
 
 
 def test_adopt_takes_every_reservation_of_the_queue_oldest_first(client, queue):
@@ -131,7 +131,7 @@ def test_reservations_lapse_before_deliveries_count_and_takes_reach_max_deliveri
     assert headers["NServiceBus.ExceptionInfo.Source"] == "dag.clean"
     assert "FileNotFoundError" in headers["NServiceBus.ExceptionInfo.StackTrace"]
     assert headers["SqlQueue.DeliveryCount"] == "3"
-    assert client.inflight(queue) == 0
+    assert client.in_flight(queue) == 0
 
 
 def test_forward_sends_and_acknowledges_in_one_transaction(client, queue, schema):
@@ -141,7 +141,7 @@ def test_forward_sends_and_acknowledges_in_one_transaction(client, queue, schema
     claimed = client.claim(queue, 2)
     sent = client.forward({queue: [m.claim_token for m in claimed]}, {target: [Message("A"), Message("B")]})
     assert sent == 2
-    assert client.inflight(queue) == 0 and [m.text for m in client.receive(target, 5)] == ["A", "B"]
+    assert client.in_flight(queue) == 0 and [m.text for m in client.receive(target, 5)] == ["A", "B"]
 
 
 def test_forward_with_a_lost_claim_sends_nothing_and_keeps_the_other_claims(client, queue, schema):

@@ -36,7 +36,7 @@ def test_acknowledging_a_holder_settles_its_claims_and_no_one_elses(client, queu
     client.claim(queue, 10, holder="b")
     assert client.ack_held(queue, "a") == 20
     assert client.ack_held(queue, "a") == 0
-    assert client.inflight(queue) == 10 and client.depth(queue) == 20
+    assert client.in_flight(queue) == 10 and client.depth(queue) == 20
 
 
 def test_renewing_by_holder_revives_a_lapsed_claim_but_not_one_taken_over(client, queue):

@@ -264,7 +264,7 @@ def test_an_audit_queue_that_is_the_queue_or_its_error_queue_is_refused(pg_uri, 
             QueueClient.connect(pg_uri, audit_queue=audit) as auditing,
         ):
             auditing.ack(queue, claimed.claim_token)
-    assert client.inflight(queue) == 1 and client.peek(queue) == 0  # the claim is untouched, nothing copied
+    assert client.in_flight(queue) == 1 and client.peek(queue) == 0  # the claim is untouched, nothing copied
     assert client.ack(queue, claimed.claim_token)
 
 

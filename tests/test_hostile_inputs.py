@@ -77,7 +77,7 @@ async def test_a_handler_raising_a_base_exception_fails_its_message_not_the_pump
     task = asyncio.create_task(pump.run())
     try:
         for _ in range(600):
-            if handled == ["innocent"] and client.depth(error) == 1 and client.inflight(queue) == 0:
+            if handled == ["innocent"] and client.depth(error) == 1 and client.in_flight(queue) == 0:
                 break
             assert not task.done(), "the pump stopped by itself"
             await asyncio.sleep(0.05)

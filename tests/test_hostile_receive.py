@@ -145,12 +145,12 @@ def test_fail_leaves_a_message_claimed_from_another_queue_alone(client, queue, s
     [claimed] = client.claim(queue, lease=60)
     assert client.fail(other, claimed, "wrong queue") is False
     assert client.depth(QueueAddress("error", schema)) == 0
-    assert client.inflight(queue) == 1  # still claimed, by its holder, on its own queue
+    assert client.in_flight(queue) == 1  # still claimed, by its holder, on its own queue
     assert client.fail(queue, claimed, "right queue") is True
     [failed] = client.browse(QueueAddress("error", schema))
     assert failed.text == "an order"
     assert failed.headers[FAILED_QUEUE] == client.canonical_address(queue)
-    assert client.inflight(queue) == 0
+    assert client.in_flight(queue) == 0
 
 
 LAPSED_EXPIRED = 20_000
@@ -181,5 +181,5 @@ def test_a_run_of_expired_lapsed_claims_costs_a_claim_a_few_statements(raw, clie
     monkeypatch.undo()
     assert [m.id for m in got] == [live.id]  # handed out again: the expired claims ahead were no obstacle
     assert len(statements) <= 10, f"{len(statements)} statements for one claim behind {LAPSED_EXPIRED:,} expired"
-    assert client.inflight(queue) == 1  # the expired claims are gone, in bulk; the live one is held
+    assert client.in_flight(queue) == 1  # the expired claims are gone, in bulk; the live one is held
     assert client.depth(queue) == 0

@@ -69,10 +69,10 @@ def test_a_stage_publishes_its_result_and_acknowledges_its_claims_in_one_transac
     with pytest.raises(LeaseLostError):
         client.publish("Shop.Cleaned", Message("r"), table=table, claims={source: [kept.claim_token, lost.claim_token]})
     assert [client.depth(queues[n]) for n in ("billing", "shipping")] == [0, 0]  # nothing published ...
-    assert client.inflight(source) == 2  # ... and nothing acknowledged
+    assert client.in_flight(source) == 2  # ... and nothing acknowledged
     reached = client.publish("Shop.Cleaned", Message("r"), table=table, claims={source: [kept.claim_token]})
     assert {a.table for a in reached} == {"billing", "shipping"}
-    assert client.inflight(source) == 1 and client.ack(source, again.claim_token)
+    assert client.in_flight(source) == 1 and client.ack(source, again.claim_token)
 
 
 def test_subscribing_again_is_idempotent_and_unsubscribe_stops_delivery(client, queues, schema):

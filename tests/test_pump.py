@@ -99,7 +99,7 @@ async def test_thread_offloaded_sessions_drive_the_pump(pg_uri, client, queue, s
         await run_until(pump, lambda n=n: len(seen) == 20 * (n + 1), timeout=30)
     await pool.close()
     assert max(seen.values()) == 1 and pump.handled == 20
-    assert client.depth(queue) == 0 and client.inflight(queue) == 0
+    assert client.depth(queue) == 0 and client.in_flight(queue) == 0
 
 
 @pytest.fixture
@@ -140,7 +140,7 @@ async def test_pump_drains_with_at_most_max_concurrency_in_flight(pool, client, 
     assert sorted(seen, key=int) == [str(i) for i in range(150)]
     assert max(seen.values()) == 1
     assert 1 < peak <= 3
-    assert client.depth(queue) == 0 and client.inflight(queue) == 0
+    assert client.depth(queue) == 0 and client.in_flight(queue) == 0
     assert pump.handled == 150 and pump.failed == 0
 
 
@@ -164,7 +164,7 @@ async def test_a_claim_batch_settles_each_message_by_its_own_outcome(pool, clien
         receive_batch_size=20,
         peek_interval=0.05,
     )
-    await run_until(pump, lambda: attempts["m7"] == 2 and client.inflight(queue) == 0)
+    await run_until(pump, lambda: attempts["m7"] == 2 and client.in_flight(queue) == 0)
     assert attempts == Counter({f"m{i}": 2 if i == 7 else 1 for i in range(20)})
     assert pump.handled == 20 and pump.failed == 1
     assert client.depth(queue) == 0 and client.depth(QueueAddress("error", schema)) == 0
@@ -256,7 +256,7 @@ async def test_claim_pump_redelivers_failures_then_dead_letters(pool, client, qu
     error_count = lambda: raw.execute(f'SELECT count(*) FROM "{schema}"."error"').fetchone()[0]  # noqa: E731
     await run_until(pump, lambda: error_count() == 1 and calls["flaky"] == 2)
     assert calls == {"flaky": 2, "broken": 2}
-    assert client.inflight(queue) == 0 and client.depth(queue) == 0
+    assert client.in_flight(queue) == 0 and client.depth(queue) == 0
     assert "broken failed" in raw.execute(f'SELECT headers FROM "{schema}"."error"').fetchone()[0]
 
 

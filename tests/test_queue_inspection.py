@@ -168,7 +168,7 @@ def test_release_lapsed_beside_reclaiming_receivers_moves_each_claim_once(backen
         # Given back or reclaimed, each message reached a receiver once: a claim taken both ways
         # would show up twice here (reclaimed, then claimed again from the queue).
         assert len(set(reclaimed)) == len(reclaimed)
-        assert client.inflight(queue) == len(reclaimed)
+        assert client.in_flight(queue) == len(reclaimed)
         assert len(waiting) + len(reclaimed) == count
         assert not set(waiting) & set(reclaimed)
         assert 0 <= sum(released) <= count

@@ -192,7 +192,11 @@ def test_a_reader_cannot_act_and_an_operator_can(api: Api) -> None:
             ):
                 assert api.post("reader", path, body).status_code == 403
                 assert api.post("viewer", path, body).status_code == 403
-            assert (client.depth(orders), client.inflight(orders), client.depth(QueueAddress("error", api.schema))) == (
+            assert (
+                client.depth(orders),
+                client.in_flight(orders),
+                client.depth(QueueAddress("error", api.schema)),
+            ) == (
                 1,
                 1,
                 1,

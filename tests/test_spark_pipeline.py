@@ -53,7 +53,7 @@ def pipeline(airflow_db, pg_uri, schema, client, monkeypatch, tmp_path):
 
 def left(client, schema) -> dict[str, int]:
     return {
-        name: client.depth(QueueAddress(name, schema)) + client.inflight(QueueAddress(name, schema)) for name in QUEUES
+        name: client.depth(QueueAddress(name, schema)) + client.in_flight(QueueAddress(name, schema)) for name in QUEUES
     }
 
 
@@ -115,7 +115,7 @@ def test_fan_out_one_stage_publishes_to_two_subscribed_stages(pipeline, client, 
     assert quality["rows"] == expected["valid_orders"] == sum(quality["rows_per_country"].values())
     for name in ("fanout_ingest", "fanout_summary", "fanout_quality", "fanout_reports"):
         address = QueueAddress(name, schema)
-        assert client.depth(address) + client.inflight(address) == 0, name
+        assert client.depth(address) + client.in_flight(address) == 0, name
 
 
 def test_first_spark_job_fails_once_then_the_chain_completes(pipeline, client, schema):

@@ -196,7 +196,7 @@ def test_a_stream_stopped_and_then_killed_delivers_each_of_50000_messages_once(s
     assert len(ids) == 50_000 and len(set(ids)) == 50_000  # every one, none twice
     assert {b["revenue"] for b in out if b["order_id"] == "o3"} == {10.0}
     with QueueClient.connect(pg_uri) as client:
-        assert client.depth(events) == 0 and client.inflight(events) == 0  # every claim acknowledged
+        assert client.depth(events) == 0 and client.in_flight(events) == 0  # every claim acknowledged
         assert client.depth(QueueAddress("error", client.address(events).schema)) == 0
 
 
@@ -273,7 +273,7 @@ def test_a_stream_keeps_the_cores_expiry_and_poison_rules(spark, space, pg_uri, 
     # Each good one once; none of the fifty, the tired one or the unreadable row.
     assert len(seen) == 500 and set(seen) == set(range(500))
     with QueueClient.connect(pg_uri) as client:
-        assert client.depth(events) == 0 and client.inflight(events) == 0
+        assert client.depth(events) == 0 and client.in_flight(events) == 0
         assert client.depth(QueueAddress("error", schema)) == 0
     with psycopg.connect(pg_uri) as raw:
         failed = [headers for (headers,) in raw.execute(f'SELECT Headers FROM "{schema}".failures')]
@@ -304,7 +304,7 @@ def test_a_claim_read_returns_the_same_messages_until_acknowledged(spark, space,
     assert browsed.count() == 1_000  # the other thousand still wait
     assert ack_held(pg_uri, orders, "nightly-2026-11-24") == 2_000
     with QueueClient.connect(pg_uri) as client:
-        assert client.inflight(orders) == 0 and client.depth(orders) == 1_000
+        assert client.in_flight(orders) == 0 and client.depth(orders) == 1_000
 
 
 def test_a_micro_batch_longer_than_the_lease_keeps_its_claims(spark, space, pg_uri, tmp_path):
@@ -340,7 +340,7 @@ def test_a_micro_batch_longer_than_the_lease_keeps_its_claims(spark, space, pg_u
         query.stop()
     assert rival == [] and len(seen) == 200 and set(seen) == {1}
     with QueueClient.connect(pg_uri) as client:
-        assert client.depth(events) == 0 and client.inflight(events) == 0
+        assert client.depth(events) == 0 and client.in_flight(events) == 0
 
 
 def test_plans_carry_no_connection_secret(spark, space, pg_uri):
@@ -450,7 +450,7 @@ def test_example_dags_run_on_the_cluster_by_changing_only_spark_default(cluster,
 
                 def settled() -> bool:  # the run's source acknowledges its last batch after the sink wrote it
                     with QueueClient.connect(pg_uri) as client:
-                        return client.inflight(QueueAddress("order_events", schema)) == 0
+                        return client.in_flight(QueueAddress("order_events", schema)) == 0
 
                 wait(settled, "the streaming run's last claims acknowledged")
                 with QueueClient.connect(pg_uri) as client:

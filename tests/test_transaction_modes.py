@@ -111,7 +111,7 @@ def test_claim_ack_removes_for_good(client, queue, raw, schema):
     claims = client.claim(queue, 5)
     assert [c.text for c in claims] == ["a", "b"]
     assert all(c.claim_token and c.deliveries == 1 for c in claims)
-    assert client.depth(queue) == 0 and client.inflight(queue) == 2
+    assert client.depth(queue) == 0 and client.in_flight(queue) == 2
     assert client.claim(queue, 5) == []  # held by a lease: not receivable
     assert client.ack(queue, claims[0].claim_token) is True
     assert client.ack(queue, claims[0].claim_token) is False  # second ack: nothing to remove
@@ -153,7 +153,7 @@ def test_claim_max_deliveries_moves_to_error_queue(client, queue, raw, schema, b
         assert claim.deliveries == attempt
         client.nack(queue, claim.claim_token, error=f"ValueError: attempt {attempt}")
     assert client.claim(queue, max_deliveries=3) == []
-    assert client.inflight(queue) == 0 and client.depth(queue) == 0
+    assert client.in_flight(queue) == 0 and client.depth(queue) == 0
     [(row_id, headers_text, body)] = error_rows(raw, schema, backend)
     headers = json.loads(headers_text)
     assert row_id == claim.id and body == b"poisonous work"
@@ -168,14 +168,14 @@ def test_claim_expired_message_is_dropped_not_delivered(client, queue):
     [_held] = client.claim(queue, lease=0.05)
     time.sleep(0.4)
     assert client.claim(queue) == []
-    assert client.inflight(queue) == 0
+    assert client.in_flight(queue) == 0
 
 
 def test_fail_moves_claim_to_error_at_once(client, queue, raw, schema, backend):
     client.send(queue, Message("never works"))
     [claim] = client.claim(queue)
     assert client.fail(queue, claim, ValueError("bad data")) is True
-    assert client.inflight(queue) == 0
+    assert client.in_flight(queue) == 0
     [(_, headers_text, _)] = error_rows(raw, schema, backend)
     assert json.loads(headers_text)["NServiceBus.ExceptionInfo.Message"] == "bad data"
 

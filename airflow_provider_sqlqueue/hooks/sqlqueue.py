@@ -545,9 +545,9 @@ class SqlQueueHook(BaseHook):
         with self.client() as client:
             return client.browse(queue_name, limit)
 
-    def inflight(self, queue_name: str) -> int:
+    def in_flight(self, queue_name: str) -> int:
         with self.client() as client:
-            return client.inflight(queue_name)
+            return client.in_flight(queue_name)
 
     def purge_expired(self, queue_name: str, batch_size: int = defaults.PURGE_BATCH) -> int:
         with self.client() as client:

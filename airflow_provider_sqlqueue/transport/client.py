@@ -1132,9 +1132,9 @@ class AsyncQueueClient(Addressing):
         """Claims on ``queue`` whose lease ran out: their holders are gone or stuck, and the messages are receivable again."""
         return (await self._run(ops.peek_claims(self.dialect, self.address(queue))))[1]
 
-    async def inflight(self, queue: str | QueueAddress) -> int:
+    async def in_flight(self, queue: str | QueueAddress) -> int:
         """Claimed, unacknowledged messages of the queue."""
-        return await self._run(ops.inflight(self.dialect, self.address(queue)))
+        return await self._run(ops.in_flight(self.dialect, self.address(queue)))
 
     async def purge_expired(self, queue: str | QueueAddress, batch_size: int = defaults.PURGE_BATCH) -> int:
         """Delete expired messages in batches of ``batch_size``, each in its own short transaction."""
@@ -1265,6 +1265,6 @@ class QueueClient(Addressing):
     claims = _blocking(AsyncQueueClient.claims)
     release_lapsed = _blocking(AsyncQueueClient.release_lapsed)
     lapsed_claims = _blocking(AsyncQueueClient.lapsed_claims)
-    inflight = _blocking(AsyncQueueClient.inflight)
+    in_flight = _blocking(AsyncQueueClient.in_flight)
     purge_expired = _blocking(AsyncQueueClient.purge_expired)
     purge = _blocking(AsyncQueueClient.purge)

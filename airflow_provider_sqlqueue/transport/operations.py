@@ -1217,7 +1217,7 @@ def seq_range(d: Dialect, address: QueueAddress) -> Operation[tuple[int, int] | 
 
 
 @autocommitted
-def inflight(d: Dialect, address: QueueAddress) -> Operation[int]:
+def in_flight(d: Dialect, address: QueueAddress) -> Operation[int]:
     """Number of claimed, unacknowledged messages of the queue."""
     yield from table_shape(d, address)
     row = yield Step(
