@@ -168,8 +168,9 @@ def _client(args: argparse.Namespace) -> QueueClient:
 def _table(out: TextIO, header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
     cells = [list(header)] + [[str(cell) for cell in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    for row in cells:
-        out.write("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() + "\n")
+    out.writelines(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() + "\n" for row in cells
+    )
 
 
 def run_depths(args: argparse.Namespace, out: TextIO) -> None:
@@ -217,8 +218,7 @@ def run_retry(args: argparse.Namespace, out: TextIO) -> None:
             if page.done or retried >= args.limit:
                 break
     out.write(f"sent {retried} message(s) back to the queue(s) they failed in\n")
-    for seq, reason in left:
-        out.write(f"left the message at seq {seq}: {one_line(Exception(reason))}\n")
+    out.writelines(f"left the message at seq {seq}: {one_line(Exception(reason))}\n" for seq, reason in left)
 
 
 def run_move_due(args: argparse.Namespace, out: TextIO) -> None:
@@ -304,7 +304,7 @@ def _run(command: Command, args: argparse.Namespace) -> int:
     except (SqlQueueError, ValueError) as exc:
         print(f"sqlqueue {command.name}: {one_line(exc)}", file=sys.stderr)
         return 1
-    except Exception as exc:  # anything else (Airflow's lookups, a bug): still one line, never a traceback
+    except Exception as exc:  # noqa: BLE001  # anything else (Airflow's lookups, a bug): still one line, never a traceback
         print(f"sqlqueue {command.name}: {type(exc).__name__}: {one_line(exc)}", file=sys.stderr)
         return 1
     return 0

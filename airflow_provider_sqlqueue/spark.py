@@ -459,7 +459,7 @@ class QueueReader(DataSourceReader):
         options = self.options
         with options.connect() as client:
             if options.mode == "claim":
-                assert options.holder is not None
+                assert options.holder is not None  # noqa: S101  # narrows a type Spark's interface erases
                 _claim_for(client, options, options.holder, options.max_messages_per_batch)
                 return _shares(options.holder, options.partitions)
             bounds = client.seq_range(options.queue)
@@ -474,7 +474,7 @@ class QueueReader(DataSourceReader):
         if isinstance(partition, HeldShare):
             yield from _read_share(options, partition)
             return
-        assert isinstance(partition, SeqRange)
+        assert isinstance(partition, SeqRange)  # noqa: S101  # narrows a type Spark's interface erases
         after = partition.after
         with options.connect() as client:
             while after < partition.last:
@@ -613,7 +613,7 @@ class QueueStreamReader(DataSourceStreamReader):
         return shares
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        assert isinstance(partition, HeldShare)
+        assert isinstance(partition, HeldShare)  # noqa: S101  # narrows a type Spark's interface erases
         return _read_share(self.options, partition)
 
     def commit(self, end: dict[str, Any]) -> None:

@@ -96,7 +96,7 @@ class HeldMessages:
         for message in self.messages:
             try:
                 results.append(function(message))
-            except Exception as exc:  # one message's failure is its own: recoverability, not a crashed batch
+            except Exception as exc:  # noqa: BLE001  # one message's failure is its own: recoverability, not a crashed batch
                 self.give_back([message], Failure.of(exc, self._source))
             else:
                 kept.append(message)

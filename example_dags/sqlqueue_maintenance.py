@@ -9,7 +9,7 @@ unpause it) sends every queue's figures to Airflow's metrics every five minutes.
 from __future__ import annotations
 
 from collections import Counter
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 
 from airflow.sdk import DAG, task
 from sqlqueue_stages import QUEUES as NAMES  # example_dags/: the DAGs folder is on sys.path
@@ -26,7 +26,13 @@ from airflow_provider_sqlqueue.transport import QueueNotFoundError
 QUEUES = [queue(name) for name in NAMES]
 ERROR_QUEUE = queue("error")
 
-with DAG("sqlqueue_setup", schedule="@once", start_date=datetime(2026, 1, 1), catchup=False, tags=["sqlqueue"]):
+with DAG(
+    "sqlqueue_setup",
+    schedule="@once",
+    start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
+    catchup=False,
+    tags=["sqlqueue"],
+):
     for name in NAMES:
         CreateQueueOperator(  # + error@"SCHEMA"; subscribers also subscribe to their events
             task_id=f"create_{name}",
@@ -38,7 +44,7 @@ with DAG("sqlqueue_setup", schedule="@once", start_date=datetime(2026, 1, 1), ca
 with DAG(
     "sqlqueue_maintenance",
     schedule="@hourly",
-    start_date=datetime(2026, 1, 1),
+    start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
     catchup=False,
     tags=["sqlqueue"],
     doc_md=__doc__,
@@ -80,7 +86,7 @@ with DAG(
 with DAG(
     "sqlqueue_metrics",
     schedule=timedelta(minutes=5),  # the metrics' interval
-    start_date=datetime(2026, 1, 1),
+    start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
     catchup=False,
     is_paused_upon_creation=True,
     tags=["sqlqueue"],

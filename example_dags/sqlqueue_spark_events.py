@@ -14,7 +14,7 @@ new run.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timezone
 
 from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
 from airflow.sdk import DAG, Asset, AssetWatcher, task
@@ -48,7 +48,7 @@ def stage(dag_id: str, task_id: str, source: Asset, target: str, job) -> DAG:
     with DAG(
         dag_id,
         schedule=[source],
-        start_date=datetime(2026, 1, 1),
+        start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
         catchup=False,
         tags=["sqlqueue", "spark", "event-driven"],
         doc_md=__doc__,

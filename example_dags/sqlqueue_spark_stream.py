@@ -13,7 +13,7 @@ storage the driver reaches after a restart, and the executors need this package 
 from __future__ import annotations
 
 import os
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 
 from airflow.sdk import DAG, task
 from spark_jobs import relay_orders  # example_dags/: the DAGs folder is on sys.path
@@ -22,13 +22,13 @@ from sqlqueue_stages import CONN, SCHEMA, SPARK_CONN, queue
 from airflow_provider_sqlqueue.hooks.sqlqueue import SqlQueueHook
 
 ORDER_EVENTS, ORDER_REVENUE = queue("order_events"), queue("order_revenue")
-CHECKPOINTS = os.environ.get("SQLQUEUE_CHECKPOINTS", "/tmp/sqlqueue-checkpoints")
+CHECKPOINTS = os.environ.get("SQLQUEUE_CHECKPOINTS", "/tmp/sqlqueue-checkpoints")  # noqa: S108  # a demo default; set it in production
 
 with DAG(
     "sqlqueue_spark_stream",
     schedule=timedelta(minutes=5),
     max_active_runs=1,
-    start_date=datetime(2026, 1, 1),
+    start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
     catchup=False,
     default_args={"retries": 1, "retry_delay": timedelta(seconds=30)},
     tags=["sqlqueue", "spark", "streaming"],

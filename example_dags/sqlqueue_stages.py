@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from airflow.sdk import DAG, task
@@ -82,7 +82,7 @@ def stage(
         dag_id,
         schedule="@continuous",
         max_active_runs=1,
-        start_date=datetime(2026, 1, 1),
+        start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
         catchup=False,
         default_args={"retries": 0},
         tags=["sqlqueue", "spark"],

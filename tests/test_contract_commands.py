@@ -181,8 +181,8 @@ def run_cli(main: Callable[[list[str]], Any], argv: list[str]) -> tuple[int, str
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             status = main(argv)
-        except SystemExit as exit:
-            status = exit.code if isinstance(exit.code, int) else 1
+        except SystemExit as exited:
+            status = exited.code if isinstance(exited.code, int) else 1
     return int(status or 0), out.getvalue(), err.getvalue()
 
 
@@ -322,7 +322,9 @@ def test_airflow_sqlqueue_finds_a_connection_added_with_airflow_connections_add(
     )  # fmt: skip
     assert missing.returncode == 1
     assert [line for line in missing.stderr.splitlines() if line.strip()] == [
-        "sqlqueue depths: no Airflow connection 'no_such_conn' (looked for in the environment, the secrets backends "
-        "and the metadata database); add it with 'airflow connections add' or pass --conn"
+        (
+            "sqlqueue depths: no Airflow connection 'no_such_conn' (looked for in the environment, the secrets backends "
+            "and the metadata database); add it with 'airflow connections add' or pass --conn"
+        )
     ]
     assert SECRET not in depths.stdout + depths.stderr + missing.stderr

@@ -93,7 +93,7 @@ class Checker:
 
     # -- typing ------------------------------------------------------------------------------
 
-    def type_of(self, node: exp.Expression | None, scope: Mapping[str, Mapping[str, str]]) -> Typed:
+    def type_of(self, node: exp.Expression | None, scope: Mapping[str, Mapping[str, str]]) -> Typed:  # noqa: C901  # one branch per T-SQL expression form
         if node is None:
             return UNKNOWN
         if isinstance(node, exp.Paren):

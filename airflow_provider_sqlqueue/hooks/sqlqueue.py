@@ -165,7 +165,7 @@ def _sqlserver_hook(conn: Connection) -> MsSqlHook | OdbcHook:
             f"connection {conn.conn_id!r} needs {library}, which cannot be loaded here: {exc}"
         ) from None
     hook: MsSqlHook | OdbcHook = OdbcHook(odbc_conn_id=conn.conn_id) if odbc else MsSqlHook(mssql_conn_id=conn.conn_id)
-    hook._connection = _without_queue_extras(conn)  # the connection already looked up, minus queue extras
+    hook._connection = _without_queue_extras(conn)  # noqa: SLF001  # the connection already looked up, minus queue extras
     return hook
 
 

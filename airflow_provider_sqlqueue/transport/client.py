@@ -1188,7 +1188,7 @@ class QueueClient(Addressing):
         super().__init__(session.dialect, error_queue, audit_queue)
         self.session = session
         self._calls = AsyncQueueClient(session, error_queue, audit_queue)
-        self._calls._lock = ThreadLock()
+        self._calls._lock = ThreadLock()  # noqa: SLF001  # private to this module's own classes
 
     @classmethod
     def connect(

@@ -117,7 +117,7 @@ def one_line(error: BaseException) -> str:
     """
     try:
         text = str(error)
-    except Exception:
+    except Exception:  # noqa: BLE001  # an exception whose __str__ raises still gets a line
         text = ""
     text = " ".join(text.split()) or type(error).__name__
     text = text.encode("utf-8", "backslashreplace").decode("utf-8")

@@ -105,7 +105,7 @@ class LeaseKeeper:
                         client = self._open_client()
                     self.renew(client)
                     log.debug("Renewed %d claim(s) for %s", sum(map(len, self.held.values())), self.lease)
-                except Exception as exc:  # an outage must not end the renewals: the next one may succeed
+                except Exception as exc:  # noqa: BLE001  # an outage must not end the renewals: the next one may succeed
                     log.warning("Could not renew claims (will retry in %.0fs): %s", every, exc)
                     if client is not None:
                         client.close()

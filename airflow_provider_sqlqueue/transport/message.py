@@ -344,7 +344,7 @@ class Message:
         self,
         body: bytes | bytearray | memoryview | str | None = b"",
         headers: Mapping[str, str | None] | None = None,
-        id: uuid.UUID | str | None = None,
+        id: uuid.UUID | str | None = None,  # noqa: A002  # NServiceBus's name for a message's id
         time_to_be_received: timedelta | float | None = None,
     ) -> None:
         self.body = coerce_body(body)
@@ -484,7 +484,7 @@ class Failure:
             text = error_text(error)
             try:
                 trace = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-            except Exception:
+            except Exception:  # noqa: BLE001  # a traceback that cannot be formatted: its frames stand in
                 trace = "".join(traceback.format_tb(error.__traceback__)) + kind
             return cls(kind, text, default_source, trace)
         return cls("airflow_provider_sqlqueue.HandlerFailure", error or "message failed", default_source, error or "")
@@ -512,7 +512,7 @@ def error_text(error: BaseException) -> str:
     """An exception's text, for a log line or a header, even when its ``__str__`` raises."""
     try:
         return str(error)
-    except Exception as unprintable:
+    except Exception as unprintable:  # noqa: BLE001  # its __str__ raised: say so instead
         return f"({type(error).__qualname__} whose text cannot be read: {type(unprintable).__name__})"
 
 

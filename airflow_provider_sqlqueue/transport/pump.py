@@ -290,7 +290,7 @@ class MessagePump:
             except (PermissionDeniedError, NotAQueueError, InvalidArgumentError, TransportMisconfiguredError) as exc:
                 log.error("Queue %s: not moving delayed messages (retrying cannot help): %s", self.name, exc)
                 return
-            except Exception as exc:  # the consumer loop reports lasting outages; this one retries
+            except Exception as exc:  # noqa: BLE001  # the consumer loop reports lasting outages; this one retries
                 log.warning("Queue %s: moving due delayed messages failed (%s); trying again", self.name, exc)
                 moved = 0
             if moved:
@@ -311,7 +311,7 @@ class MessagePump:
             except TransportMisconfiguredError as exc:  # retrying cannot fix the connection's settings
                 log.error("Queue %s: pump stopped: %s", self.name, exc)
                 raise
-            except Exception as exc:  # any other database failure: back off, never crash the loop
+            except Exception as exc:  # noqa: BLE001  # any other database failure: back off, never crash the loop
                 if isinstance(exc, QueueNotFoundError):
                     log.error("Queue %s: %s", self.name, exc)
                 await self._sleep(self.breaker.failure(exc, self.name))
@@ -353,7 +353,7 @@ class MessagePump:
             wanted = min(self.receive_batch_size, budget - received)
             try:
                 got = await self._receive_batch(wanted)
-            except Exception as exc:  # database failure mid-receive: the transaction rolled back
+            except Exception as exc:  # noqa: BLE001  # database failure mid-receive: the transaction rolled back
                 await self._sleep(self.breaker.failure(exc, self.name))
                 break
             received += got
@@ -433,7 +433,7 @@ class MessagePump:
         try:
             async with self.pool.session() as session:
                 await session.run(ops.move_to_error(self.dialect, self.queue, self.error_queue, message, error))
-        except Exception as exc:  # best effort: the failure is logged, the pump goes on
+        except Exception as exc:  # noqa: BLE001  # best effort: the failure is logged, the pump goes on
             log.error("Queue %s: could not copy failed message %s to the error queue: %s", self.name, message.id, exc)
 
     async def _copy_to_audit(self, messages: list[ReceivedMessage], started: dict[uuid.UUID, datetime]) -> None:
@@ -443,7 +443,7 @@ class MessagePump:
         try:
             async with self.pool.session() as session:
                 await session.run(ops.audit(self.dialect, self.queue, self.audit_queue, messages, started))
-        except Exception as exc:  # best effort: the failure is logged, the pump goes on
+        except Exception as exc:  # noqa: BLE001  # best effort: the failure is logged, the pump goes on
             log.error(
                 "Queue %s: could not copy %d processed message(s) to the audit queue: %s", self.name, len(messages), exc
             )
@@ -481,7 +481,7 @@ class MessagePump:
         async def one() -> bool:
             try:
                 got = await self._receive_native()
-            except Exception as exc:  # database failure mid-receive: the transaction rolled back
+            except Exception as exc:  # noqa: BLE001  # database failure mid-receive: the transaction rolled back
                 exhausted.set()
                 await self._sleep(self.breaker.failure(exc, self.name))
                 return False
@@ -623,7 +623,7 @@ class MessagePump:
             raise ArgumentTypeError("this pump has a batch_handler")
         try:
             await self.handler(message, connection)
-        except BaseException as exc:  # the handler's failure is data for recoverability, not a pump crash
+        except BaseException as exc:  # noqa: BLE001  # the handler's failure is data for recoverability, not a pump crash
             handler_failure(exc)
             self.failed += 1
             log.warning(
@@ -693,9 +693,9 @@ class MessagePump:
             try:
                 async with self.pool.session() as session:
                     await session.run(ops.extend(self.dialect, self.queue, tokens, self.lease_ms))
-            except Exception as exc:  # the next renewal may succeed; the handler goes on either way
+            except Exception as exc:  # noqa: BLE001  # the next renewal may succeed; the handler goes on either way
                 log.warning("Queue %s: could not renew a claim: %s", self.name, exc)
 
 
-class _Rollback(Exception):
+class _Rollback(Exception):  # noqa: N818  # a signal to roll back, not an error
     """Raised inside the receive transaction to roll it back after a handler failure."""

@@ -124,7 +124,7 @@ class Poller:
                         client = None
                     await asyncio.sleep(breaker.failure(exc, ", ".join(queue for queue, _ in waited)))
                     continue
-                except Exception as exc:  # the connection itself is unusable (wrong type, bad settings)
+                except Exception as exc:  # noqa: BLE001  # the connection itself is unusable (wrong type, bad settings)
                     log.error("Poller: cannot open the queues' connection: %s", exc)
                     for key, watch in waited.items():
                         watch.error = exc
@@ -143,7 +143,7 @@ class Poller:
             pending = await client.peek(queue, include_claims=include_claims)
         except TransportUnavailableError:
             raise
-        except Exception as exc:  # this queue cannot be used (missing table, bad name): tell its waiters
+        except Exception as exc:  # noqa: BLE001  # this queue cannot be used (missing table, bad name): tell its waiters
             log.error("Queue %s: cannot peek: %s", queue, exc)
             watch.error = exc
             del self._watches[(queue, include_claims)]
@@ -177,9 +177,9 @@ _pollers: dict[Hashable, Poller] = {}
 def shared_poller(key: Hashable, create: Callable[[], Poller]) -> Poller:
     """The event loop's poller for ``key`` (a database and polling settings), created on first use."""
     poller = _pollers.get(key)
-    if poller is None or poller._loop is not asyncio.get_running_loop():
+    if poller is None or poller._loop is not asyncio.get_running_loop():  # noqa: SLF001  # private to this module's own classes
         poller = create()
-        poller._on_stop = lambda: _forget(key, poller)
+        poller._on_stop = lambda: _forget(key, poller)  # noqa: SLF001  # private to this module's own classes
         _pollers[key] = poller
     return poller
 

@@ -317,34 +317,38 @@ class SqlServerDialect(Dialect):
             # Table and indexes together, as NServiceBus's installer creates them, and only when the
             # table is new: an index built later on a live queue would be an offline build holding
             # a table lock. An existing table without Index_Expires is warned about (check_queue).
-            f"IF OBJECT_ID({self._object_name(address)}, N'U') IS NULL BEGIN "
-            f"CREATE TABLE {q} ("
-            "Id uniqueidentifier NOT NULL, "
-            "CorrelationId varchar(255) NULL, "
-            "ReplyToAddress varchar(255) NULL, "
-            "Recoverable bit NOT NULL, "
-            "Expires datetime NULL, "
-            "Headers nvarchar(max) NOT NULL, "
-            "Body varbinary(max) NULL, "
-            "RowVersion bigint IDENTITY(1,1) NOT NULL); "
-            # A heap with a nonclustered RowVersion index, as current NServiceBus creates it: a
-            # clustered index on an ever-increasing key puts every insert on the same last page,
-            # and senders then queue up on that page's latch. Receivers find the oldest row
-            # through this index either way.
-            f"CREATE NONCLUSTERED INDEX [Index_RowVersion] ON {q} (RowVersion); "
-            f"{self.expires_index_ddl_sql(address)}; END",
+            (
+                f"IF OBJECT_ID({self._object_name(address)}, N'U') IS NULL BEGIN "
+                f"CREATE TABLE {q} ("
+                "Id uniqueidentifier NOT NULL, "
+                "CorrelationId varchar(255) NULL, "
+                "ReplyToAddress varchar(255) NULL, "
+                "Recoverable bit NOT NULL, "
+                "Expires datetime NULL, "
+                "Headers nvarchar(max) NOT NULL, "
+                "Body varbinary(max) NULL, "
+                "RowVersion bigint IDENTITY(1,1) NOT NULL); "
+                # A heap with a nonclustered RowVersion index, as current NServiceBus creates it: a
+                # clustered index on an ever-increasing key puts every insert on the same last page,
+                # and senders then queue up on that page's latch. Receivers find the oldest row
+                # through this index either way.
+                f"CREATE NONCLUSTERED INDEX [Index_RowVersion] ON {q} (RowVersion); "
+                f"{self.expires_index_ddl_sql(address)}; END"
+            ),
         ]
 
     def create_delayed_sql(self, delayed: QueueAddress) -> Sequence[str]:
         d = self.qualified_name(delayed)
         return [
-            f"IF OBJECT_ID({self._object_name(delayed)}, N'U') IS NULL BEGIN "
-            f"CREATE TABLE {d} ("
-            "Headers nvarchar(max) NOT NULL, "
-            "Body varbinary(max) NULL, "
-            "Due datetime NOT NULL, "
-            "RowVersion bigint IDENTITY(1,1) NOT NULL); "
-            f"CREATE NONCLUSTERED INDEX [Index_Due] ON {d} (Due); END",
+            (
+                f"IF OBJECT_ID({self._object_name(delayed)}, N'U') IS NULL BEGIN "
+                f"CREATE TABLE {d} ("
+                "Headers nvarchar(max) NOT NULL, "
+                "Body varbinary(max) NULL, "
+                "Due datetime NOT NULL, "
+                "RowVersion bigint IDENTITY(1,1) NOT NULL); "
+                f"CREATE NONCLUSTERED INDEX [Index_Due] ON {d} (Due); END"
+            ),
         ]
 
     def create_subscriptions_sql(self, table: QueueAddress) -> Sequence[str]:
@@ -352,12 +356,14 @@ class SqlServerDialect(Dialect):
         # NServiceBus writes PRIMARY KEY CLUSTERED; a primary key on a table without a clustered
         # index is clustered by default, so this is the same table.
         return [
-            f"IF OBJECT_ID({self._object_name(table)}, N'U') IS NULL "
-            f"CREATE TABLE {t} ("
-            "QueueAddress nvarchar(200) NOT NULL, "
-            "Endpoint nvarchar(200) NOT NULL, "
-            "Topic nvarchar(200) NOT NULL, "
-            "PRIMARY KEY (Endpoint, Topic))",
+            (
+                f"IF OBJECT_ID({self._object_name(table)}, N'U') IS NULL "
+                f"CREATE TABLE {t} ("
+                "QueueAddress nvarchar(200) NOT NULL, "
+                "Endpoint nvarchar(200) NOT NULL, "
+                "Topic nvarchar(200) NOT NULL, "
+                "PRIMARY KEY (Endpoint, Topic))"
+            ),
         ]
 
     def validate_role(self, role: str) -> None:
@@ -391,26 +397,30 @@ class SqlServerDialect(Dialect):
         inflight = self.inflight_address(address)
         f = self.qualified_name(inflight)
         return [
-            f"IF OBJECT_ID({self._object_name(inflight)}, N'U') IS NULL BEGIN "
-            f"CREATE TABLE {f} ("
-            "Token uniqueidentifier NOT NULL, "
-            "Queue nvarchar(450) NOT NULL, "
-            "Id uniqueidentifier NOT NULL, "
-            "Expires datetime NULL, "
-            "Headers nvarchar(max) NOT NULL, "
-            "Body varbinary(max) NULL, "
-            "Seq bigint NOT NULL, "
-            "Deliveries int NOT NULL, "
-            "LeaseUntil datetime2 NOT NULL, "
-            "LastError nvarchar(max) NULL, "
-            "Holder nvarchar(400) NULL); "
-            f"CREATE UNIQUE NONCLUSTERED INDEX [Index_Token] ON {f} (Token); "
-            f"CREATE NONCLUSTERED INDEX [Index_Lease] ON {f} (Queue, LeaseUntil); END",
+            (
+                f"IF OBJECT_ID({self._object_name(inflight)}, N'U') IS NULL BEGIN "
+                f"CREATE TABLE {f} ("
+                "Token uniqueidentifier NOT NULL, "
+                "Queue nvarchar(450) NOT NULL, "
+                "Id uniqueidentifier NOT NULL, "
+                "Expires datetime NULL, "
+                "Headers nvarchar(max) NOT NULL, "
+                "Body varbinary(max) NULL, "
+                "Seq bigint NOT NULL, "
+                "Deliveries int NOT NULL, "
+                "LeaseUntil datetime2 NOT NULL, "
+                "LastError nvarchar(max) NULL, "
+                "Holder nvarchar(400) NULL); "
+                f"CREATE UNIQUE NONCLUSTERED INDEX [Index_Token] ON {f} (Token); "
+                f"CREATE NONCLUSTERED INDEX [Index_Lease] ON {f} (Queue, LeaseUntil); END"
+            ),
             # Tables created before hand-off reservations existed lack Holder.
             f"IF COL_LENGTH({self._object_name(inflight)}, N'Holder') IS NULL ALTER TABLE {f} ADD Holder nvarchar(400) NULL",
             # Readers that find their claims again by holder (a Spark batch's claims).
-            f"IF INDEXPROPERTY(OBJECT_ID({self._object_name(inflight)}), N'Index_Holder', 'IndexID') IS NULL "
-            f"CREATE NONCLUSTERED INDEX [Index_Holder] ON {f} (Queue, Holder)",
+            (
+                f"IF INDEXPROPERTY(OBJECT_ID({self._object_name(inflight)}), N'Index_Holder', 'IndexID') IS NULL "
+                f"CREATE NONCLUSTERED INDEX [Index_Holder] ON {f} (Queue, Holder)"
+            ),
         ]
 
     def drop_queue_sql(self, address: QueueAddress) -> str:
@@ -865,12 +875,14 @@ class SqlServerDialect(Dialect):
 
     def create_writes_sql(self, ledger: QueueAddress) -> Sequence[str]:
         return [
-            f"IF OBJECT_ID({self._object_name(ledger)}, N'U') IS NULL "
-            f"CREATE TABLE {self.qualified_name(ledger)} ("
-            "WriteId uniqueidentifier NOT NULL, "
-            "Part int NOT NULL, "
-            "Recorded datetime2 NOT NULL DEFAULT SYSUTCDATETIME(), "
-            "PRIMARY KEY (WriteId, Part))"
+            (
+                f"IF OBJECT_ID({self._object_name(ledger)}, N'U') IS NULL "
+                f"CREATE TABLE {self.qualified_name(ledger)} ("
+                "WriteId uniqueidentifier NOT NULL, "
+                "Part int NOT NULL, "
+                "Recorded datetime2 NOT NULL DEFAULT SYSUTCDATETIME(), "
+                "PRIMARY KEY (WriteId, Part))"
+            )
         ]
 
     def record_write_sql(self, ledger: QueueAddress) -> str:

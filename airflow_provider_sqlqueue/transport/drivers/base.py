@@ -44,7 +44,7 @@ def opening(dialect: Dialect, what: str) -> Iterator[None]:
         yield
     except SqlQueueError:
         raise
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001  # whatever a hook raised while connecting becomes the library's error
         raise_translated(dialect, exc, Step("", {}, Fetch.NONE, what))
 
 
@@ -185,5 +185,5 @@ async def close_quietly(closable: Session | Any) -> None:
     """Close a session, client or asyncio connection that may already be broken (best effort)."""
     try:
         await closable.close()
-    except Exception:  # the connection is already broken
+    except Exception:  # noqa: BLE001, S110  # the connection is already broken
         pass

@@ -222,7 +222,7 @@ class _SqlServerSession(Session):
             self._depth = 0
             try:
                 await self.execute(Step(self.dialect.rollback_sql, {}, Fetch.NONE, "the database"))
-            except Exception:  # the connection may be gone; the server rolls back then
+            except Exception:  # noqa: BLE001, S110  # the connection may be gone; the server rolls back then
                 pass
             raise
         self._depth = 0
