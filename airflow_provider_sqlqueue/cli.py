@@ -21,11 +21,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
 from .transport import QueueClient, defaults
-from .transport.client import Addressing, check_positive
+from .transport.client import Addressing
 from .transport.dialects import Dialect, get_dialect
 from .transport.drivers import dialect_for
 from .transport.errors import SqlQueueError, one_line
 from .transport.install import Installation
+from .transport.message import check_positive
 
 if TYPE_CHECKING:
     from .hooks.sqlqueue import SqlQueueHook

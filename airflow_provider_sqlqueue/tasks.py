@@ -20,8 +20,8 @@ from airflow.sdk import get_current_context
 
 from .hooks.sqlqueue import SqlQueueHook
 from .transport import Failure, LeaseKeeper, defaults
-from .transport.client import check_positive, lease_ms
 from .transport.errors import ArgumentTypeError
+from .transport.message import check_positive, duration
 
 #: What a task author uses; the rest serves the operators.
 __all__ = ["HeldMessages", "hold_messages"]
@@ -121,7 +121,7 @@ def hold_messages(
     messages: Any = None,
     *,
     sqlqueue_conn_id: str = SqlQueueHook.default_conn_name,
-    lease: timedelta = defaults.LEASE,
+    lease: timedelta | float = defaults.LEASE,
     limit: int = defaults.ADOPT_LIMIT,
     context: Any = None,
 ) -> Iterator[HeldMessages]:
@@ -149,7 +149,9 @@ def hold_messages(
     at once with the exception (type, message, traceback, ``dag_id.task_id``) as its failure,
     which is what the error queue's headers show if it ends there.
     """
-    lease_ms(lease), check_positive("limit", limit)  # refused before anything is taken
+    # Refused before anything is taken; a lease may be given in seconds, as everywhere.
+    lease = duration("lease", lease, maximum=defaults.MAX_LEASE)
+    check_positive("limit", limit)
     context = context or get_current_context()
     hook = SqlQueueHook(sqlqueue_conn_id)
     hook.connection  # noqa: B018  # a connection that is not defined fails the task now, holding nothing

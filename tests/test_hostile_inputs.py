@@ -23,6 +23,7 @@ import psycopg
 import pytest
 
 from airflow_provider_sqlqueue.transport import (
+    ArgumentTypeError,
     InvalidArgumentError,
     Message,
     MessagePump,
@@ -218,9 +219,26 @@ def test_a_refused_installation_creates_nothing(backend, raw, schema, which) -> 
     assert tables == {"customers"}
 
 
-def test_a_queue_cannot_be_its_own_error_queue(client, schema) -> None:
-    with pytest.raises(InvalidArgumentError, match="its own error queue"):
-        client.create_queue(QueueAddress("orders", schema), error_queue=QueueAddress("orders", schema))
+async def test_a_queue_cannot_be_its_own_error_queue(pg_uri, client, queue, schema) -> None:
+    same = f'orders@"{schema}"'  # the queue, spelt otherwise
+    with pytest.raises(InvalidArgumentError, match="cannot be that queue itself"):
+        client.create_queue(QueueAddress("orders", schema), error_queue=same)
+    client.send(queue, Message("waiting"))
+    for call in (client.receive, client.claim):
+        with pytest.raises(InvalidArgumentError, match="cannot be that queue itself"):
+            call(queue, 1, error_queue=same)
+    pool = open_pool(pg_uri, max_size=1)
+
+    async def handler(message, connection):
+        return None
+
+    with pytest.raises(InvalidArgumentError, match="another error queue"):
+        MessagePump(pool, queue, handler, error_queue=QueueAddress("orders", schema))
+    await pool.close()
+    assert client.depth(queue) == 1  # nothing was received
+    error = QueueAddress("error", schema)
+    client.send(error, Message("a failure"))
+    assert [m.text for m in client.receive(error, 5)] == ["a failure"]  # draining the error queue is allowed
 
 
 @pytest.mark.parametrize(
@@ -280,3 +298,86 @@ def test_a_lent_connection_the_caller_closed_is_misconfigured_not_unavailable(pg
     for _ in range(2):
         with pytest.raises(TransportMisconfiguredError, match="closed"):
             client.depth(queue)
+
+
+# -- a third attack: the operators, the sensor's trigger and the task helpers ------------------------
+
+
+def test_a_body_that_is_not_valid_unicode_is_the_librarys_error(conn_id, schema, client) -> None:
+    from airflow_provider_sqlqueue.operators.sqlqueue import SendMessageOperator
+
+    queue = QueueAddress("orders", schema)
+    client.create_queue(queue)
+    for body in (f"x{LONE}", {LONE: 1}):
+        task = SendMessageOperator(task_id="send", queue_name=f'orders@"{schema}"', body=body, sqlqueue_conn_id=conn_id)
+        with pytest.raises(InvalidArgumentError, match="not valid Unicode"):
+            task.execute({})
+    assert client.depth(queue) == 0
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [{"subscribe_to": ["T" * 300]}, {"subscribe_to": ["Shop.Placed"], "subscription_table": 'customers@"{schema}"'}],
+    ids=["long topic", "business table"],
+)
+def test_a_refused_create_queue_task_creates_nothing(conn_id, schema, raw, arguments) -> None:
+    from airflow_provider_sqlqueue.operators.sqlqueue import CreateQueueOperator
+
+    raw.execute(f'CREATE TABLE "{schema}".customers (Id int PRIMARY KEY, Name text)')
+    given = {key: [v.format(schema=schema) for v in value] if isinstance(value, list) else value.format(schema=schema)
+             for key, value in arguments.items()}  # fmt: skip
+    task = CreateQueueOperator(task_id="create", queue_name=f'neworders@"{schema}"', sqlqueue_conn_id=conn_id, **given)
+    with pytest.raises(SqlQueueError):
+        task.execute({})
+    tables = {row[0] for row in raw.execute(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (schema,)
+    ).fetchall()}  # fmt: skip
+    assert tables == {"customers"}
+
+
+def test_the_metrics_task_refuses_a_string_and_fails_on_a_connection_it_cannot_read(conn_id) -> None:
+    from airflow_provider_sqlqueue.operators.sqlqueue import QueueMetricsOperator
+
+    with pytest.raises(ArgumentTypeError, match="list of connection ids"):
+        QueueMetricsOperator(task_id="m", conn_ids="sqlqueue_test").execute({})
+    with pytest.raises(SqlQueueError, match="no_such_conn"):
+        QueueMetricsOperator(task_id="m", conn_ids=[conn_id, "no_such_conn"]).execute({})
+
+
+def test_an_ack_task_refuses_a_switch_that_is_not_boolean(conn_id) -> None:
+    from airflow_provider_sqlqueue.operators.sqlqueue import AckMessagesOperator
+
+    with pytest.raises(ArgumentTypeError, match="fail_on_expired"):
+        AckMessagesOperator(task_id="ack", messages=[], fail_on_expired="no", sqlqueue_conn_id=conn_id).execute({})
+
+
+def test_hold_messages_takes_a_lease_in_seconds_and_refuses_nan(conn_id) -> None:
+    from types import SimpleNamespace
+
+    from airflow_provider_sqlqueue.tasks import hold_messages
+
+    ti = SimpleNamespace(dag_id="d", task_id="t", run_id="r", try_number=1, map_index=-1)
+    context = {"ti": ti, "task_instance": ti, "triggering_asset_events": {}}
+    with hold_messages([], sqlqueue_conn_id=conn_id, lease=30.0, context=context) as held:
+        assert held.messages == []
+    with pytest.raises(SqlQueueError), hold_messages([], sqlqueue_conn_id=conn_id, lease=float("nan"), context=context):
+        pass
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"max_messages": "5"},
+        {"queue_name": "a\x00"},
+        {"error_queue": "e\x00"},
+        {"sqlqueue_conn_id": 5},
+        {"max_deliveries": 0},
+        {"wake_on_notify": "yes"},
+    ],
+    ids=repr,
+)
+def test_a_trigger_refuses_bad_arguments_where_the_task_defers(arguments) -> None:
+    from airflow_provider_sqlqueue.triggers.sqlqueue import SqlQueueTrigger
+
+    with pytest.raises(SqlQueueError):
+        SqlQueueTrigger(**{"sqlqueue_conn_id": "queue_db", "queue_name": "orders", **arguments})

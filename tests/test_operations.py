@@ -101,7 +101,13 @@ def drive(op: ops.Operation[Any], script: Script) -> Any:
 
 DIALECTS = ["postgres", "sqlserver"]
 QUEUE_COLUMNS = {
-    "postgres": [("id", "uuid"), ("expires", "timestamp"), ("headers", "text"), ("body", "bytea"), ("seq", "integer")],
+    "postgres": [
+        ("id", "uuid"),
+        ("expires", "timestamp without time zone"),
+        ("headers", "text"),
+        ("body", "bytea"),
+        ("seq", "integer"),
+    ],
     "sqlserver": [
         ("id", "uniqueidentifier"),
         ("recoverable", "bit"),

@@ -17,8 +17,8 @@ from ..hooks.sqlqueue import SqlQueueHook, configured_conn_ids
 from ..tasks import claimed_messages, failure_source, give_back, received_times, tokens_by_queue
 from ..transport import Failure, LeaseLostError, Message, defaults
 from ..transport.client import delay_ms
-from ..transport.errors import ArgumentTypeError, InvalidArgumentError
-from ..transport.message import ENCLOSED_MESSAGE_TYPES
+from ..transport.errors import ArgumentTypeError, InvalidArgumentError, SqlQueueError
+from ..transport.message import ENCLOSED_MESSAGE_TYPES, flag, topic_names
 
 
 class _QueueOperator(BaseOperator):
@@ -89,14 +89,22 @@ class CreateQueueOperator(_QueueOperator):
 
     def execute(self, context: Any) -> list[str]:
         hook = self.hook
-        created = hook.create_queue(
-            self.queue_name, error_queue=hook.error_queue, secondary=self.secondary, body_string=self.body_string
-        )
-        self.log.info("Queue tables ready: %s", ", ".join(created))
-        if self.subscribe_to:
-            hook.subscribe(self.queue_name, self.subscribe_to, subscription_table=self.subscription_table)
-            self.log.info("Queue %s subscribed to %s", self.queue_name, ", ".join(self.subscribe_to))
-        return created
+        # Names and topics are checked before any table is made; the subscription table (shared by
+        # every subscriber) is made, or refused when it exists as something else, before the queue.
+        topics = topic_names(self.subscribe_to) if self.subscribe_to else []
+        with hook.client() as client:
+            client.installation(self.queue_name, error_queue=hook.error_queue, secondary=self.secondary)
+            if topics:
+                client.create_subscription_table(self.subscription_table)
+            created = client.create_queue(
+                self.queue_name, error_queue=hook.error_queue, secondary=self.secondary, body_string=self.body_string
+            )
+            names = [client.canonical_address(address) for address in created]
+            self.log.info("Queue tables ready: %s", ", ".join(names))
+            if topics:
+                client.subscribe(self.queue_name, topics, table=self.subscription_table)
+                self.log.info("Queue %s subscribed to %s", self.queue_name, ", ".join(topics))
+        return names
 
 
 class _SendingOperator(_QueueOperator):
@@ -358,6 +366,7 @@ class AckMessagesOperator(_QueueOperator):
         self.fail_on_expired = fail_on_expired
 
     def execute(self, context: Any) -> dict[str, int]:
+        flag("fail_on_expired", self.fail_on_expired)
         claimed = claimed_messages(self.messages, context)
         grouped = tokens_by_queue(claimed)
         started = received_times(claimed)
@@ -371,7 +380,7 @@ class AckMessagesOperator(_QueueOperator):
         if expired:
             text = f"{expired} claim(s) had expired before the ack; those messages may be delivered again"
             if self.fail_on_expired:
-                raise RuntimeError(text)
+                raise SqlQueueError(text)  # the library's own: some messages may be delivered again
             self.log.warning(text)
         return {"acknowledged": acknowledged, "expired": expired}
 
@@ -466,5 +475,15 @@ class QueueMetricsOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, int]:
         from ..metrics import emit_queue_metrics
 
+        if self.conn_ids is not None and (
+            isinstance(self.conn_ids, (str, bytes, Mapping))
+            or not isinstance(self.conn_ids, Iterable)
+            or not all(isinstance(conn_id, str) for conn_id in self.conn_ids)
+        ):
+            raise ArgumentTypeError(f"conn_ids must be a list of connection ids, got {self.conn_ids!r:.100}")
         conn_ids = list(self.conn_ids or configured_conn_ids() or [SqlQueueHook.default_conn_name])
-        return emit_queue_metrics(conn_ids)
+        measured = emit_queue_metrics(conn_ids)
+        unread = [conn_id for conn_id in conn_ids if conn_id not in measured]
+        if unread:  # the others were measured; the task fails so that the gap is seen
+            raise SqlQueueError(f"queue metrics: could not read connection(s) {', '.join(unread)} (see the log)")
+        return measured

@@ -12,7 +12,7 @@ from airflow.sdk.exceptions import AirflowException
 from ..hooks.sqlqueue import SqlQueueHook
 from ..tasks import claim_holder
 from ..transport import TransactionMode, defaults
-from ..transport.client import check_positive
+from ..transport.message import check_positive
 from ..triggers.sqlqueue import SqlQueueTrigger, lease_seconds, receiving_mode
 
 

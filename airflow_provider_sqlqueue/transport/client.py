@@ -37,8 +37,10 @@ from .message import (
     Failure,
     Message,
     ReceivedMessage,
+    check_positive,
     delivery_delay,
     duration,
+    flag,
     subscription_text,
     topic_names,
     uuid_value,
@@ -111,13 +113,6 @@ def received(what: str, message: object) -> ReceivedMessage:
     return message
 
 
-def flag(what: str, value: object) -> bool:
-    """A switch: True or False, never a truthy string or number."""
-    if not isinstance(value, bool):
-        raise ArgumentTypeError(f"{what} must be True or False, got {type(value).__name__} {value!r:.40}")
-    return value
-
-
 def place(what: str, value: object) -> int:
     """A place in a queue (a Seq, or a partition number): an integer from 0 to the largest Seq."""
     if not isinstance(value, int) or isinstance(value, bool):
@@ -160,15 +155,9 @@ def _seqs(seqs: Iterable[int]) -> list[int]:
     return chosen
 
 
-def check_positive(name: str, value: int) -> int:
-    """A count of messages or rows: a positive integer no larger than one statement can take."""
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ArgumentTypeError(f"{name} must be a positive integer, got {type(value).__name__} {value!r:.40}")
-    if value < 1:
-        raise InvalidArgumentError(f"{name} must be a positive integer, got {value!r}")
-    if value > defaults.MAX_BATCH:
-        raise InvalidArgumentError(f"{name} must be at most {defaults.MAX_BATCH:,}, got {value:,}; work in batches")
-    return value
+def same_table(dialect: Dialect, one: QueueAddress, other: QueueAddress) -> bool:
+    """Whether two addresses reach one table (``orders`` and ``orders@"public"`` do)."""
+    return dialect.qualified_name(one) == dialect.qualified_name(other)
 
 
 class Addressing:
@@ -216,6 +205,18 @@ class Addressing:
         One rule everywhere: an error queue named without a schema lives in the queue's own schema
         (and catalog), where ``create_queue`` creates it.
         """
+        address = self._error_of(error_queue, queue)
+        if error_queue is not None and queue is not None and same_table(self.dialect, address, queue):
+            # Its failures would come back to it for ever: refused when a call names it so. (The
+            # client's error queue read with the client's rule has itself as error queue: draining
+            # it is allowed, and a poison row met there stays where it is.)
+            raise InvalidArgumentError(
+                f"the error queue of {self.dialect.qualified_name(address)} cannot be that queue itself: "
+                "name another error queue (error_queue=...)"
+            )
+        return address
+
+    def _error_of(self, error_queue: str | QueueAddress | None, queue: QueueAddress | None) -> QueueAddress:
         chosen = error_queue if error_queue is not None else self.error_queue
         return self.beside(defaults.ERROR_QUEUE if chosen is None else chosen, queue)
 
@@ -235,7 +236,7 @@ class Addressing:
         """
         queue = self.address(queue)
         audit = self._audit_of(queue)
-        if audit is not None and audit in (queue, self.error_address(None, queue)):
+        if audit is not None and any(same_table(self.dialect, audit, t) for t in (queue, self._error_of(None, queue))):
             # Every acknowledgement would put its message back (or into the error queue) once more.
             raise InvalidArgumentError(
                 f"the audit queue of {queue} cannot be {audit}: it is the queue or its error queue"
@@ -266,7 +267,7 @@ class Addressing:
         names them, or by NServiceBus's default names), else ``queue``: how a listing of every queue
         (the Queues page, the metrics) tells the error and audit queues apart."""
         address = self.address(address)
-        if address == self.error_address(None, address):
+        if same_table(self.dialect, address, self._error_of(None, address)):
             return "error"
         if address == (self._audit_of(address) or address.sibling(defaults.AUDIT_QUEUE)):
             return "audit"
@@ -301,8 +302,6 @@ class Addressing:
         flag("body_string", body_string)
         flag("delayed", delayed)
         error_address = self.error_address(error_queue, address)
-        if error_address == address:
-            raise InvalidArgumentError(f"queue {address} cannot be its own error queue: name another error queue")
         tables: list[tuple[TableKind, QueueAddress]] = [(TableKind.QUEUE, address), (TableKind.QUEUE, error_address)]
         audit_address = self._audit_of(address)
         if audit_address is not None and audit_address != address:

@@ -243,15 +243,35 @@ def encode_value(value: object) -> tuple[bytes, str | None]:
     """
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value), None
-    if isinstance(value, str):
-        return value.encode("utf-8"), TEXT_CONTENT_TYPE
     try:
+        if isinstance(value, str):
+            return value.encode("utf-8"), TEXT_CONTENT_TYPE
         text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        return text.encode("utf-8"), JSON_CONTENT_TYPE
+    except UnicodeEncodeError as exc:  # a lone surrogate (a file name decoded with surrogateescape)
+        raise InvalidArgumentError(f"message body is not valid Unicode text: {exc.reason}") from None
     except (TypeError, ValueError) as exc:
         raise ArgumentTypeError(
             f"message body of type {type(value).__name__} is not JSON-serialisable: {exc}"
         ) from None
-    return text.encode("utf-8"), JSON_CONTENT_TYPE
+
+
+def flag(what: str, value: object) -> bool:
+    """A switch: True or False, never a truthy string or number."""
+    if not isinstance(value, bool):
+        raise ArgumentTypeError(f"{what} must be True or False, got {type(value).__name__} {value!r:.40}")
+    return value
+
+
+def check_positive(name: str, value: int) -> int:
+    """A count of messages or rows: a positive integer no larger than one statement can take."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ArgumentTypeError(f"{name} must be a positive integer, got {type(value).__name__} {value!r:.40}")
+    if value < 1:
+        raise InvalidArgumentError(f"{name} must be a positive integer, got {value!r}")
+    if value > defaults.MAX_BATCH:
+        raise InvalidArgumentError(f"{name} must be at most {defaults.MAX_BATCH:,}, got {value:,}; work in batches")
+    return value
 
 
 def duration(

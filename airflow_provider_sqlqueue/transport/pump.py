@@ -26,7 +26,7 @@ from . import defaults
 from . import operations as ops
 from .addressing import QueueAddress
 from .breaker import CircuitBreaker
-from .client import Addressing, check_positive, default_holder, flag, lease_ms
+from .client import Addressing, default_holder, lease_ms, same_table
 from .drivers import Session, SessionPool
 from .errors import (
     ArgumentTypeError,
@@ -42,8 +42,10 @@ from .message import (
     Failure,
     ReceivedMessage,
     TransactionMode,
+    check_positive,
     duration,
     error_text,
+    flag,
     storable_text,
 )
 
@@ -217,6 +219,8 @@ class MessagePump:
         # One rule with the clients: an error or audit queue named without a schema is in the queue's schema.
         addressing = Addressing(self.dialect, error_queue, audit_queue)
         self.error_queue = addressing.error_address(None, queue)
+        if same_table(self.dialect, self.error_queue, queue):  # every failure would come back to the pump
+            raise InvalidArgumentError(f"a pump on {queue} needs another error queue: pass error_queue=...")
         self.audit_queue = addressing.audit_address(queue)
         self.handler = handler
         self.batch_handler = batch_handler

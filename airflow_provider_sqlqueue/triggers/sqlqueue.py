@@ -33,8 +33,9 @@ from typing import TYPE_CHECKING, Any
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
 from ..transport import defaults
+from ..transport.addressing import checked_text
 from ..transport.errors import InvalidArgumentError, SqlQueueError
-from ..transport.message import TransactionMode, duration
+from ..transport.message import TransactionMode, check_positive, duration, flag
 
 if TYPE_CHECKING:
     from ..hooks.sqlqueue import SqlQueueHook
@@ -109,8 +110,14 @@ class SqlQueueTrigger(BaseTrigger):
         wake_on_notify: bool = False,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # BaseTrigger.__init__ has no annotations
-        if max_messages < 1:
-            raise InvalidArgumentError(f"max_messages must be at least 1, got {max_messages}")
+        # Checked where the task defers, not later in the triggerer: a bad argument fails the task.
+        check_positive("max_messages", max_messages)
+        check_positive("max_deliveries", max_deliveries)
+        flag("wake_on_notify", wake_on_notify)
+        checked_text("sqlqueue_conn_id", sqlqueue_conn_id, limit=defaults.MAX_LABEL)
+        checked_text("queue_name", queue_name)
+        if error_queue is not None:
+            checked_text("error_queue", error_queue)
         peek_interval = duration("peek_interval", peek_interval, maximum=defaults.MAX_PEEK_INTERVAL).total_seconds()
         self.sqlqueue_conn_id = sqlqueue_conn_id
         self.queue_name = queue_name
