@@ -30,6 +30,8 @@ redacted by Spark's ``spark.sql.redaction.options.regex`` (default ``(?i)url``),
 
 from __future__ import annotations
 
+import base64
+import difflib
 import json
 import logging
 import math
@@ -37,7 +39,8 @@ import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import date, datetime, timedelta, timezone
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import (
@@ -48,13 +51,37 @@ from pyspark.sql.datasource import (
     InputPartition,
     WriterCommitMessage,
 )
-from pyspark.sql.types import BinaryType, IntegerType, MapType, StringType, StructField, StructType
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    ByteType,
+    CharType,
+    DataType,
+    DateType,
+    DayTimeIntervalType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    MapType,
+    NullType,
+    ShortType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+    VarcharType,
+    VariantType,
+)
 
-from .transport import Message, QueueClient, defaults
+from .transport import Message, QueueAddress, QueueClient, defaults
 from .transport.addressing import checked_text
 from .transport.client import Addressing
 from .transport.drivers import dialect_for
-from .transport.errors import InvalidArgumentError, SqlQueueError
+from .transport.errors import ArgumentTypeError, InvalidArgumentError, SqlQueueError
 from .transport.message import CONTENT_TYPE, ENCLOSED_MESSAGE_TYPES, JSON_CONTENT_TYPE, ReceivedMessage, duration
 
 if TYPE_CHECKING:
@@ -83,6 +110,27 @@ PARTITIONS = 2
 FETCH_SIZE = 1_000
 MAX_MESSAGES_PER_BATCH = 10_000
 BATCH_SIZE = 500
+#: Every option the data source reads, as README spells them (Spark passes them case-insensitively,
+#: and passes nothing of its own but ``path``, from ``load(path)``/``save(path)``): any other is refused.
+OPTION_NAMES = (
+    "url",
+    "password",
+    "queue",
+    "errorQueue",
+    "mode",
+    "holder",
+    "numPartitions",
+    "fetchSize",
+    "lease",
+    "maxDeliveries",
+    "maxMessagesPerBatch",
+    "batchSize",
+    "messageType",
+    "contentType",
+    "timeToBeReceived",
+    "ledger",
+    "writeId",
+)
 
 
 class InvalidOptionError(SqlQueueError, ValueError):
@@ -126,11 +174,27 @@ def _count(options: Mapping[str, str], name: str, default: int, maximum: int = d
     return value
 
 
-def _flag(options: Mapping[str, str], name: str) -> bool:
-    text = options.get(name, "false").strip().lower()
-    if text not in ("true", "false"):
-        raise InvalidOptionError(f"option {name!r} must be true or false, got {text!r}")
-    return text == "true"
+def _known(options: Mapping[str, str]) -> dict[str, str]:
+    """The options keyed by their README names, whatever case they came in; an unknown (misspelt)
+    option is refused, naming the nearest known one, rather than silently left at its default."""
+    names = {name.lower(): name for name in OPTION_NAMES}
+    known: dict[str, str] = {}
+    for key, value in options.items():
+        if not isinstance(key, str):
+            raise InvalidOptionError(f"option names are text, got {type(key).__name__}")
+        name = names.get(key.lower())
+        if name is None:
+            if key.lower() == "path":
+                raise InvalidOptionError(
+                    "the sqlqueue data source takes no path (load(path) / save(path)): name the queue with option 'queue'"
+                )
+            near = difflib.get_close_matches(key.lower(), list(names), n=1, cutoff=0.6)
+            hint = f": did you mean {names[near[0]]!r}?" if near else f"; known options: {', '.join(OPTION_NAMES)}"
+            raise InvalidOptionError(f"unknown option {key[:60]!r}{hint}")
+        if name in known and known[name] != value:  # two spellings of one option (a plain dict)
+            raise InvalidOptionError(f"option {name!r} is given twice, with different values")
+        known[name] = value
+    return known
 
 
 @dataclass(frozen=True)
@@ -158,7 +222,8 @@ class Options:
     write_id: str | None
 
     @classmethod
-    def parse(cls, options: Mapping[str, str]) -> Options:
+    def parse(cls, given: Mapping[str, str]) -> Options:
+        options = _known(given)
         url = options.get("url")
         if not url:
             raise InvalidOptionError("option 'url' is required: a postgresql:// URI, a libpq or ODBC string")
@@ -185,7 +250,7 @@ class Options:
         ledger = addressing.beside(options.get("ledger") or defaults.WRITE_LEDGER, address)
         error_queue = options.get("errorQueue") or None
         if error_queue is not None:
-            addressing.address(error_queue)
+            _not_its_own_error_queue(addressing, address, addressing.beside(error_queue, address))
         return cls(
             url=url,
             queue=queue,
@@ -212,11 +277,22 @@ class Options:
     def connect(self) -> QueueClient:
         return QueueClient.connect(self.url, error_queue=self.error_queue)
 
-    def check(self, client: QueueClient) -> None:
-        """On the driver, before any task: the queue and the error queue are queue tables."""
+    def check(self, client: QueueClient, *, claims: bool = False) -> None:
+        """On the driver, before any task: the queue and the error queue are queue tables; a read that
+        claims (whose poison goes to the error queue) may not use the queue as its own error queue."""
         client.check_queue(self.queue)
-        if self.error_queue is not None:
-            client.check_queue(client.error_address(self.error_queue, client.address(self.queue)))
+        queue = client.address(self.queue)
+        if self.error_queue is not None or claims:
+            error_queue = client.beside(self.error_queue or defaults.ERROR_QUEUE, queue)
+            _not_its_own_error_queue(client, queue, error_queue)
+            if self.error_queue is not None:
+                client.check_queue(error_queue)
+
+    def check_sink(self, client: QueueClient) -> None:
+        """On the driver, before anything is sent: the queue is a queue table and the ledger a write
+        ledger (created the first time)."""
+        self.check(client)
+        client.create_writes(self.ledger)
 
     def write_key(self, write_id: str | None) -> uuid.UUID:
         """The ledger key of a write: of ``write_id`` *to this queue* (the same id written to two queues
@@ -226,6 +302,15 @@ class Options:
         addressing = Addressing(dialect_for(self.url))
         queue = addressing.dialect.claim_key(addressing.address(self.queue))  # one key however it is written
         return uuid.uuid5(WRITE_ID_NAMESPACE, f"{write_id}\n{queue}")
+
+
+def _not_its_own_error_queue(addressing: Addressing, queue: QueueAddress, error_queue: QueueAddress) -> None:
+    qualified = addressing.dialect.qualified_name
+    if qualified(error_queue) == qualified(queue):
+        raise InvalidArgumentError(
+            f"queue {qualified(queue)} cannot be its own error queue (its poison would come back to it for ever): "
+            "name another one with option 'errorQueue'"
+        )
 
 
 def _with_password(url: str, password: str) -> str:
@@ -242,13 +327,198 @@ def _with_password(url: str, password: str) -> str:
 # -- rows to messages ------------------------------------------------------------------------
 
 
-def _row_message(row: Row, options: Options, headers: Mapping[str, str | None]) -> Message:
+_TEXT_TYPES = (StringType, CharType, VarcharType)
+#: Column types a JSON row carries as they are (JSON strings, booleans and numbers).
+_PLAIN_TYPES = (*_TEXT_TYPES, BooleanType, ByteType, ShortType, IntegerType, LongType, FloatType, DoubleType, NullType)
+_NUMBER_TYPES = (ByteType, ShortType, IntegerType, LongType, FloatType, DoubleType, DecimalType)
+
+
+def _iso_duration(span: timedelta) -> str:
+    """An ISO-8601 duration (``P1DT2H3M4.5S``, ``-PT0.25S``): days of 24 hours, exact to the microsecond."""
+    sign = "-" if span < timedelta(0) else ""
+    span = abs(span)
+    hours, rest = divmod(span.seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    second = f"{seconds}.{span.microseconds:06d}".rstrip("0").rstrip(".") if span.microseconds else str(seconds)
+    days = f"{span.days}D" if span.days else ""
+    time = "".join(f"{n}{unit}" for n, unit in ((hours, "H"), (minutes, "M")) if n)
+    if seconds or span.microseconds or not (days or time):
+        time += f"{second}S"
+    return f"{sign}P{days}{'T' + time if time else ''}"
+
+
+def _binary_text(value: bytes | bytearray) -> str:
+    return base64.b64encode(value).decode("ascii")
+
+
+def _decimal_text(value: Decimal) -> str:
+    return str(value)
+
+
+def _date_text(value: date) -> str:
+    return value.isoformat()
+
+
+def _instant_text(value: datetime) -> str:
+    """A TIMESTAMP (an instant; PySpark hands it over as naive local time) in UTC, with its offset."""
+    return value.astimezone(timezone.utc).isoformat()
+
+
+def _variant_json(value: Any) -> Any:
+    return json.loads(value.toJson())
+
+
+_SCALAR_ENCODERS: tuple[tuple[type[DataType], Callable[[Any], Any]], ...] = (
+    (BinaryType, _binary_text),
+    (DecimalType, _decimal_text),
+    (DateType, _date_text),
+    (TimestampType, _instant_text),
+    (TimestampNTZType, _date_text),  # a wall-clock time with no zone: ISO-8601 without an offset
+    (DayTimeIntervalType, _iso_duration),
+    (VariantType, _variant_json),
+)
+
+
+#: Map key types a JSON object's (text) keys can stand for.
+_KEY_TYPES = (*_PLAIN_TYPES, BinaryType, DecimalType, DateType, TimestampType, TimestampNTZType, DayTimeIntervalType)
+
+
+def _json_encoder(data_type: DataType, where: str) -> Callable[[Any], Any] | None:
+    """How a value of ``data_type`` goes into a JSON row (None: as it is); a type JSON cannot carry
+    faithfully (year-month and calendar intervals, user-defined types...) is refused, naming ``where``."""
+    if isinstance(data_type, _PLAIN_TYPES):
+        return None
+    for kind, encode in _SCALAR_ENCODERS:
+        if isinstance(data_type, kind):
+            return encode
+    if isinstance(data_type, ArrayType):
+        return _array_encoder(_json_encoder(data_type.elementType, f"{where} (its elements)"))
+    if isinstance(data_type, MapType):
+        if not isinstance(data_type.keyType, _KEY_TYPES):
+            raise ArgumentTypeError(
+                f"{where} is {data_type.simpleString()}: a JSON object's keys are text, so a map's keys must be "
+                "scalars; cast the column or write a 'body' column of your own"
+            )
+        key = _json_encoder(data_type.keyType, f"{where} (its keys)")
+        return _map_encoder(key, _json_encoder(data_type.valueType, f"{where} (its values)"))
+    if isinstance(data_type, StructType):
+        _unique_names(data_type, where)
+        return _struct_encoder([(f.name, _json_encoder(f.dataType, f"{where}.{f.name}")) for f in data_type.fields])
+    raise ArgumentTypeError(
+        f"{where} is {data_type.simpleString()}, which a JSON row cannot carry faithfully: cast it (e.g. to "
+        "string, or a year-month interval to months) or write a 'body' column of your own"
+    )
+
+
+def _array_encoder(element: Callable[[Any], Any] | None) -> Callable[[Any], Any]:
+    def encode(values: Any) -> Any:
+        return [None if v is None or element is None else element(v) for v in values]
+
+    return encode if element is not None else list
+
+
+def _map_encoder(key: Callable[[Any], Any] | None, value: Callable[[Any], Any] | None) -> Callable[[Any], Any]:
+    def encode(items: Any) -> Any:
+        return {
+            (k if key is None else key(k)): (v if v is None or value is None else value(v)) for k, v in items.items()
+        }
+
+    return encode
+
+
+def _struct_encoder(fields: list[tuple[str, Callable[[Any], Any] | None]]) -> Callable[[Any], Any]:
+    def encode(row: Any) -> Any:
+        return {
+            name: (v if v is None or field_encoder is None else field_encoder(v))
+            for (name, field_encoder), v in zip(fields, row, strict=True)
+        }
+
+    return encode
+
+
+def _unique_names(schema: StructType, where: str) -> None:
+    names = schema.fieldNames()
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise InvalidArgumentError(
+            f"{where} has more than one column named {', '.join(map(repr, twice))}: a message would keep only one "
+            "of them; rename or drop the others"
+        )
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """How a written row becomes a message, decided on the driver from the DataFrame's schema (so a
+    column that cannot be sent is refused before anything is), and applied by each task."""
+
+    schema: StructType
+
+    @classmethod
+    def of(cls, schema: StructType) -> RowLayout:
+        if not schema.fields:
+            raise InvalidArgumentError(
+                "the DataFrame has no columns, so its rows would be no messages: select the columns to send "
+                "(a 'body' column, or columns sent as a JSON object)"
+            )
+        _unique_names(schema, "the DataFrame")
+        for column in schema.fields:
+            kind = column.dataType
+            if column.name == BODY_COLUMN and not isinstance(kind, (BinaryType, *_TEXT_TYPES)):
+                raise ArgumentTypeError(f"column 'body' must be binary or string, got {kind.simpleString()}")
+            if column.name == HEADERS_COLUMN and not (
+                isinstance(kind, MapType)
+                and isinstance(kind.keyType, _TEXT_TYPES)
+                and isinstance(kind.valueType, _TEXT_TYPES)
+            ):
+                raise ArgumentTypeError(
+                    f"column 'headers' must be a map<string,string> of header names to values, got {kind.simpleString()}"
+                )
+            if column.name == TTBR_COLUMN and not isinstance(kind, (*_NUMBER_TYPES, DayTimeIntervalType)):
+                raise ArgumentTypeError(
+                    f"column 'ttbr' (the time to be received) must be a number of seconds or a day-time interval, "
+                    f"got {kind.simpleString()}"  # booleans too, as the core refuses them: True is not a duration
+                )
+        layout = cls(schema)
+        layout.encoder()  # refuses a column JSON cannot carry
+        return layout
+
+    @property
+    def has_body(self) -> bool:
+        return BODY_COLUMN in self.schema.fieldNames()
+
+    def encoder(self) -> Callable[[Any], dict[str, Any]]:
+        """A row's content columns as a JSON object (every column but ``headers`` and ``ttbr``)."""
+        columns = [
+            (n, f.name, _json_encoder(f.dataType, f"column {f.name!r}"))
+            for n, f in enumerate(self.schema.fields)
+            if f.name not in (HEADERS_COLUMN, TTBR_COLUMN)
+        ]
+
+        def encode(row: Any) -> dict[str, Any]:
+            return {name: (row[n] if row[n] is None or enc is None else enc(row[n])) for n, name, enc in columns}
+
+        return encode
+
+
+def _row_ttbr(value: object) -> timedelta:
+    if isinstance(value, Decimal):
+        value = float(value)
+    return duration("column 'ttbr'", value, maximum=defaults.MAX_TIME_TO_BE_RECEIVED)
+
+
+def _row_message(
+    row: Row,
+    options: Options,
+    headers: Mapping[str, str | None],
+    encode: Callable[[Any], dict[str, Any]] | None = None,
+) -> Message:
     """One message of a written row: its ``body`` column, or the row as JSON (``application/json``).
 
     A ``headers`` column (map of string to string) adds to or overrides the option headers, a
-    ``ttbr`` column (seconds or an interval) the ``timeToBeReceived`` option.
+    ``ttbr`` column (seconds or a day-time interval) the ``timeToBeReceived`` option. ``encode``
+    (from the DataFrame's :class:`RowLayout`) turns a row without a body into its JSON object.
     """
-    fields = row.asDict(recursive=True)
+    fields = row.asDict()
     merged = dict(headers)
     row_headers = fields.pop(HEADERS_COLUMN, None)
     ttbr = fields.pop(TTBR_COLUMN, None)
@@ -257,25 +527,25 @@ def _row_message(row: Row, options: Options, headers: Mapping[str, str | None]) 
         if body is not None and not isinstance(body, (bytes, bytearray, str)):
             raise InvalidOptionError(f"column 'body' must be binary or string, got {type(body).__name__}")
     else:
+        content = encode(row) if encode is not None else row.asDict(recursive=True)
         try:
-            body = json.dumps(fields, default=str, separators=(",", ":"), allow_nan=False)
+            body = json.dumps(content, separators=(",", ":"), allow_nan=False)
         except ValueError:  # JSON has no NaN or infinity: never send invalid JSON labelled application/json
             columns = sorted(
-                name for name, value in fields.items() if isinstance(value, float) and not math.isfinite(value)
+                name for name, value in content.items() if isinstance(value, float) and not math.isfinite(value)
             )
             raise InvalidArgumentError(
                 f"a row holds NaN or an infinite number in {', '.join(columns) or 'a nested value'}, which JSON "
                 "cannot carry: replace them (e.g. with null) or write a 'body' column of your own"
             ) from None
+        except TypeError as exc:  # a value of a type the layout did not plan for (rows built by hand)
+            raise ArgumentTypeError(f"a row holds a value JSON cannot carry: {exc}") from None
         merged.setdefault(CONTENT_TYPE, JSON_CONTENT_TYPE)
     if row_headers:
+        if not isinstance(row_headers, Mapping):
+            raise ArgumentTypeError(f"column 'headers' must be a map, got {type(row_headers).__name__}")
         merged.update(row_headers)
-    if isinstance(ttbr, timedelta):
-        time_to_be_received: timedelta | float | None = ttbr
-    elif ttbr is not None:
-        time_to_be_received = float(ttbr)
-    else:
-        time_to_be_received = options.time_to_be_received
+    time_to_be_received = options.time_to_be_received if ttbr is None else _row_ttbr(ttbr)
     return Message(body, merged, time_to_be_received=time_to_be_received)
 
 
@@ -338,7 +608,7 @@ class SqlQueueDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         if overwrite:
             raise InvalidOptionError("a queue is only appended to: use mode('append')")
-        return QueueWriter(self.parsed)
+        return QueueWriter(self.parsed, RowLayout.of(schema))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return QueueStreamReader(self.parsed)
@@ -355,12 +625,12 @@ class WritePart(WriterCommitMessage):
 class QueueWriter(DataSourceWriter):
     """A batch write: one transaction per partition, each recorded in the write ledger."""
 
-    def __init__(self, options: Options) -> None:
+    def __init__(self, options: Options, layout: RowLayout) -> None:
         self.options = options
+        self.layout = layout  # checked on the driver, before the database is touched
         self.key = options.write_key(options.write_id)
         with options.connect() as client:
-            options.check(client)
-            client.create_writes(options.ledger)
+            options.check_sink(client)
 
     def write(self, iterator: Iterator[Row]) -> WritePart:
         from pyspark import TaskContext
@@ -369,7 +639,8 @@ class QueueWriter(DataSourceWriter):
         part = context.partitionId() if context is not None else 0
         options = self.options
         headers = _option_headers(options)
-        messages = (_row_message(row, options, headers) for row in iterator)
+        encode = None if self.layout.has_body else self.layout.encoder()
+        messages = (_row_message(row, options, headers, encode) for row in iterator)
         with options.connect() as client:
             sent = _send_partition(
                 client, options.queue, messages, options.batch_size, (options.ledger, self.key, part)
@@ -453,7 +724,7 @@ class QueueReader(DataSourceReader):
     def __init__(self, options: Options) -> None:
         self.options = options
         with options.connect() as client:
-            options.check(client)
+            options.check(client, claims=options.mode == "claim")
 
     def partitions(self) -> Sequence[InputPartition]:
         options = self.options
@@ -558,7 +829,7 @@ class QueueStreamReader(DataSourceStreamReader):
     def __init__(self, options: Options) -> None:
         self.options = options
         with options.connect() as client:
-            options.check(client)
+            options.check(client, claims=True)
         self.renewer = _Renewer(options)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -652,6 +923,7 @@ def nack_held(url: str, queue: str, holder: str, *, error: BaseException | str |
 
 def forget_write(url: str, queue: str, write_id: str, *, ledger: str = defaults.WRITE_LEDGER) -> int:
     """Forget a ``writeId`` whose write can no longer be repeated; returns the ledger rows deleted."""
+    checked_text("write_id", write_id, limit=defaults.MAX_LABEL)
     options = Options.parse({"url": url, "queue": queue, "ledger": ledger})
     with options.connect() as client:
         return client.forget_write(options.ledger, options.write_key(write_id))
@@ -668,12 +940,35 @@ def batch_writer(options: Mapping[str, str], checkpoint: str) -> Callable[[DataF
     batch n only after committing n - 1, which can then never be replayed: its ledger rows are
     forgotten.
     """
+    if not isinstance(options, Mapping):
+        raise ArgumentTypeError(
+            f"batch_writer's options must be a mapping of option names to text, got {type(options).__name__}"
+        )
+    for name, value in options.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise ArgumentTypeError(f"batch_writer's options are text: option {name!r} is {type(value).__name__}")
+    if any(name.lower() == "writeid" for name in options):
+        raise InvalidOptionError(
+            "batch_writer names each batch's write itself (<query id>:<batch>): drop option 'writeId'"
+        )
+    try:
+        checkpoint = checked_text("checkpoint", checkpoint)
+    except SqlQueueError as exc:
+        raise InvalidOptionError(f"batch_writer: {exc}") from None
     checked = Options.parse(options)
+    with checked.connect() as client:  # a wrong sink is refused now, before the query claims its first batch
+        checked.check_sink(client)
     query: dict[str, str] = {}
 
     def write(batch: DataFrame, batch_id: int) -> None:
         if "id" not in query:  # written by Spark when the query first started, read through its filesystem
-            metadata = batch.sparkSession.read.text(f"{checkpoint.rstrip('/')}/metadata").first()
+            try:
+                metadata = batch.sparkSession.read.text(f"{checkpoint.rstrip('/')}/metadata").first()
+            except Exception as exc:  # noqa: BLE001  # Spark's AnalysisException (no such path), worded for the caller
+                raise InvalidOptionError(
+                    f"cannot read the query metadata in checkpoint {checkpoint!r} ({type(exc).__name__}): pass the "
+                    "query's checkpointLocation"
+                ) from None
             if metadata is None:
                 raise InvalidOptionError(f"no query metadata in checkpoint {checkpoint!r}: pass its checkpointLocation")
             query["id"] = str(json.loads(metadata[0])["id"])

@@ -117,18 +117,20 @@ def test_a_task_that_fails_mid_write_leaves_no_partial_partition_and_loses_nothi
 def test_a_partition_run_again_after_it_committed_sends_nothing(space, pg_uri):
     """What Spark does when an executor dies after its task committed: the same partition runs again."""
     from pyspark.sql import Row
+    from pyspark.sql.types import LongType, StructField, StructType
 
     from airflow_provider_sqlqueue.spark import QueueWriter, SqlQueueDataSource, WritePart
 
     orders = space("orders")
+    schema = StructType([StructField("n", LongType())])
     source = SqlQueueDataSource({"url": pg_uri, "queue": orders, "writeId": "nightly:2026-11-24"})
-    writer = source.writer(source.schema(), overwrite=False)
+    writer = source.writer(schema, overwrite=False)
     assert isinstance(writer, QueueWriter)
     rows = [Row(n=n) for n in range(500)]
     assert writer.write(iter(rows)) == WritePart(0, 500)
     assert writer.write(iter(rows)) == WritePart(0, None)
     again = SqlQueueDataSource({"url": pg_uri, "queue": orders, "writeId": "nightly:2026-11-24"})
-    assert again.writer(again.schema(), overwrite=False).write(iter(rows)) == WritePart(0, None)
+    assert again.writer(schema, overwrite=False).write(iter(rows)) == WritePart(0, None)
     assert len(bodies(pg_uri, orders)) == 500
 
 
@@ -479,6 +481,10 @@ def test_example_dags_run_on_the_cluster_by_changing_only_spark_default(cluster,
         ({"url": "postgresql://db/x", "queue": "orders", "maxMessagesPerBatch": "0"}, "must be positive"),
         ({"url": "postgresql://db/x", "queue": "orders", "batchSize": "200000"}, "must be at most 100,000"),
         ({"url": "mssql://sa@db/x", "queue": "orders", "password": "pw"}, "put it in an mssql:// url"),
+        (
+            {"url": "postgresql://db/x", "queue": "orders", "maxMessagePerBatch": "1"},
+            "did you mean 'maxMessagesPerBatch'",
+        ),
     ],
 )
 def test_bad_options_are_refused_with_the_library_error(options, message):
@@ -506,3 +512,64 @@ def test_a_password_option_joins_the_url_and_never_shows_in_the_options_repr(pg_
 
     parsed = Options.parse({"url": "host=db dbname=shop user=app", "password": "s3cr3t", "queue": "orders"})
     assert "password=s3cr3t" in parsed.url and "s3cr3t" not in repr(parsed)
+
+
+def test_every_documented_option_works_through_spark_and_a_typo_or_a_bad_column_is_refused(
+    spark, space, pg_uri, tmp_path
+):
+    """Spark passes the options as given (lower-cased) and nothing of its own, so refusing unknown
+    options leaves every documented one working: a write, a browse, a claim read and a stream."""
+    from psycopg.conninfo import conninfo_to_dict
+    from pyspark.errors import AnalysisException
+
+    from airflow_provider_sqlqueue.spark import ack_held, batch_writer
+
+    password = str(conninfo_to_dict(pg_uri).get("password") or "ignored-by-trust")
+    orders, relayed, failures = space("orders"), space("relayed"), space("failures")
+    write = {
+        "url": pg_uri,
+        "password": password,
+        "queue": orders,
+        "batchSize": "2",
+        "messageType": "Shop.Order",
+        "contentType": "application/json",
+        "timeToBeReceived": "3600",
+        "writeId": "all-options",
+        "ledger": "sqlqueue_writes",
+    }
+    df = spark.createDataFrame([(n, f"o{n}") for n in range(5)], "n int, name string")
+    df.write.format("sqlqueue").options(**write).mode("append").save()
+    read = {"url": pg_uri, "queue": orders, "numPartitions": "3", "fetchSize": "2"}
+    assert spark.read.format("sqlqueue").options(**read).load().count() == 5
+    claim = {
+        **read,
+        "mode": "claim",
+        "holder": "all-options",
+        "maxMessagesPerBatch": "2",
+        "lease": "60",
+        "maxDeliveries": "3",
+        "errorQueue": failures,
+    }
+    taken = {json.loads(r.body)["name"] for r in spark.read.format("sqlqueue").options(**claim).load().collect()}
+    assert len(taken) == 2 and ack_held(pg_uri, orders, "all-options") == 2
+    checkpoint = str(tmp_path / "checkpoint")
+    stream = {k: v for k, v in claim.items() if k not in ("mode", "holder", "fetchSize")}
+    query = (
+        spark.readStream.format("sqlqueue").options(**stream).load().select("body")
+        .writeStream.foreachBatch(batch_writer({"url": pg_uri, "queue": relayed, "batchSize": "2"}, checkpoint))
+        .option("checkpointLocation", checkpoint).start()
+    )  # fmt: skip
+    try:
+        query.processAllAvailable()  # two batches of maxMessagesPerBatch
+    finally:
+        query.stop()
+    relayed_names = [b["name"] for b in bodies(pg_uri, relayed)]
+    assert len(relayed_names) == 3 and taken | set(relayed_names) == {f"o{n}" for n in range(5)}
+    with pytest.raises(AnalysisException, match="did you mean 'maxMessagesPerBatch'"):
+        spark.read.format("sqlqueue").options(**claim).option("maxMessagePerBatch", "1").load().collect()
+    with pytest.raises(AnalysisException, match="column 'ttbr'"):
+        spark.createDataFrame([("b", True)], "body string, ttbr boolean").write.format("sqlqueue").option(
+            "url", pg_uri
+        ).option("queue", orders).mode("append").save()
+    with QueueClient.connect(pg_uri) as client:
+        assert client.depth(orders) == 0 and client.in_flight(orders) == 0
