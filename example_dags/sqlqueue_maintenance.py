@@ -25,11 +25,12 @@ from airflow_provider_sqlqueue.transport import QueueNotFoundError
 
 QUEUES = [queue(name) for name in NAMES]
 ERROR_QUEUE = queue("error")
+START = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 with DAG(
     "sqlqueue_setup",
     schedule="@once",
-    start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
+    start_date=START,
     catchup=False,
     tags=["sqlqueue"],
 ):
@@ -44,7 +45,7 @@ with DAG(
 with DAG(
     "sqlqueue_maintenance",
     schedule="@hourly",
-    start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
+    start_date=START,
     catchup=False,
     tags=["sqlqueue"],
     doc_md=__doc__,
@@ -86,7 +87,7 @@ with DAG(
 with DAG(
     "sqlqueue_metrics",
     schedule=timedelta(minutes=5),  # the metrics' interval
-    start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
+    start_date=START,
     catchup=False,
     is_paused_upon_creation=True,
     tags=["sqlqueue"],
