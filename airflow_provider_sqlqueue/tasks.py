@@ -110,7 +110,7 @@ class HeldMessages:
         """Nack ``messages`` with ``failure`` and stop renewing them."""
         for queue, tokens in tokens_by_queue(messages).items():
             given = self._hook.nack(queue, tokens, error=failure)
-            self._keeper.release(queue, tokens)
+            self._keeper.stop_renewing(queue, tokens)
             self._hook.log.error(
                 "Queue %s: gave back %d message(s) after %s: %s", queue, given, failure.type, failure.message
             )

@@ -117,7 +117,7 @@ class ErrorSummary(BaseModel):
     groups: list[Group]
 
 
-class Failure(BaseModel):
+class FailedMessageView(BaseModel):
     seq: int
     id: str
     source: str
@@ -133,7 +133,7 @@ class Failure(BaseModel):
 
 class FailurePage(BaseModel):
     error_queue: str
-    failures: list[Failure]
+    failures: list[FailedMessageView]
     next_before: int | None
 
 
@@ -230,11 +230,11 @@ def _shown(text: str | None) -> str | None:
     return None if text is None else storable_text(text, defaults.HEADER_PREVIEW_CHARS)
 
 
-def _failure(message: FailedMessage) -> Failure:
+def _failure(message: FailedMessage) -> FailedMessageView:
     headers = {_shown(key) or "": _shown(value) for key, value in (message.headers or {}).items()}
     preview, encoding, truncated = _preview(message)
     source, exception_type = message.group
-    return Failure(
+    return FailedMessageView(
         seq=message.seq,
         id=str(message.id),
         source=_shown(source) or "",

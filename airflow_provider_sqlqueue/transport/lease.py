@@ -73,7 +73,7 @@ class LeaseKeeper:
                     tokens -= gone
             self.renewals += 1
 
-    def release(self, queue: str, tokens: Iterable[Token]) -> None:
+    def stop_renewing(self, queue: str, tokens: Iterable[Token]) -> None:
         """Stop renewing claims the holder has settled or given back."""
         with self._lock:
             self.held.get(queue, set()).difference_update(as_tokens(tokens))

@@ -37,7 +37,8 @@ class _Watch:
     waiters: int = 0
     error: BaseException | None = None
 
-    def release(self) -> None:
+    def wake(self) -> None:
+        """Wake every waiter of the queue (a peek found messages, or an error they must see)."""
         pulse, self.pulse = self.pulse, asyncio.Event()
         pulse.set()
 
@@ -129,7 +130,7 @@ class Poller:
                     for key, watch in waited.items():
                         watch.error = exc
                         self._watches.pop(key, None)
-                        watch.release()
+                        watch.wake()
                     continue
                 await self._pause(client, [queue for queue, _ in waited])
         finally:
@@ -147,12 +148,12 @@ class Poller:
             log.error("Queue %s: cannot peek: %s", queue, exc)
             watch.error = exc
             del self._watches[(queue, include_claims)]
-            watch.release()
+            watch.wake()
             return
         self.peeks += 1
         if pending:
             log.debug("Queue %s: %d waiting; releasing %d waiter(s)", queue, pending, watch.waiters)
-            watch.release()
+            watch.wake()
 
     async def _pause(self, client: AsyncQueueClient | None, queues: list[str] | None = None) -> None:
         """Wait out the interval, ending early for a new queue or (when listening) a send notification."""
