@@ -803,7 +803,7 @@ class _Renewer:
         self._stop.set()
 
     def _run(self) -> None:
-        interval = self.options.lease.total_seconds() / 3
+        interval = defaults.renewal_interval(self.options.lease)
         while not self._stop.wait(interval):
             with self._lock:
                 holders = sorted(self.holders)

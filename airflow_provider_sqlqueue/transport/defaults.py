@@ -21,6 +21,16 @@ AUDIT_QUEUE = "audit"
 #: How long a claim stays reserved without being renewed (the hand-off lease).
 LEASE = timedelta(minutes=2)
 
+#: Renewals per lease: a holder renews every ``lease / RENEWALS_PER_LEASE`` while it works, so that
+#: two renewals in a row may fail (a database restart, a pause) before the claim lapses.
+RENEWALS_PER_LEASE = 3
+
+
+def renewal_interval(lease: timedelta) -> float:
+    """Seconds between renewals of a claim held for ``lease``: the one cadence of every holder."""
+    return lease.total_seconds() / RENEWALS_PER_LEASE
+
+
 #: Longest lease or give-back delay accepted: claims are renewed, so a longer one only hides a dead holder.
 MAX_LEASE = timedelta(days=7)
 

@@ -96,7 +96,7 @@ class LeaseKeeper:
                 self.renew(client)
 
     def _run(self) -> None:
-        every = self.lease.total_seconds() / 3
+        every = defaults.renewal_interval(self.lease)
         client: QueueClient | None = None
         try:
             while not self._stop.wait(every):

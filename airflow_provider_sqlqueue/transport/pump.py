@@ -180,7 +180,7 @@ class MessagePump:
         peek_interval: float = defaults.PEEK_INTERVAL,
         peek_batch_size: int = defaults.PEEK_BATCH,
         receive_batch_size: int | None = None,
-        lease: timedelta = defaults.LEASE,
+        lease: timedelta | float = defaults.LEASE,
         max_deliveries: int = defaults.MAX_DELIVERIES,
         smallest_ttbr: timedelta | None = None,
         max_backoff: float = defaults.MAX_BACKOFF_SECONDS,
@@ -229,7 +229,7 @@ class MessagePump:
         self.peek_interval = peek_interval
         self.peek_batch_size = peek_batch_size
         self.receive_batch_size = receive_batch_size
-        self.lease = lease
+        self.lease = duration("lease", lease, maximum=defaults.MAX_LEASE)  # seconds too, as everywhere
         self.lease_ms = lease_ms(lease)
         self.holder = default_holder()
         self.max_deliveries = max_deliveries
@@ -693,7 +693,7 @@ class MessagePump:
     async def _renew(self, tokens: list[Any]) -> None:
         """Renew a handler's claim every third of the lease while it runs, so a long handler keeps its message."""
         while True:
-            await asyncio.sleep(self.lease.total_seconds() / 3)
+            await asyncio.sleep(defaults.renewal_interval(self.lease))
             try:
                 async with self.pool.session() as session:
                     await session.run(ops.extend(self.dialect, self.queue, tokens, self.lease_ms))
