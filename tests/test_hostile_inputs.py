@@ -24,6 +24,7 @@ import pytest
 
 from airflow_provider_sqlqueue.transport import (
     ArgumentTypeError,
+    AsyncQueueClient,
     InvalidArgumentError,
     Message,
     MessagePump,
@@ -381,3 +382,32 @@ def test_a_trigger_refuses_bad_arguments_where_the_task_defers(arguments) -> Non
 
     with pytest.raises(SqlQueueError):
         SqlQueueTrigger(**{"sqlqueue_conn_id": "queue_db", "queue_name": "orders", **arguments})
+
+
+def test_a_connection_lost_inside_a_transaction_is_not_replaced_mid_block(pg_uri, queue) -> None:
+    """A call that meets the loss says "retry"; a retry inside the same block must not commit on a
+    new connection by itself while the block's transaction is gone."""
+    with QueueClient.connect(pg_uri) as client, psycopg.connect(pg_uri, autocommit=True) as admin:
+
+        def block() -> None:
+            with client.transaction():
+                client.send(queue, Message("a"))
+                admin.execute("SELECT pg_terminate_backend(%s)", (client.connection.info.backend_pid,))
+                with pytest.raises(TransportUnavailableError):
+                    client.send(queue, Message("b"))
+                client.send(queue, Message("b"))  # the retry inside the dead block is refused too
+
+        with pytest.raises(TransportUnavailableError):
+            block()
+        assert client.depth(queue) == 0  # neither committed: the block is all or nothing
+        with client.transaction():  # and the next block runs on a new connection
+            client.send(queue, Message("c"))
+        assert [m.text for m in client.receive(queue, 5)] == ["c"]
+
+
+async def test_an_async_client_refuses_a_blocking_connection(pg_uri) -> None:
+    with (
+        psycopg.connect(pg_uri, autocommit=True) as connection,
+        pytest.raises(ArgumentTypeError, match="AsyncConnection"),
+    ):
+        await AsyncQueueClient.connect(connection)

@@ -330,7 +330,9 @@ class TaskLock:
 
     Calls on one client take turns on its one connection. A task inside :meth:`AsyncQueueClient.transaction`
     or :meth:`AsyncQueueClient.receive_native` holds the lock and may call the client again (its
-    calls then join that transaction); other tasks wait.
+    calls then join that transaction); other tasks wait -- including tasks the block itself starts
+    (``asyncio.gather``, and ``asyncio.wait_for`` before Python 3.12, which runs its argument as a new
+    task), which would wait for the block to end: call the client from the task that holds it.
     """
 
     def __init__(self) -> None:
@@ -407,7 +409,12 @@ class AsyncQueueClient(Addressing):
         audit_queue: str | QueueAddress | bool | None = None,
     ) -> AsyncQueueClient:
         """Open a client from a URI/DSN (owned connection) or wrap an existing DB-API connection (borrowed)."""
-        return cls(await open_session(target, blocking=False), error_queue, audit_queue)
+        session = await open_session(target, blocking=False)
+        if session.blocking:  # a blocking psycopg connection would stall the event loop at every call
+            raise ArgumentTypeError(
+                "AsyncQueueClient needs psycopg's AsyncConnection; use QueueClient for a Connection"
+            )
+        return cls(session, error_queue, audit_queue)
 
     @property
     def connection(self) -> Any:
@@ -657,12 +664,12 @@ class AsyncQueueClient(Addressing):
         rolls them all back and the message stays in the queue. Yields None when the queue is empty.
         """
         receive = self._receive_op(queue, 1, error_queue, atomic=True)
+        audit = self.audit_address(self.address(queue))  # refused before the handler runs, not after
         async with self._lock, self.session.transaction():
             received = await ops.drive(receive, self.session.execute)
             started = datetime.now(timezone.utc)
             yield received[0] if received else None
-            audit = self.audit_address(self.address(queue)) if received else None
-            if audit is not None:
+            if audit is not None and received:
                 op = ops.audit(self.dialect, self.address(queue), audit, received, {received[0].id: started})
                 await ops.drive(op, self.session.execute)
 

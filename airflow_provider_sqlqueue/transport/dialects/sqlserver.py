@@ -448,7 +448,7 @@ class SqlServerDialect(Dialect):
             "WITH q AS (SELECT sch.name AS schema_name, tab.name AS table_name FROM sys.tables AS tab "
             "JOIN sys.schemas AS sch ON sch.schema_id = tab.schema_id "
             f"WHERE tab.name <> {_unicode_literal(self.inflight_table)} "
-            "AND CHARINDEX(LOWER(%(search)s), LOWER(sch.name + N'.' + tab.name)) > 0 "
+            "AND (%(search)s = N'' OR CHARINDEX(LOWER(%(search)s), LOWER(sch.name + N'.' + tab.name)) > 0) "
             "AND HAS_PERMS_BY_NAME(QUOTENAME(sch.name) + N'.' + QUOTENAME(tab.name), N'OBJECT', N'SELECT') = 1 "
             "AND (SELECT COUNT(*) FROM sys.columns AS col JOIN sys.types AS typ ON typ.user_type_id = col.user_type_id "
             f"WHERE col.object_id = tab.object_id AND LOWER(col.name) + N':' + typ.name IN ({pairs})) = {len(self.column_types)}) "

@@ -197,6 +197,8 @@ class PsycopgSession(Session):
         super().__init__(get_dialect("postgres"), connection, owned)
         self._listening: set[str] = set()
         self._reopen = reopen
+        #: Transaction blocks open on this session (a connection lost inside one is not replaced).
+        self._blocks = 0
 
     @property
     def blocking(self) -> bool:
@@ -210,7 +212,14 @@ class PsycopgSession(Session):
     async def _revive(self) -> None:
         """Open again an owned connection the server dropped: the call that met the loss said "retry"
         (TransportUnavailableError), and the retry must be able to succeed. A new connection listens afresh."""
-        if self._reopen is not None and (self.connection.closed or self.connection.broken):
+        lost = self.connection.closed or self.connection.broken
+        if lost and self._blocks:
+            # Inside a transaction block the transaction died with its connection: a new connection
+            # would commit the block's later calls on their own. The block must fail and start again.
+            raise TransportUnavailableError(
+                "the database connection was lost inside a transaction: the transaction is gone; run it again"
+            )
+        if self._reopen is not None and lost:
             log.info("The database connection was lost; opening a new one")
             self.connection = await self._reopen()
             self._listening.clear()
@@ -325,7 +334,11 @@ class PsycopgSession(Session):
         await self._revive()
         with translated(self.dialect, psycopg.Error):
             async with self._db.transaction():
-                yield
+                self._blocks += 1
+                try:
+                    yield
+                finally:
+                    self._blocks -= 1
                 refuse_aborted(self)
 
     def transaction_failed(self) -> bool:

@@ -12,7 +12,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ..dialects import get_dialect
 from ..dialects import sqlserver as tsql
-from ..errors import TransportMisconfiguredError
+from ..errors import TransactionAbortedError, TransportMisconfiguredError
 from ..operations import Fetch, Step
 from .base import Session, finish, translated
 
@@ -165,6 +165,7 @@ class _SqlServerSession(Session):
     def __init__(self, connection: Any, owned: bool = False) -> None:
         super().__init__(get_dialect("sqlserver"), connection, owned)
         self._depth = 0
+        self._doomed = False
         if not owned:
             self._check_borrowed()
         finish(self.execute(Step(tsql.SESSION_SETUP, {}, Fetch.NONE, "the database")))
@@ -208,18 +209,30 @@ class _SqlServerSession(Session):
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[None]:
         if self._depth:
+            # An inner block joins the outer transaction. SQL Server has no savepoint that survives
+            # XACT_ABORT, so an inner block that raises dooms the whole transaction: nothing more
+            # runs in it, and the outer block rolls back (as PostgreSQL's savepoint would undo the
+            # inner part, here the whole must go).
             self._depth += 1
             try:
                 yield
+            except BaseException:
+                self._doomed = True
+                raise
             finally:
                 self._depth -= 1
             return
         await self.execute(Step(self.dialect.begin_sql, {}, Fetch.NONE, "the database"))
-        self._depth = 1
+        self._depth, self._doomed = 1, False
         try:
             yield
+            if self._doomed:
+                raise TransactionAbortedError(
+                    "a call inside the transaction failed, and SQL Server cannot undo part of a transaction: "
+                    "the whole transaction was rolled back"
+                )
         except BaseException:
-            self._depth = 0
+            self._depth, self._doomed = 0, False
             try:
                 await self.execute(Step(self.dialect.rollback_sql, {}, Fetch.NONE, "the database"))
             except Exception:  # noqa: BLE001, S110  # the connection may be gone; the server rolls back then
@@ -228,8 +241,13 @@ class _SqlServerSession(Session):
         self._depth = 0
         await self.execute(Step(self.dialect.commit_sql, {}, Fetch.NONE, "the database"))
 
+    def transaction_failed(self) -> bool:
+        return self._doomed
+
     async def execute(self, step: Step) -> Any:
         """Run the step by blocking on the driver (the coroutine never suspends: see :class:`~.base.Session`)."""
+        if self._doomed and step.sql != self.dialect.rollback_sql:
+            raise TransactionAbortedError("an earlier call in this transaction failed: it can only be rolled back")
         with translated(self.dialect, self._driver_errors(), step):
             cursor = self.connection.cursor()
             try:
