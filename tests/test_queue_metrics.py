@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from datetime import timedelta
@@ -34,6 +35,8 @@ def test_queue_metrics_reach_statsd_tagged_and_named_per_queue(airflow_db, pg_ur
             client.claim(orders, 2, lease=timedelta(milliseconds=1))
             time.sleep(0.05)
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as listener:
+                # Room for every datagram of a burst: every queue of the database is measured (other tests' too).
+                listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
                 listener.bind(("127.0.0.1", 0))
                 listener.settimeout(0.5)
                 env = {
@@ -48,6 +51,20 @@ def test_queue_metrics_reach_statsd_tagged_and_named_per_queue(airflow_db, pg_ur
                     "from airflow_provider_sqlqueue.metrics import emit_queue_metrics; "
                     "print(emit_queue_metrics(['shop', 'missing']))"
                 )
+                # Read while the metrics are sent: every queue of the database is measured (other tests'
+                # too), more datagrams than a socket buffer holds if they wait until the end.
+                lines: list[str] = []
+                done = threading.Event()
+
+                def listen() -> None:
+                    while not done.is_set():
+                        try:
+                            lines.extend(listener.recv(65536).decode().splitlines())
+                        except TimeoutError:
+                            continue
+
+                reader = threading.Thread(target=listen, daemon=True)
+                reader.start()
                 run = subprocess.run(
                     [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
                 )
@@ -55,12 +72,9 @@ def test_queue_metrics_reach_statsd_tagged_and_named_per_queue(airflow_db, pg_ur
                 measured = run.stdout.strip().splitlines()[-1]  # what emit_queue_metrics returned
                 assert "'shop'" in measured and "'missing'" not in measured  # an unknown connection is skipped
                 assert "no Airflow connection 'missing' is defined" in run.stdout  # and the log says why
-                lines = []
-                while True:
-                    try:
-                        lines += listener.recv(65536).decode().splitlines()
-                    except TimeoutError:
-                        break
+                time.sleep(0.5)  # the last datagrams in flight
+                done.set()
+                reader.join(5)
             gauges = dict(line.rsplit("|", 1)[0].split(":", 1) for line in lines)
             path = f"shop.{schema}"
             assert gauges[f"airflow.sqlqueue.waiting.{path}.orders"] == "3"
