@@ -256,6 +256,8 @@ async function loadFailures(append) {
   $("#all-failures").hidden = state.group === null;
   $("#failure-filter").textContent = state.group ? `(${state.group[1]} in ${state.group[0]})` : "";
   const list = $("#failures");
+  // A refresh that was already under way when a message was ticked must not untick it.
+  const kept = new Set(selectedSeqs());
   if (!append) list.replaceChildren();
   for (const f of page.failures) {
     const item = document.createElement("li");
@@ -267,6 +269,7 @@ async function loadFailures(append) {
     pick.type = "checkbox";
     pick.className = "pick";
     pick.dataset.seq = f.seq;
+    pick.checked = kept.has(f.seq);
     pick.setAttribute("aria-label", `select message ${f.id}`);
     pick.addEventListener("change", updateSelection);
     title.appendChild(pick);
