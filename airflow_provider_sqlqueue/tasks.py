@@ -19,7 +19,7 @@ from typing import Any
 from airflow.sdk import get_current_context
 
 from .hooks.sqlqueue import SqlQueueHook
-from .transport import Failure, LeaseKeeper, defaults
+from .transport import Failure, LeaseKeeper, LeaseLostError, QueueClient, ReceivedMessage, defaults
 from .transport.errors import ArgumentTypeError
 from .transport.message import check_positive, duration
 
@@ -27,10 +27,26 @@ from .transport.message import check_positive, duration
 __all__ = ["HeldMessages", "hold_messages"]
 
 
-def give_back(hook: SqlQueueHook, claims: Mapping[str, list[str]], failure: Failure) -> None:
-    """Nack the claims a stage could not hand on, with why (a lost lease is not given back: it is gone)."""
-    for queue, tokens in claims.items():
-        hook.nack(queue, tokens, error=failure)
+@contextmanager
+def settling(client: QueueClient, claims: Mapping[str, list[str]], context: Any) -> Iterator[None]:
+    """Around a step that settles ``claims`` (a forward, a publish): if it fails, the claims are given
+    back with why; a lost lease is not given back, as the claim is no longer this task's."""
+    try:
+        yield
+    except LeaseLostError:
+        raise
+    except Exception as exc:
+        failure = Failure.of(exc, failure_source(context))
+        for queue, tokens in claims.items():
+            client.nack(queue, tokens, error=failure)
+        raise
+
+
+def as_dicts(client: QueueClient, queue: str, messages: Iterable[ReceivedMessage]) -> list[dict[str, Any]]:
+    """Messages as the JSON-safe dicts XCom and trigger events carry, each naming its queue by the
+    canonical address (what settling them later needs)."""
+    address = client.canonical_address(queue)
+    return [message.to_dict(address) for message in messages]
 
 
 def failure_source(context: Any) -> str:
@@ -109,7 +125,8 @@ class HeldMessages:
     def give_back(self, messages: Iterable[Mapping[str, Any]], failure: Failure) -> None:
         """Nack ``messages`` with ``failure`` and stop renewing them."""
         for queue, tokens in tokens_by_queue(messages).items():
-            given = self._hook.nack(queue, tokens, error=failure)
+            with self._hook.client() as client:
+                given = len(client.nack(queue, tokens, error=failure))
             self._keeper.stop_renewing(queue, tokens)
             self._hook.log.error(
                 "Queue %s: gave back %d message(s) after %s: %s", queue, given, failure.type, failure.message
@@ -156,7 +173,7 @@ def hold_messages(
     hook = SqlQueueHook(sqlqueue_conn_id)
     hook.connection  # noqa: B018  # a connection that is not defined fails the task now, holding nothing
     taken = take_reserved(hook, context, lease, limit) if messages is None else claimed_messages(messages, context)
-    with hook.keep_claims(tokens_by_queue(taken), lease) as keeper:
+    with LeaseKeeper(hook.client, tokens_by_queue(taken), lease) as keeper:
         held = HeldMessages(
             (dict(m) for m in taken if uuid.UUID(str(m["claim_token"])) in keeper.held.get(str(m["queue"]), ())),
             hook,
@@ -180,7 +197,8 @@ def take_reserved(hook: SqlQueueHook, context: Any, lease: timedelta, limit: int
     queues = dict.fromkeys(str(m["queue"]) for m in claimed_messages(None, context))
     taken: list[dict[str, Any]] = []
     for queue in queues:
-        adopted = hook.take_dicts(queue, None, lease=lease, holder=holder, limit=limit)
+        with hook.client() as client:
+            adopted = as_dicts(client, queue, client.take(queue, None, lease=lease, holder=holder, limit=limit))
         hook.log.info("Queue %s: took %d reserved message(s) for %s", queue, len(adopted), holder)
         taken.extend(adopted)
     return taken

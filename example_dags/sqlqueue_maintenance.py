@@ -55,14 +55,14 @@ with DAG(
     @task
     def report() -> dict:
         """Depth and in-flight claims per queue, and what sits in the error queue (by source queue and exception)."""
-        hook = SqlQueueHook(error_queue=ERROR_QUEUE)
         queues = {}
-        for name in QUEUES:
-            try:
-                queues[name] = {"waiting": hook.depth(name), "in_flight": hook.in_flight(name)}
-            except QueueNotFoundError:
-                queues[name] = {"missing": True}
-        groups = hook.error_summary(ERROR_QUEUE)  # the newest 10,000, headers only
+        with SqlQueueHook(error_queue=ERROR_QUEUE).client() as client:
+            for name in QUEUES:
+                try:
+                    queues[name] = {"waiting": client.depth(name), "in_flight": client.in_flight(name)}
+                except QueueNotFoundError:
+                    queues[name] = {"missing": True}
+            groups = client.error_summary(ERROR_QUEUE)  # the newest 10,000, headers only
         by_source: Counter[str] = Counter()
         by_exception: Counter[str] = Counter()
         for group in groups:

@@ -51,6 +51,7 @@ class Kind(Enum):
     FLAG = "a boolean switch"
     URI = "a connection target"
     AUDIT = "an audit queue switch or name"
+    CONN_ID = "an Airflow connection id"
 
 
 #: Parameter name -> kind, one entry per concept and name across the core and the hook.
@@ -103,6 +104,7 @@ KINDS: dict[str, Kind] = {
     "delayed": Kind.FLAG,
     "target": Kind.URI,
     "audit_queue": Kind.AUDIT,
+    "sqlqueue_conn_id": Kind.CONN_ID,
 }
 
 #: Longer than any identifier either database holds (PostgreSQL 63 bytes, SQL Server 128 characters).
@@ -364,6 +366,18 @@ def _audits(world: World) -> list[tuple[str, Any]]:
     ]
 
 
+def _conn_ids(world: World) -> list[tuple[str, Any]]:
+    return [
+        ("empty", ""),
+        ("not text", 42),
+        ("undefined", "contract_nowhere"),
+        ("not a database", "contract_http"),
+        ("NUL", "con\x00tract"),
+        ("lone surrogate", LONE_SURROGATE),
+        ("a megabyte", MEGABYTE),
+    ]
+
+
 #: Kind -> its hostile values. Every call given one of them must fail with the library's own error
 #: (never "unavailable, retry") and change nothing -- except ERROR, whose values must be recorded
 #: safely or refused.
@@ -393,6 +407,7 @@ CATALOGUE: dict[Kind, Callable[[World], list[tuple[str, Any]]]] = {
     Kind.FLAG: _flags,
     Kind.URI: _uris,
     Kind.AUDIT: _audits,
+    Kind.CONN_ID: _conn_ids,
 }
 
 
@@ -430,9 +445,10 @@ def good_value(kind: Kind, parameter: str, world: World) -> Any:
         Kind.FLAG: False,
         Kind.URI: world.uri,
         Kind.AUDIT: None,
+        Kind.CONN_ID: "contract",
     }[kind]
 
 
 #: Public methods that take no hostile input: they are called with no arguments.
-NO_INPUT = {"close", "queues", "connection", "database", "get_conn", "get_async_client", "client", "conninfo"}
+NO_INPUT = {"close", "queues", "connection", "database", "get_conn", "async_client", "client", "conninfo"}
 NO_INPUT |= {"test_connection", "aconnection", "dialect_name", "error_queue", "audit_queue", "transaction"}

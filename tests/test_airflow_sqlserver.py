@@ -59,7 +59,7 @@ def test_unreachable_server_is_a_clear_transport_error(airflow_db, monkeypatch, 
     hook = SqlQueueHook("down")
     assert hook.dialect_name == "sqlserver" and hook.error_queue == "failed@[dbo]"
     with pytest.raises(TransportUnavailableError, match=r"(?s)connection 'down'.*Unable to connect"):
-        hook.send("orders", Message("x"))
+        hook.client()
     ok, text = hook.test_connection()
     assert not ok and "Unable to connect" in text
 
@@ -117,18 +117,22 @@ async def test_sql_server_connection_carries_messages_end_to_end(airflow_db, mon
     set_connection(monkeypatch, "mssql_queues", kind, **mssql)
     hook = SqlQueueHook("mssql_queues")
     queue = f"airflow_{kind}@[dbo]"
-    hook.create_queue(queue, error_queue="failed@[dbo]")
+    with hook.client() as client:
+        client.create_queue(queue, error_queue="failed@[dbo]")
     try:
-        hook.send(queue, [Message("one"), Message("two")])
-        assert hook.peek(queue) == 2
+        with hook.client() as client:
+            client.send(queue, [Message("one"), Message("two")])
+            assert client.peek(queue) == 2
         trigger = SqlQueueTrigger(sqlqueue_conn_id="mssql_queues", queue_name=queue, max_messages=5, peek_interval=0.1)
         events = trigger.run()
         event = await asyncio.wait_for(anext(events), 30)
         await events.aclose()
         assert [m["body"] for m in event.payload["messages"]] == ["one", "two"]
-        assert hook.ack(queue, [m["claim_token"] for m in event.payload["messages"]]) == 2
-        assert hook.depth(queue) == 0 and hook.in_flight(queue) == 0
+        async with await hook.async_client() as aclient:
+            assert len(await aclient.ack(queue, [m["claim_token"] for m in event.payload["messages"]])) == 2
+            assert await aclient.depth(queue) == 0 and await aclient.in_flight(queue) == 0
         with QueueClient.connect(hook.conninfo()) as client:
             assert client.depth(queue) == 0
     finally:
-        hook.drop_queue(queue)
+        with hook.client() as client:
+            client.drop_queue(queue)

@@ -374,18 +374,17 @@ def test_an_async_client_method_keeps_its_contract(
     assert not failures, f"AsyncQueueClient.{name}:\n" + "\n".join(failures)
 
 
-#: Every public method of SqlQueueHook (its own: BaseHook's are Airflow's).
+#: Every public member of SqlQueueHook (its own: BaseHook's are Airflow's). The hook only hands out
+#: clients, so its input is its settings: what a caller gives the constructor.
 HOOK = {
-    "ack", "aconnection", "audit_queue", "browse", "canonical_address", "check_queue", "claims", "client",
-    "connection", "conninfo", "create_queue", "depth", "dialect_name", "drop_queue", "error_queue", "error_summary",
-    "extend", "failed_messages", "forward", "get_async_client", "get_conn", "in_flight", "keep_claims", "move_due",
-    "move_to_error", "nack", "peek", "publish", "purge", "purge_expired", "queue_stats", "queues", "receive",
-    "receive_dicts", "receive_native", "release_lapsed", "retry_errors", "retry_errors_page", "send", "subscribe",
-    "take_dicts", "test_connection", "unsubscribe",
+    "aconnection", "async_client", "audit_queue", "client", "connection", "conninfo", "dialect_name",
+    "error_queue", "get_conn", "test_connection",
 }  # fmt: skip
+#: The hook's settings -> their kinds (an error queue is only parsed until a failure needs it).
+HOOK_SETTINGS = {"sqlqueue_conn_id": Kind.CONN_ID, "error_queue": Kind.NAME, "audit_queue": Kind.AUDIT}
 
 
-def test_every_hook_method_is_registered() -> None:
+def test_every_hook_member_is_registered() -> None:
     from airflow_provider_sqlqueue.hooks.sqlqueue import SqlQueueHook
 
     public = {
@@ -394,16 +393,8 @@ def test_every_hook_method_is_registered() -> None:
         if not name.startswith("_") and (callable(member) or isinstance(member, property))
     }
     assert public - {"get_ui_field_behaviour", "get_connection_form_widgets"} == HOOK
-    for name in HOOK - NO_INPUT:
-        unclassified = set(parameters(getattr(SqlQueueHook, name))) - set(KINDS)
-        assert not unclassified, f"SqlQueueHook.{name}: classify {unclassified} in tests/surface.py KINDS"
-
-
-def as_text(value: Any) -> Any:
-    """A queue as the hook's callers name it (text, in NServiceBus's form); other values as they are."""
-    if isinstance(value, QueueAddress):
-        return f'{value.table.replace(chr(34), chr(34) * 2)}@"{value.schema}"'
-    return value
+    assert HOOK <= NO_INPUT
+    assert set(parameters(SqlQueueHook.__init__)) - {"connection"} == set(HOOK_SETTINGS)
 
 
 def airflow_connection_of(uri: str) -> Any:
@@ -421,27 +412,54 @@ def airflow_connection_of(uri: str) -> Any:
     )
 
 
-@pytest.mark.parametrize("name", sorted(HOOK - NO_INPUT - {"keep_claims"}))
-def test_a_hook_method_keeps_its_contract(
-    name: str, world: World, raw_pg: psycopg.Connection[Any], nobody: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    """The hook's methods open a connection per call, so there is no connection to kill: the rest applies."""
+async def use_hook(way: str, settings: dict[str, Any]) -> None:
+    """Build a hook from ``settings`` and use it ``way``; a refused setting raises."""
     from airflow_provider_sqlqueue.hooks.sqlqueue import SqlQueueHook
 
+    hook = SqlQueueHook(**{"sqlqueue_conn_id": "contract", **settings})
+    if way == "client":
+        with hook.client():
+            return
+    if way == "async_client":
+        async with await hook.async_client():
+            return
+    if way == "conninfo":
+        await asyncio.to_thread(hook.conninfo)
+        return
+    ok, text = await asyncio.to_thread(hook.test_connection)
+    if not ok:
+        raise SqlQueueError(text)  # the UI shows the text: judged as an error would be
+
+
+@pytest.mark.parametrize("way", ["client", "async_client", "conninfo", "test_connection"])
+def test_the_hooks_settings_keep_their_contract(
+    way: str, world: World, raw_pg: psycopg.Connection[Any], caplog: pytest.LogCaptureFixture, airflow_db: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Each hostile setting fails the hook's use with the library's own error, changes nothing and
+    leaks no password; the connection id is looked up on every way of using the hook, the queue
+    settings are checked by the clients it hands out."""
+    monkeypatch.setenv("AIRFLOW_CONN_CONTRACT", airflow_connection_of(world.uri).get_uri())
+    monkeypatch.setenv("AIRFLOW_CONN_CONTRACT_HTTP", "http://app:contract-s3cret@example.com")
     caplog.set_level(logging.DEBUG, logger="airflow_provider_sqlqueue")
-
-    @asynccontextmanager
-    async def connect(uri: str) -> AsyncIterator[Any]:
-        yield SqlQueueHook(error_queue=str(world.error), connection=airflow_connection_of(uri))
-
-    async def invoke(kwargs: dict[str, Any]) -> None:
-        hook = kwargs.pop("__client")
-        call_sync(hook, name, {key: as_text(value) for key, value in kwargs.items()})
-
-    function = getattr(SqlQueueHook, name)
-    # The hook makes a missing subscription table before it subscribes: the name is the caller's to choose.
-    idempotent = IDEMPOTENT | {"subscribe"}
-    failures = asyncio.run(
-        exercise(name, function, invoke, connect, world, raw_pg, nobody, caplog, killable=False, idempotent=idempotent)
-    )
-    assert not failures, f"SqlQueueHook.{name}:\n" + "\n".join(failures)
+    secret, failures = secret_of(world.uri), []
+    for parameter, kind in HOOK_SETTINGS.items():
+        if kind is not Kind.CONN_ID and way in ("conninfo", "test_connection"):
+            continue  # neither reads the queue settings
+        for label, value in CATALOGUE[kind](world):
+            if kind is Kind.AUDIT and isinstance(value, QueueAddress):
+                continue  # an audit queue is judged against the queue it audits, when one is used
+            caplog.clear()
+            before = checksums(raw_pg, world.schema)
+            outcome: BaseException | None = None
+            try:
+                asyncio.run(use_hook(way, {parameter: value}))
+            except Exception as exc:  # judged below
+                outcome = exc
+            failures += [
+                f"{parameter}={label}: {p}" for p in problems_of(outcome, kind=kind, secret=secret, logs=caplog.text)
+            ]
+            if checksums(raw_pg, world.schema) != before:
+                failures.append(f"{parameter}={label}: rows changed")
+    asyncio.run(use_hook(way, {"error_queue": str(world.error)}))  # and the good settings work
+    assert not failures, f"SqlQueueHook ({way}):\n" + "\n".join(failures)

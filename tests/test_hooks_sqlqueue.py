@@ -1,7 +1,12 @@
-"""Unit behaviour of :mod:`airflow_provider_sqlqueue.hooks.sqlqueue` that needs a process of its own."""
+"""Unit behaviour of :mod:`airflow_provider_sqlqueue.hooks.sqlqueue`: connections in, clients out.
+
+The hook owns the connection settings and hands out clients; every queue operation is the
+client's (its own tests are in ``test_transport_client.py`` and the behaviour suites).
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -10,7 +15,121 @@ import uuid
 
 import pytest
 
+from airflow_provider_sqlqueue.hooks.sqlqueue import SqlQueueHook, UnsupportedConnectionError
+from airflow_provider_sqlqueue.transport import (
+    AsyncQueueClient,
+    Message,
+    QueueClient,
+    QueueNotFoundError,
+    TransportUnavailableError,
+)
+
+from .conftest import airflow_connection
+
 pytestmark = pytest.mark.postgres_only
+
+
+def test_a_hook_client_runs_the_whole_queue_api(conn_id, queue, schema):
+    hook = SqlQueueHook(conn_id, error_queue=f'error@"{schema}"')
+    name = f'orders@"{schema}"'
+    assert hook.dialect_name == "postgres"
+    assert hook.test_connection() == (True, "Connected (postgres)")
+    with hook.client() as client:
+        assert isinstance(client, QueueClient)
+        client.send(name, [Message("a"), Message("b"), Message("c")])
+        [claimed] = client.claim(name)
+        assert claimed.text == "a" and client.in_flight(name) == 1
+        assert client.nack(name, [claimed.claim_token], error="try later") == {claimed.claim_token}
+        [again] = client.claim(name)
+        assert again.id == claimed.id and again.deliveries == 2
+        assert client.ack(name, [again.claim_token]) == {again.claim_token}
+        [gone] = client.receive(name)
+        assert gone.text == "b"
+        with client.receive_native(name) as message:
+            client.connection.execute(f'CREATE TABLE "{schema}".handled (body text)')
+            client.connection.execute(f'INSERT INTO "{schema}".handled VALUES (%s)', [message.text])
+        assert client.depth(name) == 0
+    assert client.session.connection.closed  # the with block closed the connection the hook opened
+
+
+async def test_an_async_client_comes_from_the_same_settings(conn_id, queue, schema):
+    hook = SqlQueueHook(conn_id)
+    async with await hook.async_client() as client:
+        assert isinstance(client, AsyncQueueClient)
+        await client.send(queue, Message("from the triggerer"))
+        [message] = await client.receive(queue)
+        assert message.text == "from the triggerer"
+
+
+async def test_the_postgres_providers_settings_reach_every_connection(airflow_db, pg_uri, monkeypatch, queue):
+    """Connections are opened by PostgresHook.get_conn: its extras (here a libpq option) apply to the
+    blocking client, the asyncio client and the connection string handed to other processes."""
+    conn = json.loads(airflow_connection(pg_uri))
+    conn["extra"] = {"application_name": "sqlqueue-hook-test", "error_queue": "failed"}
+    monkeypatch.setenv("AIRFLOW_CONN_TUNED", json.dumps(conn))
+    hook = SqlQueueHook("tuned")
+    with hook.client() as client:
+        assert client.connection.execute("SHOW application_name").fetchone() == ("sqlqueue-hook-test",)
+        assert client.connection.info.get_parameters()["connect_timeout"] == "10"  # the transport's default
+    async with await hook.async_client() as aclient:
+        cursor = await aclient.session.connection.execute("SHOW application_name")
+        assert await cursor.fetchone() == ("sqlqueue-hook-test",)
+    conninfo = hook.conninfo()
+    assert "application_name=sqlqueue-hook-test" in conninfo and "failed" not in conninfo
+    with QueueClient.connect(conninfo) as other:
+        assert other.depth(queue) == 0
+
+
+def test_a_connection_the_server_dropped_is_opened_again(conn_id, queue, raw):
+    with SqlQueueHook(conn_id).client() as client:
+        client.send(queue, Message("x"))
+        pid = client.connection.info.backend_pid
+        raw.execute("SELECT pg_terminate_backend(%s)", [pid])
+        with pytest.raises(TransportUnavailableError):
+            client.depth(queue)
+        assert client.depth(queue) == 1 and client.connection.info.backend_pid != pid
+
+
+def test_queue_extras_configure_the_hook_and_never_reach_the_driver(
+    airflow_db, pg_uri, schema, client, queue, monkeypatch
+):
+    conn = json.loads(airflow_connection(pg_uri, dialect="postgres", error_queue=f'error@"{schema}"', audit_queue=True))
+    conn["conn_type"] = "sqlqueue"
+    monkeypatch.setenv("AIRFLOW_CONN_QUEUES", json.dumps(conn))
+    hook = SqlQueueHook("queues")
+    assert hook.dialect_name == "postgres" and hook.error_queue == f'error@"{schema}"' and hook.audit_queue is True
+    with hook.client() as own:
+        own.send(f'orders@"{schema}"', Message("x"))
+    assert client.depth(queue) == 1
+
+
+def test_connections_no_queue_can_use_are_refused_clearly(airflow_db, pg_uri, monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_WEB", json.dumps({"conn_type": "http", "host": "example.com"}))
+    with pytest.raises(UnsupportedConnectionError, match="has type 'http'; a queue needs a postgres, mssql, odbc"):
+        SqlQueueHook("web").client()
+    monkeypatch.setenv("AIRFLOW_CONN_ODD", json.dumps({"conn_type": "sqlqueue", "extra": {"dialect": "oracle"}}))
+    with pytest.raises(UnsupportedConnectionError, match="extra 'dialect' is 'oracle'"):
+        SqlQueueHook("odd").client()
+    conn = json.loads(airflow_connection(pg_uri))
+    conn["extra"] = {"cursor": "dictcursor"}
+    monkeypatch.setenv("AIRFLOW_CONN_DICTS", json.dumps(conn))
+    with pytest.raises(UnsupportedConnectionError, match="'cursor' extra changes row types"):
+        SqlQueueHook("dicts").client()
+
+
+def test_missing_queue_is_a_clear_error(conn_id, schema):
+    with SqlQueueHook(conn_id).client() as client, pytest.raises(QueueNotFoundError, match="nowhere"):
+        client.send(f'nowhere@"{schema}"', Message("x"))
+
+
+def test_unreachable_database_is_a_clear_error_without_the_password(airflow_db, monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_DOWN", airflow_connection("postgresql://postgres:s3cret-pw@127.0.0.1:1/test"))
+    ok, text = SqlQueueHook("down").test_connection()
+    assert not ok and "127.0.0.1" in text and "s3cret-pw" not in text
+    with pytest.raises(TransportUnavailableError) as caught:
+        SqlQueueHook("down").client()
+    assert "s3cret-pw" not in str(caught.value)
+
 
 #: Run in a fresh interpreter where ``import pyodbc`` fails as it does on a host without unixODBC.
 WITHOUT_ODBC = textwrap.dedent(
@@ -34,13 +153,13 @@ WITHOUT_ODBC = textwrap.dedent(
     from airflow_provider_sqlqueue.transport import Message
 
     queue = 'orders@"' + sys.argv[1] + '"'
-    hook = SqlQueueHook("queue_db")
-    hook.create_queue(queue)
-    hook.send(queue, Message("without odbc"))
-    print("RESULT", [m.text for m in hook.receive(queue, 5)])
-    hook.drop_queue(queue)
+    with SqlQueueHook("queue_db").client() as client:
+        client.create_queue(queue)
+        client.send(queue, Message("without odbc"))
+        print("RESULT", [m.text for m in client.receive(queue, 5)])
+        client.drop_queue(queue)
     try:
-        SqlQueueHook("odbc_db").depth(queue)
+        SqlQueueHook("odbc_db").client()
     except UnsupportedConnectionError as exc:
         print("RESULT odbc:", exc)
     assert "pyodbc" not in sys.modules

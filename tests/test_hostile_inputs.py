@@ -288,7 +288,7 @@ def test_a_hook_whose_connection_is_not_defined_says_so(monkeypatch) -> None:
     monkeypatch.delenv("AIRFLOW_CONN_NO_SUCH_CONN", raising=False)
     for conn_id in ("no_such_conn", "", None):
         with pytest.raises(ConnectionNotDefinedError) as raised:
-            SqlQueueHook(conn_id).depth("orders")  # type: ignore[arg-type]
+            SqlQueueHook(conn_id).client()  # type: ignore[arg-type]
         assert isinstance(raised.value, TransportMisconfiguredError)  # permanent: not "retry later"
 
 

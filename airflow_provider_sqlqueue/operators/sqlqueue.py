@@ -14,8 +14,8 @@ from typing import Any, ClassVar
 from airflow.sdk import BaseOperator
 
 from ..hooks.sqlqueue import SqlQueueHook, configured_conn_ids
-from ..tasks import claimed_messages, failure_source, give_back, received_times, tokens_by_queue
-from ..transport import Failure, LeaseLostError, Message, defaults
+from ..tasks import claimed_messages, failure_source, received_times, settling, tokens_by_queue
+from ..transport import Failure, Message, defaults
 from ..transport.client import delay_ms
 from ..transport.errors import ArgumentTypeError, InvalidArgumentError, SqlQueueError
 from ..transport.message import ENCLOSED_MESSAGE_TYPES, flag, topic_names
@@ -204,7 +204,9 @@ class SendMessageOperator(_SendingOperator):
             due = datetime.fromisoformat(self.due) if isinstance(self.due, str) else self.due
         except ValueError:
             raise InvalidArgumentError(f"due {str(self.due)[:60]!r} is not an ISO 8601 date and time") from None
-        ids = self.hook.send(self.queue_name, batch, notify=self.notify, delay=self.delay, due=due)
+        with self.hook.client() as client:
+            client.send(self.queue_name, batch, notify=self.notify, delay=self.delay, due=due)
+        ids = [str(message.id) for message in batch]
         if due is not None or self.delay is not None:
             self.log.info(
                 "Queue %s: sent %d message(s), delayed until %s",
@@ -269,35 +271,23 @@ class PublishMessageOperator(_SendingOperator):
 
     def execute(self, context: Any) -> list[str]:
         batch = [self._message(self.body)] if self.messages is None else self._batch(self.messages)
-        if self.claims is None:
-            reached = self.hook.publish(
-                self.topics, batch, notify=self.notify, subscription_table=self.subscription_table
+        claimed = [] if self.claims is None else claimed_messages(self.claims, context)
+        claims = tokens_by_queue(claimed)
+        hook = self.hook
+        with hook.client() as client, settling(client, claims, context):
+            addresses = client.publish(
+                self.topics,
+                batch,
+                notify=self.notify,
+                table=self.subscription_table,
+                claims=claims or None,
+                started=received_times(claimed),
             )
-        else:
-            reached = self._publish_settling(context, batch)
+            reached = [client.canonical_address(address) for address in addresses]
         self.log.info(
             "Published %d message(s) on %s to %d queue(s): %s", len(batch), self.topics, len(reached), reached
         )
         return reached
-
-    def _publish_settling(self, context: Any, batch: list[Message]) -> list[str]:
-        claimed = claimed_messages(self.claims, context)
-        claims = tokens_by_queue(claimed)
-        hook = self.hook
-        try:
-            return hook.publish(
-                self.topics,
-                batch,
-                notify=self.notify,
-                subscription_table=self.subscription_table,
-                claims=claims,
-                started=received_times(claimed),
-            )
-        except LeaseLostError:
-            raise
-        except Exception as exc:
-            give_back(hook, claims, Failure.of(exc, failure_source(context)))
-            raise
 
 
 class ForwardMessagesOperator(_SendingOperator):
@@ -329,14 +319,8 @@ class ForwardMessagesOperator(_SendingOperator):
         claimed = claimed_messages(self.claims, context)
         claims = tokens_by_queue(claimed)
         batch = self._batch(self.messages or [])
-        hook = self.hook
-        try:
-            sent = hook.forward(claims, {self.queue_name: batch}, notify=self.notify, started=received_times(claimed))
-        except LeaseLostError:
-            raise
-        except Exception as exc:
-            give_back(hook, claims, Failure.of(exc, failure_source(context)))
-            raise
+        with self.hook.client() as client, settling(client, claims, context):
+            sent = client.forward(claims, {self.queue_name: batch}, notify=self.notify, started=received_times(claimed))
         self.log.info(
             "Queue %s: sent %d result(s) and acknowledged %d claim(s) in one transaction",
             self.queue_name,
@@ -370,10 +354,11 @@ class AckMessagesOperator(_QueueOperator):
         claimed = claimed_messages(self.messages, context)
         grouped = tokens_by_queue(claimed)
         started = received_times(claimed)
-        hook = self.hook
         acknowledged = expired = 0
+        with self.hook.client() as client:
+            acked = {queue: len(client.ack(queue, tokens, started=started)) for queue, tokens in grouped.items()}
         for queue, tokens in grouped.items():
-            held = hook.ack(queue, tokens, started=started)
+            held = acked[queue]
             acknowledged += held
             expired += len(tokens) - held
             self.log.info("Queue %s: acknowledged %d of %d claim(s)", queue, held, len(tokens))
@@ -410,10 +395,14 @@ class NackMessagesOperator(_QueueOperator):
             self.reason or f"a task upstream of {self.task_id} failed in run {context.get('run_id')}",
             failure_source(context),
         )
-        hook = self.hook
         given_back = 0
+        with self.hook.client() as client:
+            returned = {
+                queue: len(client.nack(queue, tokens, error=reason, delay=self.delay))
+                for queue, tokens in grouped.items()
+            }
         for queue, tokens in grouped.items():
-            held = hook.nack(queue, tokens, error=reason, delay=self.delay)
+            held = returned[queue]
             given_back += held
             self.log.info("Queue %s: gave back %d of %d claim(s)", queue, held, len(tokens))
         return given_back
@@ -430,7 +419,8 @@ class PurgeExpiredMessagesOperator(_QueueOperator):
         self.batch_size = batch_size
 
     def execute(self, context: Any) -> int:
-        purged = self.hook.purge_expired(self.queue_name, self.batch_size)
+        with self.hook.client() as client:
+            purged = client.purge_expired(self.queue_name, self.batch_size)
         self.log.info("Queue %s: purged %d expired message(s)", self.queue_name, purged)
         return purged
 
@@ -451,7 +441,8 @@ class RetryErrorMessagesOperator(_QueueOperator):
 
     def execute(self, context: Any) -> int:
         hook = self.hook
-        moved = hook.retry_errors(hook.error_queue, queue_name=self.queue_name, limit=self.limit)
+        with hook.client() as client:
+            moved = client.retry_errors(hook.error_queue, queue=self.queue_name, limit=self.limit)
         self.log.info(
             "Error queue %s: sent %d message(s) back for retry", hook.error_queue or defaults.ERROR_QUEUE, moved
         )

@@ -39,7 +39,7 @@ from ..hooks.sqlqueue import (
     UnsupportedConnectionError,
     configured_conn_ids,
 )
-from ..transport import QueueAddress, defaults
+from ..transport import QueueAddress, QueueClient, defaults
 from ..transport.errors import (
     InvalidQueueNameError,
     QueueNotFoundError,
@@ -192,8 +192,9 @@ def _answering(connection_id: str) -> Iterator[None]:
         raise HTTPException(502, one_line(exc)) from None
 
 
-def _hook(connection_id: str) -> SqlQueueHook:
-    return SqlQueueHook(connection_id)
+def _client(connection_id: str) -> QueueClient:
+    """A client of the connection for one request (``with _client(...) as client:`` closes it)."""
+    return SqlQueueHook(connection_id).client()
 
 
 def _figures(address: str, schema: str, table: str, kind: str, stats: QueueStats) -> QueueFigures:
@@ -337,8 +338,7 @@ def create_app() -> FastAPI:
     ) -> QueuePage:
         """A page of the connection's queues with their figures; the list of names is one catalog query."""
         with _answering(connection_id):
-            hook = _hook(connection_id)
-            with hook.client() as client:
+            with _client(connection_id) as client:
                 page = client.queue_page(search, offset=offset, limit=limit)
                 stats = client.queue_stats(page.queues)
                 kinds = [client.kind(address) for address in page.queues]
@@ -362,14 +362,14 @@ def create_app() -> FastAPI:
     @app.get("/api/connections/{connection_id}/depth", dependencies=[ReadConnection])
     def depth(connection_id: str, queue: str) -> Count:
         """The exact number of messages (a count over the table: asked for, not shown by default)."""
-        with _answering(connection_id):
-            return Count(queue=queue, count=_hook(connection_id).depth(queue))
+        with _answering(connection_id), _client(connection_id) as client:
+            return Count(queue=queue, count=client.depth(queue))
 
     @app.get("/api/connections/{connection_id}/claims", dependencies=[ReadConnection])
     def claims(
         connection_id: str, queue: str, limit: Annotated[int, Query(ge=1, le=1000)] = defaults.CLAIMS_PAGE
     ) -> list[Claim]:
-        with _answering(connection_id):
+        with _answering(connection_id), _client(connection_id) as client:
             return [
                 Claim(
                     id=str(claim.id),
@@ -378,19 +378,18 @@ def create_app() -> FastAPI:
                     lease_left_seconds=claim.lease_left.total_seconds(),
                     last_error=claim.last_error,
                 )
-                for claim in _hook(connection_id).claims(queue, limit)
+                for claim in client.claims(queue, limit)
             ]
 
     @app.get("/api/connections/{connection_id}/errors", dependencies=[ReadConnection])
     def errors(connection_id: str, error_queue: str) -> ErrorSummary:
         """The error queue by source queue and exception type, from its newest messages' headers."""
         with _answering(connection_id):
-            hook = _hook(connection_id)
-            with hook.client() as client:
+            with _client(connection_id) as client:
                 waiting = client.peek(error_queue)
                 groups = client.error_summary(error_queue)
             return ErrorSummary(
-                error_queue=hook.canonical_address(error_queue),
+                error_queue=client.canonical_address(error_queue),
                 waiting=waiting,
                 window=defaults.ERROR_SUMMARY_ROWS,
                 groups=[Group(**vars(group)) for group in groups],
@@ -408,10 +407,10 @@ def create_app() -> FastAPI:
         """The newest failures (of one group when ``source`` and ``exception_type`` are given), with body previews."""
         group = None if source is None or exception_type is None else (source, exception_type)
         with _answering(connection_id):
-            hook = _hook(connection_id)
-            found, next_before = hook.failed_messages(error_queue, before=before, limit=limit, group=group)
+            with _client(connection_id) as client:
+                found, next_before = client.failed_messages(error_queue, before=before, limit=limit, group=group)
             return FailurePage(
-                error_queue=hook.canonical_address(error_queue),
+                error_queue=client.canonical_address(error_queue),
                 failures=[_failure(message) for message in found],
                 next_before=next_before,
             )
@@ -422,10 +421,8 @@ def create_app() -> FastAPI:
         until ``done``). A message is sent back once however often this is called."""
         if (body.source is None) == (body.seqs is None):
             raise HTTPException(400, "give either source (a queue's address) or seqs (messages of the error queue)")
-        with _answering(connection_id):
-            page = _hook(connection_id).retry_errors_page(
-                body.error_queue, queue_name=body.source, after=body.after, seqs=body.seqs
-            )
+        with _answering(connection_id), _client(connection_id) as client:
+            page = client.retry_errors_page(body.error_queue, queue=body.source, after=body.after, seqs=body.seqs)
         _record(
             user,
             "retry",
@@ -440,15 +437,15 @@ def create_app() -> FastAPI:
 
     @app.post("/api/connections/{connection_id}/purge-expired", dependencies=[EditConnection])
     def purge_expired(connection_id: str, body: Annotated[QueueRequest, Body()], user: GetUserDep) -> Count:
-        with _answering(connection_id):
-            purged = _hook(connection_id).purge_expired(body.queue)
+        with _answering(connection_id), _client(connection_id) as client:
+            purged = client.purge_expired(body.queue)
         _record(user, "purge_expired", connection_id, queue=body.queue, purged=purged)
         return Count(queue=body.queue, count=purged)
 
     @app.post("/api/connections/{connection_id}/release-lapsed", dependencies=[EditConnection])
     def release_lapsed(connection_id: str, body: Annotated[QueueRequest, Body()], user: GetUserDep) -> Count:
-        with _answering(connection_id):
-            released = _hook(connection_id).release_lapsed(body.queue)
+        with _answering(connection_id), _client(connection_id) as client:
+            released = client.release_lapsed(body.queue)
         _record(user, "release_lapsed", connection_id, queue=body.queue, released=released)
         return Count(queue=body.queue, count=released)
 

@@ -10,7 +10,7 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
 from airflow.sdk.exceptions import AirflowException
 
 from ..hooks.sqlqueue import SqlQueueHook
-from ..tasks import claim_holder
+from ..tasks import as_dicts, claim_holder
 from ..transport import TransactionMode, defaults
 from ..transport.message import check_positive
 from ..triggers.sqlqueue import SqlQueueTrigger, lease_seconds, receiving_mode
@@ -89,14 +89,18 @@ class SqlQueueSensor(BaseSensorOperator):
         return SqlQueueHook(self.sqlqueue_conn_id, error_queue=self.error_queue)
 
     def _receive(self, context: Any) -> list[dict[str, Any]]:
-        messages = self.hook.receive_dicts(
-            self.queue_name,
-            self.max_messages,
-            transaction_mode=self.transaction_mode,
-            lease=self.lease,
-            max_deliveries=self.max_deliveries,
-            holder=claim_holder(context),
-        )
+        with self.hook.client() as client:
+            if self.transaction_mode == TransactionMode.CLAIM.value:
+                received = client.claim(
+                    self.queue_name,
+                    self.max_messages,
+                    lease=self.lease,
+                    max_deliveries=self.max_deliveries,
+                    holder=claim_holder(context),
+                )
+            else:
+                received = client.receive(self.queue_name, self.max_messages)
+            messages = as_dicts(client, self.queue_name, received)
         if messages:
             self.log.info("Queue %s: received %d message(s)", messages[0]["queue"], len(messages))
         return messages
@@ -143,9 +147,10 @@ class SqlQueueSensor(BaseSensorOperator):
         messages: list[dict[str, Any]] = event["messages"]
         if self.transaction_mode == TransactionMode.CLAIM.value and messages:
             queue = messages[0]["queue"]
-            messages = self.hook.take_dicts(
-                queue, [m["claim_token"] for m in messages], lease=self.lease, holder=claim_holder(context)
-            )
+            tokens = [m["claim_token"] for m in messages]
+            with self.hook.client() as client:
+                taken = client.take(queue, tokens, lease=self.lease, holder=claim_holder(context))
+                messages = as_dicts(client, queue, taken)
             self.log.info("Queue %s: took %d of %d reserved message(s)", queue, len(messages), len(event["messages"]))
             if not messages:
                 self._defer()

@@ -161,7 +161,7 @@ class SqlQueueTrigger(BaseTrigger):
 
         key = (self.sqlqueue_conn_id, self.peek_interval, self.wake_on_notify)  # peeking needs nothing else
         return shared_poller(
-            key, lambda: Poller(hook.get_async_client, interval=self.peek_interval, listen=self.wake_on_notify)
+            key, lambda: Poller(hook.async_client, interval=self.peek_interval, listen=self.wake_on_notify)
         )
 
     async def batches(self) -> AsyncIterator[list[dict[str, Any]]]:
@@ -202,7 +202,7 @@ class SqlQueueTrigger(BaseTrigger):
                 )
             client: AsyncQueueClient | None = None
             try:
-                client = await hook.get_async_client()
+                client = await hook.async_client()
                 address = client.canonical_address(self.queue_name)
                 received = await self._receive(client)
                 breaker.success()

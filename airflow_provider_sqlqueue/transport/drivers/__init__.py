@@ -10,6 +10,7 @@ This module picks the database and driver from a URI, a connection string or a D
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..dialects import Dialect, get_dialect
@@ -83,20 +84,21 @@ async def open_session(target: Any, *, blocking: bool) -> Session:
     return PyodbcSession.connect(target)
 
 
-def session_over(connection: Any, *, owned: bool) -> Session:
+def session_over(connection: Any, *, owned: bool, reopen: Callable[[], Awaitable[Any]] | None = None) -> Session:
     """A session over a DB-API connection from psycopg, pymssql or pyodbc.
 
     ``owned``: the connection was opened for the transport alone (e.g. by an Airflow hook), which
     closes it with the session; it is switched to autocommit, since the transport opens and ends
     its own transactions. A borrowed connection is the caller's: it must already autocommit, and
-    is refused if it does not (see the SQL Server sessions).
+    is refused if it does not (see the SQL Server sessions). ``reopen`` opens a psycopg connection
+    again when the server dropped it.
     """
     dialect = dialect_for(connection)
     module = type(connection).__module__.split(".", 1)[0]
     if dialect.name == "postgres":
         if owned:
             connection.autocommit = True
-        return PsycopgSession(connection, owned=owned)
+        return PsycopgSession(connection, owned=owned, reopen=reopen)
     if module == "pymssql":
         if owned:
             connection.autocommit(True)
