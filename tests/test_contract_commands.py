@@ -28,7 +28,7 @@ from airflow_provider_sqlqueue import cli
 from airflow_provider_sqlqueue.transport import Message, QueueAddress, QueueClient
 from tests.surface import LONE_SURROGATE, MEGABYTE, TOO_LONG
 from tests.test_contract import SECRET, checksums, with_password
-from tests.test_queues_api import Api, api  # noqa: F401 - the api-server app fixture, shared
+from tests.test_plugins_sqlqueue import Api, api  # noqa: F401 - the api-server app fixture, shared
 
 #: Every command, with the argument vector of a good call ({q}: a queue, {e}: its error queue,
 #: {s}: the subscription table, {uri}: the database). Hostile values replace one argument at a time.

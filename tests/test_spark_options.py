@@ -2,7 +2,7 @@
 
 These run the data source's own Python -- the classes Spark instantiates on the driver and in its
 Python workers -- against the real database, without a JVM (the Spark jobs themselves are in
-``tests/test_spark_source.py``). Every option the data source reads is registered here, discovered
+``tests/test_spark.py``). Every option the data source reads is registered here, discovered
 from the code, and given hostile values: each must be refused with the library's own error before
 any row changes, and no error may carry the connection's password.
 """

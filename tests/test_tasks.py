@@ -1,0 +1,81 @@
+"""Unit behaviour of :mod:`airflow_provider_sqlqueue.tasks`: what a task does with the messages it holds.
+
+``hold_messages`` inside real task runs is in the end-to-end suites; here it runs in-process on a
+real queue with the part of the context it reads.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from airflow_provider_sqlqueue.tasks import claimed_messages, hold_messages, received_times, tokens_by_queue
+from airflow_provider_sqlqueue.transport import Message, QueueAddress, QueueClient
+from airflow_provider_sqlqueue.transport.errors import ArgumentTypeError
+
+
+def context(events: dict[str, list[Any]] | None = None) -> dict[str, Any]:
+    ti = SimpleNamespace(dag_id="shop", run_id="r1", task_id="work", try_number=1)
+    return {"ti": ti, "triggering_asset_events": events or {}}
+
+
+def test_claims_are_grouped_by_queue_and_none_mode_messages_have_none() -> None:
+    messages = [
+        {"queue": "a", "claim_token": "t1"},
+        {"queue": "b", "claim_token": "t2"},
+        {"queue": "a", "claim_token": "t3"},
+        {"queue": "a", "claim_token": None},
+    ]
+    assert tokens_by_queue(messages) == {"a": ["t1", "t3"], "b": ["t2"]}
+    with pytest.raises(ArgumentTypeError, match="not a received message dict"):
+        tokens_by_queue([{"body": "no queue"}])
+
+
+def test_messages_come_from_the_caller_or_from_the_runs_asset_events() -> None:
+    payload = {"queue": "a", "claim_token": "t1"}
+    events = {"orders": [SimpleNamespace(extra={"payload": payload}), SimpleNamespace(extra={"payload": "not one"})]}
+    assert claimed_messages(None, context(events)) == [payload]
+    assert claimed_messages(payload, context()) == [payload]
+    with pytest.raises(ArgumentTypeError, match="rendered string"):
+        claimed_messages("[{'queue': 'a'}]", context())
+
+
+def test_received_times_skip_what_they_cannot_read() -> None:
+    known = uuid.uuid4()
+    times = received_times(
+        [{"id": str(known), "received_at": "2026-11-25T10:00:00+00:00"}, {"id": "x"}, {"received_at": "never"}]
+    )
+    assert list(times) == [known] and times[known].utcoffset() == timedelta(0)
+
+
+def test_held_messages_one_fails_on_are_given_back_alone(
+    conn_id: str, client: QueueClient, queue: QueueAddress, schema: str
+) -> None:
+    client.send(queue, [Message("good"), Message("bad")])
+    claimed = [m.to_dict(f'orders@"{schema}"') for m in client.claim(queue, 2)]
+
+    def handle(message: dict[str, Any]) -> str:
+        if message["body"] == "bad":
+            raise ValueError("cannot handle this one")
+        return str(message["body"]).upper()
+
+    with hold_messages(claimed, sqlqueue_conn_id=conn_id, context=context()) as held:
+        assert held.map(handle) == ["GOOD"]
+        assert [m["body"] for m in held.messages] == ["good"]
+    [again] = client.claim(queue, 5)  # only "bad" was given back; "good" is still held
+    assert again.text == "bad" and again.deliveries == 2
+
+
+def test_a_block_that_raises_gives_back_everything_it_held(
+    conn_id: str, client: QueueClient, queue: QueueAddress, schema: str
+) -> None:
+    client.send(queue, [Message("one"), Message("two")])
+    claimed = [m.to_dict(f'orders@"{schema}"') for m in client.claim(queue, 2)]
+    with pytest.raises(RuntimeError), hold_messages(claimed, sqlqueue_conn_id=conn_id, context=context()):
+        raise RuntimeError("the task failed")
+    again = client.claim(queue, 5)
+    assert sorted(m.text for m in again) == ["one", "two"] and {m.deliveries for m in again} == {2}

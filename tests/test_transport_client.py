@@ -1,0 +1,96 @@
+"""Unit behaviour of :mod:`airflow_provider_sqlqueue.transport.client`: one API, two ways to call it.
+
+The queue behaviour itself is the behaviour suites' (``test_queue_behaviour.py`` and the rest);
+here is what the module adds: the blocking client derived from the asyncio one, the locks that
+let callers share a client, and transaction blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+
+import psycopg
+import pytest
+
+from airflow_provider_sqlqueue.transport import AsyncQueueClient, Message, QueueAddress, QueueClient
+from airflow_provider_sqlqueue.transport.client import TaskLock, same_table
+from airflow_provider_sqlqueue.transport.dialects import get_dialect
+from airflow_provider_sqlqueue.transport.errors import ArgumentTypeError
+
+#: What only one of the two clients has, and why: the context manager protocols differ, and only
+#: asyncio callers (the shared poller, the pump) wait for send notifications between peeks.
+OWN = {"__aenter__", "__aexit__", "__enter__", "__exit__", "wait_for_notifications"}
+
+
+def public(cls: type) -> dict[str, object]:
+    return {name: member for name, member in vars(cls).items() if not name.startswith("_") or name in OWN}
+
+
+def test_the_blocking_client_has_every_coroutine_of_the_asyncio_client_with_its_signature() -> None:
+    blocking, asynchronous = public(QueueClient), public(AsyncQueueClient)
+    assert set(asynchronous) - OWN == set(blocking) - OWN
+    for name, member in asynchronous.items():
+        if name in OWN or not inspect.iscoroutinefunction(member):
+            continue
+        derived = blocking[name]
+        assert not inspect.iscoroutinefunction(derived), name
+        assert inspect.signature(derived) == inspect.signature(member), name  # type: ignore[arg-type]
+
+
+async def test_each_client_refuses_the_other_kind_of_connection(pg_uri: str) -> None:
+    with (
+        psycopg.connect(pg_uri, autocommit=True) as blocking,
+        pytest.raises(ArgumentTypeError, match="AsyncConnection"),
+    ):
+        await AsyncQueueClient.connect(blocking)  # it would stall the event loop at every call
+    async with await AsyncQueueClient.connect(pg_uri) as asynchronous:
+        with pytest.raises(ArgumentTypeError, match="blocking session"):
+            QueueClient(asynchronous.session)
+
+
+async def test_a_task_lock_lets_its_holder_in_again_and_keeps_other_tasks_out() -> None:
+    lock, order = TaskLock(), []
+
+    async def other() -> None:
+        async with lock:
+            order.append("other")
+
+    async with lock, lock:  # re-entered by the task that holds it
+        waiting = asyncio.create_task(other())
+        await asyncio.sleep(0.05)
+        order.append("holder")
+    await waiting
+    assert order == ["holder", "other"]
+
+
+def test_calls_in_a_transaction_block_commit_together_or_not_at_all(client: QueueClient, queue: QueueAddress) -> None:
+    with pytest.raises(RuntimeError), client.transaction():  # noqa: PT012 - a block that sends, then fails
+        client.send(queue, Message("one"))
+        raise RuntimeError("the block fails: nothing it sent stays")
+    assert client.depth(queue) == 0
+    with client.transaction():
+        client.send(queue, Message("one"))
+        client.send(queue, Message("two"))
+    assert [m.text for m in client.receive(queue, 5)] == ["one", "two"]
+
+
+def test_threads_sharing_a_blocking_client_take_turns(client: QueueClient, queue: QueueAddress) -> None:
+    def send(n: int) -> None:
+        for i in range(20):
+            client.send(queue, Message(f"{n}-{i}"))
+
+    threads = [threading.Thread(target=send, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert client.depth(queue) == 80
+
+
+def test_same_table_follows_the_databases_name_rules() -> None:
+    postgres, sqlserver = get_dialect("postgres"), get_dialect("sqlserver")
+    assert same_table(postgres, postgres.parse_address("orders"), postgres.parse_address('orders@"public"'))
+    assert not same_table(postgres, QueueAddress("Orders", "public"), QueueAddress("orders", "public"))
+    assert same_table(sqlserver, sqlserver.parse_address("orders"), sqlserver.parse_address("orders@[dbo]"))

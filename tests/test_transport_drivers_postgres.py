@@ -1,0 +1,51 @@
+"""Unit behaviour of :mod:`airflow_provider_sqlqueue.transport.drivers.postgres`: psycopg connections as the transport needs them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from airflow_provider_sqlqueue.transport import Message, QueueAddress, QueueClient
+from airflow_provider_sqlqueue.transport.drivers import PsycopgSession, finish
+from airflow_provider_sqlqueue.transport.errors import TransportMisconfiguredError, TransportUnavailableError
+
+
+def test_connections_autocommit_and_bound_their_connect_wait(pg_uri: str) -> None:
+    session = finish(PsycopgSession.connect(pg_uri, blocking=True))
+    try:
+        assert session.connection.autocommit
+        assert session.connection.info.get_parameters()["connect_timeout"] == "10"
+    finally:
+        finish(session.close())
+
+
+def test_a_refused_connection_never_quotes_the_password() -> None:
+    with pytest.raises(TransportUnavailableError) as caught:
+        finish(PsycopgSession.connect("postgresql://app:pw-never-shown@127.0.0.1:1/test", blocking=True))
+    assert "pw-never-shown" not in str(caught.value) and caught.value.__context__ is None
+
+
+def test_a_string_libpq_cannot_read_is_a_setting_to_fix() -> None:
+    with pytest.raises(TransportMisconfiguredError):
+        finish(PsycopgSession.connect("postgresql://app:secret@127.0.0.1/test?sslmode=bogus", blocking=True))
+
+
+def test_an_owned_connection_the_server_dropped_is_opened_again(pg_uri: str, queue: QueueAddress, raw: Any) -> None:
+    with QueueClient.connect(pg_uri) as client:
+        client.send(queue, Message("x"))
+        raw.execute("SELECT pg_terminate_backend(%s)", [client.connection.info.backend_pid])
+        with pytest.raises(TransportUnavailableError):
+            client.depth(queue)
+        assert client.depth(queue) == 1
+
+
+def test_a_connection_lost_inside_a_transaction_block_is_not_replaced_mid_block(
+    pg_uri: str, queue: QueueAddress, raw: Any
+) -> None:
+    with QueueClient.connect(pg_uri) as client:
+        with pytest.raises(TransportUnavailableError), client.transaction():  # noqa: PT012 - the block loses its connection between two sends
+            client.send(queue, Message("first"))
+            raw.execute("SELECT pg_terminate_backend(%s)", [client.connection.info.backend_pid])
+            client.send(queue, Message("second"))  # would commit alone on a new connection
+        assert client.depth(queue) == 0

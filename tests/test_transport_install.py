@@ -1,0 +1,37 @@
+"""Unit behaviour of :mod:`airflow_provider_sqlqueue.transport.install`: what an installer creates, checked before it runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from airflow_provider_sqlqueue.transport import QueueAddress, QueueClient
+from airflow_provider_sqlqueue.transport.client import Addressing
+from airflow_provider_sqlqueue.transport.dialects import get_dialect
+from airflow_provider_sqlqueue.transport.errors import NotAQueueError
+from airflow_provider_sqlqueue.transport.install import TableKind
+
+
+def test_a_queues_installation_lists_every_table_in_the_order_it_makes_them() -> None:
+    plan = Addressing(get_dialect("postgres"), audit_queue=True).installation('orders@"shop"', secondary="m1")
+    assert [(kind, address.table) for kind, address in plan.tables] == [
+        (TableKind.QUEUE, "orders"),
+        (TableKind.QUEUE, "error"),
+        (TableKind.QUEUE, "audit"),
+        (TableKind.QUEUE, "orders.m1"),
+        (TableKind.INFLIGHT, get_dialect("postgres").inflight_table),
+        (TableKind.DELAYED, "orders.Delayed"),
+    ]
+    assert [a.table for a in plan.queue_tables()] == ["orders", "error", "audit", "orders.m1"]
+    assert any('CREATE TABLE IF NOT EXISTS "shop"."orders"' in line for line in plan.ddl())
+
+
+def test_a_plan_naming_a_business_table_creates_none_of_its_tables(client: QueueClient, raw: Any, schema: str) -> None:
+    raw.execute(f'CREATE TABLE "{schema}".invoices (id int)')
+    with pytest.raises(NotAQueueError):
+        client.create_queue(QueueAddress("orders", schema), error_queue=QueueAddress("invoices", schema))
+    tables = raw.execute(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", [schema]
+    ).fetchall()
+    assert tables == [("invoices",)]
