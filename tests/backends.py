@@ -142,8 +142,9 @@ class Backend:
         with QueueClient.connect(self.uri) as other:
             try:
                 with other.transaction():
-                    statement = other.session.dialect.receive_sql(address)
-                    finish(other.session.execute(Step(statement, {"limit": count}, Fetch.ALL, "holder")))
+                    dialect = other.session.dialect
+                    params = {"limit": count} if dialect.head(address) is None else {"limit": count, "after": 0}
+                    finish(other.session.execute(Step(dialect.receive_sql(address), params, Fetch.ALL, "holder")))
                     yield
                     raise _HeldForTest
             except _HeldForTest:

@@ -116,7 +116,16 @@ def test_peek_estimates_pending_and_skips_locked_rows(client, queue, backend):
         assert client.peek(queue) == 8
         received = client.receive(queue, 20)
         assert len(received) == 8
+    # The other receiver rolled back: its rows are waiting again. A new session sees them at once; a
+    # session whose head passed them while they were locked sees them at its next look back over
+    # what it skipped (transport/heads.py: within HEAD_RECENT_RESCAN), never later than a full rescan.
+    with backend.client(queue.schema) as fresh:
+        assert fresh.peek(queue) == 2
+    deadline = time.monotonic() + 60
+    while client.peek(queue) != 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert client.peek(queue) == 2
+    assert sorted(m.text for m in client.receive(queue, 5)) == ["0", "1"]
 
 
 def test_create_is_idempotent_and_makes_nservicebus_compatible_tables(client, queue, raw, schema, backend):

@@ -138,3 +138,14 @@ FAILURE_MEMORY = 10_000
 #: Rows ``spark.send_rows`` sends per statement, and the most ``spark.read_queue`` reads.
 SPARK_SEND_BATCH = 500
 SPARK_READ_LIMIT = 10_000
+
+#: How often a receive looks again over the rows its session skipped lately (see
+#: :mod:`~airflow_provider_sqlqueue.transport.heads`): a sender that committed after a newer message
+#: was taken waits at most this long beyond its commit.
+HEAD_RECENT_RESCAN = 0.25
+#: How far back that look goes, in seconds of the session's progress: longer than a sender's
+#: transaction usually stays open.
+HEAD_RECENT_WINDOW = 2.0
+#: How often a receive scans a queue from its start (each time walking every dead row version the
+#: xmin horizon keeps): the longest a message skipped for any other reason waits.
+HEAD_FULL_RESCAN = 10.0

@@ -44,6 +44,7 @@ from .errors import (
     QueueNotFoundError,
     SqlQueueError,
 )
+from .heads import Head
 from .message import (
     DELIVERY_COUNT,
     ENCLOSED_MESSAGE_TYPES,
@@ -607,12 +608,15 @@ def _receive(
     yield from table_shape(d, address)
     yield from table_shape(d, error_address)  # a poison row must have somewhere to go: known before any receive
     target = d.qualified_name(address)
+    head = d.head(address)
     received: list[ReceivedMessage] = []
     requeued = False
     while len(received) < limit and not requeued:
         wanted = limit - len(received)
-        rows: list[ReceivedRow] = yield Step(d.receive_sql(address), {"limit": wanted}, Fetch.ALL, target)
+        rows: list[ReceivedRow] = yield Step(d.receive_sql(address), _from_head(head, wanted), Fetch.ALL, target)
         rows.sort(key=_RECEIVED_SEQ)  # plain driver tuples, in the shape of ReceivedRow
+        if head is not None:
+            head.taken([row[4] for row in rows])
         if any(row[1] for row in rows):
             yield from _purge_expired_run(d, address)
         for message_id, expired, headers_text, body, _seq in rows:
@@ -636,6 +640,11 @@ def _receive(
         if len(rows) < wanted:
             break
     return received
+
+
+def _from_head(head: Head | None, limit: int) -> dict[str, int]:
+    """A head scan's parameters: ``limit`` rows, after the session's head where the dialect keeps one."""
+    return {"limit": limit} if head is None else {"limit": limit, "after": head.start()}
 
 
 def _purge_expired_run(d: Dialect, address: QueueAddress, *, claims: bool = False) -> Operation[int]:
@@ -727,9 +736,14 @@ def claim(
     queue_key = d.claim_key(address)
     counted = 1 if holder is not None else 0
     params = {"deliveries": counted, "lease_ms": lease_ms, "holder": holder, "queue": queue_key, "limit": limit}
+    head = d.head(address)
     claimed: list[ReceivedMessage] = []
     if reclaim:
+        if head is not None:
+            params["lapsed_ms"] = head.lapsed_window_ms("reclaim")
         held = [HeldRow(*row) for row in (yield Step(d.reclaim_sql(address), params, Fetch.ALL, target))]
+        if head is not None and len(held) == limit:
+            head.lapsed_left("reclaim")
         claimed = yield from _hand_out(d, address, error_address, held, counted, max_deliveries)
         if any(row.expired for row in held):
             yield from _purge_expired_run(d, address, claims=True)
@@ -740,8 +754,10 @@ def claim(
     requeued = False  # a poison row moved into this very queue (its own error queue): do not meet it again
     while len(claimed) < limit and not requeued:
         wanted = limit - len(claimed)
-        found = yield Step(d.claim_sql(address), {**params, "limit": wanted}, Fetch.ALL, target)
+        found = yield Step(d.claim_sql(address), {**params, **_from_head(head, wanted)}, Fetch.ALL, target)
         rows = sorted((ClaimedRow(*row) for row in found), key=lambda row: row.seq)
+        if head is not None:
+            head.taken([row.seq for row in rows])
         if any(row.token is None for row in rows):
             yield from _purge_expired_run(d, address)
         for token, message_id, headers_text, body, deliveries, _seq in rows:
@@ -1156,8 +1172,15 @@ def peek(d: Dialect, address: QueueAddress, include_claims: bool = False) -> Ope
     if include_claims:
         pending, lapsed = yield from peek_claims(d, address)
         return pending + lapsed
-    row = yield Step(d.peek_sql(address), {}, Fetch.ONE, d.qualified_name(address))
+    head = d.head(address)
+    row = yield Step(d.peek_sql(address), _head_start(head), Fetch.ONE, d.qualified_name(address))
+    if head is not None:
+        head.seen(row[1])
     return int(row[0] or 0)
+
+
+def _head_start(head: Head | None) -> dict[str, int]:
+    return {} if head is None else {"after": head.start()}
 
 
 @autocommitted
@@ -1165,8 +1188,14 @@ def peek_claims(d: Dialect, address: QueueAddress) -> Operation[tuple[int, int]]
     """(pending, lapsed): :func:`peek`'s estimate and the claims whose lease ran out, in one query."""
     yield from table_shape(d, address)
     target = d.qualified_name(address)
-    row = yield Step(d.peek_with_claims_sql(address), {"queue": d.claim_key(address)}, Fetch.ONE, target)
-    return int(row[0] or 0), int(row[1] or 0)
+    head = d.head(address)
+    params: dict[str, object] = {"queue": d.claim_key(address)}
+    if head is not None:
+        params |= {"after": head.start(), "lapsed_ms": head.lapsed_window_ms("peek")}
+    row = yield Step(d.peek_with_claims_sql(address), params, Fetch.ONE, target)
+    if head is not None:
+        head.seen(row[1])
+    return int(row[0] or 0), int(row[-1] or 0)
 
 
 @autocommitted

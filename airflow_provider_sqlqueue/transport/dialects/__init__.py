@@ -26,6 +26,7 @@ from typing import Any, ClassVar, NamedTuple
 
 from ..addressing import QueueAddress
 from ..errors import InvalidArgumentError, NotAQueueError, SqlQueueError
+from ..heads import Head
 
 
 class ReceivedRow(NamedTuple):
@@ -202,6 +203,24 @@ class Dialect(ABC):
         self._queues: dict[str, TableShape] = {}
         #: Other tables this session has checked, with the kind each was found to be.
         self._kinds: dict[str, str] = {}
+        #: Where each queue's live rows start, as this session has seen (see :mod:`..heads`).
+        self._heads: dict[str, Head] = {}
+
+    #: Whether index scans for a queue's head walk the dead row versions consumed messages leave
+    #: (MVCC without in-place deletes): then receives start from a :class:`~..heads.Head`.
+    walks_dead_rows: ClassVar[bool] = False
+
+    def head(self, address: QueueAddress) -> Head | None:
+        """This session's head of the queue at ``address``, where the database needs one."""
+        if not self.walks_dead_rows:
+            return None
+        return self._heads.setdefault(self.qualified_name(address), Head())
+
+    def transaction_ended(self, *, committed: bool, outermost: bool = True) -> None:
+        """The session's transaction (or, not ``outermost``, a block inside it) ended: heads put back
+        what a rollback returned to the queues."""
+        for head in self._heads.values():
+            head.ended(committed=committed, outermost=outermost)
 
     def table_shape(self, address: QueueAddress) -> TableShape | None:
         """The layout of the queue table at ``address`` once this session has checked it, else None."""
@@ -258,6 +277,7 @@ class Dialect(ABC):
         """Forget what this session learnt of a table (it was dropped)."""
         self._queues.pop(self.qualified_name(address), None)
         self._kinds.pop(self.qualified_name(address), None)
+        self._heads.pop(self.qualified_name(address), None)
 
     def layout(self, address: QueueAddress, types: Mapping[str, str]) -> TableShape:
         """The :class:`TableShape` of a queue table whose column types (lower-cased) are ``types``."""

@@ -38,6 +38,13 @@ MAX_TABLE_BYTES = 55
 MAX_IDENTIFIER_BYTES = 63
 
 _UTC_NOW = "(now() AT TIME ZONE 'UTC')"
+#: Claims whose lease ended within the last %(lapsed_ms)s (see transport/heads.py: the range of the
+#: lease index a look walks, dead entries of settled claims included).
+_LAPSED = f"LeaseUntil <= {_UTC_NOW} AND LeaseUntil > {_UTC_NOW} - %(lapsed_ms)s::bigint * interval '1 millisecond'"
+#: Claims named by token: found through the primary key alone. A plain ``Queue = %(queue)s`` lets
+#: the planner, on stale statistics, AND in the (Queue, ...) indexes, whose entries for a busy queue
+#: include every claim settled since vacuum last ran; ``IS TRUE`` keeps the queue check a filter.
+_BY_TOKENS = "Token = ANY(%(tokens)s::uuid[]) AND (Queue = %(queue)s) IS TRUE"
 #: Connection errors that retrying cannot fix, by SQLSTATE.
 #: Not a SQLSTATE: connection settings libpq refuses before it reaches any server.
 SETTINGS = "settings"
@@ -94,6 +101,7 @@ class PostgresDialect(Dialect):
     """NServiceBus-compatible queue tables on PostgreSQL, driven through psycopg 3."""
 
     name = "postgres"
+    walks_dead_rows = True
     one_statement_sends = True  # a batch travels as arrays, unnested by one INSERT
     begin_sql = "BEGIN"
     script_separator = ";\n\n"
@@ -301,7 +309,7 @@ class PostgresDialect(Dialect):
         # rows off the partial Expires index, and no more than %(limit)s of them are counted.
         q = self.qualified_name(address)
         return (
-            f"SELECT ({self.peek_sql(address)}), (SELECT Headers FROM {q} ORDER BY Seq LIMIT 1), "
+            f"SELECT (SELECT waiting FROM ({self._peek(q, '0')}) AS p), (SELECT Headers FROM {q} ORDER BY Seq LIMIT 1), "
             f"(SELECT count(*) FROM (SELECT 1 FROM {q} WHERE Expires < {_UTC_NOW} LIMIT %(limit)s) AS expired)"
         )
 
@@ -342,13 +350,17 @@ class PostgresDialect(Dialect):
         ids, ttbrs_ms, headers, bodies = (list(column) for column in zip(*rows, strict=True))
         return {"ids": ids, "ttbrs_ms": ttbrs_ms, "headers": headers, "bodies": bodies}
 
+    def _head(self, q: str, lock: str) -> str:
+        """The oldest unlocked rows after the session's head (``after``; see :mod:`..heads`), by the Seq index."""
+        return f"SELECT Seq FROM {q} WHERE Seq > %(after)s ORDER BY Seq LIMIT %(limit)s FOR {lock} SKIP LOCKED"
+
     def receive_sql(self, address: QueueAddress) -> str:
         # The candidate set is computed once (ARRAY(...) is an init plan), so a concurrent
         # receiver can never make this return more rows than asked -- unlike DELETE ... USING.
         q = self.qualified_name(address)
         return (
             f"DELETE FROM {q} AS rs "
-            f"WHERE rs.Seq = ANY(ARRAY(SELECT Seq FROM {q} ORDER BY Seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED)) "
+            f"WHERE rs.Seq = ANY(ARRAY({self._head(q, 'UPDATE')})) "
             f"RETURNING rs.Id, rs.Expires IS NOT NULL AND rs.Expires <= {_UTC_NOW}, rs.Headers, rs.Body, rs.Seq"
         )
 
@@ -411,12 +423,17 @@ class PostgresDialect(Dialect):
         return list(topics)
 
     def peek_sql(self, address: QueueAddress) -> str:
-        # max(Seq) and the lowest unlocked Seq both come off the Seq index: constant time on any
-        # queue size, where count(*) would scan the table.
-        q = self.qualified_name(address)
+        return self._peek(self.qualified_name(address), "%(after)s")
+
+    @staticmethod
+    def _peek(q: str, after: str) -> str:
+        # The highest Seq and the lowest unlocked one after the head both come off the Seq index:
+        # constant time on any queue size, where count(*) would scan the table. Also returns that
+        # lowest Seq, which the session's head must not pass.
         return (
-            f"SELECT COALESCE(max(Seq) - (SELECT Seq FROM {q} ORDER BY Seq LIMIT 1 FOR KEY SHARE SKIP LOCKED) + 1, 0)"
-            f"::bigint FROM {q}"
+            f"SELECT COALESCE(h.top - h.low + 1, 0)::bigint AS waiting, h.low FROM (SELECT "
+            f"(SELECT max(Seq) FROM {q} WHERE Seq > {after}) AS top, "
+            f"(SELECT Seq FROM {q} WHERE Seq > {after} ORDER BY Seq LIMIT 1 FOR KEY SHARE SKIP LOCKED) AS low) AS h"
         )
 
     def depth_sql(self, address: QueueAddress) -> str:
@@ -497,7 +514,7 @@ class PostgresDialect(Dialect):
         f = self.qualified_name(self.inflight_address(address))
         return (
             f"WITH taken AS (DELETE FROM {q} AS rs "
-            f"WHERE rs.Seq = ANY(ARRAY(SELECT Seq FROM {q} ORDER BY Seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED)) "
+            f"WHERE rs.Seq = ANY(ARRAY({self._head(q, 'UPDATE')})) "
             "RETURNING rs.Id, rs.Expires, rs.Headers, rs.Body, rs.Seq), "
             f"claimed AS (INSERT INTO {f} (Token, Queue, Id, Expires, Headers, Body, Seq, Deliveries, LeaseUntil, Holder) "
             # NULL Headers (a hand-made table) are kept as the JSON text null: still poison, where
@@ -516,7 +533,7 @@ class PostgresDialect(Dialect):
         return (
             f"UPDATE {f} AS c SET Token = gen_random_uuid(), Deliveries = c.Deliveries + %(deliveries)s, "
             f"LeaseUntil = {_UTC_NOW} + %(lease_ms)s::bigint * interval '1 millisecond', Holder = %(holder)s "
-            f"WHERE c.Token = ANY(ARRAY(SELECT Token FROM {f} WHERE Queue = %(queue)s AND LeaseUntil <= {_UTC_NOW} "
+            f"WHERE c.Token = ANY(ARRAY(SELECT Token FROM {f} WHERE Queue = %(queue)s AND {_LAPSED} "
             "ORDER BY Seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED)) "
             f"RETURNING c.Token, c.Id, c.Expires IS NOT NULL AND c.Expires <= {_UTC_NOW}, c.Headers, c.Body, "
             "c.Deliveries, c.LastError, c.Seq"
@@ -537,7 +554,7 @@ class PostgresDialect(Dialect):
         )
 
     def take_sql(self, address: QueueAddress) -> str:
-        return self._take(address, "c.Token = ANY(%(tokens)s::uuid[]) AND c.Queue = %(queue)s AND c.Holder IS NULL")
+        return self._take(address, f"c.{_BY_TOKENS} AND c.Holder IS NULL")
 
     def adopt_sql(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
@@ -549,7 +566,10 @@ class PostgresDialect(Dialect):
 
     def peek_with_claims_sql(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
-        return f"SELECT ({self.peek_sql(address)}), (SELECT count(*) FROM {f} WHERE Queue = %(queue)s AND LeaseUntil <= {_UTC_NOW})"
+        return (
+            f"SELECT p.*, (SELECT count(*) FROM {f} WHERE Queue = %(queue)s AND {_LAPSED}) "
+            f"FROM ({self.peek_sql(address)}) AS p"
+        )
 
     def count_inflight_sql(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
@@ -592,27 +612,24 @@ class PostgresDialect(Dialect):
 
     def ack_sql(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
-        return f"DELETE FROM {f} WHERE Token = ANY(%(tokens)s::uuid[]) AND Queue = %(queue)s RETURNING Token"
+        return f"DELETE FROM {f} WHERE {_BY_TOKENS} RETURNING Token"
 
     def ack_copy_sql(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
-        return (
-            f"DELETE FROM {f} WHERE Token = ANY(%(tokens)s::uuid[]) AND Queue = %(queue)s "
-            "RETURNING Token, Id, Headers, Body"
-        )
+        return f"DELETE FROM {f} WHERE {_BY_TOKENS} RETURNING Token, Id, Headers, Body"
 
     def nack_sql(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
         return (
             f"UPDATE {f} SET LeaseUntil = {_UTC_NOW} + %(delay_ms)s::bigint * interval '1 millisecond', LastError = %(error)s "
-            "WHERE Token = ANY(%(tokens)s::uuid[]) AND Queue = %(queue)s RETURNING Token"
+            f"WHERE {_BY_TOKENS} RETURNING Token"
         )
 
     def extend_sql(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
         return (
             f"UPDATE {f} SET LeaseUntil = {_UTC_NOW} + %(lease_ms)s::bigint * interval '1 millisecond' "
-            "WHERE Token = ANY(%(tokens)s::uuid[]) AND Queue = %(queue)s RETURNING Token"
+            f"WHERE {_BY_TOKENS} RETURNING Token"
         )
 
     def held_sql(self, address: QueueAddress) -> str:
@@ -665,7 +682,7 @@ class PostgresDialect(Dialect):
         f = self.qualified_name(self.inflight_address(address))
         e = self.qualified_name(error_address)
         return (
-            f"WITH moved AS (DELETE FROM {f} WHERE Token = %(token)s AND Queue = %(queue)s RETURNING Id, Body) "
+            f"WITH moved AS (DELETE FROM {f} WHERE Token = %(token)s AND (Queue = %(queue)s) IS TRUE RETURNING Id, Body) "
             f"INSERT INTO {e} (Id, Expires, Headers, Body) SELECT Id, NULL, %(headers)s, Body FROM moved"
         )
 

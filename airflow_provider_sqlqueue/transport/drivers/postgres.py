@@ -288,7 +288,10 @@ class PsycopgSession(Session):
         if not self.autocommits():
             return await super().run(op)
         if needs_no_transaction(op):
-            return await drive(op, self.execute)
+            try:
+                return await drive(op, self.execute)
+            finally:  # each statement committed by itself: what it took stays taken
+                self.dialect.transaction_ended(committed=True)
         began = False
 
         async def execute(step: Step) -> Any:
@@ -306,7 +309,9 @@ class PsycopgSession(Session):
             # Also after a failed COMMIT: the session must not stay in an aborted transaction.
             if began:
                 await self._command(self.dialect.rollback_sql, quietly=True)
+            self.dialect.transaction_ended(committed=False)
             raise
+        self.dialect.transaction_ended(committed=True)
         return result
 
     async def _begin_with(self, step: Step) -> Any:
@@ -333,13 +338,18 @@ class PsycopgSession(Session):
     async def transaction(self) -> AsyncIterator[None]:
         await self._revive()
         with translated(self.dialect, psycopg.Error):
-            async with self._db.transaction():
-                self._blocks += 1
-                try:
-                    yield
-                finally:
-                    self._blocks -= 1
-                refuse_aborted(self)
+            committed = False
+            try:
+                async with self._db.transaction():
+                    self._blocks += 1
+                    try:
+                        yield
+                    finally:
+                        self._blocks -= 1
+                    refuse_aborted(self)
+                committed = True
+            finally:
+                self.dialect.transaction_ended(committed=committed, outermost=not self._blocks)
 
     def transaction_failed(self) -> bool:
         return transaction_broken(self.connection)

@@ -1,0 +1,118 @@
+"""Where a queue's live messages start, so that finding them does not cost more as a database ages.
+
+Every message a consumer takes leaves a dead row version in the queue table (and, in ``claim``
+mode, another in the claim store). Vacuum removes them only once no transaction can still see
+them; while anything holds the xmin horizon back -- a long report, ``pg_dump``, a session idle in
+a transaction, a replica with ``hot_standby_feedback`` -- they stay, and an index scan for the
+head of the queue visits every one of them before it reaches a live row. A receive that cost one
+index probe then costs one per message consumed since the horizon stopped, until consumers fall
+behind.
+
+So each session remembers, per queue, its *mark*: the highest ``Seq`` it has taken. Receives and
+peeks start after the mark, where the live rows are. Rows can still appear below it -- a sender
+whose transaction committed after a newer message was taken, a receive that rolled back -- so
+the scan goes back over what it skipped, on a bounded schedule:
+
+- every :data:`~.defaults.HEAD_RECENT_RESCAN`, from the mark as it was
+  :data:`~.defaults.HEAD_RECENT_WINDOW` earlier (late commits of concurrent senders: a short walk);
+- every :data:`~.defaults.HEAD_FULL_RESCAN`, from the start (anything else);
+- at once after a rollback of this session that had taken rows (the mark goes back below them).
+
+A message is never skipped for good: at worst it waits one full rescan longer.
+
+Lapsed claims are found through the claim store's (Queue, LeaseUntil) index, whose entries for
+claims settled since the horizon stopped point at dead rows that come into the range ``LeaseUntil
+<= now`` as their leases would have ended. So a look for lapsed claims covers only the leases that
+ended since the same kind of look last ran on this session (with :data:`~.defaults.HEAD_RECENT_RESCAN`
+to spare), and all of them every :data:`~.defaults.HEAD_FULL_RESCAN`, or at once after a look that
+filled its batch (more may be waiting).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from . import defaults
+
+
+class Head:
+    """One session's knowledge of where a queue's live rows start."""
+
+    def __init__(self) -> None:
+        #: The highest Seq taken (0: none yet).
+        self.mark = 0
+        #: (monotonic time, mark) now and then, to find the mark as it was a while ago.
+        self._history: deque[tuple[float, int]] = deque()
+        #: The lowest Seq taken since the session's last commit: given back if it rolls back.
+        self._uncommitted: int | None = None
+        self._full_due = 0.0
+        self._recent_due = 0.0
+        #: For each kind of look for lapsed claims (a reclaim, a peek): when it last ran, and when
+        #: it next covers every lease.
+        self._lapsed: dict[str, tuple[float, float]] = {}
+
+    def start(self) -> int:
+        """Where the next scan for live rows starts (it reads rows with a Seq above this)."""
+        now = time.monotonic()
+        if now >= self._full_due:
+            self._full_due = now + defaults.HEAD_FULL_RESCAN
+            self._recent_due = now + defaults.HEAD_RECENT_RESCAN
+            return 0
+        if now >= self._recent_due:
+            self._recent_due = now + defaults.HEAD_RECENT_RESCAN
+            return self._mark_at(now - defaults.HEAD_RECENT_WINDOW)
+        return self.mark
+
+    def _mark_at(self, moment: float) -> int:
+        """The mark as it was at ``moment`` (0 when this head is younger than that)."""
+        found = 0
+        for at, mark in self._history:
+            if at > moment:
+                break
+            found = mark
+        return found
+
+    def taken(self, seqs: list[int]) -> None:
+        """Rows at ``seqs`` were taken (deleted) by this session."""
+        if not seqs:
+            return
+        now = time.monotonic()
+        self.mark = max(self.mark, max(seqs))
+        low = min(seqs)
+        self._uncommitted = low if self._uncommitted is None else min(self._uncommitted, low)
+        if not self._history or now - self._history[-1][0] >= defaults.HEAD_RECENT_RESCAN / 2:
+            self._history.append((now, self.mark))
+        while self._history and self._history[0][0] < now - 2 * defaults.HEAD_RECENT_WINDOW:
+            self._history.popleft()
+
+    def seen(self, seq: int | None) -> None:
+        """A scan found a live row at ``seq``: a later scan must not start above it."""
+        if seq is not None and seq <= self.mark:
+            self.mark = seq - 1
+
+    def ended(self, *, committed: bool, outermost: bool) -> None:
+        """The session's transaction (or a block inside it) ended: rows a rollback put back are below the mark again."""
+        if not committed and self._uncommitted is not None:
+            self.mark = min(self.mark, self._uncommitted - 1)
+        if outermost:
+            self._uncommitted = None
+
+    def lapsed_window_ms(self, look: str) -> int:
+        """How far back from now a look of kind ``look`` for lapsed claims reaches, in milliseconds
+        (:data:`EVERY_LEASE_MS`: every lapsed claim)."""
+        now = time.monotonic()
+        last, full_due = self._lapsed.get(look, (0.0, 0.0))
+        if now >= full_due:
+            self._lapsed[look] = (now, now + defaults.HEAD_FULL_RESCAN)
+            return EVERY_LEASE_MS
+        self._lapsed[look] = (now, full_due)
+        return round((now - last + defaults.HEAD_RECENT_RESCAN) * 1000)
+
+    def lapsed_left(self, look: str) -> None:
+        """A look filled its batch: more lapsed claims may wait, so the next look covers every lease."""
+        self._lapsed.pop(look, None)
+
+
+#: A look back that covers every lease there can be: a century, in milliseconds.
+EVERY_LEASE_MS = 100 * 366 * 86_400_000
