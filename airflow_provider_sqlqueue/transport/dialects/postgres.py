@@ -38,9 +38,12 @@ MAX_TABLE_BYTES = 55
 MAX_IDENTIFIER_BYTES = 63
 
 _UTC_NOW = "(now() AT TIME ZONE 'UTC')"
-#: Claims whose lease ended within the last %(lapsed_ms)s (see transport/heads.py: the range of the
-#: lease index a look walks, dead entries of settled claims included).
-_LAPSED = f"LeaseUntil <= {_UTC_NOW} AND LeaseUntil > {_UTC_NOW} - %(lapsed_ms)s::bigint * interval '1 millisecond'"
+#: A queue's claims whose lease ended within the last %(lapsed_ms)s (see transport/heads.py: the
+#: range of the lease index a look walks, dead entries of settled claims included).
+_LAPSED = (
+    f"Queue = %(queue)s AND LeaseUntil <= {_UTC_NOW} "
+    f"AND LeaseUntil > {_UTC_NOW} - %(lapsed_ms)s::bigint * interval '1 millisecond'"
+)
 #: Claims named by token: found through the primary key alone. A plain ``Queue = %(queue)s`` lets
 #: the planner, on stale statistics, AND in the (Queue, ...) indexes, whose entries for a busy queue
 #: include every claim settled since vacuum last ran; ``IS TRUE`` keeps the queue check a filter.
@@ -212,8 +215,15 @@ class PostgresDialect(Dialect):
             # Tables created before hand-off reservations existed lack Holder.
             f"ALTER TABLE {f} ADD COLUMN IF NOT EXISTS Holder text",
             f"CREATE INDEX IF NOT EXISTS {lease_index} ON {f} (Queue, LeaseUntil)",
-            # Readers that find their claims again by holder (a Spark batch's claims).
-            f"CREATE INDEX IF NOT EXISTS {quote_ident(inflight.table + '_holder')} ON {f} (Queue, Holder)",
+            # Readers that find their claims again by holder (a Spark batch's claims), and takers of
+            # a queue's reservations, oldest first. Partial, so that no statement that names only
+            # the queue can use them: the lease index is the one such statements must use (an index
+            # led by Queue alone walks every claim the queue had since vacuum last ran).
+            f"CREATE INDEX IF NOT EXISTS {quote_ident(inflight.table + '_held')} ON {f} (Holder) WHERE Holder IS NOT NULL",
+            f"CREATE INDEX IF NOT EXISTS {quote_ident(inflight.table + '_reserved')} ON {f} (Queue, Seq) "
+            "WHERE Holder IS NULL",
+            # Stores made by earlier versions had one index on (Queue, Holder) for both.
+            f"DROP INDEX IF EXISTS {self.qualified_name(QueueAddress(inflight.table + '_holder', inflight.schema))}",
         ]
 
     def create_delayed_sql(self, delayed: QueueAddress) -> Sequence[str]:
@@ -533,7 +543,7 @@ class PostgresDialect(Dialect):
         return (
             f"UPDATE {f} AS c SET Token = gen_random_uuid(), Deliveries = c.Deliveries + %(deliveries)s, "
             f"LeaseUntil = {_UTC_NOW} + %(lease_ms)s::bigint * interval '1 millisecond', Holder = %(holder)s "
-            f"WHERE c.Token = ANY(ARRAY(SELECT Token FROM {f} WHERE Queue = %(queue)s AND {_LAPSED} "
+            f"WHERE c.Token = ANY(ARRAY(SELECT Token FROM {f} WHERE {_LAPSED} "
             "ORDER BY Seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED)) "
             f"RETURNING c.Token, c.Id, c.Expires IS NOT NULL AND c.Expires <= {_UTC_NOW}, c.Headers, c.Body, "
             "c.Deliveries, c.LastError, c.Seq"
@@ -566,10 +576,7 @@ class PostgresDialect(Dialect):
 
     def peek_with_claims_sql(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
-        return (
-            f"SELECT p.*, (SELECT count(*) FROM {f} WHERE Queue = %(queue)s AND {_LAPSED}) "
-            f"FROM ({self.peek_sql(address)}) AS p"
-        )
+        return f"SELECT p.*, (SELECT count(*) FROM {f} WHERE {_LAPSED}) FROM ({self.peek_sql(address)}) AS p"
 
     def count_inflight_sql(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
