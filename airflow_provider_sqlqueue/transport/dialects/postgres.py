@@ -220,8 +220,7 @@ class PostgresDialect(Dialect):
             # the queue can use them: the lease index is the one such statements must use (an index
             # led by Queue alone walks every claim the queue had since vacuum last ran).
             f"CREATE INDEX IF NOT EXISTS {quote_ident(inflight.table + '_held')} ON {f} (Holder) WHERE Holder IS NOT NULL",
-            f"CREATE INDEX IF NOT EXISTS {quote_ident(inflight.table + '_reserved')} ON {f} (Queue, Seq) "
-            "WHERE Holder IS NULL",
+            f"CREATE INDEX IF NOT EXISTS {quote_ident(inflight.table + '_reserved')} ON {f} (Queue, Seq) WHERE Holder IS NULL",
             # Stores made by earlier versions had one index on (Queue, Holder) for both.
             f"DROP INDEX IF EXISTS {self.qualified_name(QueueAddress(inflight.table + '_holder', inflight.schema))}",
         ]
