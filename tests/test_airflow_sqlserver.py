@@ -66,7 +66,9 @@ def test_unreachable_server_is_a_clear_transport_error(airflow_db, monkeypatch, 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_conninfo_is_something_the_transport_can_open(airflow_db, monkeypatch, kind):
-    set_connection(monkeypatch, "spark_side", kind, "db.example", 1444, "app", "p@ss;word", "queues")
+    # The odbc provider writes the password unquoted into its string: a ';' in it is refused (test_hooks_sqlqueue.py).
+    password = "p@ss:word" if kind == "odbc" else "p@ss;word"
+    set_connection(monkeypatch, "spark_side", kind, "db.example", 1444, "app", password, "queues")
     conninfo = SqlQueueHook("spark_side").conninfo()
     assert dialect_for(conninfo).name == "sqlserver"
     if kind == "odbc":

@@ -11,16 +11,22 @@ import os
 import subprocess
 import sys
 import textwrap
+import traceback
 import uuid
 
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from airflow_provider_sqlqueue.hooks.sqlqueue import SqlQueueHook, UnsupportedConnectionError
 from airflow_provider_sqlqueue.transport import (
+    ArgumentTypeError,
     AsyncQueueClient,
+    ClientClosedError,
+    InvalidQueueNameError,
     Message,
     QueueClient,
     QueueNotFoundError,
+    TransportMisconfiguredError,
     TransportUnavailableError,
 )
 
@@ -186,3 +192,130 @@ def test_a_host_without_unixodbc_runs_postgresql_queues_and_says_what_an_odbc_co
     lines = [line.removeprefix("RESULT ") for line in run.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines[0] == "['without odbc']"
     assert lines[1].startswith("odbc: connection 'odbc_db' needs pyodbc") and "unixodbc" in lines[1], lines[1]
+
+
+def set_conn(monkeypatch, conn_id: str, pg_uri: str, **changes) -> None:
+    conn = json.loads(airflow_connection(pg_uri))
+    conn.update(changes)
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(conn))
+
+
+def connection_of(pg_uri: str, **changes):
+    """An Airflow connection object to the test server (values an environment variable cannot hold)."""
+    from airflow.sdk import Connection
+
+    fields = json.loads(airflow_connection(pg_uri))
+    fields["extra"] = json.dumps(fields["extra"])
+    return Connection(conn_id="odd", **{**fields, **changes})
+
+
+def backends_named(raw, name: str) -> int:
+    return raw.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [name]).fetchone()[0]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("host", "127.0.0.1\x00elsewhere"),
+        ("password", "pw\x00x"),
+        ("schema", "test\x00other"),
+        ("host", "bad\udcffhost"),
+    ],
+)
+def test_connection_fields_no_driver_can_send_are_refused_before_connecting(
+    airflow_db, pg_uri, monkeypatch, field, value
+) -> None:
+    """libpq stops reading at a NUL (and would connect elsewhere); invalid Unicode fails inside drivers,
+    in errors quoting the whole connection string. The value itself is never echoed."""
+    with pytest.raises(TransportMisconfiguredError, match=f"the {field} ") as caught:
+        SqlQueueHook("odd", connection=connection_of(pg_uri, **{field: value})).client()
+    assert value not in str(caught.value) and caught.value.__cause__ is None and caught.value.__context__ is None
+
+
+def test_an_extra_with_text_no_driver_can_send_never_puts_the_password_in_the_error(airflow_db, pg_uri, monkeypatch):
+    odd = connection_of(
+        pg_uri,
+        password="Good-Secret-20",  # noqa: S106 - a password to look for
+        extra=json.dumps({"application_name": "x\udc80"}),
+    )
+    with pytest.raises(TransportMisconfiguredError) as caught:
+        SqlQueueHook("odd", connection=odd).client()
+    chain = "".join(traceback.format_exception(caught.value)) + repr(caught.value.__context__)
+    assert "Good-Secret-20" not in chain and "application_name" in str(caught.value)
+
+
+def test_an_extra_that_is_not_a_json_object_is_refused(airflow_db, pg_uri, monkeypatch) -> None:
+    set_conn(monkeypatch, "listed", pg_uri, extra=[1, 2])
+    with pytest.raises(UnsupportedConnectionError, match="must be a JSON object"):
+        SqlQueueHook("listed").client()
+    set_conn(monkeypatch, "listed", pg_uri, conn_type="sqlqueue", extra=[1, 2])
+    with pytest.raises(UnsupportedConnectionError, match="must be a JSON object"):
+        SqlQueueHook("listed").client()
+
+
+def test_queue_names_are_checked_before_a_connection_is_opened(airflow_db, pg_uri, monkeypatch, raw) -> None:
+    set_conn(monkeypatch, "named", pg_uri, extra={"application_name": "sqlqueue-names-first", "error_queue": 5})
+    with pytest.raises(ArgumentTypeError):
+        SqlQueueHook("named").client()
+    with pytest.raises(InvalidQueueNameError):
+        SqlQueueHook("named", error_queue="").client()
+    assert backends_named(raw, "sqlqueue-names-first") == 0
+
+
+def test_a_closed_client_stays_closed(conn_id, queue, raw) -> None:
+    with SqlQueueHook(conn_id).client() as client:
+        client.send(queue, Message("x"))
+    with pytest.raises(ClientClosedError):
+        client.send(queue, Message("after the block"))
+    assert raw.execute(f'SELECT count(*) FROM "{queue.schema}"."orders"').fetchone()[0] == 1
+
+
+async def test_a_closed_async_client_stays_closed(conn_id, queue) -> None:
+    async with await SqlQueueHook(conn_id).async_client() as client:
+        await client.depth(queue)
+    with pytest.raises(ClientClosedError):
+        await client.depth(queue)
+
+
+def test_settings_the_sql_server_provider_refuses_are_a_setting_to_fix(airflow_db, monkeypatch) -> None:
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_MSSQL_ODD",
+        json.dumps(
+            {
+                "conn_type": "mssql",
+                "host": "127.0.0.1",
+                "port": 1,
+                "login": "sa",
+                "password": "Pw-9x;z",
+                "extra": {"bogus": 1},
+            }
+        ),
+    )
+    with pytest.raises(TransportMisconfiguredError, match="MsSqlHook cannot open it") as caught:
+        SqlQueueHook("mssql_odd").client()
+    assert "Pw-9x;z" not in str(caught.value)
+
+
+def test_odbc_connections_the_odbc_provider_would_misquote_or_misroute_are_refused(airflow_db, monkeypatch) -> None:
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_ODBC_SEMI",
+        json.dumps({"conn_type": "odbc", "host": "db", "login": "sa", "password": "abc;DATABASE=evil", "extra": {}}),
+    )
+    with pytest.raises(TransportMisconfiguredError, match="contains ';'") as caught:
+        SqlQueueHook("odbc_semi").conninfo()
+    assert "evil" not in str(caught.value)
+    monkeypatch.delenv("AIRFLOW__PROVIDERS_ODBC__ALLOW_DRIVER_IN_EXTRA", raising=False)
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_ODBC_NODRIVER",
+        json.dumps(
+            {"conn_type": "odbc", "host": "db", "login": "sa", "password": "pw", "extra": {"driver": "FreeTDS"}}
+        ),
+    )
+    with pytest.raises(UnsupportedConnectionError, match="allow_driver_in_extra"):
+        SqlQueueHook("odbc_nodriver").conninfo()
+
+
+def test_a_connection_string_carries_what_the_connection_set_not_what_libpq_filled_in(conn_id) -> None:
+    params = conninfo_to_dict(SqlQueueHook(conn_id).conninfo())
+    assert "hostaddr" not in params and "sslcertmode" not in params
+    assert params["connect_timeout"] == "10"

@@ -270,9 +270,22 @@ async def test_notify_wakes_the_trigger_long_before_its_peek_interval(conn_id, c
 
 
 LOOP_PROBE = r"""
-import asyncio, json, sys, time
+import asyncio, json, sys, threading, time
 import airflow.triggers.base  # what the triggerer has loaded before it creates triggers
 from airflow._shared.module_loading import import_string  # what the triggerer uses
+
+HEAVY = ("airflow_provider_sqlqueue.hooks", "airflow_provider_sqlqueue.transport.drivers", "psycopg",
+         "airflow.providers.", "pymssql", "pyodbc")
+loop_thread = threading.get_ident()
+on_loop = []
+
+class Watch:
+    def find_spec(self, name, path=None, target=None):
+        if threading.get_ident() == loop_thread and name.startswith(HEAVY):
+            on_loop.append(name)
+        return None
+
+sys.meta_path.insert(0, Watch())
 
 async def main(classpath, kwargs):
     worst = 0.0
@@ -293,7 +306,7 @@ async def main(classpath, kwargs):
     await events.aclose()
     done.set()
     await tick
-    print(json.dumps({"worst": worst, "body": event.payload.get("body")}))
+    print(json.dumps({"worst": worst, "body": event.payload.get("body"), "on_loop": on_loop}))
 
 asyncio.run(main(sys.argv[1], json.loads(sys.argv[2])))
 """
@@ -302,8 +315,9 @@ asyncio.run(main(sys.argv[1], json.loads(sys.argv[2])))
 def test_a_trigger_never_blocks_the_event_loop(conn_id, client, queue, schema, tmp_path):
     """From a fresh interpreter, as in a triggerer: importing, starting and receiving never stall the loop.
 
-    The hook, the database providers and drivers load on a worker thread, the connection lookup
-    and PostgresHook's arguments too; measured by a ticker task's worst lateness.
+    The hook, the database providers and drivers load on a worker thread (checked by watching
+    which imports run on the loop's thread), the connection lookup and PostgresHook's connection
+    too; and a ticker task's worst lateness stays far from a stall.
     """
     import os
     import subprocess
@@ -324,4 +338,6 @@ def test_a_trigger_never_blocks_the_event_loop(conn_id, client, queue, schema, t
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["body"] == "wake up"
     print(f"worst event-loop lateness while importing, starting and receiving: {result['worst'] * 1000:.1f} ms")
-    assert result["worst"] < 0.15  # Airflow warns at 0.2 s; the import alone used to take 0.5-0.7 s
+    # What used to stall it: imports of the hook, drivers and providers on the loop (0.5-0.7 s).
+    assert result["on_loop"] == []
+    assert result["worst"] < 1.0  # a bound a loaded machine keeps; the imports above are the real check

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -23,9 +23,10 @@ from airflow.providers.postgres.hooks.postgres import PostgresHook
 from airflow.sdk import BaseHook
 
 from ..transport import AsyncQueueClient, QueueClient, defaults
+from ..transport.client import Addressing
 from ..transport.dialects import get_dialect
 from ..transport.drivers import PsycopgSession, Session, ThreadSession, opening, session_over
-from ..transport.errors import SqlQueueError, TransportMisconfiguredError
+from ..transport.errors import SqlQueueError, TransportMisconfiguredError, one_line
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection
@@ -42,6 +43,9 @@ def configured_conn_ids() -> list[str]:
 
 #: Extras of a connection that configure the queue rather than the database driver.
 QUEUE_EXTRAS = frozenset({"dialect", "error_queue", "audit_queue"})
+
+#: The libpq settings a connection string for other processes carries (besides the connection's extras).
+CONNINFO_KEYS = frozenset({"host", "port", "user", "dbname", "options", "connect_timeout"})
 
 #: Which dialect serves each connection type.
 DIALECT_OF_CONN_TYPE = {"postgres": "postgres", "postgresql": "postgres", "mssql": "sqlserver", "odbc": "sqlserver"}
@@ -75,7 +79,7 @@ def dialect_of(conn: Connection) -> str:
     """``postgres`` or ``sqlserver``, from the connection type (or the ``dialect`` extra of a sqlqueue connection)."""
     conn_type = (conn.conn_type or "").lower()
     if conn_type == SqlQueueHook.conn_type:
-        name = str(conn.extra_dejson.get("dialect") or "postgres").lower()
+        name = str(_extras(conn).get("dialect") or "postgres").lower()
         if name in ("postgres", "postgresql"):
             return "postgres"
         if name in ("sqlserver", "mssql"):
@@ -92,14 +96,60 @@ def dialect_of(conn: Connection) -> str:
         ) from None
 
 
+def _extras(conn: Connection) -> Mapping[str, Any]:
+    """The connection's extra: a JSON object (anything else is refused, not misread)."""
+    extra = conn.extra_dejson
+    if not isinstance(extra, Mapping):
+        raise UnsupportedConnectionError(
+            f"connection {conn.conn_id!r}: its extra is JSON {type(extra).__name__}; it must be a JSON object"
+        )
+    return extra
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _checked_fields(conn: Connection) -> dict[str, Any]:
+    """The connection's extras, after checking every field a driver reads: text a driver can send.
+
+    libpq stops reading a value at a NUL, so ``host="db\x00x"`` would connect somewhere else with
+    every later setting dropped; text that is not valid Unicode fails inside a driver, in errors
+    that quote the whole connection string. Neither value is ever echoed (one may be the password).
+    """
+    extra = _extras(conn)
+    fields = {"host": conn.host, "login": conn.login, "password": conn.password, "schema": conn.schema}
+    fields |= {f"extra {key!r}": value for key, value in extra.items()}
+    for name, value in fields.items():
+        if not isinstance(value, str):
+            continue
+        if "\x00" in value:
+            raise TransportMisconfiguredError(f"connection {conn.conn_id!r}: the {name} contains a NUL character")
+        if not value.isascii() and not _encodes(value):  # raised here: the failed encoding quotes the value
+            raise TransportMisconfiguredError(f"connection {conn.conn_id!r}: the {name} is not valid Unicode text")
+        if (conn.conn_type or "").lower() == "odbc" and name in ("login", "password", "schema") and ";" in value:
+            # OdbcHook writes these unquoted into the ODBC connection string, where ';' starts another attribute.
+            raise TransportMisconfiguredError(
+                f"connection {conn.conn_id!r}: the {name} contains ';', which the odbc provider does not quote"
+            )
+    return dict(extra)
+
+
 def _without_queue_extras(conn: Connection) -> Connection:
-    """The connection as the database driver's hook should see it: no queue extras (a driver would
-    refuse them as connection arguments), and SQL Server's port when none is set."""
+    """The connection as the database driver's hook should see it: checked (:func:`_checked_fields`),
+    no queue extras (a driver would refuse them as connection arguments), SQL Server's port when
+    none is set, and the transport's connect timeout unless one is set."""
     from airflow.sdk import Connection as SdkConnection
 
-    extra = {key: value for key, value in conn.extra_dejson.items() if key not in QUEUE_EXTRAS}
+    extra = {key: value for key, value in _checked_fields(conn).items() if key not in QUEUE_EXTRAS}
     if dialect_of(conn) == "postgres":  # a server that never answers is "unavailable", not a hang
         extra.setdefault("connect_timeout", defaults.CONNECT_TIMEOUT_SECONDS)
+    elif (conn.conn_type or "").lower() != "odbc":  # pymssql waits 60 s for a login by default
+        extra.setdefault("login_timeout", defaults.CONNECT_TIMEOUT_SECONDS)
     return SdkConnection(
         conn_id=conn.conn_id,
         conn_type=conn.conn_type,
@@ -151,15 +201,27 @@ def _driver_hook(conn: Connection) -> Any:
 
 def _open_connection(conn: Connection) -> Any:
     """A new DB-API connection, opened by the provider's hook (failures as the transport's errors)."""
-    with opening(get_dialect(dialect_of(conn)), f"connection {conn.conn_id!r}"):
-        connection = _driver_hook(conn).get_conn()
-    if dialect_of(conn) == "postgres" and type(connection).__module__.split(".")[0] != "psycopg":
-        connection.close()
-        raise UnsupportedConnectionError(
-            f"connection {conn.conn_id!r}: the postgres provider opened a {type(connection).__module__} "
-            "connection; queues need psycopg 3 (which the provider uses with SQLAlchemy 2)"
+    hook = _driver_hook(conn)
+    try:
+        with opening(get_dialect(dialect_of(conn)), f"connection {conn.conn_id!r}"):
+            connection = hook.get_conn()
+    except SqlQueueError:
+        raise
+    except Exception as exc:  # noqa: BLE001  # the driver's errors were translated: what is left is the provider refusing the settings
+        text = one_line(exc).replace(conn.password, "***") if conn.password else one_line(exc)
+        error = TransportMisconfiguredError(
+            f"connection {conn.conn_id!r}: {type(hook).__name__} cannot open it with its settings: "
+            f"{type(exc).__name__}: {text}"
         )
-    return connection
+    else:
+        if dialect_of(conn) == "postgres" and type(connection).__module__.split(".")[0] != "psycopg":
+            connection.close()
+            raise UnsupportedConnectionError(
+                f"connection {conn.conn_id!r}: the postgres provider opened a {type(connection).__module__} "
+                "connection; queues need psycopg 3 (which the provider uses with SQLAlchemy 2)"
+            )
+        return connection
+    raise error  # outside the except block: the provider's exception, which may quote settings, is not kept
 
 
 def _open_session(conn: Connection) -> Session:
@@ -234,12 +296,12 @@ class SqlQueueHook(BaseHook):
         """
         if self._error_queue is not None:
             return self._error_queue
-        return self.connection.extra_dejson.get("error_queue") or None
+        return _extras(self.connection).get("error_queue") or None
 
     @property
     def audit_queue(self) -> str | bool | None:
         """The audit queue: the hook's, else the connection's ``audit_queue`` extra (None: no auditing)."""
-        chosen = self._audit_queue if self._audit_queue is not None else self.connection.extra_dejson.get("audit_queue")
+        chosen = self._audit_queue if self._audit_queue is not None else _extras(self.connection).get("audit_queue")
         if chosen is None or isinstance(chosen, (bool, str)):
             return chosen or None
         raise UnsupportedConnectionError(
@@ -249,7 +311,13 @@ class SqlQueueHook(BaseHook):
     def client(self) -> QueueClient:
         """A blocking client on a new autocommit connection of its own; ``with hook.client() as client:``
         closes it at the end of the block."""
-        return QueueClient(_open_session(self.connection), self.error_queue, self.audit_queue)
+        conn = self.connection
+        self._check_queues(conn)
+        return QueueClient(_open_session(conn), self.error_queue, self.audit_queue)
+
+    def _check_queues(self, conn: Connection) -> None:
+        """Refuse error and audit queue names no table can have before any connection is opened."""
+        Addressing(get_dialect(dialect_of(conn)), self.error_queue, self.audit_queue)
 
     def get_conn(self) -> QueueClient:
         """Airflow's name for :meth:`client`."""
@@ -263,6 +331,7 @@ class SqlQueueHook(BaseHook):
         block, so their connection lives on a worker thread and the event loop only awaits it.
         """
         conn = await self.aconnection()
+        self._check_queues(conn)
         if dialect_of(conn) == "postgres":
             session: Session = await PsycopgSession.connect(await asyncio.to_thread(self.conninfo))
         else:
@@ -282,12 +351,24 @@ class SqlQueueHook(BaseHook):
 
             connection = _open_connection(conn)
             try:
-                return make_conninfo(connection.info.dsn, password=connection.info.password)
+                # What the connection was opened with, not what libpq filled in (hostaddr pins an
+                # address DNS may move; newer libpq's defaults such as sslcertmode an older one refuses).
+                chosen = CONNINFO_KEYS | set(_without_queue_extras(conn).extra_dejson)
+                used = connection.info.get_parameters()
+                return make_conninfo(
+                    "", password=connection.info.password, **{key: used[key] for key in chosen if key in used}
+                )
             finally:
                 connection.close()
         hook = _driver_hook(conn)
         if (conn.conn_type or "").lower() == "odbc":
-            return str(hook.odbc_connection_string)
+            text = str(hook.odbc_connection_string)
+            if not text.upper().startswith(("DRIVER=", "DSN=")):
+                raise UnsupportedConnectionError(
+                    f"connection {conn.conn_id!r} names no ODBC driver or DSN the odbc provider passes on (the "
+                    "'driver' extra counts only with [providers.odbc] allow_driver_in_extra = True)"
+                )
+            return text
         login, password = quote(conn.login or "", safe=""), quote(conn.password or "", safe="")
         database = quote(conn.schema or "", safe="")
         return f"mssql://{login}:{password}@{conn.host or 'localhost'}:{conn.port or 1433}/{database}"

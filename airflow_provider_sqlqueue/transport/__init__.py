@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # the same names, for type checkers (re-exported)
     from .drivers import AsyncPsycopgPool as AsyncPsycopgPool
     from .drivers import PsycopgSession as PsycopgSession
     from .errors import ArgumentTypeError as ArgumentTypeError
+    from .errors import ClientClosedError as ClientClosedError
     from .errors import DuplicateMessageError as DuplicateMessageError
     from .errors import InvalidArgumentError as InvalidArgumentError
     from .errors import InvalidHeadersError as InvalidHeadersError
@@ -58,6 +59,7 @@ _HOMES = {
     "SqlQueueError": ".errors",
     "TransactionAbortedError": ".errors",
     "TransportMisconfiguredError": ".errors",
+    "ClientClosedError": ".errors",
     "TransportUnavailableError": ".errors",
     "LeaseKeeper": ".lease",
     "Failure": ".message",

@@ -61,6 +61,14 @@ class TransportMisconfiguredError(SqlQueueError):
     """
 
 
+class ClientClosedError(SqlQueueError):
+    """The client was closed (its ``with`` block ended, or ``close()`` was called): open a new one.
+
+    A closed client does not open its connection again by itself, as it does when the server
+    dropped it.
+    """
+
+
 class StatementRejectedError(SqlQueueError):
     """The database refused a statement for a reason that retrying cannot fix.
 

@@ -115,6 +115,8 @@ class Session(ABC):
         self.dialect = dialect
         self.connection = connection
         self.owned = owned
+        #: Set by :meth:`close`: the session's caller is done with it.
+        self.closed = False
 
     @property
     def blocking(self) -> bool:
@@ -156,7 +158,8 @@ class Session(ABC):
         return False
 
     async def close(self) -> None:
-        """Close the connection if this session opened it."""
+        """Close the connection if this session opened it; the session is done with either way."""
+        self.closed = True
         if self.owned:
             closed = self.connection.close()
             if inspect.isawaitable(closed):

@@ -17,6 +17,7 @@ from psycopg.pq import TransactionStatus
 from .. import defaults
 from ..dialects import get_dialect
 from ..errors import (
+    ClientClosedError,
     InvalidArgumentError,
     SqlQueueError,
     TransactionAbortedError,
@@ -212,6 +213,10 @@ class PsycopgSession(Session):
     async def _revive(self) -> None:
         """Open again an owned connection the server dropped: the call that met the loss said "retry"
         (TransportUnavailableError), and the retry must be able to succeed. A new connection listens afresh."""
+        if self.closed:  # closed by its caller, not lost: nothing is opened again
+            raise ClientClosedError(
+                "the client is closed (its with block ended, or close() was called): open a new one"
+            )
         lost = self.connection.closed or self.connection.broken
         if lost and self._blocks:
             # Inside a transaction block the transaction died with its connection: a new connection
