@@ -131,7 +131,12 @@ def statements(aged: Aged) -> dict[str, tuple[str, dict[str, Any], set[str], set
         ),
         "adopt": (d.adopt_sql(aged.queue), claim, {"sqlqueue_inflight_reserved"}, set()),
         "purge_expired": (d.purge_expired_sql(aged.queue), {"limit": 1000}, {"orders_Expires"}, set()),
-        "move_due": (d.due_delayed_sql(aged.queue.delayed()), {"limit": 100}, {"orders.Delayed_Due"}, set()),
+        "move_due": (
+            d.due_delayed_sql(aged.queue.delayed()),
+            {"limit": 100, "due_ms": 1000},
+            {"orders.Delayed_Due"},
+            set(),
+        ),
     }
 
 

@@ -20,12 +20,14 @@ the scan goes back over what it skipped, on a bounded schedule:
 
 A message is never skipped for good: at worst it waits one full rescan longer.
 
-Lapsed claims are found through the claim store's (Queue, LeaseUntil) index, whose entries for
-claims settled since the horizon stopped point at dead rows that come into the range ``LeaseUntil
-<= now`` as their leases would have ended. So a look for lapsed claims covers only the leases that
-ended since the same kind of look last ran on this session (with :data:`~.defaults.HEAD_RECENT_RESCAN`
-to spare), and all of them every :data:`~.defaults.HEAD_FULL_RESCAN`, or at once after a look that
-filled its batch (more may be waiting).
+Looks by time walk dead rows the same way: lapsed claims are found through the claim store's
+(Queue, LeaseUntil) index, whose entries for claims settled since the horizon stopped come into
+the range ``LeaseUntil <= now`` as their leases would have ended; due delayed messages through
+the delayed table's Due index, whose entries for messages already moved stay in ``Due < now``.
+So such a look covers only what came due since the same kind of look last ran on this session
+(with :data:`~.defaults.HEAD_RECENT_RESCAN` to spare), and everything every
+:data:`~.defaults.HEAD_FULL_RESCAN`, or at once after a look that filled its batch (more may be
+waiting).
 """
 
 from __future__ import annotations
@@ -48,9 +50,9 @@ class Head:
         self._uncommitted: int | None = None
         self._full_due = 0.0
         self._recent_due = 0.0
-        #: For each kind of look for lapsed claims (a reclaim, a peek): when it last ran, and when
-        #: it next covers every lease.
-        self._lapsed: dict[str, tuple[float, float]] = {}
+        #: For each kind of look by time (a reclaim, a peek's count of lapsed claims, a move of due
+        #: messages): when it last ran, and when it next looks at everything.
+        self._looks: dict[str, tuple[float, float]] = {}
 
     def start(self) -> int:
         """Where the next scan for live rows starts (it reads rows with a Seq above this)."""
@@ -98,21 +100,21 @@ class Head:
         if outermost:
             self._uncommitted = None
 
-    def lapsed_window_ms(self, look: str) -> int:
-        """How far back from now a look of kind ``look`` for lapsed claims reaches, in milliseconds
-        (:data:`EVERY_LEASE_MS`: every lapsed claim)."""
+    def look_back_ms(self, look: str) -> int:
+        """How far back from now a look of kind ``look`` reaches, in milliseconds (:data:`EVERYTHING_MS`:
+        all of it)."""
         now = time.monotonic()
-        last, full_due = self._lapsed.get(look, (0.0, 0.0))
+        last, full_due = self._looks.get(look, (0.0, 0.0))
         if now >= full_due:
-            self._lapsed[look] = (now, now + defaults.HEAD_FULL_RESCAN)
-            return EVERY_LEASE_MS
-        self._lapsed[look] = (now, full_due)
+            self._looks[look] = (now, now + defaults.HEAD_FULL_RESCAN)
+            return EVERYTHING_MS
+        self._looks[look] = (now, full_due)
         return round((now - last + defaults.HEAD_RECENT_RESCAN) * 1000)
 
-    def lapsed_left(self, look: str) -> None:
-        """A look filled its batch: more lapsed claims may wait, so the next look covers every lease."""
-        self._lapsed.pop(look, None)
+    def look_again(self, look: str) -> None:
+        """A look filled its batch: more may wait, so the next look of its kind reaches back all the way."""
+        self._looks.pop(look, None)
 
 
-#: A look back that covers every lease there can be: a century, in milliseconds.
-EVERY_LEASE_MS = 100 * 366 * 86_400_000
+#: A look back that reaches every lease and every due time there can be: a century, in milliseconds.
+EVERYTHING_MS = 100 * 366 * 86_400_000

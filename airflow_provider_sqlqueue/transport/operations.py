@@ -391,8 +391,14 @@ def move_due(
     yield from table_shape(d, address)
     yield from table_shape(d, error_address)
     yield from table_of(d, delayed, "delayed")
-    found = yield Step(d.due_delayed_sql(delayed), {"limit": limit}, Fetch.ALL, target)
+    head = d.head(delayed)
+    params: dict[str, int] = {"limit": limit}
+    if head is not None:
+        params["due_ms"] = head.look_back_ms("due")
+    found = yield Step(d.due_delayed_sql(delayed), params, Fetch.ALL, target)
     rows = [DueRow(*row) for row in found]
+    if head is not None and len(rows) == limit:
+        head.look_again("due")
     if not rows:
         return 0
     routed: dict[QueueAddress, list[SendRow]] = {}
@@ -740,10 +746,10 @@ def claim(
     claimed: list[ReceivedMessage] = []
     if reclaim:
         if head is not None:
-            params["lapsed_ms"] = head.lapsed_window_ms("reclaim")
+            params["lapsed_ms"] = head.look_back_ms("reclaim")
         held = [HeldRow(*row) for row in (yield Step(d.reclaim_sql(address), params, Fetch.ALL, target))]
         if head is not None and len(held) == limit:
-            head.lapsed_left("reclaim")
+            head.look_again("reclaim")
         claimed = yield from _hand_out(d, address, error_address, held, counted, max_deliveries)
         if any(row.expired for row in held):
             yield from _purge_expired_run(d, address, claims=True)
@@ -1191,7 +1197,7 @@ def peek_claims(d: Dialect, address: QueueAddress) -> Operation[tuple[int, int]]
     head = d.head(address)
     params: dict[str, object] = {"queue": d.claim_key(address)}
     if head is not None:
-        params |= {"after": head.start(), "lapsed_ms": head.lapsed_window_ms("peek")}
+        params |= {"after": head.start(), "lapsed_ms": head.look_back_ms("peek")}
     row = yield Step(d.peek_with_claims_sql(address), params, Fetch.ONE, target)
     if head is not None:
         head.seen(row[1])

@@ -394,7 +394,11 @@ class PostgresDialect(Dialect):
     def due_delayed_sql(self, delayed: QueueAddress) -> str:
         d = self.qualified_name(delayed)
         return (
-            f"SELECT Id, Headers, Body FROM {d} WHERE Due < now() ORDER BY Due LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
+            # Due within the last %(due_ms)s only: the Due index's entries for messages already moved
+            # stay until vacuum removes them (see transport/heads.py).
+            f"SELECT Id, Headers, Body FROM {d} WHERE Due < now() "
+            "AND Due > now() - %(due_ms)s::bigint * interval '1 millisecond' "
+            "ORDER BY Due LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
         )
 
     def delete_delayed_sql(self, delayed: QueueAddress) -> str:
