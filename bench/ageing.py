@@ -12,7 +12,8 @@ same server in the same run.
 
     .venv/bin/python bench/ageing.py --json bench/ageing.json
 
-A mode "falls behind" in the first window that handles less than 95 % of what arrived (with the
+Each mode runs beside its baseline ``<mode>/start``: the same consumer with every scan starting from
+the head of the index, as before sessions kept a head (``transport/heads.py``). A mode "falls behind" in the first window that handles less than 95 % of what arrived (with the
 backlog carried); it is "current" again after the release once a window's p99 is at most 0.5 s
 and its backlog is gone.
 """
@@ -35,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psycopg
 
-from airflow_provider_sqlqueue.transport import Message, QueueAddress, QueueClient
+from airflow_provider_sqlqueue.transport import Message, QueueAddress, QueueClient, heads
 from bench.throughput import database
 
 WINDOW = 10.0
@@ -69,7 +70,15 @@ def handled_times(messages: list[Any], times: list[tuple[float, float]]) -> None
 
 
 def consume(uri: str, queue: QueueAddress, mode: str, seconds: float, out: Any) -> None:
-    """Drain the queue in ``mode`` until ``seconds`` have passed; record (handled at, sent at) per message."""
+    """Drain the queue in ``mode`` until ``seconds`` have passed; record (handled at, sent at) per message.
+
+    ``<mode>/start``: the same consumer with every scan starting from the head of the Seq index and
+    every look by time reaching back all the way, as before sessions kept heads: the baseline.
+    """
+    mode, _, variant = mode.partition("/")
+    if variant == "start":
+        heads.Head.start = lambda self: 0  # type: ignore[method-assign]
+        heads.Head.look_back_ms = lambda self, look: heads.EVERYTHING_MS  # type: ignore[method-assign]
     times: list[tuple[float, float]] = []
     end = time.monotonic() + seconds
     with QueueClient.connect(uri) as client:
@@ -114,7 +123,7 @@ def pinned(uri: str) -> Iterator[None]:
 
 
 def run_mode(uri: str, mode: str, args: argparse.Namespace) -> dict[str, Any]:
-    schema = f"ageing_{mode}_{uuid.uuid4().hex[:6]}"
+    schema = f"ageing_{mode.replace('/', '_')}_{uuid.uuid4().hex[:6]}"
     queue = QueueAddress("bench", schema)
     total = args.warm + args.pin + args.after
     with psycopg.connect(uri, autocommit=True) as raw:
@@ -211,7 +220,9 @@ def main() -> None:
     parser.add_argument("--pin", type=float, default=180)
     parser.add_argument("--after", type=float, default=40)
     parser.add_argument("--consumers", type=int, default=1)
-    parser.add_argument("--modes", nargs="+", default=["none", "claim", "native"])
+    parser.add_argument(
+        "--modes", nargs="+", default=["none", "none/start", "claim", "claim/start", "native", "native/start"]
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     results: list[dict[str, Any]] = []

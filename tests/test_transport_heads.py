@@ -7,13 +7,14 @@ xmin horizon pinned so that vacuum can remove nothing, a receive's scan is count
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 
-from airflow_provider_sqlqueue.transport import Message, QueueAddress, QueueClient, defaults, heads
+from airflow_provider_sqlqueue.transport import AsyncPsycopgPool, Message, QueueAddress, QueueClient, defaults, heads
 from airflow_provider_sqlqueue.transport.heads import Head
 
 pytestmark = pytest.mark.postgres_only
@@ -44,16 +45,36 @@ def test_a_live_row_seen_below_the_mark_and_a_rollback_bring_the_mark_back(clock
     head = Head()
     head.start()
     head.taken([10, 11])
-    head.ended(committed=True, outermost=True)
     head.seen(4)  # a peek found a row that a rollback elsewhere put back
     assert head.start() == 3
+    clock[0] += 1
+    began = clock[0]
+    clock[0] += 0.1
     head.taken([20, 21])
-    head.ended(committed=False, outermost=False)  # a savepoint rolled back: 20 and 21 are waiting again
+    clock[0] += defaults.HEAD_RECENT_WINDOW + 1  # a slow handler, then its transaction rolls back
+    head.rolled_back(since=began)
+    assert head.start() == 19  # the look back over the last window does not jump over them
     assert head.start() == 19
-    head.taken([30])
-    head.ended(committed=True, outermost=True)
-    head.ended(committed=False, outermost=True)  # nothing taken since the commit: the mark stays
-    assert head.start() == 30
+
+
+def test_a_queue_made_again_under_a_session_is_found_at_the_next_scan_from_the_start(clock: list[float]) -> None:
+    head = Head()
+    head.start()
+    head.taken([5000])  # then the queue is dropped and made again: its Seq counts from 1
+    clock[0] += defaults.HEAD_FULL_RESCAN
+    assert head.start() == 0
+    head.taken([1, 2])
+    assert head.start() == 2  # not 5000: what follows is found at once
+
+
+def test_after_an_idle_spell_the_look_back_starts_from_the_mark_of_then(clock: list[float]) -> None:
+    head = Head()
+    head.start()
+    head.taken([100])
+    clock[0] += 2.5 * defaults.HEAD_RECENT_WINDOW  # idle (less than a full rescan apart)
+    head.taken([101])
+    clock[0] += defaults.HEAD_RECENT_RESCAN
+    assert head.start() == 100  # not 0: no walk from the start every quarter second after a pause
 
 
 def test_a_rolled_back_native_receive_is_received_again_at_once(client: QueueClient, queue: QueueAddress) -> None:
@@ -98,3 +119,32 @@ def test_with_the_horizon_pinned_a_receive_reads_what_is_live_not_what_was_consu
     from_start, from_head = head_scan_buffers(raw, queue, 0), head_scan_buffers(raw, queue, head.mark)
     assert from_head * 20 < from_start, (from_head, from_start)  # 5,000 dead rows walked, or none
     assert [m.text for m in client.receive(queue, 10)] == ["live"] * 10
+
+
+def test_a_rollback_raised_as_psycopgs_own_puts_the_messages_back_at_once(
+    client: QueueClient, queue: QueueAddress
+) -> None:
+    client.send(queue, [Message("first"), Message("second")])
+    with client.transaction():
+        assert [m.text for m in client.receive(queue, 1)] == ["first"]
+        raise psycopg.Rollback  # psycopg rolls back and swallows it: the block ends normally
+    assert [m.text for m in client.receive(queue, 1)] == ["first"]
+
+
+def test_lapsed_claims_are_counted_whole_however_often_they_are_counted(
+    client: QueueClient, queue: QueueAddress
+) -> None:
+    client.send(queue, [Message(str(i)) for i in range(5)])
+    client.claim(queue, 5, lease=0.001)
+    time.sleep(0.05)
+    assert [client.lapsed_claims(queue) for _ in range(3)] == [5, 5, 5]
+    assert [client.peek(queue, include_claims=True) for _ in range(3)] == [5, 5, 5]
+
+
+async def test_a_pools_sessions_share_its_heads(pg_uri: str) -> None:
+    pool = AsyncPsycopgPool(pg_uri, max_size=2)
+    try:
+        async with pool.session() as one, pool.session() as other:
+            assert one.dialect is pool.dialect and other.dialect is pool.dialect
+    finally:
+        await pool.close()

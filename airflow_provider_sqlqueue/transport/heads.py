@@ -16,7 +16,7 @@ the scan goes back over what it skipped, on a bounded schedule:
 - every :data:`~.defaults.HEAD_RECENT_RESCAN`, from the mark as it was
   :data:`~.defaults.HEAD_RECENT_WINDOW` earlier (late commits of concurrent senders: a short walk);
 - every :data:`~.defaults.HEAD_FULL_RESCAN`, from the start (anything else);
-- at once after a rollback of this session that had taken rows (the mark goes back below them).
+- at once after a rollback of a transaction that had taken rows (the mark goes back below them).
 
 A message is never skipped for good: at worst it waits one full rescan longer.
 
@@ -39,15 +39,18 @@ from . import defaults
 
 
 class Head:
-    """One session's knowledge of where a queue's live rows start."""
+    """A session's knowledge of where a queue's live rows start (sessions of one pool share it)."""
 
     def __init__(self) -> None:
         #: The highest Seq taken (0: none yet).
         self.mark = 0
         #: (monotonic time, mark) now and then, to find the mark as it was a while ago.
         self._history: deque[tuple[float, int]] = deque()
-        #: The lowest Seq taken since the session's last commit: given back if it rolls back.
-        self._uncommitted: int | None = None
+        #: (monotonic time, lowest Seq) of each take: what a rollback of a transaction begun at a
+        #: given time may have put back (any session's takes since then: a safe over-estimate).
+        self._takes: deque[tuple[float, int]] = deque()
+        #: Where the scan under way started (0: from the start).
+        self._scan_from = 0
         self._full_due = 0.0
         self._recent_due = 0.0
         #: For each kind of look by time (a reclaim, a peek's count of lapsed claims, a move of due
@@ -60,11 +63,13 @@ class Head:
         if now >= self._full_due:
             self._full_due = now + defaults.HEAD_FULL_RESCAN
             self._recent_due = now + defaults.HEAD_RECENT_RESCAN
-            return 0
-        if now >= self._recent_due:
+            self._scan_from = 0
+        elif now >= self._recent_due:
             self._recent_due = now + defaults.HEAD_RECENT_RESCAN
-            return self._mark_at(now - defaults.HEAD_RECENT_WINDOW)
-        return self.mark
+            self._scan_from = min(self._mark_at(now - defaults.HEAD_RECENT_WINDOW), self.mark)
+        else:
+            self._scan_from = self.mark
+        return self._scan_from
 
     def _mark_at(self, moment: float) -> int:
         """The mark as it was at ``moment`` (0 when this head is younger than that)."""
@@ -76,16 +81,22 @@ class Head:
         return found
 
     def taken(self, seqs: list[int]) -> None:
-        """Rows at ``seqs`` were taken (deleted) by this session."""
+        """Rows at ``seqs`` were taken (deleted) by the scan :meth:`start` began."""
         if not seqs:
             return
         now = time.monotonic()
+        if self._scan_from == 0 and max(seqs) < self.mark:
+            # A scan from the start found nothing as high as the mark: rows left behind, or a queue
+            # dropped and made again (its Seq counts from 1 anew). Either way the mark was too high.
+            self.mark = max(seqs)
         self.mark = max(self.mark, max(seqs))
-        low = min(seqs)
-        self._uncommitted = low if self._uncommitted is None else min(self._uncommitted, low)
+        self._takes.append((now, min(seqs)))
+        while self._takes and self._takes[0][0] < now - defaults.HEAD_FULL_RESCAN:
+            self._takes.popleft()
         if not self._history or now - self._history[-1][0] >= defaults.HEAD_RECENT_RESCAN / 2:
             self._history.append((now, self.mark))
-        while self._history and self._history[0][0] < now - 2 * defaults.HEAD_RECENT_WINDOW:
+        # Keep the newest entry older than the window too: after an idle spell it is the mark of then.
+        while len(self._history) > 1 and self._history[1][0] < now - 2 * defaults.HEAD_RECENT_WINDOW:
             self._history.popleft()
 
     def seen(self, seq: int | None) -> None:
@@ -93,12 +104,12 @@ class Head:
         if seq is not None and seq <= self.mark:
             self.mark = seq - 1
 
-    def ended(self, *, committed: bool, outermost: bool) -> None:
-        """The session's transaction (or a block inside it) ended: rows a rollback put back are below the mark again."""
-        if not committed and self._uncommitted is not None:
-            self.mark = min(self.mark, self._uncommitted - 1)
-        if outermost:
-            self._uncommitted = None
+    def rolled_back(self, since: float) -> None:
+        """A transaction (or a block inside one) begun at ``since`` rolled back: what was taken since
+        is waiting again, below the mark."""
+        lows = [low for at, low in self._takes if at >= since]
+        if lows:
+            self.mark = min(self.mark, min(lows) - 1)
 
     def look_back_ms(self, look: str) -> int:
         """How far back from now a look of kind ``look`` reaches, in milliseconds (:data:`EVERYTHING_MS`:

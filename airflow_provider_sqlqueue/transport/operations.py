@@ -44,7 +44,7 @@ from .errors import (
     QueueNotFoundError,
     SqlQueueError,
 )
-from .heads import Head
+from .heads import EVERYTHING_MS, Head
 from .message import (
     DELIVERY_COUNT,
     ENCLOSED_MESSAGE_TYPES,
@@ -1186,22 +1186,34 @@ def peek(d: Dialect, address: QueueAddress, include_claims: bool = False) -> Ope
 
 
 def _head_start(head: Head | None) -> dict[str, int]:
+    """A peek's parameters: after the session's head, where the dialect keeps one."""
     return {} if head is None else {"after": head.start()}
 
 
 @autocommitted
-def peek_claims(d: Dialect, address: QueueAddress) -> Operation[tuple[int, int]]:
-    """(pending, lapsed): :func:`peek`'s estimate and the claims whose lease ran out, in one query."""
+def peek_claims(d: Dialect, address: QueueAddress, *, since_last: bool = False) -> Operation[tuple[int, int]]:
+    """(pending, lapsed): :func:`peek`'s estimate and the claims whose lease ran out, in one query.
+
+    ``since_last``: count only the claims whose lease ended since this session's last such count
+    (a loop that claims what a count finds: the count then walks none of the claims settled since
+    the horizon stopped, see :mod:`.heads`); a count that finds some makes the next count and the
+    next reclaim look at every lease, so a backlog of lapsed claims drains at the claims' pace.
+    """
     yield from table_shape(d, address)
     target = d.qualified_name(address)
     head = d.head(address)
     params: dict[str, object] = {"queue": d.claim_key(address)}
     if head is not None:
-        params |= {"after": head.start(), "lapsed_ms": head.look_back_ms("peek")}
+        window = head.look_back_ms("peek") if since_last else EVERYTHING_MS
+        params |= {"after": head.start(), "lapsed_ms": window}
     row = yield Step(d.peek_with_claims_sql(address), params, Fetch.ONE, target)
+    lapsed = int(row[-1] or 0)
     if head is not None:
         head.seen(row[1])
-    return int(row[0] or 0), int(row[-1] or 0)
+        if lapsed:
+            head.look_again("peek")
+            head.look_again("reclaim")
+    return int(row[0] or 0), lapsed
 
 
 @autocommitted

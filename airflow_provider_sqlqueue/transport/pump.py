@@ -307,7 +307,7 @@ class MessagePump:
             try:
                 async with self.pool.session() as session:
                     if self.transaction_mode is TransactionMode.CLAIM:
-                        pending, lapsed = await session.run(ops.peek_claims(self.dialect, self.queue))
+                        pending, lapsed = await session.run(ops.peek_claims(self.dialect, self.queue, since_last=True))
                         self._lapsed = lapsed > 0
                         pending += lapsed
                     else:

@@ -216,11 +216,11 @@ class Dialect(ABC):
             return None
         return self._heads.setdefault(self.qualified_name(address), Head())
 
-    def transaction_ended(self, *, committed: bool, outermost: bool = True) -> None:
-        """The session's transaction (or, not ``outermost``, a block inside it) ended: heads put back
-        what a rollback returned to the queues."""
+    def rolled_back(self, since: float) -> None:
+        """A transaction (or a block inside one) begun at ``since`` (``time.monotonic()``) rolled back:
+        heads put back below their marks what was taken since."""
         for head in self._heads.values():
-            head.ended(committed=committed, outermost=outermost)
+            head.rolled_back(since)
 
     def table_shape(self, address: QueueAddress) -> TableShape | None:
         """The layout of the queue table at ``address`` once this session has checked it, else None."""

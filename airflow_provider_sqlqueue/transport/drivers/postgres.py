@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -15,7 +16,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 
 from .. import defaults
-from ..dialects import get_dialect
+from ..dialects import Dialect, get_dialect
 from ..errors import (
     ClientClosedError,
     InvalidArgumentError,
@@ -193,9 +194,15 @@ class PsycopgSession(Session):
     """
 
     def __init__(
-        self, connection: Any, owned: bool = False, reopen: Callable[[], Awaitable[Any]] | None = None
+        self,
+        connection: Any,
+        owned: bool = False,
+        reopen: Callable[[], Awaitable[Any]] | None = None,
+        dialect: Dialect | None = None,
     ) -> None:
-        super().__init__(get_dialect("postgres"), connection, owned)
+        # A pool's sessions share the pool's dialect: what one learns of a table (its layout, its
+        # head) serves the others, and their rollbacks reach the heads the pool's receives use.
+        super().__init__(dialect or get_dialect("postgres"), connection, owned)
         self._listening: set[str] = set()
         self._reopen = reopen
         #: Transaction blocks open on this session (a connection lost inside one is not replaced).
@@ -292,12 +299,10 @@ class PsycopgSession(Session):
         await self._revive()
         if not self.autocommits():
             return await super().run(op)
-        if needs_no_transaction(op):
-            try:
-                return await drive(op, self.execute)
-            finally:  # each statement committed by itself: what it took stays taken
-                self.dialect.transaction_ended(committed=True)
+        if needs_no_transaction(op):  # each statement commits by itself: what it took stays taken
+            return await drive(op, self.execute)
         began = False
+        since = time.monotonic()
 
         async def execute(step: Step) -> Any:
             nonlocal began
@@ -314,9 +319,8 @@ class PsycopgSession(Session):
             # Also after a failed COMMIT: the session must not stay in an aborted transaction.
             if began:
                 await self._command(self.dialect.rollback_sql, quietly=True)
-            self.dialect.transaction_ended(committed=False)
+            self.dialect.rolled_back(since)
             raise
-        self.dialect.transaction_ended(committed=True)
         return result
 
     async def _begin_with(self, step: Step) -> Any:
@@ -343,7 +347,7 @@ class PsycopgSession(Session):
     async def transaction(self) -> AsyncIterator[None]:
         await self._revive()
         with translated(self.dialect, psycopg.Error):
-            committed = False
+            since, finished, committed = time.monotonic(), False, False
             try:
                 async with self._db.transaction():
                     self._blocks += 1
@@ -352,9 +356,11 @@ class PsycopgSession(Session):
                     finally:
                         self._blocks -= 1
                     refuse_aborted(self)
-                committed = True
+                    finished = True  # not reached when the block raised (psycopg's Rollback included)
+                committed = finished  # and not when the commit itself failed
             finally:
-                self.dialect.transaction_ended(committed=committed, outermost=not self._blocks)
+                if not committed:
+                    self.dialect.rolled_back(since)
 
     def transaction_failed(self) -> bool:
         return transaction_broken(self.connection)
@@ -414,7 +420,7 @@ class AsyncPsycopgPool(SessionPool):
             connection = self._idle.pop() if self._idle else await self._connect()
             cut = False
             try:
-                yield PsycopgSession(connection)
+                yield PsycopgSession(connection, dialect=self.dialect)
             except TransportUnavailableError:
                 cut = True
                 idle, self._idle = self._idle, []  # cut by the same event, most likely
