@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from psycopg.conninfo import make_conninfo
 
 from airflow_provider_sqlqueue.transport import Message, QueueAddress, QueueClient
 from airflow_provider_sqlqueue.transport.drivers import PsycopgSession, finish
@@ -49,3 +50,13 @@ def test_a_connection_lost_inside_a_transaction_block_is_not_replaced_mid_block(
             raw.execute("SELECT pg_terminate_backend(%s)", [client.connection.info.backend_pid])
             client.send(queue, Message("second"))  # would commit alone on a new connection
         assert client.depth(queue) == 0
+
+
+def test_startup_settings_the_server_refuses_are_a_setting_to_fix(pg_uri: str, raw: Any) -> None:
+    """No SQLSTATE comes back for these: the server's texts are recognised, as for an unknown role."""
+    changes = [{"options": "-c search_path=public host=elsewhere"}]
+    if raw.execute("SHOW ssl").fetchone()[0] == "off":
+        changes.append({"sslmode": "require"})
+    for change in changes:
+        with pytest.raises(TransportMisconfiguredError, match="retrying will not help"):
+            finish(PsycopgSession.connect(make_conninfo(pg_uri, **change), blocking=True))

@@ -77,7 +77,15 @@ _MISCONFIGURED_TEXT = (
     ),
     (re.compile(r"missing \"=\" after|unterminated quoted string in connection info"), SETTINGS),
     # Startup options (``options=-c ...``) the server refuses: FATAL before the session exists.
-    (re.compile(r"FATAL:\s+(invalid value for parameter|unrecognized configuration parameter)"), SETTINGS),
+    (
+        re.compile(
+            r"FATAL:\s+(invalid value for parameter|unrecognized configuration parameter"
+            r"|invalid command-line argument for server process)"
+        ),
+        SETTINGS,
+    ),
+    # sslmode=require (or stricter) against a server without SSL: the setting must change.
+    (re.compile(r"server does not support SSL, but SSL was required"), SETTINGS),
 )
 _CANONICAL = re.compile(r'^(?P<table>.+)@(?P<schema>"(?:[^"]|"")+")$', re.DOTALL)
 
