@@ -353,7 +353,7 @@ class SqlQueueHook(BaseHook):
             try:
                 # What the connection was opened with, not what libpq filled in (hostaddr pins an
                 # address DNS may move; newer libpq's defaults such as sslcertmode an older one refuses).
-                chosen = CONNINFO_KEYS | set(_without_queue_extras(conn).extra_dejson)
+                chosen = CONNINFO_KEYS | set(_extras(conn))  # a queue extra is no libpq setting: never in `used`
                 used = connection.info.get_parameters()
                 return make_conninfo(
                     "", password=connection.info.password, **{key: used[key] for key in chosen if key in used}

@@ -619,7 +619,8 @@ def _receive(
     requeued = False
     while len(received) < limit and not requeued:
         wanted = limit - len(received)
-        rows: list[ReceivedRow] = yield Step(d.receive_sql(address), _from_head(head, wanted), Fetch.ALL, target)
+        params = {"limit": wanted, **_after_head(head)}
+        rows: list[ReceivedRow] = yield Step(d.receive_sql(address), params, Fetch.ALL, target)
         rows.sort(key=_RECEIVED_SEQ)  # plain driver tuples, in the shape of ReceivedRow
         if head is not None:
             head.taken([row[4] for row in rows])
@@ -648,9 +649,10 @@ def _receive(
     return received
 
 
-def _from_head(head: Head | None, limit: int) -> dict[str, int]:
-    """A head scan's parameters: ``limit`` rows, after the session's head where the dialect keeps one."""
-    return {"limit": limit} if head is None else {"limit": limit, "after": head.start()}
+def _after_head(head: Head | None) -> dict[str, int]:
+    """Where a scan for live rows starts, as its parameter: after the session's head, where the
+    dialect keeps one (:mod:`.heads`)."""
+    return {} if head is None else {"after": head.start()}
 
 
 def _purge_expired_run(d: Dialect, address: QueueAddress, *, claims: bool = False) -> Operation[int]:
@@ -760,7 +762,7 @@ def claim(
     requeued = False  # a poison row moved into this very queue (its own error queue): do not meet it again
     while len(claimed) < limit and not requeued:
         wanted = limit - len(claimed)
-        found = yield Step(d.claim_sql(address), {**params, **_from_head(head, wanted)}, Fetch.ALL, target)
+        found = yield Step(d.claim_sql(address), {**params, "limit": wanted, **_after_head(head)}, Fetch.ALL, target)
         rows = sorted((ClaimedRow(*row) for row in found), key=lambda row: row.seq)
         if head is not None:
             head.taken([row.seq for row in rows])
@@ -1179,15 +1181,10 @@ def peek(d: Dialect, address: QueueAddress, include_claims: bool = False) -> Ope
         pending, lapsed = yield from peek_claims(d, address)
         return pending + lapsed
     head = d.head(address)
-    row = yield Step(d.peek_sql(address), _head_start(head), Fetch.ONE, d.qualified_name(address))
+    row = yield Step(d.peek_sql(address), _after_head(head), Fetch.ONE, d.qualified_name(address))
     if head is not None:
         head.seen(row[1])
     return int(row[0] or 0)
-
-
-def _head_start(head: Head | None) -> dict[str, int]:
-    """A peek's parameters: after the session's head, where the dialect keeps one."""
-    return {} if head is None else {"after": head.start()}
 
 
 @autocommitted
@@ -1205,7 +1202,7 @@ def peek_claims(d: Dialect, address: QueueAddress, *, since_last: bool = False) 
     params: dict[str, object] = {"queue": d.claim_key(address)}
     if head is not None:
         window = head.look_back_ms("peek") if since_last else EVERYTHING_MS
-        params |= {"after": head.start(), "lapsed_ms": window}
+        params |= {**_after_head(head), "lapsed_ms": window}
     row = yield Step(d.peek_with_claims_sql(address), params, Fetch.ONE, target)
     lapsed = int(row[-1] or 0)
     if head is not None:
