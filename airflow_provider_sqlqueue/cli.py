@@ -1,7 +1,7 @@
 """``sqlqueue`` (and ``airflow sqlqueue``): scripts a DBA reviews before anything runs, and a look at live queues.
 
 ``ddl`` and ``grants`` print, without connecting, what ``create_queue`` would create for the
-given queues and what a runtime role needs on it; ``depths``, ``errors``, ``retry``, ``move-due``
+given queues and what a runtime role needs on it; ``health``, ``depths``, ``errors``, ``retry``, ``move-due``
 and the subscription commands work on a database named by ``--conn`` (a URI, as ``QueueClient.connect`` takes; default
 ``$SQLQUEUE_CONN``) or, where Airflow is installed, by ``--conn-id`` (an Airflow connection).
 
@@ -18,6 +18,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta, timezone
 from typing import TYPE_CHECKING, Any, TextIO
 
 from .transport import QueueClient, defaults
@@ -68,6 +69,10 @@ ROLE: ArgSpec = (("--role",), {"required": True, "help": "the runtime role (user
 CONN: ArgSpec = (("--conn",), {"help": "database URI (default: $SQLQUEUE_CONN)"})
 CONN_ID: ArgSpec = (("--conn-id",), {"help": "an Airflow connection instead of --conn"})
 SOME_QUEUES: ArgSpec = (("queues",), {"nargs": "+", "metavar": "QUEUE", "help": "queues to look at"})
+ALL_QUEUES: ArgSpec = (
+    ("queues",),
+    {"nargs": "*", "metavar": "QUEUE", "help": "queues to look at (default: every queue the connection may read)"},
+)
 QUEUE_FILTER: ArgSpec = (
     ("--queue",),
     {"help": "only messages that failed in this queue (and its schema's error queue)"},
@@ -86,7 +91,7 @@ PLAN_ARGS += [SUBSCRIPTION_TABLE, WRITE_LEDGER, WRITE_LEDGER_TABLE, CONN, CONN_I
 class Command:
     name: str
     help: str
-    run: Callable[[argparse.Namespace, TextIO], None]
+    run: Callable[[argparse.Namespace, TextIO], int | None]  #: an exit status other than 0 when not None
     args: Sequence[ArgSpec]
 
 
@@ -197,6 +202,59 @@ def run_depths(args: argparse.Namespace, out: TextIO) -> None:
     _table(out, ["queue", "waiting", "in flight", "lapsed claims", newest], rows)
 
 
+def _age(span: timedelta | None) -> str:
+    return "-" if span is None else f"{int(span.total_seconds()):,}s"
+
+
+def run_health(args: argparse.Namespace, out: TextIO) -> int:
+    """Figures of the queues named (else every queue the connection may read) and of their database's
+    xmin horizon, then the problems found (:mod:`~.transport.health`). Exit status 2 when there are any,
+    so a cron job or a monitoring check can alert on it."""
+    with _client(args) as client:
+        health = client.health(args.queues or client.queues())
+        names = {s.queue: client.canonical_address(s.queue) for s in health.queues}
+    horizon = health.horizon
+    if horizon is None:
+        out.write("xmin horizon: not kept by this database\n")
+    elif horizon.oldest is None:
+        out.write("xmin horizon: held by no other session, prepared transaction or replication slot\n")
+    for n, holder in enumerate(() if horizon is None else horizon.holders):
+        since = "-" if holder.since is None else f"{holder.since.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
+        out.write(
+            f"{'xmin horizon: held by' if n == 0 else '         and also by'} {holder.holder} "
+            f"({holder.application or 'no application name'}, {holder.state}) since {since} "
+            f"({_age(holder.held_for(health.checked_at))}, {holder.xid_age or 0:,} transactions)\n"
+        )
+    if horizon is not None and not horizon.complete:
+        out.write("  (the state and start of other roles' sessions are hidden: grant pg_read_all_stats to see them)\n")
+    rows = [
+        [
+            names[s.queue],
+            s.waiting,
+            _age(None if s.oldest_sent is None else health.checked_at - s.oldest_sent),
+            "-" if s.in_flight is None else s.in_flight,
+            "-" if s.lapsed is None else s.lapsed,
+            "-" if s.due_delayed is None else s.due_delayed,
+            _age(s.overdue),
+            s.expired,
+            "-" if s.dead_rows is None else s.dead_rows,
+            "never" if s.last_vacuum is None else f"{s.last_vacuum.astimezone(timezone.utc):%Y-%m-%d %H:%M} UTC",
+        ]
+        for s in health.queues
+    ]
+    out.write("\n")
+    header = ["queue", "waiting", "oldest", "in flight", "lapsed", "due delayed", "overdue", "expired"]
+    _table(out, [*header, "dead rows", "last vacuum"], rows)
+    out.write("\n")
+    if not health.problems:
+        out.write("no problems found\n")
+        return 0
+    for problem in health.problems:
+        where = "database" if problem.queue is None else names[problem.queue]
+        out.write(f"PROBLEM {problem.concern} ({where}): {problem.message}\n")
+    return 2
+
+
 def run_errors(args: argparse.Namespace, out: TextIO) -> None:
     with _client(args) as client:
         groups = client.error_summary(queue=args.queue, limit=args.limit)
@@ -270,6 +328,13 @@ COMMANDS = [
         [SOME_QUEUES, CONN, CONN_ID, ERROR_QUEUE],
     ),
     Command(
+        "health",
+        "figures and problems of queues and their database (xmin horizon, lapsed claims, unmoved delayed "
+        "messages, dead rows, failures); exit status 2 when a problem is found",
+        run_health,
+        [ALL_QUEUES, CONN, CONN_ID, ERROR_QUEUE],
+    ),
+    Command(
         "errors",
         "the error queue grouped by source queue and exception type",
         run_errors,
@@ -301,14 +366,14 @@ COMMANDS = [
 def _run(command: Command, args: argparse.Namespace) -> int:
     """Run a command, turning the library's own errors into a message and exit status 1."""
     try:
-        command.run(args, sys.stdout)
+        status = command.run(args, sys.stdout)
     except (SqlQueueError, ValueError) as exc:
         print(f"sqlqueue {command.name}: {one_line(exc)}", file=sys.stderr)
         return 1
     except Exception as exc:  # noqa: BLE001  # anything else (Airflow's lookups, a bug): still one line, never a traceback
         print(f"sqlqueue {command.name}: {type(exc).__name__}: {one_line(exc)}", file=sys.stderr)
         return 1
-    return 0
+    return status or 0
 
 
 def build_parser() -> argparse.ArgumentParser:

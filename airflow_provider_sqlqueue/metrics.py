@@ -10,20 +10,34 @@ Per queue of each connection, at the interval of the task that calls :func:`emit
 ``sqlqueue.lapsed``         claims whose lease ran out
 ``sqlqueue.expired``        expired messages awaiting purge (counted up to 10,000)
 ``sqlqueue.errors``         messages in each error queue
+``sqlqueue.due_delayed``    delayed messages already due that no mover has moved (up to 10,000)
+``sqlqueue.overdue``        seconds the earliest of them has been due (0 when none is)
+``sqlqueue.dead_rows``      dead rows in the queue table that vacuum has yet to remove (PostgreSQL)
+``sqlqueue.problems``       problems found with the queue (``sqlqueue health`` lists them)
 ==========================  =====================================================================
 
-Each is sent tagged (``conn_id``, ``schema``, ``queue``) for backends with tags, and, as Airflow
+and per connection, tagged ``conn_id`` (PostgreSQL; ``sqlqueue.<name>.<conn_id>`` for plain StatsD):
+
+==============================  =================================================================
+``sqlqueue.horizon_age``        seconds the oldest transaction holding the xmin horizon has run
+``sqlqueue.horizon_xid_age``    transactions since that snapshot (replication slots too)
+``sqlqueue.horizon_problems``   1 when it is held long enough to be a problem, else 0
+==============================  =================================================================
+
+Each queue figure is sent tagged (``conn_id``, ``schema``, ``queue``) for backends with tags, and, as Airflow
 does for pools and DAGs, once more with the names in the metric for plain StatsD:
 ``sqlqueue.waiting.<conn_id>.<schema>.<queue>``, characters StatsD does not take replaced by ``_``.
-Figures come from indexes (``QueueClient.queue_stats``), so a run costs one query per queue.
+Figures come from indexes and the database's statistics (``QueueClient.health``), so a run costs a
+few queries per queue.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable
-from datetime import datetime, timezone
+from datetime import timedelta
 
 from .hooks.sqlqueue import SqlQueueHook
 from .transport import QueueAddress
@@ -51,13 +65,24 @@ def emit_queue_metrics(conn_ids: Iterable[str]) -> dict[str, int]:
         try:
             with hook.client() as client:
                 queues = client.queues()
-                stats = client.queue_stats(queues)
+                health = client.health(queues)
                 errors = {q for q in queues if client.kind(q) == "error"}
         except Exception:
             log.exception("Queue metrics: could not read the queues of connection %s; skipping it", conn_id)
             continue
-        now = datetime.now(timezone.utc)
-        for found in stats:
+        now = health.checked_at
+        problems = Counter(p.queue for p in health.problems)
+        if health.horizon is not None:
+            oldest = health.horizon.oldest
+            held = None if oldest is None else oldest.held_for(now)
+            for name, value in {
+                "horizon_age": 0.0 if held is None else held.total_seconds(),
+                "horizon_xid_age": 0 if oldest is None else oldest.xid_age or 0,
+                "horizon_problems": problems[None],
+            }.items():
+                Stats.gauge(f"sqlqueue.{name}", value, tags={"conn_id": conn_id})
+                Stats.gauge(f"sqlqueue.{name}.{metric_name_part(conn_id)}", value)
+        for found in health.queues:
             figures: dict[str, float | None] = {
                 "waiting": found.waiting,
                 # An empty queue's oldest message is 0 s old: sent, not left out, so that an alert on a
@@ -69,10 +94,19 @@ def emit_queue_metrics(conn_ids: Iterable[str]) -> dict[str, int]:
                 "lapsed": found.lapsed,
                 "expired": found.expired,
                 "errors": found.waiting if found.queue in errors else None,
+                "due_delayed": found.due_delayed,
+                "overdue": None if found.due_delayed is None else (found.overdue or timedelta(0)).total_seconds(),
+                "dead_rows": found.dead_rows,
+                "problems": problems[found.queue],
             }
             _gauge(Stats.gauge, conn_id, found.queue, figures)
-        measured[conn_id] = len(stats)
-        log.info("Queue metrics: measured %d queue(s) of connection %s", len(stats), conn_id)
+        measured[conn_id] = len(health.queues)
+        log.info(
+            "Queue metrics: measured %d queue(s) of connection %s; %d problem(s)",
+            len(health.queues),
+            conn_id,
+            len(health.problems),
+        )
     return measured
 
 

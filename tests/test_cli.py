@@ -344,3 +344,34 @@ def test_move_due_and_subscriptions_from_the_shell(pg_uri, schema, client, queue
     gone = sqlqueue("unsubscribe", f'billing@"{schema}"', "Shop.OrderPlaced", "--subscription-table", routing, env=env)
     assert gone.returncode == 0, gone.stderr
     assert client.subscribers("Shop.OrderPlaced", table=routing) == [f'shipping@"{schema}"']
+
+
+def test_health_names_what_is_wrong_and_exits_2(pg_uri, schema, client, queue, raw):
+    env = {"SQLQUEUE_CONN": pg_uri}
+    healthy = sqlqueue("health", f'orders@"{schema}"', env=env)
+    assert healthy.returncode == 0, healthy.stderr
+    assert healthy.stdout.splitlines()[-1] == "no problems found"
+    client.send(queue, [Message("later")], delay=0.001)
+    raw.execute(f'UPDATE "{schema}"."orders.Delayed" SET Due = Due - interval \'5 minutes\'')
+    client.send(queue, [Message("m0"), Message("m1")])
+    [failing] = client.claim(queue)
+    client.fail(queue, failing, ValueError("no price"))
+    with psycopg.connect(pg_uri) as pin:
+        pin.execute("SET application_name = 'cli-health-pin'")
+        pin.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        pin.execute("SELECT 1")
+        pid = pin.info.backend_pid
+        sick = sqlqueue("health", f'orders@"{schema}"', f'error@"{schema}"', env=env)
+        pin.rollback()
+    assert sick.returncode == 2, sick.stderr
+    lines = sick.stdout.splitlines()
+    assert any(f"by pid {pid} (cli-health-pin, idle in transaction) since " in line for line in lines[:5])
+    header = lines[lines.index("") + 1].split()
+    assert header[:3] == ["queue", "waiting", "oldest"]
+    rows = {line.split()[0]: line.split() for line in lines if line.startswith(('orders@"', 'error@"'))}
+    assert rows[f'orders@"{schema}"'][1] == "1" and rows[f'orders@"{schema}"'][5] == "1"  # waiting, due delayed
+    problems = [line for line in lines if line.startswith("PROBLEM")]
+    assert any(
+        line.startswith(f'PROBLEM overdue (orders@"{schema}"): 1 delayed message(s) due for 5 min') for line in problems
+    )
+    assert any(line.startswith(f'PROBLEM failed (error@"{schema}")') for line in problems)

@@ -48,7 +48,7 @@ CLIENT = {
     "ack", "ack_held", "address", "audit_address", "beside", "browse", "browse_page", "canonical_address",
     "check_queue", "claim", "claims", "close", "connect", "connection", "create_queue", "create_subscription_table",
     "create_writes", "database", "depth", "drop_queue", "error_address", "error_summary", "extend", "extend_held",
-    "fail", "failed_messages", "forget_write", "forward", "held", "in_flight", "installation", "kind",
+    "fail", "failed_messages", "forget_write", "forward", "health", "held", "horizon", "in_flight", "installation", "kind",
     "lapsed_claims", "move_due", "move_to_error", "nack", "nack_held", "next_due", "peek", "publish", "purge",
     "purge_expired", "queue_page", "queue_stats", "queues", "receive", "receive_native", "record_write", "release_lapsed",
     "reserve", "retry_errors", "retry_errors_page", "send", "seq_range", "subscribe", "subscribers",
@@ -255,7 +255,7 @@ CREATORS = {"create_queue", "create_subscription_table", "create_writes"}
 IDEMPOTENT = CREATORS | {"drop_queue"}
 #: Entry points a role without rights may call: they only read the catalog (a queue's layout, its
 #: notifications, the queues it may read: none), or find nothing to do (an installer whose tables exist).
-NEEDS_NO_RIGHTS = PURE | CREATORS | {"connect", "check_queue", "wait_for_notifications", "queue_page"}
+NEEDS_NO_RIGHTS = PURE | CREATORS | {"connect", "check_queue", "wait_for_notifications", "queue_page", "horizon"}
 
 
 def hostile_cases(name: str, function: Callable[..., Any], world: World) -> Iterator[tuple[str, Kind, tuple[str, Any]]]:

@@ -36,6 +36,7 @@ COMMANDS: dict[str, list[str]] = {
     "ddl": ["ddl", "{q}", "--dialect", "postgres"],
     "grants": ["grants", "{q}", "--dialect", "postgres", "--role", "app"],
     "depths": ["depths", "{q}", "--conn", "{uri}"],
+    "health": ["health", "{q}", "--conn", "{uri}"],
     "errors": ["errors", "--conn", "{uri}", "--error-queue", "{e}"],
     "retry": ["retry", "--conn", "{uri}", "--error-queue", "{e}"],
     "move-due": ["move-due", "{q}", "--conn", "{uri}"],

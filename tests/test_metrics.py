@@ -33,6 +33,10 @@ def test_queue_metrics_reach_statsd_tagged_and_named_per_queue(airflow_db, pg_ur
             [failing] = client.claim(orders, 1)  # before the lapsing claims: a claim takes lapsed ones first
             client.fail(orders, failing, ValueError("x"))
             client.claim(orders, 2, lease=timedelta(milliseconds=1))
+            client.send(orders, [Message("late"), Message("later")], delay=0.001)  # due, and no mover runs
+            client.session.connection.execute(
+                f'UPDATE "{schema}"."orders.Delayed" SET Due = Due - interval \'3 minutes\''
+            )
             time.sleep(0.05)
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as listener:
                 # Room for every datagram of a burst: every queue of the database is measured (other tests' too).
@@ -87,5 +91,17 @@ def test_queue_metrics_reach_statsd_tagged_and_named_per_queue(airflow_db, pg_ur
             assert float(gauges[f"airflow.sqlqueue.oldest_age.{path}.billing"]) == 0
             assert f"airflow.sqlqueue.errors.{path}.orders" not in gauges
             assert gauges["airflow.sqlqueue.waiting"]  # the tagged form (tags travel only with tag-aware backends)
+            # Health: due delayed messages unmoved for 3 minutes, the lapsed claims and the failure are problems.
+            assert gauges[f"airflow.sqlqueue.due_delayed.{path}.orders"] == "2"
+            assert float(gauges[f"airflow.sqlqueue.overdue.{path}.orders"]) >= 180
+            assert float(gauges[f"airflow.sqlqueue.overdue.{path}.billing"]) == 0  # cleared once none is due
+            assert int(gauges[f"airflow.sqlqueue.dead_rows.{path}.orders"]) >= 0
+            assert gauges[f"airflow.sqlqueue.problems.{path}.orders"] == "2"  # lapsed, overdue
+            assert gauges[f"airflow.sqlqueue.problems.{path}.error"] == "1"  # a failed message
+            assert gauges[f"airflow.sqlqueue.problems.{path}.billing"] == "0"
+            assert float(gauges["airflow.sqlqueue.horizon_age.shop"]) >= 0
+            assert (
+                "airflow.sqlqueue.horizon_xid_age.shop" in gauges and "airflow.sqlqueue.horizon_problems.shop" in gauges
+            )
         finally:
             client.session.connection.execute(f'DROP SCHEMA "{schema}" CASCADE')

@@ -290,3 +290,32 @@ def test_a_retry_answers_which_messages_it_left_and_why(api: Api) -> None:
             assert [m.text for m in client.receive(QueueAddress("billing", api.schema), 5)] == ["fine"]
         finally:
             client.purge(error)
+
+
+def test_problems_come_first_with_the_horizon_holder_named(api: Api) -> None:
+    import psycopg
+
+    billing = QueueAddress("billing", api.schema)
+    with QueueClient.connect(api.pg_uri) as client, psycopg.connect(api.pg_uri) as pin:
+        client.send(billing, Message("late"), delay=0.001)
+        client.session.connection.execute(
+            f'UPDATE "{api.schema}"."billing.Delayed" SET Due = Due - interval \'2 minutes\''
+        )
+        pin.execute("SET application_name = 'page-health-pin'")
+        pin.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        pin.execute("SELECT 1")
+        try:
+            page = api.get("reader", "/connections/shop/queues", search=api.schema, limit=200).json()
+        finally:
+            pin.rollback()
+            client.move_due(billing)
+            client.purge(billing)
+    names = [q["address"] for q in page["queues"]]
+    assert names[0] == address(api, "billing")  # the one queue with a problem, first (by name it is not)
+    first = page["queues"][0]
+    assert (first["due_delayed"], first["overdue_seconds"] >= 120) == (1, True)
+    assert any("delayed message(s) due for 2 min" in text for text in first["problems"])
+    assert page["queues"][names.index(address(api, "orders"))]["problems"] == []
+    holders = {h["application"]: h for h in page["horizon"]["holders"]}
+    assert holders["page-health-pin"]["state"] == "idle in transaction" and page["horizon"]["complete"]
+    assert holders["page-health-pin"]["held_seconds"] >= 0

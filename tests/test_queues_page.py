@@ -227,3 +227,38 @@ def test_queues_page_shows_depths_and_retries_an_error_message(api_server, brows
         browser.find_element(By.ID, "search").send_keys(schema)
         wait_for(lambda: row_text(browser, address, "waiting") == "8", what="orders waiting 8 in the dark theme")
         browser.save_screenshot(str(ARTIFACTS / "queues-page-dark.png"))
+
+
+def test_the_page_shows_problems_first_and_who_holds_the_horizon(api_server, browser, pg_uri):
+    import psycopg
+    from selenium.webdriver.common.by import By
+
+    services, schema = api_server
+    late = QueueAddress("late", schema)
+    with QueueClient.connect(pg_uri) as client, psycopg.connect(pg_uri) as pin:
+        client.create_queue(late)
+        client.send(late, Message("due long ago"), delay=0.001)
+        client.session.connection.execute(f'UPDATE "{schema}"."late.Delayed" SET Due = Due - interval \'10 minutes\'')
+        pin.execute("SET application_name = 'browser-health-pin'")
+        pin.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        pin.execute("SELECT 1")
+        try:
+            login(browser, services.url)
+            open_queues(browser, services.url)
+            browser.find_element(By.ID, "search").send_keys(schema)
+
+            def first_row() -> str:
+                return str(browser.find_element(By.CSS_SELECTOR, "#queues tbody tr").get_attribute("data-queue"))
+
+            wait_for(lambda: first_row() == f'late@"{schema}"', what="the queue with a problem first")
+            row = browser.find_element(By.CSS_SELECTOR, "#queues tbody tr")
+            assert "problem" in str(row.get_attribute("class"))
+            assert row_text(browser, f'late@"{schema}"', "due-delayed").startswith("1 (10 min")
+            panel = browser.find_element(By.ID, "problems-panel")
+            assert panel.is_displayed()
+            assert f'late@"{schema}": 1 delayed message(s) due for 10 min' in panel.text
+            wait_for(lambda: "browser-health-pin" in browser.find_element(By.ID, "horizon").text, what="the pin")
+            browser.save_screenshot(str(ARTIFACTS / "queues-page-problems.png"))
+        finally:
+            pin.rollback()
+            client.drop_queue(late)

@@ -21,7 +21,7 @@ import json
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -48,7 +48,7 @@ from ..transport.errors import (
     one_line,
 )
 from ..transport.message import EXCEPTION_MESSAGE, TIME_OF_FAILURE, storable_text
-from ..transport.operations import FailedMessage, QueueStats
+from ..transport.operations import FailedMessage, Horizon, QueueStats
 
 log = logging.getLogger("airflow_provider_sqlqueue.plugins")
 
@@ -84,14 +84,39 @@ class QueueFigures(BaseModel):
     expired_capped: bool  #: more expired rows than were counted
     in_flight: int | None
     lapsed: int | None
+    due_delayed: int | None  #: due delayed messages no mover has moved (None: no delayed table)
+    overdue_seconds: float | None  #: how long the earliest of them has been due
+    dead_rows: int | None  #: dead rows vacuum has yet to remove (None: the database does not say)
+    last_vacuum: datetime | None
+    problems: list[str]  #: what ``sqlqueue health`` finds wrong with the queue
+
+
+class HolderView(BaseModel):
+    """A session, prepared transaction or replication slot holding the xmin horizon back."""
+
+    holder: str
+    application: str | None
+    state: str | None
+    since: datetime | None
+    held_seconds: float | None
+    xid_age: int | None
+
+
+class HorizonView(BaseModel):
+    """What holds back vacuum in the database (PostgreSQL's xmin horizon)."""
+
+    holders: list[HolderView]  #: the oldest first; empty: nothing does
+    complete: bool  #: whether other roles' sessions show their state and start (pg_read_all_stats)
 
 
 class QueuePage(BaseModel):
     connection_id: str
     total: int  #: queues matching ``search``
     offset: int
-    queues: list[QueueFigures]
-    error_queues: list[str]  #: every error queue of the connection, for the error panel
+    queues: list[QueueFigures]  #: the page's queues, those with problems first
+    error_queues: list[str]  #: every error queue of the connection, those holding the most failures first
+    horizon: HorizonView | None  #: None where the database keeps no xmin horizon (SQL Server)
+    problems: list[str]  #: the database's problems (a long-held horizon)
 
 
 class Claim(BaseModel):
@@ -197,12 +222,11 @@ def _client(connection_id: str) -> QueueClient:
     return SqlQueueHook(connection_id).client()
 
 
-def _figures(address: str, schema: str, table: str, kind: str, stats: QueueStats) -> QueueFigures:
-    now = datetime.now(timezone.utc)
+def _figures(address: str, kind: str, stats: QueueStats, now: datetime, problems: list[str]) -> QueueFigures:
     return QueueFigures(
         address=address,
-        schema_name=schema,
-        table=table,
+        schema_name=stats.queue.schema or "",
+        table=stats.queue.table,
         kind=kind,
         waiting=stats.waiting,
         oldest_sent=stats.oldest_sent,
@@ -211,7 +235,31 @@ def _figures(address: str, schema: str, table: str, kind: str, stats: QueueStats
         expired_capped=stats.expired >= defaults.EXPIRED_COUNT_LIMIT,
         in_flight=stats.in_flight,
         lapsed=stats.lapsed,
+        due_delayed=stats.due_delayed,
+        overdue_seconds=None if stats.overdue is None else stats.overdue.total_seconds(),
+        dead_rows=stats.dead_rows,
+        last_vacuum=stats.last_vacuum,
+        problems=problems,
     )
+
+
+def _horizon(horizon: Horizon | None, now: datetime) -> HorizonView | None:
+    if horizon is None:
+        return None
+    holders = []
+    for h in horizon.holders:
+        held = h.held_for(now)
+        holders.append(
+            HolderView(
+                holder=h.holder,
+                application=h.application,
+                state=h.state,
+                since=h.since,
+                held_seconds=None if held is None else held.total_seconds(),
+                xid_age=h.xid_age,
+            )
+        )
+    return HorizonView(holders=holders, complete=horizon.complete)
 
 
 def _preview(message: FailedMessage) -> tuple[str, str, bool]:
@@ -340,23 +388,32 @@ def create_app() -> FastAPI:
         with _answering(connection_id):
             with _client(connection_id) as client:
                 page = client.queue_page(search, offset=offset, limit=limit)
-                stats = client.queue_stats(page.queues)
-                kinds = [client.kind(address) for address in page.queues]
-                # Error queues of every schema, for the error panel: named as the error queue is named.
+                health = client.health(page.queues)
+                kinds = {address: client.kind(address) for address in page.queues}
+                # Error queues of every schema, for the error panel: named as the error queue is named;
+                # the one holding the most failures first, so the panel opens on it.
                 named = client.error_address(None, QueueAddress("q")).table
-                candidates = client.queue_page(named, limit=defaults.MAX_BATCH).queues
-                error_queues = [client.canonical_address(a) for a in candidates if client.kind(a) == "error"]
-                texts = [client.canonical_address(address) for address in page.queues]
+                candidates = [
+                    a for a in client.queue_page(named, limit=defaults.MAX_BATCH).queues if client.kind(a) == "error"
+                ]
+                failures = {found.queue: found.waiting for found in client.queue_stats(candidates)}
+                error_queues = [client.canonical_address(a) for a in sorted(candidates, key=lambda a: -failures[a])]
+                texts = {address: client.canonical_address(address) for address in page.queues}
+            said: dict[QueueAddress | None, list[str]] = {}
+            for problem in health.problems:
+                said.setdefault(problem.queue, []).append(problem.message)
             figures = [
-                _figures(text, address.schema or "", address.table, kind, found)
-                for text, address, kind, found in zip(texts, page.queues, kinds, stats, strict=True)
+                _figures(texts[found.queue], kinds[found.queue], found, health.checked_at, said.get(found.queue, []))
+                for found in health.queues
             ]
             return QueuePage(
                 connection_id=connection_id,
                 total=page.total,
                 offset=offset,
-                queues=figures,
+                queues=sorted(figures, key=lambda f: not f.problems),
                 error_queues=error_queues,
+                horizon=_horizon(health.horizon, health.checked_at),
+                problems=said.get(None, []),
             )
 
     @app.get("/api/connections/{connection_id}/depth", dependencies=[ReadConnection])

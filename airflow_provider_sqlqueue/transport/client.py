@@ -32,6 +32,7 @@ from .addressing import QueueAddress, checked_text
 from .dialects import Dialect
 from .drivers import Session, blocking_context, finish, open_session
 from .errors import ArgumentTypeError, InvalidArgumentError, InvalidQueueNameError, ObjectExistsError
+from .health import Health, problems
 from .install import Installation, TableKind
 from .message import (
     Failure,
@@ -1118,6 +1119,27 @@ class AsyncQueueClient(Addressing):
             raise ArgumentTypeError(f"queues must be a queue or an iterable of queues, got {type(queues).__name__}")
         return await self._run(ops.queue_stats(self.dialect, [self.address(q) for q in many], expired_limit))
 
+    async def horizon(self) -> ops.Horizon | None:
+        """What holds back vacuum in the database (PostgreSQL's xmin horizon): the sessions, prepared
+        transactions or replication slots, oldest first, since when; None on SQL Server, which keeps no
+        such horizon."""
+        return await self._run(ops.horizon(self.dialect, defaults.HORIZON_HOLDERS))
+
+    async def health(
+        self,
+        queues: str | QueueAddress | Iterable[str | QueueAddress],
+        *,
+        expired_limit: int = defaults.EXPIRED_COUNT_LIMIT,
+    ) -> Health:
+        """:meth:`queue_stats` of ``queues`` and the database's :meth:`horizon`, with what is wrong with them
+        (:func:`~.health.problems`: a horizon held long, lapsed claims, due delayed messages no mover
+        moved, dead rows piling up, failed messages in an error queue)."""
+        stats = await self.queue_stats(queues, expired_limit=expired_limit)
+        horizon = await self.horizon()
+        now = datetime.now(timezone.utc)
+        error_queues = {s.queue for s in stats if self.kind(s.queue) == "error"}
+        return Health(stats, horizon, now, problems(stats, horizon, error_queues, now))
+
     async def claims(self, queue: str | QueueAddress, limit: int = defaults.CLAIMS_PAGE) -> list[ops.ClaimInfo]:
         """The queue's ``limit`` claims whose leases end first (lapsed first): who holds what, and for how long still."""
         check_positive("limit", limit)
@@ -1268,6 +1290,8 @@ class QueueClient(Addressing):
     queues = _blocking(AsyncQueueClient.queues)
     queue_page = _blocking(AsyncQueueClient.queue_page)
     queue_stats = _blocking(AsyncQueueClient.queue_stats)
+    horizon = _blocking(AsyncQueueClient.horizon)
+    health = _blocking(AsyncQueueClient.health)
     claims = _blocking(AsyncQueueClient.claims)
     release_lapsed = _blocking(AsyncQueueClient.release_lapsed)
     lapsed_claims = _blocking(AsyncQueueClient.lapsed_claims)

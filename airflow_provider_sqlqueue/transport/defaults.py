@@ -149,3 +149,17 @@ HEAD_RECENT_WINDOW = 2.0
 #: How often a receive scans a queue from its start (each time walking every dead row version the
 #: xmin horizon keeps): the longest a message skipped for any other reason waits.
 HEAD_FULL_RESCAN = 10.0
+
+# -- health (transport/health.py): when a figure becomes a problem an operator is told about --------
+
+#: A transaction holding the xmin horizon this long is reported: meanwhile vacuum removes no dead
+#: row of any queue of the database (at 1,000 messages a second, 300,000 of them in 5 minutes).
+HORIZON_WARNING = timedelta(minutes=5)
+#: Holders of the xmin horizon shown, the oldest first.
+HORIZON_HOLDERS = 5
+#: A replication slot (which has no start time) is reported once it holds back this many transactions.
+HORIZON_WARNING_XIDS = 1_000_000
+#: Due delayed messages still unmoved after this long: their mover is not running.
+OVERDUE_WARNING = timedelta(minutes=1)
+#: Dead rows in one queue table reported as a problem (vacuum is off, or held back).
+DEAD_ROWS_WARNING = 100_000

@@ -26,11 +26,13 @@ from .dialects import (
     BrowsedRow,
     ClaimedRow,
     ClaimRow,
+    DelayedFiguresRow,
     Dialect,
     DueRow,
     ErrorRow,
     FailedRow,
     HeldRow,
+    HorizonRow,
     QueueFiguresRow,
     ReceivedRow,
     SendRow,
@@ -1295,6 +1297,46 @@ class QueueStats:
     expired: int  #: expired messages awaiting purge, counted up to the limit asked for
     in_flight: int | None  #: claims held (None: the queue's schema has no claim store)
     lapsed: int | None  #: claims whose lease ran out: their holders are gone or stuck
+    #: Delayed messages already due that no mover has moved, counted up to the limit asked for
+    #: (None: the queue has no delayed table).
+    due_delayed: int | None = None
+    overdue: timedelta | None = None  #: how long the earliest of them has been due (None: none is)
+    dead_rows: int | None = None  #: dead row versions in the queue table vacuum has yet to remove (None: not said)
+    last_vacuum: datetime | None = None  #: when (auto)vacuum last ran on the queue table (None: never, or not said)
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A transaction, prepared transaction or replication slot whose snapshot holds the xmin horizon back."""
+
+    holder: str  #: ``pid <n>``, a prepared transaction's gid or a replication slot's name
+    application: str | None  #: the session's application_name, or what kind of holder it is
+    state: str | None  #: ``idle in transaction``, ``active``, ``prepared``, ``replication slot``...
+    since: datetime | None  #: when its transaction began (None: a replication slot)
+    xid_age: int | None  #: how many transactions old its snapshot is
+
+    def held_for(self, now: datetime) -> timedelta | None:
+        """How long it has held the horizon (None: a replication slot, which has no start)."""
+        return None if self.since is None else max(timedelta(0), now - self.since)
+
+
+@dataclass(frozen=True)
+class Horizon:
+    """What holds back the removal of dead rows in the database (PostgreSQL's xmin horizon).
+
+    While it is held, every row a consumer deletes stays in its table and indexes as a dead row
+    vacuum cannot remove, in every queue of the database; an operator finds the holders here.
+    """
+
+    holders: tuple[Holder, ...]  #: the oldest first, at most ``defaults.HORIZON_HOLDERS`` of them
+    #: Whether other roles' sessions show their state and start: without pg_read_all_stats they show
+    #: only their pid, application and snapshot age (``since`` None: judged by age, as a slot is).
+    complete: bool
+
+    @property
+    def oldest(self) -> Holder | None:
+        """The holder that holds it furthest back (None: nothing does)."""
+        return self.holders[0] if self.holders else None
 
 
 @dataclass(frozen=True)
@@ -1420,6 +1462,20 @@ def queue_stats(d: Dialect, addresses: Sequence[QueueAddress], expired_limit: in
         if stores[store]:
             claimed = yield Step(d.claim_figures_sql(address), {"queue": d.claim_key(address)}, Fetch.ONE, target)
             in_flight, lapsed = int(claimed[0]), int(claimed[1] or 0)
+        due_delayed = overdue = None
+        delayed = address.delayed()
+        try:
+            d.validate_address(delayed)
+        except SqlQueueError:  # a name too long for a delayed table: the queue has none
+            columns = []
+        else:
+            key = _table_key(d, delayed)
+            columns = yield Step(d.queue_columns_sql(delayed), key, Fetch.ALL, d.qualified_name(delayed))
+        if set(d.kind_columns["delayed"]) <= {str(name).lower() for name, _ in columns}:
+            step = Step(d.delayed_figures_sql(delayed), {"limit": expired_limit}, Fetch.ONE, d.qualified_name(delayed))
+            due = DelayedFiguresRow(*(yield step))
+            due_delayed = int(due.due or 0)
+            overdue = None if due.overdue_ms is None else timedelta(milliseconds=max(0, int(due.overdue_ms)))
         oldest = _readable_headers(figures.oldest_headers) if figures.oldest_headers is not None else None
         stats.append(
             QueueStats(
@@ -1429,9 +1485,28 @@ def queue_stats(d: Dialect, addresses: Sequence[QueueAddress], expired_limit: in
                 int(figures.expired or 0),
                 in_flight,
                 lapsed,
+                due_delayed,
+                overdue,
+                None if figures.dead_rows is None else int(figures.dead_rows),
+                figures.last_vacuum,
             )
         )
     return stats
+
+
+@autocommitted
+def horizon(d: Dialect, limit: int) -> Operation[Horizon | None]:
+    """The database's :class:`Horizon`, its ``limit`` oldest holders; None where the database keeps none (SQL Server)."""
+    sql = d.horizon_sql()
+    if sql is None:
+        return None
+    rows = [HorizonRow(*row) for row in (yield Step(sql, {"limit": limit}, Fetch.ALL, "the database's sessions"))]
+    holders = tuple(
+        Holder(row.holder, row.application, row.state, row.since, None if row.xid_age is None else int(row.xid_age))
+        for row in rows
+        if row.holder is not None
+    )
+    return Horizon(holders, all(bool(row.complete) for row in rows))
 
 
 @autocommitted

@@ -133,12 +133,17 @@ async function loadConnections() {
 async function loadQueues() {
   const page = await call(connectionPath(`queues?${query({ offset: state.offset, limit: PAGE_SIZE, search: $("#search").value })}`));
   state.total = page.total;
+  showHealth(page);
   const body = $("#queues tbody");
   body.replaceChildren();
   for (const q of page.queues) {
     const row = document.createElement("tr");
     row.dataset.queue = q.address;
     if (q.address === state.claimsOf) row.classList.add("selected");
+    if (q.problems.length) {
+      row.classList.add("problem");
+      row.title = q.problems.join("\n");
+    }
     const name = cell(row, q.address, "address");
     if (q.kind !== "queue") {
       const badge = document.createElement("span");
@@ -157,6 +162,10 @@ async function loadQueues() {
     cell(row, number(q.in_flight), "num in-flight");
     cell(row, number(q.lapsed), `num lapsed${q.lapsed ? " warn" : ""}`);
     cell(row, q.expired_capped ? `${number(q.expired)}+` : number(q.expired), `num expired${q.expired ? " warn" : ""}`);
+    const due = q.due_delayed ? `${number(q.due_delayed)} (${age(q.overdue_seconds)})` : number(q.due_delayed);
+    cell(row, due, `num due-delayed${q.due_delayed ? " warn" : ""}`);
+    const dead = cell(row, number(q.dead_rows), "num dead-rows");
+    dead.title = q.last_vacuum ? `Last vacuumed ${q.last_vacuum}` : "Never vacuumed since the statistics were reset";
     const actions = cell(row, "");
     if (q.lapsed) {
       actions.appendChild(button("Give back", async () => {
@@ -193,6 +202,34 @@ async function loadQueues() {
     if (!page.error_queues.includes(state.errorQueue)) state.errorQueue = page.error_queues[0] || null;
     select.value = state.errorQueue || "";
   }
+}
+
+// What sqlqueue health finds: the database's problems, then the page's queues', problems first.
+function showHealth(page) {
+  const list = $("#problems");
+  list.replaceChildren();
+  const found = [...page.problems.map((text) => ["database", text])];
+  for (const q of page.queues) for (const text of q.problems) found.push([q.address, text]);
+  for (const [where, text] of found) {
+    const item = document.createElement("li");
+    item.textContent = `${where}: ${text}`;
+    list.appendChild(item);
+  }
+  $("#problems-panel").hidden = found.length === 0;
+  const h = page.horizon;
+  let text = "";
+  if (h && h.holders.length) {
+    const o = h.holders[0];
+    text = `xmin horizon held by ${o.holder} (${o.application || "no application name"}, ${o.state})`
+      + (o.held_seconds === null ? "" : ` for ${age(o.held_seconds)}`) + `, ${number(o.xid_age)} transactions back`;
+    if (h.holders.length > 1) {
+      text += "; also by " + h.holders.slice(1).map((x) => `${x.holder} (${x.application || "no application name"})`).join(", ");
+    }
+  } else if (h) {
+    text = "xmin horizon: held by no other session";
+  }
+  if (h && !h.complete) text += " (the state and start of other roles' sessions are hidden without pg_read_all_stats)";
+  $("#horizon").textContent = text;
 }
 
 async function showClaims(address) {

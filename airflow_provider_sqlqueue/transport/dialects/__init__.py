@@ -22,6 +22,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, ClassVar, NamedTuple
 
 from ..addressing import QueueAddress
@@ -96,6 +97,26 @@ class QueueFiguresRow(NamedTuple):
     waiting: int  # the peek estimate
     oldest_headers: str | None  # Headers of the oldest row (None: the queue is empty)
     expired: int  # expired rows awaiting purge, counted up to ``limit``
+    dead_rows: int | None  # dead row versions vacuum has yet to remove (None: the database does not say)
+    last_vacuum: datetime | None  # when (auto)vacuum last ran on the table (None: never, or not said)
+
+
+class DelayedFiguresRow(NamedTuple):
+    """The row of :meth:`Dialect.delayed_figures_sql`."""
+
+    due: int  # delayed messages already due, not yet moved, counted up to ``limit``
+    overdue_ms: int | None  # how long the earliest of them has been due (None: none is due)
+
+
+class HorizonRow(NamedTuple):
+    """A row of :meth:`Dialect.horizon_sql`: something that holds back the removal of dead rows."""
+
+    holder: str | None  # who: ``pid <n>``, a prepared transaction's gid or a replication slot (None: nothing)
+    application: str | None  # its application_name (a session), or what kind of holder it is
+    state: str | None  # its state (``idle in transaction``, ``active``, ``prepared``, ``replication slot``)
+    since: datetime | None  # when its transaction began (None: a replication slot)
+    xid_age: int | None  # how many transactions old its snapshot is
+    complete: bool  # whether other roles' sessions show their state and start (pg_read_all_stats)
 
 
 class ClaimRow(NamedTuple):
@@ -350,7 +371,21 @@ class Dialect(ABC):
     @abstractmethod
     def queue_figures_sql(self, address: QueueAddress) -> str:
         """Params limit -> one :class:`QueueFiguresRow`: what a dashboard shows of a queue, from its indexes
-        (the Seq range, the oldest row, expired rows counted up to ``limit``) however long the queue is."""
+        (the Seq range, the oldest row, expired rows counted up to ``limit``) however long the queue is,
+        and from the statistics the database keeps on the table (dead rows, the last vacuum)."""
+
+    @abstractmethod
+    def delayed_figures_sql(self, delayed: QueueAddress) -> str:
+        """Params limit -> one :class:`DelayedFiguresRow`: due messages no mover has moved yet (counted up
+        to ``limit``) and how long the earliest has waited -- a mover that stopped shows here first."""
+
+    def horizon_sql(self) -> str | None:
+        """Params limit -> :class:`HorizonRow` rows, the ``limit`` oldest holders first (one row with holder
+        NULL when nothing holds it), or None where the database keeps no
+        such horizon. PostgreSQL's vacuum removes no dead row that the oldest snapshot still in use --
+        an open transaction, a prepared one, a replication slot -- could see, so one long transaction
+        anywhere in the database makes every queue's dead rows pile up."""
+        return None
 
     @abstractmethod
     def has_expires_index_sql(self, address: QueueAddress) -> str:

@@ -327,7 +327,36 @@ class PostgresDialect(Dialect):
         q = self.qualified_name(address)
         return (
             f"SELECT (SELECT waiting FROM ({self._peek(q, '0')}) AS p), (SELECT Headers FROM {q} ORDER BY Seq LIMIT 1), "
-            f"(SELECT count(*) FROM (SELECT 1 FROM {q} WHERE Expires < {_UTC_NOW} LIMIT %(limit)s) AS expired)"
+            f"(SELECT count(*) FROM (SELECT 1 FROM {q} WHERE Expires < {_UTC_NOW} LIMIT %(limit)s) AS expired), "
+            "s.n_dead_tup, greatest(s.last_vacuum, s.last_autovacuum) "
+            f"FROM (SELECT) AS one LEFT JOIN pg_stat_all_tables AS s "
+            f"ON s.relid = to_regclass({quote_literal(self.table_reference(address))})"
+        )
+
+    def delayed_figures_sql(self, delayed: QueueAddress) -> str:
+        # Off the Due index from its start: what is due and has not moved is what an operator needs,
+        # however far back (a mover's own looks cover only what came due recently; heads.py).
+        d = self.qualified_name(delayed)
+        return (
+            f"SELECT (SELECT count(*) FROM (SELECT 1 FROM {d} WHERE Due < now() LIMIT %(limit)s) AS due), "
+            f"(SELECT (EXTRACT(EPOCH FROM now() - min(Due)) * 1000)::bigint FROM {d} WHERE Due < now())"
+        )
+
+    def horizon_sql(self) -> str:
+        # Every kind of holder: a session's snapshot (an open transaction, idle or not; a standby's
+        # hot_standby_feedback through its walsender), a prepared transaction, a replication slot.
+        # Sessions of other roles show their state and start only to pg_read_all_stats (superusers too).
+        return (
+            "SELECT h.holder, h.application, h.state, h.since, h.xid_age, "
+            "pg_has_role(current_user, 'pg_read_all_stats', 'USAGE') "
+            "FROM (SELECT) AS one LEFT JOIN ("
+            "SELECT 'pid ' || pid AS holder, application_name AS application, coalesce(state, backend_type) AS state, "
+            "coalesce(xact_start, backend_start) AS since, age(backend_xmin) AS xid_age FROM pg_stat_activity "
+            "WHERE backend_xmin IS NOT NULL AND pid <> pg_backend_pid() "
+            "UNION ALL SELECT gid, 'prepared transaction', 'prepared', prepared, age(transaction) FROM pg_prepared_xacts "
+            "UNION ALL SELECT slot_name, 'replication slot', 'replication slot', NULL, "
+            "greatest(age(xmin), age(catalog_xmin)) FROM pg_replication_slots WHERE xmin IS NOT NULL OR catalog_xmin IS NOT NULL "
+            "ORDER BY xid_age DESC LIMIT %(limit)s) AS h ON true ORDER BY h.xid_age DESC"
         )
 
     def has_expires_index_sql(self, address: QueueAddress) -> str:

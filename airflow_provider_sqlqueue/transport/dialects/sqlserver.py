@@ -467,7 +467,20 @@ class SqlServerDialect(Dialect):
             f"SELECT ({self.peek_sql(address)}), "
             f"(SELECT TOP (1) Headers FROM {q} WITH (READPAST, READCOMMITTEDLOCK) ORDER BY RowVersion), "
             f"(SELECT COUNT_BIG(*) FROM (SELECT TOP (@limit) RowVersion FROM {q} WITH (READPAST, READCOMMITTEDLOCK) "
-            f"WHERE Expires < {_UTC_NOW}) AS expired)"
+            f"WHERE Expires < {_UTC_NOW}) AS expired), "
+            # Ghost records are removed by SQL Server's background cleanup, not by a vacuum a long
+            # transaction holds back: nothing to report (as the dialect's horizon_sql says).
+            "CAST(NULL AS bigint), CAST(NULL AS datetime2)"
+        )
+
+    def delayed_figures_sql(self, delayed: QueueAddress) -> str:
+        d = self.qualified_name(delayed)
+        return (
+            "DECLARE @limit int = %(limit)s; "
+            f"SELECT (SELECT COUNT_BIG(*) FROM (SELECT TOP (@limit) Due FROM {d} WITH (READPAST, READCOMMITTEDLOCK) "
+            f"WHERE Due < {_UTC_NOW}) AS due), "
+            f"(SELECT DATEDIFF_BIG(millisecond, MIN(Due), {_UTC_NOW}) FROM {d} WITH (READPAST, READCOMMITTEDLOCK) "
+            f"WHERE Due < {_UTC_NOW})"
         )
 
     def has_expires_index_sql(self, address: QueueAddress) -> str:

@@ -1,0 +1,120 @@
+"""The health of queues and of their database: what an operator alerts on, judged once for every place that shows it.
+
+Queues rarely fail by crashing. They age: every message consumed leaves a dead row, and one long
+transaction anywhere in the database holds back vacuum for every queue; a delayed-message mover
+that stopped leaves due messages where no receiver sees them; a handler that keeps failing fills
+the error queue; a consumer that died holding claims leaves them to lapse. :func:`problems` turns
+the figures (:class:`~.operations.QueueStats`, :class:`~.operations.Horizon`) into those findings,
+with the thresholds of :mod:`.defaults`, so ``sqlqueue health``, the Queues page and the metrics
+agree on what is wrong.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Literal
+
+from . import defaults
+from .addressing import QueueAddress
+from .operations import Horizon, QueueStats
+
+#: What a finding is about, as metrics tag it and the page sorts it.
+Concern = Literal["horizon", "lapsed", "overdue", "dead_rows", "failed"]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One finding: its concern, the queue it is about (None: the whole database) and what to do."""
+
+    concern: Concern
+    queue: QueueAddress | None
+    message: str
+
+
+@dataclass(frozen=True)
+class Health:
+    """Figures of some queues and of their database, taken at ``checked_at``, and what is wrong with them."""
+
+    queues: list[QueueStats]
+    horizon: Horizon | None  #: None where the database keeps no such horizon (SQL Server)
+    checked_at: datetime
+    problems: list[Problem]
+
+
+def _ago(span: timedelta) -> str:
+    seconds = int(span.total_seconds())
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    return f"{seconds // 3600} h"
+
+
+def horizon_problem(horizon: Horizon | None, now: datetime) -> Problem | None:
+    """The oldest holder of the xmin horizon, when it has held it longer than ``defaults.HORIZON_WARNING``."""
+    oldest = None if horizon is None else horizon.oldest
+    if oldest is None:
+        return None
+    held = oldest.held_for(now)
+    if held is not None and held < defaults.HORIZON_WARNING:
+        return None
+    if held is None and (oldest.xid_age or 0) < defaults.HORIZON_WARNING_XIDS:
+        return None  # a replication slot: judged by how many transactions it holds back
+    since = f"for {_ago(held)}" if held is not None else f"{oldest.xid_age:,} transactions back"
+    return Problem(
+        "horizon",
+        None,
+        f"{oldest.holder} ({oldest.application or 'no application name'}, {oldest.state}) has held the xmin "
+        f"horizon {since}: vacuum removes no dead row of any queue meanwhile, and receives slow down; "
+        "end that transaction (pg_terminate_backend, or COMMIT/ROLLBACK PREPARED, or drop the slot)",
+    )
+
+
+def queue_problems(stats: QueueStats, *, is_error_queue: bool) -> list[Problem]:
+    """What is wrong with one queue, judged by its figures alone."""
+    found: list[Problem] = []
+    queue = stats.queue
+    if stats.lapsed:
+        found.append(
+            Problem(
+                "lapsed",
+                queue,
+                f"{stats.lapsed:,} claim(s) lapsed: their holders died or stalled; receivers in claim mode take "
+                "them again, release_lapsed gives them back to every receiver",
+            )
+        )
+    if stats.due_delayed and stats.overdue is not None and stats.overdue >= defaults.OVERDUE_WARNING:
+        found.append(
+            Problem(
+                "overdue",
+                queue,
+                f"{stats.due_delayed:,} delayed message(s) due for {_ago(stats.overdue)} and not moved: no mover "
+                "runs for this queue (a MessagePump, move_due, `sqlqueue move-due` or its NServiceBus endpoint)",
+            )
+        )
+    if stats.dead_rows is not None and stats.dead_rows >= defaults.DEAD_ROWS_WARNING:
+        vacuumed = (
+            "never vacuumed" if stats.last_vacuum is None else f"last vacuumed {stats.last_vacuum:%Y-%m-%d %H:%M} UTC"
+        )
+        found.append(
+            Problem(
+                "dead_rows",
+                queue,
+                f"{stats.dead_rows:,} dead rows ({vacuumed}): is autovacuum on, and does a long transaction hold "
+                "the xmin horizon?",
+            )
+        )
+    if is_error_queue and stats.waiting:
+        found.append(Problem("failed", queue, f"about {stats.waiting:,} failed message(s) wait in this error queue"))
+    return found
+
+
+def problems(
+    stats: list[QueueStats], horizon: Horizon | None, error_queues: set[QueueAddress], now: datetime
+) -> list[Problem]:
+    """Every finding: the database's first, then each queue's, in the order the queues were given."""
+    found = [p for p in [horizon_problem(horizon, now)] if p is not None]
+    for figures in stats:
+        found += queue_problems(figures, is_error_queue=figures.queue in error_queues)
+    return found

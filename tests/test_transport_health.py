@@ -1,0 +1,205 @@
+"""Unit behaviour of :mod:`airflow_provider_sqlqueue.transport.health`, on a real PostgreSQL.
+
+Each problem is made for real -- a session that pins the xmin horizon, delayed messages due long
+ago that no mover moved, claims whose lease ran out, dead rows, a failed message -- and must show
+in ``QueueClient.health`` with the figures the tables hold; a healthy queue shows none.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import psycopg
+import pytest
+
+from airflow_provider_sqlqueue.transport import AsyncQueueClient, Message, QueueAddress, QueueClient, defaults
+from airflow_provider_sqlqueue.transport.health import Problem, horizon_problem, problems, queue_problems
+from airflow_provider_sqlqueue.transport.operations import Holder, Horizon, QueueStats
+
+pytestmark = pytest.mark.postgres_only
+
+
+@pytest.fixture
+def pin(pg_uri: str) -> Iterator[psycopg.Connection[Any]]:
+    """A session idle in a REPEATABLE READ transaction: what a forgotten report or pg_dump does to the horizon."""
+    with psycopg.connect(pg_uri) as session:
+        session.execute("SET application_name = 'nightly-report'")
+        session.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        session.execute("SELECT count(*) FROM pg_class")  # takes the snapshot
+        yield session
+        session.rollback()
+
+
+def concerns(found: list[Problem], queue: QueueAddress | None) -> set[str]:
+    return {p.concern for p in found if p.queue == queue}
+
+
+def test_a_healthy_queue_has_no_problem(client: QueueClient, queue: QueueAddress) -> None:
+    client.send(queue, [Message(f"m{n}") for n in range(3)])
+    health = client.health(queue)
+    [stats] = health.queues
+    assert (stats.waiting, stats.in_flight, stats.lapsed, stats.due_delayed, stats.overdue) == (3, 0, 0, 0, None)
+    assert concerns(health.problems, queue) == set()
+    assert health.checked_at.tzinfo is not None
+
+
+def mine(horizon: Horizon | None, application: str) -> Holder:
+    """The test's own holder among the oldest (another program may hold the horizon longer)."""
+    assert horizon is not None
+    [holder] = [h for h in horizon.holders if h.application == application]
+    return holder
+
+
+def test_the_session_pinning_the_horizon_is_named(client: QueueClient, queue: QueueAddress, pin: Any) -> None:
+    pid = pin.info.backend_pid
+    horizon = client.horizon()
+    assert horizon is not None and horizon.complete  # the test's role is a superuser: every session is seen
+    holder = mine(horizon, "nightly-report")
+    assert (holder.holder, holder.state) == (f"pid {pid}", "idle in transaction")
+    assert holder.since is not None and holder.xid_age is not None
+    ages = [h.xid_age for h in horizon.holders]
+    assert ages == sorted(ages, reverse=True) and len(ages) <= defaults.HORIZON_HOLDERS  # the oldest first
+    now = datetime.now(timezone.utc)
+    held = holder.held_for(now)
+    assert held is not None and held < timedelta(hours=1)
+    # Held past the warning, the oldest holder is a problem, named with what to do.
+    alone = Horizon((holder,), True)
+    assert horizon_problem(alone, holder.since + defaults.HORIZON_WARNING - timedelta(seconds=1)) is None
+    later = horizon_problem(alone, holder.since + defaults.HORIZON_WARNING + timedelta(seconds=1))
+    assert later is not None and later.queue is None
+    assert (
+        f"pid {pid}" in later.message and "nightly-report" in later.message and "pg_terminate_backend" in later.message
+    )
+
+
+def test_nothing_holds_the_horizon_once_the_transaction_ends(client: QueueClient, pg_uri: str) -> None:
+    with psycopg.connect(pg_uri) as session:
+        session.execute("SET application_name = 'short-lived'")
+        session.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        session.execute("SELECT 1")
+        assert mine(client.horizon(), "short-lived").state == "idle in transaction"
+        session.rollback()
+        horizon = client.horizon()
+        assert horizon is not None and "short-lived" not in [h.application for h in horizon.holders]
+
+
+def test_a_prepared_transaction_holding_the_horizon_is_named(client: QueueClient, pg_uri: str, raw: Any) -> None:
+    if int(raw.execute("SHOW max_prepared_transactions").fetchone()[0]) == 0:
+        pytest.skip("the server allows no prepared transactions (max_prepared_transactions = 0)")
+    with psycopg.connect(pg_uri) as session:
+        session.execute("BEGIN")
+        session.execute("SELECT txid_current()")
+        session.execute("PREPARE TRANSACTION 'forgotten-2pc'")
+        try:
+            holder = mine(client.horizon(), "prepared transaction")
+            assert (holder.holder, holder.state) == ("forgotten-2pc", "prepared")
+        finally:
+            session.execute("ROLLBACK PREPARED 'forgotten-2pc'")
+
+
+def test_delayed_messages_no_mover_moved_are_a_problem(client: QueueClient, queue: QueueAddress, raw: Any) -> None:
+    client.send(queue, [Message(f"later {n}") for n in range(4)], delay=timedelta(milliseconds=1))
+    client.send(queue, Message("not yet"), delay=timedelta(hours=1))
+    delayed = queue.delayed()
+    raw.execute(
+        f"UPDATE \"{delayed.schema}\".\"{delayed.table}\" SET Due = Due - interval '2 minutes' WHERE Due < now() + interval '1 minute'"
+    )
+    health = client.health(queue)
+    [stats] = health.queues
+    assert stats.due_delayed == 4 and stats.overdue is not None and stats.overdue >= timedelta(minutes=2)
+    assert "overdue" in concerns(health.problems, queue)
+    [message] = [p.message for p in health.problems if p.concern == "overdue"]
+    assert "4 delayed message(s) due for 2 min" in message
+    assert client.move_due(queue) == 4
+    [moved] = client.health(queue).queues
+    assert (moved.due_delayed, moved.overdue) == (0, None)  # the one due in an hour is not due
+
+
+def test_a_queue_without_a_delayed_table_reports_none(client: QueueClient, schema: str) -> None:
+    plain = QueueAddress("plain", schema)
+    client.create_queue(plain, delayed=False)
+    [stats] = client.health(plain).queues
+    assert stats.due_delayed is None and stats.overdue is None
+
+
+def test_lapsed_claims_and_failures_are_problems(client: QueueClient, queue: QueueAddress, schema: str) -> None:
+    client.send(queue, [Message(f"m{n}") for n in range(3)])
+    [failing] = client.claim(queue, 1)
+    client.fail(queue, failing, ValueError("no price"))
+    client.claim(queue, 2, lease=timedelta(milliseconds=1))
+    time.sleep(0.05)
+    error = QueueAddress("error", schema)
+    health = client.health([queue, error])
+    assert concerns(health.problems, queue) == {"lapsed"}
+    assert concerns(health.problems, error) == {"failed"}
+    assert [s.lapsed for s in health.queues if s.queue == queue] == [2]
+
+
+def test_dead_rows_left_by_receives_are_counted(
+    client: QueueClient, queue: QueueAddress, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client.send(queue, [Message(f"m{n}") for n in range(40)])
+    for _ in range(4):
+        client.receive(queue, 10)
+    deadline = time.monotonic() + 30  # the receiving session reports its statistics within a second
+    while (client.health(queue).queues[0].dead_rows or 0) < 40 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    [stats] = client.health(queue).queues
+    assert stats.dead_rows is not None and stats.dead_rows >= 40
+    monkeypatch.setattr(defaults, "DEAD_ROWS_WARNING", 40)
+    assert "dead_rows" in concerns(client.health(queue).problems, queue)
+
+
+def test_the_asyncio_client_reports_the_same(pg_uri: str, queue: QueueAddress, pin: Any) -> None:
+    import asyncio
+
+    async def look() -> tuple[list[QueueStats], Horizon | None]:
+        async with await AsyncQueueClient.connect(pg_uri) as client:
+            health = await client.health(queue)
+            return health.queues, health.horizon
+
+    stats, horizon = asyncio.run(look())
+    assert stats[0].queue == queue and mine(horizon, "nightly-report").state == "idle in transaction"
+
+
+def test_findings_come_database_first_then_in_the_order_of_the_queues() -> None:
+    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    one, two = QueueAddress("one", "s"), QueueAddress("two", "s")
+    held = Horizon((Holder("pid 7", "report", "idle in transaction", now - timedelta(hours=3), 12),), True)
+    stats = [
+        QueueStats(one, 0, None, 0, 0, 1),
+        QueueStats(two, 5, None, 0, 0, 0, due_delayed=3, overdue=timedelta(minutes=5)),
+    ]
+    found = problems(stats, held, set(), now)
+    assert [(p.concern, p.queue) for p in found] == [("horizon", None), ("lapsed", one), ("overdue", two)]
+    assert "for 3 h" in found[0].message
+    # A slot has no start: judged by the transactions it holds back.
+    slot = Holder("standby_1", "replication slot", "replication slot", None, defaults.HORIZON_WARNING_XIDS)
+    assert horizon_problem(Horizon((slot,), True), now) is not None
+    young = Holder("standby_1", "replication slot", "replication slot", None, 10)
+    assert horizon_problem(Horizon((young,), True), now) is None
+    assert horizon_problem(Horizon((), False), now) is None
+    assert queue_problems(QueueStats(one, 9, None, 0, None, None), is_error_queue=False) == []
+
+
+def test_a_role_without_pg_read_all_stats_is_told_what_it_cannot_see(pg_uri: str, raw: Any, pin: Any) -> None:
+    import uuid
+
+    from psycopg import sql
+    from psycopg.conninfo import make_conninfo
+
+    role = f"health_nobody_{uuid.uuid4().hex[:8]}"
+    raw.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    try:
+        with QueueClient.connect(make_conninfo(pg_uri, user=role)) as client:
+            horizon = client.horizon()
+        # The pinning session is another role's: its snapshot's age shows, not its state or start, and
+        # the answer says the view is partial; judged by its age in transactions, as a slot is.
+        assert horizon is not None and not horizon.complete
+        holder = mine(horizon, "nightly-report")
+        assert holder.since is None and holder.xid_age is not None
+    finally:
+        raw.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
