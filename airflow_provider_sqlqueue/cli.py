@@ -172,7 +172,7 @@ def _client(args: argparse.Namespace) -> QueueClient:
 
 
 def _table(out: TextIO, header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
-    cells = [list(header)] + [[str(cell) for cell in row] for row in rows]
+    cells = [list(header)] + [[_printable(str(cell)) for cell in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     out.writelines(
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() + "\n" for row in cells
@@ -203,16 +203,27 @@ def run_depths(args: argparse.Namespace, out: TextIO) -> None:
 
 
 def _age(span: timedelta | None) -> str:
-    return "-" if span is None else f"{int(span.total_seconds()):,}s"
+    return "-" if span is None else f"{max(0, int(span.total_seconds())):,}s"
+
+
+def _printable(text: str) -> str:
+    """Text from the database as a terminal line shows it: control characters escaped, never obeyed
+    (a table may be named with a newline or an escape sequence)."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+#: ``sqlqueue health``'s exit status when it finds a problem (1 is an error, 2 argparse's usage error).
+PROBLEMS_FOUND = 3
 
 
 def run_health(args: argparse.Namespace, out: TextIO) -> int:
-    """Figures of the queues named (else every queue the connection may read) and of their database's
-    xmin horizon, then the problems found (:mod:`~.transport.health`). Exit status 2 when there are any,
-    so a cron job or a monitoring check can alert on it."""
+    """Figures of the queues named (else every queue the connection may read, those it cannot measure
+    reported as problems) and of their database's xmin horizon, then the problems found
+    (:mod:`~.transport.health`). Exit status 3 when there are any, for cron or a monitoring check."""
     with _client(args) as client:
-        health = client.health(args.queues or client.queues())
-        names = {s.queue: client.canonical_address(s.queue) for s in health.queues}
+        health = client.health(args.queues or None, report_unreadable=not args.queues)
+        queues = [s.queue for s in health.queues] + [p.queue for p in health.problems if p.queue is not None]
+        names = {queue: _printable(client.canonical_address(queue)) for queue in queues}
     horizon = health.horizon
     if horizon is None:
         out.write("xmin horizon: not kept by this database\n")
@@ -220,13 +231,16 @@ def run_health(args: argparse.Namespace, out: TextIO) -> int:
         out.write("xmin horizon: held by no other session, prepared transaction or replication slot\n")
     for n, holder in enumerate(() if horizon is None else horizon.holders):
         since = "-" if holder.since is None else f"{holder.since.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
+        who = _printable(
+            f"{holder.holder} ({holder.application or 'no application name'}, {holder.state or 'state hidden'})"
+        )
         out.write(
-            f"{'xmin horizon: held by' if n == 0 else '         and also by'} {holder.holder} "
-            f"({holder.application or 'no application name'}, {holder.state}) since {since} "
+            f"{'xmin horizon: held by' if n == 0 else '         and also by'} {who} since {since} "
             f"({_age(holder.held_for(health.checked_at))}, {holder.xid_age or 0:,} transactions)\n"
         )
     if horizon is not None and not horizon.complete:
         out.write("  (the state and start of other roles' sessions are hidden: grant pg_read_all_stats to see them)\n")
+    capped = defaults.EXPIRED_COUNT_LIMIT
     rows = [
         [
             names[s.queue],
@@ -234,9 +248,9 @@ def run_health(args: argparse.Namespace, out: TextIO) -> int:
             _age(None if s.oldest_sent is None else health.checked_at - s.oldest_sent),
             "-" if s.in_flight is None else s.in_flight,
             "-" if s.lapsed is None else s.lapsed,
-            "-" if s.due_delayed is None else s.due_delayed,
+            "-" if s.due_delayed is None else f"{s.due_delayed}{'+' if s.due_delayed >= capped else ''}",
             _age(s.overdue),
-            s.expired,
+            f"{s.expired}{'+' if s.expired >= capped else ''}",
             "-" if s.dead_rows is None else s.dead_rows,
             "never" if s.last_vacuum is None else f"{s.last_vacuum.astimezone(timezone.utc):%Y-%m-%d %H:%M} UTC",
         ]
@@ -251,8 +265,8 @@ def run_health(args: argparse.Namespace, out: TextIO) -> int:
         return 0
     for problem in health.problems:
         where = "database" if problem.queue is None else names[problem.queue]
-        out.write(f"PROBLEM {problem.concern} ({where}): {problem.message}\n")
-    return 2
+        out.write(f"PROBLEM {problem.concern} ({where}): {_printable(problem.message)}\n")
+    return PROBLEMS_FOUND
 
 
 def run_errors(args: argparse.Namespace, out: TextIO) -> None:
@@ -330,7 +344,7 @@ COMMANDS = [
     Command(
         "health",
         "figures and problems of queues and their database (xmin horizon, lapsed claims, unmoved delayed "
-        "messages, dead rows, failures); exit status 2 when a problem is found",
+        "messages, dead rows, failures); exit status 3 when a problem is found",
         run_health,
         [ALL_QUEUES, CONN, CONN_ID, ERROR_QUEUE],
     ),

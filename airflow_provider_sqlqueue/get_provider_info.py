@@ -86,6 +86,15 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "shop_db,billing_db",
                         "default": "",
                     },
+                    "health_metrics_interval": {
+                        "description": "Seconds between the queue gauges (sqlqueue.waiting, sqlqueue.problems, "
+                        "sqlqueue.horizon_age...) each triggerer sends for every connection its sqlqueue triggers "
+                        "wait on, while Airflow's metrics are on; 0 sends none.",
+                        "version_added": None,
+                        "type": "float",
+                        "example": "30",
+                        "default": "60",
+                    },
                 },
             }
         },

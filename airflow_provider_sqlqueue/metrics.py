@@ -24,6 +24,13 @@ and per connection, tagged ``conn_id`` (PostgreSQL; ``sqlqueue.<name>.<conn_id>`
 ``sqlqueue.horizon_problems``   1 when it is held long enough to be a problem, else 0
 ==============================  =================================================================
 
+Counters, from every client a :class:`~.hooks.sqlqueue.SqlQueueHook` hands out (operators, the
+sensor, the triggers, task helpers) and from a ``MessagePump`` given a :class:`StatsMeter`, per
+queue, tagged like the gauges: ``sqlqueue.sent``, ``sqlqueue.received``, ``sqlqueue.handled``,
+``sqlqueue.failed``, ``sqlqueue.moved_to_error``, ``sqlqueue.retried`` (per error queue),
+``sqlqueue.leases_lost``, ``sqlqueue.moved_due`` (see :mod:`.transport.meter`), and the timing
+``sqlqueue.handler_duration`` (a pump's handler, in milliseconds).
+
 Each queue figure is sent tagged (``conn_id``, ``schema``, ``queue``) for backends with tags, and, as Airflow
 does for pools and DAGs, once more with the names in the metric for plain StatsD:
 ``sqlqueue.waiting.<conn_id>.<schema>.<queue>``, characters StatsD does not take replaced by ``_``.
@@ -41,6 +48,7 @@ from datetime import timedelta
 
 from .hooks.sqlqueue import SqlQueueHook
 from .transport import QueueAddress
+from .transport.meter import Event, Meter
 
 log = logging.getLogger("airflow_provider_sqlqueue.metrics")
 
@@ -50,6 +58,38 @@ _NOT_IN_A_NAME = re.compile(r"[^A-Za-z0-9_-]")
 def metric_name_part(text: str) -> str:
     """``text`` as one dotted part of a metric name (Airflow's validator allows letters, digits, ``_`` and ``-``)."""
     return _NOT_IN_A_NAME.sub("_", text) or "_"
+
+
+class StatsMeter(Meter):
+    """The events of a client or pump of connection ``conn_id``, sent through Airflow's metrics (``Stats``).
+
+    Airflow's ``[metrics]`` settings apply as to its own metrics: StatsD, Datadog or OpenTelemetry,
+    the prefix, allow and block lists; with metrics off each event costs a call that does nothing.
+    """
+
+    def __init__(self, conn_id: str) -> None:
+        self.conn_id = conn_id
+
+    def count(self, event: Event, queue: QueueAddress, n: int) -> None:
+        from airflow.sdk.observability.stats import Stats
+
+        tags, path = _names(self.conn_id, queue)
+        Stats.incr(f"sqlqueue.{event}", n, tags=tags)
+        Stats.incr(f"sqlqueue.{event}.{path}", n)
+
+    def handler_time(self, queue: QueueAddress, seconds: float) -> None:
+        from airflow.sdk.observability.stats import Stats
+
+        tags, path = _names(self.conn_id, queue)
+        Stats.timing("sqlqueue.handler_duration", timedelta(seconds=seconds), tags=tags)
+        Stats.timing(f"sqlqueue.handler_duration.{path}", timedelta(seconds=seconds))
+
+
+def _names(conn_id: str, queue: QueueAddress) -> tuple[dict[str, str], str]:
+    """A queue's tags, and its dotted name for plain StatsD: ``<conn_id>.<schema>.<queue>``."""
+    schema = queue.schema or ""
+    path = ".".join(metric_name_part(part) for part in (conn_id, schema, queue.table))
+    return {"conn_id": conn_id, "schema": schema, "queue": queue.table}, path
 
 
 def emit_queue_metrics(conn_ids: Iterable[str]) -> dict[str, int]:
@@ -64,9 +104,8 @@ def emit_queue_metrics(conn_ids: Iterable[str]) -> dict[str, int]:
         hook = SqlQueueHook(conn_id)
         try:
             with hook.client() as client:
-                queues = client.queues()
-                health = client.health(queues)
-                errors = {q for q in queues if client.kind(q) == "error"}
+                health = client.health(report_unreadable=True)  # a queue that cannot be measured is a problem
+                errors = {s.queue for s in health.queues if client.kind(s.queue) == "error"}
         except Exception:
             log.exception("Queue metrics: could not read the queues of connection %s; skipping it", conn_id)
             continue
@@ -111,9 +150,7 @@ def emit_queue_metrics(conn_ids: Iterable[str]) -> dict[str, int]:
 
 
 def _gauge(gauge: Callable[..., object], conn_id: str, queue: QueueAddress, figures: dict[str, float | None]) -> None:
-    schema = queue.schema or ""
-    tags = {"conn_id": conn_id, "schema": schema, "queue": queue.table}
-    path = ".".join(metric_name_part(part) for part in (conn_id, schema, queue.table))
+    tags, path = _names(conn_id, queue)
     for name, value in figures.items():
         if value is None:
             continue

@@ -70,6 +70,7 @@ KINDS: dict[str, Kind] = {
     "limit": Kind.COUNT,
     "batch_size": Kind.COUNT,
     "expired_limit": Kind.COUNT,
+    "report_unreadable": Kind.FLAG,
     "preview": Kind.COUNT,
     "max_deliveries": Kind.COUNT,
     "parts": Kind.COUNT,
@@ -452,4 +453,4 @@ def good_value(kind: Kind, parameter: str, world: World) -> Any:
 #: Public methods that take no hostile input: they are called with no arguments.
 NO_INPUT = {"close", "queues", "connection", "database", "get_conn", "async_client", "client", "conninfo"}
 NO_INPUT |= {"test_connection", "aconnection", "dialect_name", "error_queue", "audit_queue", "transaction"}
-NO_INPUT |= {"horizon"}
+NO_INPUT |= {"horizon", "meter"}

@@ -346,7 +346,7 @@ def test_move_due_and_subscriptions_from_the_shell(pg_uri, schema, client, queue
     assert client.subscribers("Shop.OrderPlaced", table=routing) == [f'shipping@"{schema}"']
 
 
-def test_health_names_what_is_wrong_and_exits_2(pg_uri, schema, client, queue, raw):
+def test_health_names_what_is_wrong_and_exits_3(pg_uri, schema, client, queue, raw):
     env = {"SQLQUEUE_CONN": pg_uri}
     healthy = sqlqueue("health", f'orders@"{schema}"', env=env)
     assert healthy.returncode == 0, healthy.stderr
@@ -363,7 +363,7 @@ def test_health_names_what_is_wrong_and_exits_2(pg_uri, schema, client, queue, r
         pid = pin.info.backend_pid
         sick = sqlqueue("health", f'orders@"{schema}"', f'error@"{schema}"', env=env)
         pin.rollback()
-    assert sick.returncode == 2, sick.stderr
+    assert sick.returncode == 3, sick.stderr
     lines = sick.stdout.splitlines()
     assert any(f"by pid {pid} (cli-health-pin, idle in transaction) since " in line for line in lines[:5])
     header = lines[lines.index("") + 1].split()
@@ -375,3 +375,21 @@ def test_health_names_what_is_wrong_and_exits_2(pg_uri, schema, client, queue, r
         line.startswith(f'PROBLEM overdue (orders@"{schema}"): 1 delayed message(s) due for 5 min') for line in problems
     )
     assert any(line.startswith(f'PROBLEM failed (error@"{schema}")') for line in problems)
+
+
+def test_health_prints_names_as_text_and_reports_what_it_cannot_measure(pg_uri, schema, client, queue, raw):
+    forged = QueueAddress("evil\n\nno problems found\n\x1b[2J", schema)
+    client.create_queue(forged, delayed=False)
+    broken = QueueAddress("broken", schema)
+    client.create_queue(broken)
+    raw.execute(f'DROP TABLE "{schema}"."broken.Delayed"')
+    raw.execute(f'CREATE TABLE "{schema}"."broken.Delayed" (Headers text, Body bytea, Due text)')  # not NServiceBus's
+    raw.execute(f"INSERT INTO \"{schema}\".\"broken.Delayed\" VALUES ('{{}}', '', 'soon')")
+    named = sqlqueue("health", f'broken@"{schema}"', "--conn", pg_uri)
+    assert named.returncode == 1 and len(named.stderr.splitlines()) == 1  # named, it is an error
+    survey = sqlqueue("health", "--conn", pg_uri)  # every queue: the broken one is a problem, the rest measured
+    assert survey.returncode == 3, survey.stderr
+    assert "\x1b" not in survey.stdout and "\\x1b[2J" in survey.stdout
+    assert not any(line == "no problems found" for line in survey.stdout.splitlines())
+    assert f'PROBLEM unreadable (broken@"{schema}"): cannot be measured: ' in survey.stdout
+    assert any(line.startswith(f'orders@"{schema}"') for line in survey.stdout.splitlines())

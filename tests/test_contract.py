@@ -49,7 +49,7 @@ CLIENT = {
     "check_queue", "claim", "claims", "close", "connect", "connection", "create_queue", "create_subscription_table",
     "create_writes", "database", "depth", "drop_queue", "error_address", "error_summary", "extend", "extend_held",
     "fail", "failed_messages", "forget_write", "forward", "health", "held", "horizon", "in_flight", "installation", "kind",
-    "lapsed_claims", "move_due", "move_to_error", "nack", "nack_held", "next_due", "peek", "publish", "purge",
+    "lapsed_claims", "meter", "move_due", "move_to_error", "nack", "nack_held", "next_due", "peek", "publish", "purge",
     "purge_expired", "queue_page", "queue_stats", "queues", "receive", "receive_native", "record_write", "release_lapsed",
     "reserve", "retry_errors", "retry_errors_page", "send", "seq_range", "subscribe", "subscribers",
     "subscription_table", "take", "transaction", "unsubscribe",
@@ -58,7 +58,7 @@ CLIENT = {
 ASYNC_CLIENT = CLIENT | {"wait_for_notifications"}
 #: Entry points that parse names or report settings without touching the database.
 PURE = {"address", "audit_address", "beside", "canonical_address", "error_address", "installation", "kind"}
-PURE |= {"subscription_table", "database", "connection", "close"}
+PURE |= {"subscription_table", "database", "connection", "close", "meter"}
 
 
 def public_methods(cls: type) -> set[str]:
@@ -184,11 +184,16 @@ def checksums(raw: psycopg.Connection[Any], schema: str) -> dict[str, str]:
 # -- calling an entry point ----------------------------------------------------------------------
 
 
+#: Optional parameters given a good value all the same: left out, the call would reach no table
+#: (``health()`` of every queue a role without rights may read: none), and prove nothing.
+ALWAYS_GIVEN = {"queues"}
+
+
 def arguments(function: Callable[..., Any], world: World, hostile: tuple[str, Any] | None = None) -> dict[str, Any]:
     """Good values for the required parameters, and the hostile one when given (by name)."""
     chosen: dict[str, Any] = {}
     for name, p in parameters(function).items():
-        if p.default is inspect.Parameter.empty:
+        if p.default is inspect.Parameter.empty or name in ALWAYS_GIVEN:
             chosen[name] = good_value(KINDS[name], name, world)
     if hostile is not None:
         chosen[hostile[0]] = hostile[1]
@@ -378,7 +383,7 @@ def test_an_async_client_method_keeps_its_contract(
 #: clients, so its input is its settings: what a caller gives the constructor.
 HOOK = {
     "aconnection", "async_client", "audit_queue", "client", "connection", "conninfo", "dialect_name",
-    "error_queue", "get_conn", "test_connection",
+    "error_queue", "get_conn", "meter", "test_connection",
 }  # fmt: skip
 #: The hook's settings -> their kinds (an error queue is only parsed until a failure needs it).
 HOOK_SETTINGS = {"sqlqueue_conn_id": Kind.CONN_ID, "error_queue": Kind.NAME, "audit_queue": Kind.AUDIT}

@@ -105,3 +105,107 @@ def test_queue_metrics_reach_statsd_tagged_and_named_per_queue(airflow_db, pg_ur
             )
         finally:
             client.session.connection.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+def statsd_datagrams(env: dict[str, str], script: str) -> list[str]:
+    """Run ``script`` in a process with Airflow's StatsD client pointed at a real UDP listener; what it received."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
+        listener.bind(("127.0.0.1", 0))
+        listener.settimeout(0.5)
+        settings = {
+            **os.environ,
+            "AIRFLOW__METRICS__STATSD_ON": "True",
+            "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+            "AIRFLOW__METRICS__STATSD_PORT": str(listener.getsockname()[1]),
+            "AIRFLOW__METRICS__STATSD_PREFIX": "airflow",
+            **env,
+        }
+        lines: list[str] = []
+        done = threading.Event()
+
+        def listen() -> None:
+            while not done.is_set():
+                try:
+                    lines.extend(listener.recv(65536).decode().splitlines())
+                except TimeoutError:
+                    continue
+
+        reader = threading.Thread(target=listen, daemon=True)
+        reader.start()
+        try:
+            run = subprocess.run(
+                [sys.executable, "-c", script], env=settings, capture_output=True, text=True, timeout=120
+            )
+            time.sleep(0.5)  # the last datagrams in flight
+        finally:
+            done.set()
+            reader.join(5)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return lines
+
+
+def test_what_a_hooks_clients_do_is_counted_in_statsd(airflow_db, pg_uri):
+    schema = f"counters_{uuid.uuid4().hex[:8]}"
+    with QueueClient.connect(pg_uri) as client:
+        client.session.connection.execute(f'CREATE SCHEMA "{schema}"')
+        try:
+            client.create_queue(QueueAddress("orders", schema))
+            script = f"""
+from airflow_provider_sqlqueue.hooks.sqlqueue import SqlQueueHook
+from airflow_provider_sqlqueue.transport import Message, QueueAddress
+orders = QueueAddress("orders", {schema!r})
+with SqlQueueHook("shop").client() as client:
+    client.send(orders, [Message(f"m{{n}}") for n in range(5)])
+    claimed = client.claim(orders, 3)
+    client.ack(orders, [m.claim_token for m in claimed[:2]])
+    client.fail(orders, claimed[2], ValueError("no"))
+"""
+            lines = statsd_datagrams({"AIRFLOW_CONN_SHOP": airflow_connection(pg_uri)}, script)
+        finally:
+            client.session.connection.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    counters: dict[str, int] = {}
+    for line in lines:
+        name, rest = line.split(":", 1)
+        if rest.endswith("|c"):
+            counters[name] = counters.get(name, 0) + int(rest.split("|")[0])
+    path = f"shop.{schema}.orders"
+    assert counters[f"airflow.sqlqueue.sent.{path}"] == 5
+    assert counters[f"airflow.sqlqueue.received.{path}"] == 3
+    assert counters[f"airflow.sqlqueue.handled.{path}"] == 2
+    assert counters[f"airflow.sqlqueue.moved_to_error.{path}"] == 1
+    assert counters["airflow.sqlqueue.sent"] >= 5  # the tagged form
+
+
+def test_a_waiting_trigger_sends_its_connections_gauges_without_any_dag(airflow_db, pg_uri):
+    """The triggerer's triggers keep the gauges flowing (every [sqlqueue] health_metrics_interval)."""
+    schema = f"trigger_metrics_{uuid.uuid4().hex[:8]}"
+    with QueueClient.connect(pg_uri) as client:
+        client.session.connection.execute(f'CREATE SCHEMA "{schema}"')
+        try:
+            client.create_queue(QueueAddress("idle", schema))
+            client.create_queue(QueueAddress("busy", schema))
+            client.send(QueueAddress("busy", schema), [Message("a"), Message("b")])
+            script = f"""
+import asyncio
+from airflow_provider_sqlqueue.triggers.sqlqueue import SqlQueueTrigger, _reporters
+
+async def main():
+    triggers = [SqlQueueTrigger(queue_name='idle@"{schema}"', sqlqueue_conn_id="shop", peek_interval=0.2) for _ in range(3)]
+    waiting = [asyncio.create_task(t.batches().__anext__()) for t in triggers]
+    await asyncio.sleep(3.5)  # nothing arrives: the triggers wait, the gauges flow
+    assert len(_reporters) == 1, _reporters  # one sender for the connection, however many triggers
+    for task in waiting:
+        task.cancel()
+    await asyncio.gather(*waiting, return_exceptions=True)
+    assert not _reporters, _reporters  # the last trigger gone, the connection's sender stops
+
+asyncio.run(main())
+"""
+            env = {"AIRFLOW_CONN_SHOP": airflow_connection(pg_uri), "AIRFLOW__SQLQUEUE__HEALTH_METRICS_INTERVAL": "1"}
+            lines = statsd_datagrams(env, script)
+        finally:
+            client.session.connection.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    waiting = [line for line in lines if line.startswith(f"airflow.sqlqueue.waiting.shop.{schema}.busy:")]
+    assert len(waiting) >= 2 and waiting[-1].startswith(f"airflow.sqlqueue.waiting.shop.{schema}.busy:2|g")
+    assert any(line.startswith("airflow.sqlqueue.horizon_age.shop:") for line in lines)

@@ -203,3 +203,48 @@ def test_a_role_without_pg_read_all_stats_is_told_what_it_cannot_see(pg_uri: str
         assert holder.since is None and holder.xid_age is not None
     finally:
         raw.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_a_session_idle_after_a_write_holds_the_horizon_and_other_databases_do_not(
+    client: QueueClient, pg_uri: str
+) -> None:
+    from psycopg.conninfo import make_conninfo
+
+    with psycopg.connect(pg_uri) as writer, psycopg.connect(make_conninfo(pg_uri, dbname="postgres")) as elsewhere:
+        writer.execute("SET application_name = 'wrote-then-idle'")
+        writer.execute("SELECT txid_current()")  # a transaction id of its own, no snapshot once the statement ends
+        elsewhere.execute("SET application_name = 'another-database'")
+        elsewhere.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        elsewhere.execute("SELECT 1")  # a snapshot, but of another database: vacuum here does not wait for it
+        horizon = client.horizon()
+        assert mine(horizon, "wrote-then-idle").state == "idle in transaction"
+        assert "another-database" not in [h.application for h in horizon.holders]  # type: ignore[union-attr]
+        writer.rollback()
+        elsewhere.rollback()
+
+
+def test_a_survey_reports_a_queue_it_cannot_measure_and_measures_the_rest(
+    client: QueueClient, queue: QueueAddress, schema: str, raw: Any
+) -> None:
+    from airflow_provider_sqlqueue.transport import NotAQueueError, SqlQueueError
+
+    broken = QueueAddress("broken", schema)
+    client.create_queue(broken)
+    raw.execute(f'DROP TABLE "{schema}"."broken.Delayed"')
+    raw.execute(f'CREATE TABLE "{schema}"."broken.Delayed" (Headers text, Body bytea, Due text)')
+    raw.execute(f"INSERT INTO \"{schema}\".\"broken.Delayed\" VALUES ('{{}}', '', 'soon')")
+    with pytest.raises(SqlQueueError):  # named on its own, it is the caller's error
+        client.health(broken)
+    client.send(queue, Message("fine"))
+    health = client.health([broken, queue], report_unreadable=True)
+    assert [s.queue for s in health.queues] == [queue] and health.queues[0].waiting == 1
+    [problem] = [p for p in health.problems if p.queue == broken]
+    assert problem.concern == "unreadable" and problem.message.startswith("cannot be measured: ")
+    gone = QueueAddress("gone", schema)
+    client.create_queue(gone)
+    client.drop_queue(gone)  # dropped between a listing and its measuring
+    assert [p.concern for p in client.health([gone], report_unreadable=True).problems] == ["unreadable"]
+    store = QueueAddress("sqlqueue_inflight", schema)  # the claim store named as a queue
+    with pytest.raises(NotAQueueError):
+        client.health(store)
+    assert [p.concern for p in client.health(store, report_unreadable=True).problems] == ["unreadable"]

@@ -27,6 +27,7 @@ from ..transport.client import Addressing
 from ..transport.dialects import get_dialect
 from ..transport.drivers import PsycopgSession, Session, ThreadSession, opening, session_over
 from ..transport.errors import SqlQueueError, TransportMisconfiguredError, one_line
+from ..transport.meter import Meter
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection
@@ -313,7 +314,9 @@ class SqlQueueHook(BaseHook):
         closes it at the end of the block."""
         conn = self.connection
         self._check_queues(conn)
-        return QueueClient(_open_session(conn), self.error_queue, self.audit_queue)
+        client = QueueClient(_open_session(conn), self.error_queue, self.audit_queue)
+        client.meter = self.meter()
+        return client
 
     def _check_queues(self, conn: Connection) -> None:
         """Refuse error and audit queue names no table can have before any connection is opened."""
@@ -336,7 +339,16 @@ class SqlQueueHook(BaseHook):
             session: Session = await PsycopgSession.connect(await asyncio.to_thread(self.conninfo))
         else:
             session = await ThreadSession.open(lambda: _open_session(conn))
-        return AsyncQueueClient(session, self.error_queue, self.audit_queue)
+        client = AsyncQueueClient(session, self.error_queue, self.audit_queue)
+        client.meter = self.meter()
+        return client
+
+    def meter(self) -> Meter:
+        """What the hook's clients report their events to: Airflow's metrics, tagged with the connection id
+        (:class:`~airflow_provider_sqlqueue.metrics.StatsMeter`); give it to a ``MessagePump`` as well."""
+        from ..metrics import StatsMeter
+
+        return StatsMeter(self.sqlqueue_conn_id)
 
     def conninfo(self) -> str:
         """A connection string for processes outside Airflow, such as Spark executors (it holds the password).

@@ -85,6 +85,7 @@ class QueueFigures(BaseModel):
     in_flight: int | None
     lapsed: int | None
     due_delayed: int | None  #: due delayed messages no mover has moved (None: no delayed table)
+    due_delayed_capped: bool  #: more due delayed messages than were counted
     overdue_seconds: float | None  #: how long the earliest of them has been due
     dead_rows: int | None  #: dead rows vacuum has yet to remove (None: the database does not say)
     last_vacuum: datetime | None
@@ -116,7 +117,7 @@ class QueuePage(BaseModel):
     queues: list[QueueFigures]  #: the page's queues, those with problems first
     error_queues: list[str]  #: every error queue of the connection, those holding the most failures first
     horizon: HorizonView | None  #: None where the database keeps no xmin horizon (SQL Server)
-    problems: list[str]  #: the database's problems (a long-held horizon)
+    problems: list[str]  #: the database's problems (a long-held horizon), and queues that could not be measured
 
 
 class Claim(BaseModel):
@@ -236,6 +237,7 @@ def _figures(address: str, kind: str, stats: QueueStats, now: datetime, problems
         in_flight=stats.in_flight,
         lapsed=stats.lapsed,
         due_delayed=stats.due_delayed,
+        due_delayed_capped=(stats.due_delayed or 0) >= defaults.EXPIRED_COUNT_LIMIT,
         overdue_seconds=None if stats.overdue is None else stats.overdue.total_seconds(),
         dead_rows=stats.dead_rows,
         last_vacuum=stats.last_vacuum,
@@ -388,7 +390,7 @@ def create_app() -> FastAPI:
         with _answering(connection_id):
             with _client(connection_id) as client:
                 page = client.queue_page(search, offset=offset, limit=limit)
-                health = client.health(page.queues)
+                health = client.health(page.queues, report_unreadable=True)
                 kinds = {address: client.kind(address) for address in page.queues}
                 # Error queues of every schema, for the error panel: named as the error queue is named;
                 # the one holding the most failures first, so the panel opens on it.
@@ -399,9 +401,13 @@ def create_app() -> FastAPI:
                 failures = {found.queue: found.waiting for found in client.queue_stats(candidates)}
                 error_queues = [client.canonical_address(a) for a in sorted(candidates, key=lambda a: -failures[a])]
                 texts = {address: client.canonical_address(address) for address in page.queues}
+            measured = {found.queue for found in health.queues}
             said: dict[QueueAddress | None, list[str]] = {}
             for problem in health.problems:
-                said.setdefault(problem.queue, []).append(problem.message)
+                if problem.queue is None or problem.queue in measured:
+                    said.setdefault(problem.queue, []).append(problem.message)
+                else:  # a queue that could not be measured has no row: said with the database's problems
+                    said.setdefault(None, []).append(f"{texts[problem.queue]}: {problem.message}")
             figures = [
                 _figures(texts[found.queue], kinds[found.queue], found, health.checked_at, said.get(found.queue, []))
                 for found in health.queues

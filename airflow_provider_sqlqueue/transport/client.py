@@ -31,8 +31,18 @@ from . import operations as ops
 from .addressing import QueueAddress, checked_text
 from .dialects import Dialect
 from .drivers import Session, blocking_context, finish, open_session
-from .errors import ArgumentTypeError, InvalidArgumentError, InvalidQueueNameError, ObjectExistsError
-from .health import Health, problems
+from .errors import (
+    ArgumentTypeError,
+    ClientClosedError,
+    InvalidArgumentError,
+    InvalidQueueNameError,
+    ObjectExistsError,
+    SqlQueueError,
+    TransactionAbortedError,
+    TransportUnavailableError,
+    one_line,
+)
+from .health import Health, Problem, problems
 from .install import Installation, TableKind
 from .message import (
     Failure,
@@ -46,6 +56,7 @@ from .message import (
     topic_names,
     uuid_value,
 )
+from .meter import Event, Meter
 
 T = TypeVar("T")
 
@@ -387,6 +398,32 @@ class AsyncQueueClient(Addressing):
         super().__init__(session.dialect, error_queue, audit_queue)
         self.session = session
         self._lock: TaskLock | ThreadLock = TaskLock()
+        self._meter = Meter()
+
+    @property
+    def meter(self) -> Meter:
+        """Where the client reports what it moved (:mod:`.meter`; by default nowhere).
+
+        Counted when a call returns, so a :meth:`transaction` block that then rolls back has counted
+        its calls all the same.
+        """
+        return self._meter
+
+    @meter.setter
+    def meter(self, meter: Meter) -> None:
+        if not isinstance(meter, Meter):
+            raise ArgumentTypeError(f"meter must be a transport.meter.Meter, got {type(meter).__name__}")
+        self._meter = meter
+
+    def _counted(self, event: Event, queue: QueueAddress, n: int) -> None:
+        if n > 0:
+            self._meter.count(event, queue, n)
+
+    def _counted_taken(self, queue: QueueAddress, taken: list[ReceivedMessage]) -> None:
+        """Messages received, and those the same call moved to the error queue instead."""
+        self._counted("received", queue, len(taken))
+        if isinstance(taken, ops.Taken):
+            self._counted("moved_to_error", queue, taken.moved_to_error)
 
     async def _run(self, op: ops.Operation[T]) -> T:
         """Run an operation in its own transaction, or in the caller's (:meth:`transaction`), one caller at a time."""
@@ -513,9 +550,12 @@ class AsyncQueueClient(Addressing):
         if not batch:
             return 0
         if wait is None:
-            return await self._run(ops.send(self.dialect, address, batch, notify))
-        wait_ms = max(1, round(wait / timedelta(milliseconds=1)))
-        return await self._run(ops.send_delayed(self.dialect, address, address.delayed(), batch, wait_ms))
+            sent = await self._run(ops.send(self.dialect, address, batch, notify))
+        else:
+            wait_ms = max(1, round(wait / timedelta(milliseconds=1)))
+            sent = await self._run(ops.send_delayed(self.dialect, address, address.delayed(), batch, wait_ms))
+        self._counted("sent", address, sent)
+        return sent
 
     async def move_due(self, queue: str | QueueAddress, *, batch_size: int = defaults.DELAYED_BATCH) -> int:
         """Move every due message of the queue's delayed table on to its destination; returns how many.
@@ -526,9 +566,11 @@ class AsyncQueueClient(Addressing):
         address = self.address(queue)
         limit = check_positive("batch_size", batch_size)
         error = self.error_address(None, address)
-        return await self._in_batches(
+        moved = await self._in_batches(
             partial(ops.move_due, self.dialect, address, address.delayed(), error, limit), batch_size
         )
+        self._counted("moved_due", address, moved)
+        return moved
 
     async def next_due(self, queue: str | QueueAddress) -> timedelta | None:
         """How long until the queue's earliest delayed message is due (negative: overdue); None when none waits."""
@@ -614,11 +656,17 @@ class AsyncQueueClient(Addressing):
         flag("notify", notify)
         started = started_times(started)
         if claims is None:
-            return await self._run(ops.publish(self.dialect, where, names, batch, notify))
-        settled, audit = self._claims(claims)
-        return await self._run(
-            ops.forward_published(self.dialect, settled, where, names, batch, notify, audit, started)
-        )
+            reached = await self._run(ops.publish(self.dialect, where, names, batch, notify))
+        else:
+            settled, audit = self._claims(claims)
+            reached = await self._run(
+                ops.forward_published(self.dialect, settled, where, names, batch, notify, audit, started)
+            )
+            for address, tokens in settled:
+                self._counted("handled", address, len(tokens))
+        for address in reached:
+            self._counted("sent", address, len(batch))
+        return reached
 
     def _claims(
         self, claims: ByQueue[Token | Iterable[Token]]
@@ -640,7 +688,9 @@ class AsyncQueueClient(Addressing):
         error_queue: str | QueueAddress | None = None,
     ) -> list[ReceivedMessage]:
         """Receive in ``none`` mode: the messages are gone from the queue when this returns (at-most-once)."""
-        return await self._run(self._receive_op(queue, max_messages, error_queue))
+        got = await self._run(self._receive_op(queue, max_messages, error_queue))
+        self._counted_taken(self.address(queue), got)
+        return got
 
     def _receive_op(
         self,
@@ -649,7 +699,7 @@ class AsyncQueueClient(Addressing):
         error_queue: str | QueueAddress | None,
         *,
         atomic: bool = False,
-    ) -> ops.Operation[list[ReceivedMessage]]:
+    ) -> ops.Operation[ops.Taken]:
         check_positive("max_messages", max_messages)
         address = self.address(queue)
         return ops.receive(self.dialect, address, self.error_address(error_queue, address), max_messages, atomic=atomic)
@@ -668,6 +718,7 @@ class AsyncQueueClient(Addressing):
         audit = self.audit_address(self.address(queue))  # refused before the handler runs, not after
         async with self._lock, self.session.transaction():
             received = await ops.drive(receive, self.session.execute)
+            self._counted_taken(self.address(queue), received)
             started = datetime.now(timezone.utc)
             yield received[0] if received else None
             if audit is not None and received:
@@ -690,7 +741,9 @@ class AsyncQueueClient(Addressing):
         says who holds the claims (default: this host and process).
         """
         holder = default_holder() if holder is None else holder
-        return await self._run(self._claim_op(queue, max_messages, lease, max_deliveries, error_queue, holder))
+        got = await self._run(self._claim_op(queue, max_messages, lease, max_deliveries, error_queue, holder))
+        self._counted_taken(self.address(queue), got)
+        return got
 
     async def reserve(
         self,
@@ -704,9 +757,12 @@ class AsyncQueueClient(Addressing):
         """Claim messages for someone else to :meth:`take` within ``lease``; counts no delivery.
 
         What a waiter that hands messages on uses (an Airflow trigger): if it dies before handing
-        them over, they are back after one lease with no delivery spent.
+        them over, they are back after one lease with no delivery spent. Reported as received when
+        taken, not here; what it moved to the error queue, here.
         """
-        return await self._run(self._claim_op(queue, max_messages, lease, max_deliveries, error_queue, None))
+        got = await self._run(self._claim_op(queue, max_messages, lease, max_deliveries, error_queue, None))
+        self._counted("moved_to_error", self.address(queue), got.moved_to_error)
+        return got
 
     def _claim_op(
         self,
@@ -716,7 +772,7 @@ class AsyncQueueClient(Addressing):
         max_deliveries: int,
         error_queue: str | QueueAddress | None,
         holder: str | None,
-    ) -> ops.Operation[list[ReceivedMessage]]:
+    ) -> ops.Operation[ops.Taken]:
         """A claim (``holder`` named) or a reservation (None)."""
         check_positive("max_messages", max_messages)
         check_positive("max_deliveries", max_deliveries)
@@ -745,7 +801,9 @@ class AsyncQueueClient(Addressing):
         holder = label("holder", default_holder() if holder is None else holder)
         chosen = None if tokens is None else as_tokens(tokens)
         error = self.error_address(error_queue, address)
-        return await self._run(ops.take(self.dialect, address, error, chosen, lease_ms(lease), holder, limit))
+        got = await self._run(ops.take(self.dialect, address, error, chosen, lease_ms(lease), holder, limit))
+        self._counted_taken(address, got)
+        return got
 
     @overload
     async def ack(  # type: ignore[overload-overlap]  # str is Iterable too; this overload wins, as at run time
@@ -778,10 +836,12 @@ class AsyncQueueClient(Addressing):
         audit = self.audit_address(address)
         chosen = as_tokens(tokens)
         if audit is None:
-            return one_or_many(tokens, await self._run(ops.ack(self.dialect, address, chosen)))
-        return one_or_many(
-            tokens, await self._run(ops.ack_audited(self.dialect, address, chosen, audit, started or {}))
-        )
+            held = await self._run(ops.ack(self.dialect, address, chosen))
+        else:
+            held = await self._run(ops.ack_audited(self.dialect, address, chosen, audit, started or {}))
+        self._counted("handled", address, len(held))
+        self._counted("leases_lost", address, len(chosen) - len(held))
+        return one_or_many(tokens, held)
 
     @overload
     async def nack(  # type: ignore[overload-overlap]  # str is Iterable too; this overload wins, as at run time
@@ -811,8 +871,11 @@ class AsyncQueueClient(Addressing):
     ) -> bool | set[uuid.UUID]:
         """Give claims back: delivered again after ``delay``; ``error`` is what the error queue will say if they end there."""
         failure = None if error is None else Failure.of(error)
-        op = ops.nack(self.dialect, self.address(queue), as_tokens(tokens), failure, delay_ms(delay))
-        return one_or_many(tokens, await self._run(op))
+        address, chosen = self.address(queue), as_tokens(tokens)
+        held = await self._run(ops.nack(self.dialect, address, chosen, failure, delay_ms(delay)))
+        self._counted("failed", address, len(held))
+        self._counted("leases_lost", address, len(chosen) - len(held))
+        return one_or_many(tokens, held)
 
     @overload
     async def extend(self, queue: str | QueueAddress, tokens: Token, lease: timedelta | float = ...) -> bool: ...  # type: ignore[overload-overlap]  # str is Iterable too; this overload wins, as at run time
@@ -824,8 +887,10 @@ class AsyncQueueClient(Addressing):
         self, queue: str | QueueAddress, tokens: Token | Iterable[Token], lease: timedelta | float = defaults.LEASE
     ) -> bool | set[uuid.UUID]:
         """Renew claims for another ``lease``. False (or a missing token) means someone else has the message."""
-        op = ops.extend(self.dialect, self.address(queue), as_tokens(tokens), lease_ms(lease))
-        return one_or_many(tokens, await self._run(op))
+        address, chosen = self.address(queue), as_tokens(tokens)
+        held = await self._run(ops.extend(self.dialect, address, chosen, lease_ms(lease)))
+        self._counted("leases_lost", address, len(chosen) - len(held))
+        return one_or_many(tokens, held)
 
     async def forward(
         self,
@@ -848,7 +913,12 @@ class AsyncQueueClient(Addressing):
         started = started_times(started)
         settled, audit = self._claims(claims)
         batches = [(self.address(queue), as_messages(messages)) for queue, messages in sends.items()]
-        return await self._run(ops.forward(self.dialect, settled, batches, notify, audit, started))
+        sent = await self._run(ops.forward(self.dialect, settled, batches, notify, audit, started))
+        for address, tokens in settled:
+            self._counted("handled", address, len(tokens))
+        for address, batch in batches:
+            self._counted("sent", address, len(batch))
+        return sent
 
     async def fail(
         self,
@@ -868,9 +938,11 @@ class AsyncQueueClient(Addressing):
                 "fail() takes a claimed message; use move_to_error() for one received in none mode"
             )
         address = self.address(queue)
-        return await self._run(
+        moved = await self._run(
             ops.fail_claim(self.dialect, address, self.error_address(error_queue, address), message, error)
         )
+        self._counted("moved_to_error" if moved else "leases_lost", address, 1)
+        return moved
 
     async def move_to_error(
         self,
@@ -885,6 +957,7 @@ class AsyncQueueClient(Addressing):
         received("message", message)
         error_address = self.error_address(error_queue, address)
         await self._run(ops.move_to_error(self.dialect, address, error_address, message, error))
+        self._counted("moved_to_error", address, 1)
 
     async def retry_errors(
         self,
@@ -936,7 +1009,9 @@ class AsyncQueueClient(Addressing):
             only_queue=only,
             seqs=chosen,
         )
-        return await self._run(op)
+        page = await self._run(op)
+        self._counted("retried", self.error_address(error_queue, only), page.retried)
+        return page
 
     async def error_summary(
         self,
@@ -1111,13 +1186,15 @@ class AsyncQueueClient(Addressing):
         """Waiting (estimated), age of the oldest, expired (counted up to ``expired_limit``), in flight
         and lapsed, per queue: indexed reads whose cost does not grow with the queues' length."""
         check_positive("expired_limit", expired_limit)
+        return await self._run(ops.queue_stats(self.dialect, self._addresses(queues), expired_limit))
+
+    def _addresses(self, queues: str | QueueAddress | Iterable[str | QueueAddress]) -> list[QueueAddress]:
+        """One queue or many, as checked addresses."""
         if isinstance(queues, (str, QueueAddress)):
-            many: list[str | QueueAddress] = [queues]
-        elif isinstance(queues, Iterable) and not isinstance(queues, (bytes, Mapping)):
-            many = list(queues)
-        else:
-            raise ArgumentTypeError(f"queues must be a queue or an iterable of queues, got {type(queues).__name__}")
-        return await self._run(ops.queue_stats(self.dialect, [self.address(q) for q in many], expired_limit))
+            return [self.address(queues)]
+        if isinstance(queues, Iterable) and not isinstance(queues, (bytes, Mapping)):
+            return [self.address(q) for q in queues]
+        raise ArgumentTypeError(f"queues must be a queue or an iterable of queues, got {type(queues).__name__}")
 
     async def horizon(self) -> ops.Horizon | None:
         """What holds back vacuum in the database (PostgreSQL's xmin horizon): the sessions, prepared
@@ -1127,18 +1204,40 @@ class AsyncQueueClient(Addressing):
 
     async def health(
         self,
-        queues: str | QueueAddress | Iterable[str | QueueAddress],
+        queues: str | QueueAddress | Iterable[str | QueueAddress] | None = None,
         *,
         expired_limit: int = defaults.EXPIRED_COUNT_LIMIT,
+        report_unreadable: bool = False,
     ) -> Health:
-        """:meth:`queue_stats` of ``queues`` and the database's :meth:`horizon`, with what is wrong with them
-        (:func:`~.health.problems`: a horizon held long, lapsed claims, due delayed messages no mover
-        moved, dead rows piling up, failed messages in an error queue)."""
-        stats = await self.queue_stats(queues, expired_limit=expired_limit)
+        """:meth:`queue_stats` of ``queues`` (None: every queue the connection may read) and the database's
+        :meth:`horizon`, with what is wrong with them (:func:`~.health.problems`: a horizon held long,
+        lapsed claims, due delayed messages no mover moved, dead rows piling up, failed messages in an
+        error queue).
+
+        ``report_unreadable``: a queue that cannot be measured -- dropped since it was listed, no
+        longer a queue, its claim store or delayed table broken, no rights on it -- is reported as an
+        ``unreadable`` problem and the others are measured, instead of the call failing: what a survey
+        of many queues (a dashboard, a monitoring check) wants. A lost connection still fails it.
+        """
+        check_positive("expired_limit", expired_limit)
+        flag("report_unreadable", report_unreadable)
+        addresses = await self.queues() if queues is None else self._addresses(queues)
+        stats: list[ops.QueueStats] = []
+        unreadable: list[Problem] = []
+        for address in addresses:  # one at a time: a queue that fails leaves the others measured
+            try:
+                stats += await self._run(ops.queue_stats(self.dialect, [address], expired_limit))
+            except (TransportUnavailableError, TransactionAbortedError, ClientClosedError):
+                raise
+            except SqlQueueError as exc:
+                if not report_unreadable:
+                    raise
+                log.warning("Leaving %s out of the health figures: %s", self.dialect.qualified_name(address), exc)
+                unreadable.append(Problem("unreadable", address, f"cannot be measured: {one_line(exc)}"))
         horizon = await self.horizon()
         now = datetime.now(timezone.utc)
         error_queues = {s.queue for s in stats if self.kind(s.queue) == "error"}
-        return Health(stats, horizon, now, problems(stats, horizon, error_queues, now))
+        return Health(stats, horizon, now, problems(stats, horizon, error_queues, now) + unreadable)
 
     async def claims(self, queue: str | QueueAddress, limit: int = defaults.CLAIMS_PAGE) -> list[ops.ClaimInfo]:
         """The queue's ``limit`` claims whose leases end first (lapsed first): who holds what, and for how long still."""
@@ -1232,6 +1331,15 @@ class QueueClient(Addressing):
     def connection(self) -> Any:
         """The DB-API connection (in :meth:`receive_native`, the one holding the receive transaction)."""
         return self.session.connection
+
+    @property
+    def meter(self) -> Meter:
+        """Where the client reports what it moved (see :attr:`AsyncQueueClient.meter`)."""
+        return self._calls.meter
+
+    @meter.setter
+    def meter(self, meter: Meter) -> None:
+        self._calls.meter = meter
 
     def __enter__(self) -> QueueClient:
         return self

@@ -20,7 +20,7 @@ from .addressing import QueueAddress
 from .operations import Horizon, QueueStats
 
 #: What a finding is about, as metrics tag it and the page sorts it.
-Concern = Literal["horizon", "lapsed", "overdue", "dead_rows", "failed"]
+Concern = Literal["horizon", "lapsed", "overdue", "dead_rows", "failed", "unreadable"]
 
 
 @dataclass(frozen=True)

@@ -587,9 +587,16 @@ def publish(
 # -- receiving ---------------------------------------------------------------------------------
 
 
+class Taken(list[ReceivedMessage]):
+    """Messages a receive, claim or take handed out, and how many rows it moved to the error queue
+    instead (unreadable headers, delivered ``max_deliveries`` times): what a meter counts as such."""
+
+    moved_to_error: int = 0
+
+
 def receive(
     d: Dialect, address: QueueAddress, error_address: QueueAddress, limit: int, *, atomic: bool = True
-) -> Operation[list[ReceivedMessage]]:
+) -> Operation[Taken]:
     """Delete and return up to ``limit`` of the oldest messages.
 
     Expired rows are deleted and never returned. Rows whose headers NServiceBus could not read are
@@ -610,14 +617,12 @@ def receive(
 _RECEIVED_SEQ = itemgetter(ReceivedRow._fields.index("seq"))
 
 
-def _receive(
-    d: Dialect, address: QueueAddress, error_address: QueueAddress, limit: int
-) -> Operation[list[ReceivedMessage]]:
+def _receive(d: Dialect, address: QueueAddress, error_address: QueueAddress, limit: int) -> Operation[Taken]:
     yield from table_shape(d, address)
     yield from table_shape(d, error_address)  # a poison row must have somewhere to go: known before any receive
     target = d.qualified_name(address)
     head = d.head(address)
-    received: list[ReceivedMessage] = []
+    received = Taken()
     requeued = False
     while len(received) < limit and not requeued:
         wanted = limit - len(received)
@@ -643,6 +648,7 @@ def _receive(
                     Fetch.NONE,
                     d.qualified_name(error_address),
                 )
+                received.moved_to_error += 1
                 requeued = requeued or d.qualified_name(error_address) == target
                 continue
             received.append(ReceivedMessage(as_uuid(message_id), headers, bytes(body or b"")))
@@ -724,7 +730,7 @@ def claim(
     holder: str | None,
     *,
     reclaim: bool = True,
-) -> Operation[list[ReceivedMessage]]:
+) -> Operation[Taken]:
     """Claim up to ``limit`` messages: first those whose lease ran out, then fresh ones from the queue.
 
     ``reclaim=False`` skips looking for lapsed claims (one statement less), for a caller that has
@@ -747,7 +753,7 @@ def claim(
     counted = 1 if holder is not None else 0
     params = {"deliveries": counted, "lease_ms": lease_ms, "holder": holder, "queue": queue_key, "limit": limit}
     head = d.head(address)
-    claimed: list[ReceivedMessage] = []
+    claimed = Taken()
     if reclaim:
         if head is not None:
             params["lapsed_ms"] = head.look_back_ms("reclaim")
@@ -760,7 +766,9 @@ def claim(
             if len(held) == limit and len(claimed) < limit:  # lapsed claims may wait behind the expired ones
                 shortfall = {**params, "limit": limit - len(claimed)}
                 held = [HeldRow(*row) for row in (yield Step(d.reclaim_sql(address), shortfall, Fetch.ALL, target))]
-                claimed += yield from _hand_out(d, address, error_address, held, counted, max_deliveries)
+                more = yield from _hand_out(d, address, error_address, held, counted, max_deliveries)
+                claimed.extend(more)
+                claimed.moved_to_error += more.moved_to_error
     requeued = False  # a poison row moved into this very queue (its own error queue): do not meet it again
     while len(claimed) < limit and not requeued:
         wanted = limit - len(claimed)
@@ -778,6 +786,7 @@ def claim(
                 headers = decode_headers(headers_text)
             except InvalidHeadersError as exc:
                 yield from _claim_poison_to_error(d, address, error_address, token, message_id, headers_text, exc)
+                claimed.moved_to_error += 1
                 requeued = requeued or d.qualified_name(error_address) == target
                 continue
             claimed.append(
@@ -795,7 +804,7 @@ def _hand_out(
     rows: list[HeldRow],
     counted: int,
     max_deliveries: int | None,
-) -> Operation[list[ReceivedMessage]]:
+) -> Operation[Taken]:
     """The messages of handed-out claims, in send order.
 
     Expired messages are dropped, unreadable ones moved to the error queue, and -- given
@@ -803,7 +812,7 @@ def _hand_out(
     """
     target = d.qualified_name(address)
     rows = sorted(rows, key=lambda row: row.seq)
-    handed: list[ReceivedMessage] = []
+    handed = Taken()
     expired_tokens: list[uuid.UUID] = []
     for token, message_id, expired, headers_text, body, deliveries, last_error, _seq in rows:
         if expired:
@@ -814,6 +823,7 @@ def _hand_out(
             headers = decode_headers(headers_text)
         except InvalidHeadersError as exc:
             yield from _claim_poison_to_error(d, address, error_address, token, message_id, headers_text, exc)
+            handed.moved_to_error += 1
             continue
         delivered = deliveries - counted  # deliveries before this one
         if max_deliveries is not None and delivered >= max_deliveries:
@@ -838,6 +848,7 @@ def _hand_out(
                 Fetch.NONE,
                 target,
             )
+            handed.moved_to_error += 1
             continue
         handed.append(ReceivedMessage(as_uuid(message_id), headers, bytes(body or b""), as_uuid(token), deliveries))
     if expired_tokens:
@@ -874,7 +885,7 @@ def take(
     lease_ms: int,
     holder: str,
     limit: int,
-) -> Operation[list[ReceivedMessage]]:
+) -> Operation[Taken]:
     """Hand reservations to ``holder``: those of ``tokens``, or (None) the queue's oldest, up to ``limit``.
 
     Each taken message gets a new token and a counted delivery, so whoever else still knows the
@@ -893,7 +904,7 @@ def take(
         params = {"lease_ms": lease_ms, "holder": holder, "tokens": d.token_list(tokens), "queue": queue_key}
         found = yield Step(d.take_sql(address), params, Fetch.ALL, target)
     else:
-        return []
+        return Taken()
     return (yield from _hand_out(d, address, error_address, [HeldRow(*row) for row in found], 1, None))
 
 

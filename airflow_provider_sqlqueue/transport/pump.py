@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -48,6 +49,7 @@ from .message import (
     flag,
     storable_text,
 )
+from .meter import Meter
 
 log = logging.getLogger("airflow_provider_sqlqueue.pump")
 
@@ -188,6 +190,7 @@ class MessagePump:
         batch_handler: BatchHandler | None = None,
         move_delayed: bool = True,
         audit_queue: QueueAddress | None = None,
+        meter: Meter | None = None,
     ) -> None:
         if (handler is None) == (batch_handler is None):
             raise InvalidArgumentError(
@@ -208,6 +211,11 @@ class MessagePump:
         check_positive("peek_batch_size", peek_batch_size)
         check_positive("max_deliveries", max_deliveries)
         flag("move_delayed", move_delayed)
+        if meter is not None and not isinstance(meter, Meter):
+            raise ArgumentTypeError(f"meter must be a transport.meter.Meter, got {type(meter).__name__}")
+        #: Where the pump reports what it did (:mod:`.meter`): per message received, handled, failed,
+        #: moved to the error queue, whose lease was lost, moved from the delayed table; handler times.
+        self.meter = Meter() if meter is None else meter
         receive_batch_size = check_positive(
             "receive_batch_size", max_concurrency if receive_batch_size is None else receive_batch_size
         )
@@ -299,6 +307,7 @@ class MessagePump:
                 moved = 0
             if moved:
                 log.info("Queue %s: moved %d due delayed message(s) into place", self.name, moved)
+                self.meter.count("moved_due", self.queue, moved)
             if moved < defaults.DELAYED_BATCH:
                 await self._sleep(defaults.DELAYED_INTERVAL)
 
@@ -387,11 +396,13 @@ class MessagePump:
                         reclaim=self._lapsed,
                     )
                 )
+        self._count_taken(messages)
         if not messages:
             return 0
         started: dict[uuid.UUID, datetime] = {}
         if self.transaction_mode is TransactionMode.NONE:
             outcomes = await self._handle_all(messages, started)
+            self._count_outcomes(sum(error is None for error in outcomes), sum(error is not None for error in outcomes))
             for message, error in zip(messages, outcomes, strict=True):
                 if error is not None:
                     await self._copy_to_error(message, error)
@@ -439,6 +450,8 @@ class MessagePump:
                 await session.run(ops.move_to_error(self.dialect, self.queue, self.error_queue, message, error))
         except Exception as exc:  # noqa: BLE001  # best effort: the failure is logged, the pump goes on
             log.error("Queue %s: could not copy failed message %s to the error queue: %s", self.name, message.id, exc)
+        else:
+            self.meter.count("moved_to_error", self.queue, 1)
 
     async def _copy_to_audit(self, messages: list[ReceivedMessage], started: dict[uuid.UUID, datetime]) -> None:
         """``none`` mode: the processed messages are already gone from the queue; copy them to the audit queue."""
@@ -467,13 +480,31 @@ class MessagePump:
                 if error is not None and message.claim_token is not None:
                     failure = Failure.of(error, self.name)
                     held |= await session.run(ops.nack(self.dialect, self.queue, [message.claim_token], failure, 0))
-        for message in messages:
-            if message.claim_token not in held:
-                log.warning(
-                    "Queue %s: lease on message %s ran out before it was settled; it may be handled again",
-                    self.name,
-                    message.id,
-                )
+        lost = [message for message in messages if message.claim_token not in held]
+        for message in lost:
+            log.warning(
+                "Queue %s: lease on message %s ran out before it was settled; it may be handled again",
+                self.name,
+                message.id,
+            )
+        settled = [error for message, error in zip(messages, outcomes, strict=True) if message.claim_token in held]
+        self._count_outcomes(sum(error is None for error in settled), sum(error is not None for error in settled))
+        if lost:
+            self.meter.count("leases_lost", self.queue, len(lost))
+
+    def _count_taken(self, taken: ops.Taken) -> None:
+        """Report messages received, and those the receive moved to the error queue instead."""
+        if taken:
+            self.meter.count("received", self.queue, len(taken))
+        if taken.moved_to_error:
+            self.meter.count("moved_to_error", self.queue, taken.moved_to_error)
+
+    def _count_outcomes(self, handled: int, failed: int) -> None:
+        """Report messages settled: handled (acknowledged, or committed), failed (given back, or rolled back)."""
+        if handled:
+            self.meter.count("handled", self.queue, handled)
+        if failed:
+            self.meter.count("failed", self.queue, failed)
 
     async def _receive_singly(self, budget: int) -> int:
         """Run up to ``budget`` native receives, at most ``max_concurrency`` at once; stop at the first empty one."""
@@ -516,7 +547,7 @@ class MessagePump:
         """
         if self._isolating:
             wanted = 1
-        received: list[ReceivedMessage] = []
+        received = ops.Taken()
         batch: list[ReceivedMessage] = []
         outcome: BaseException | None = None
         handled = False  # the batch handler returned normally, its transaction still whole
@@ -527,6 +558,7 @@ class MessagePump:
                         received = await ops.drive(
                             ops.receive(self.dialect, self.queue, self.error_queue, wanted), session.execute
                         )
+                        self._count_taken(received)
                         for message in received:
                             if not await self._dead_letter_if_exhausted(session, message):
                                 batch.append(message)
@@ -540,6 +572,10 @@ class MessagePump:
                                 handler_failure(exc)
                                 outcome = exc
                                 raise _Rollback from exc
+                            finally:
+                                self.meter.handler_time(
+                                    self.queue, (datetime.now(timezone.utc) - started).total_seconds()
+                                )
                             outcome = aborted(session)
                             handled = outcome is None
                             if outcome is not None:
@@ -555,6 +591,7 @@ class MessagePump:
             raise
         if self._isolating:
             self._isolating -= 1
+        self._count_outcomes(*((len(batch), 0) if outcome is None else (0, len(batch))))
         if outcome is None:
             self.handled += len(batch)
             for message in received:  # handled, or moved to the error queue: either way done
@@ -583,6 +620,7 @@ class MessagePump:
         always outlasts the session reaches the error queue after ``max_deliveries`` instead of
         coming back for ever. Several messages are then received one at a time, as after a failed batch."""
         self.failed += len(messages)
+        self._count_outcomes(0, len(messages))
         log.warning(
             "Queue %s: the transaction of %d handled message(s) did not commit, so they count as failed: %s",
             self.name,
@@ -611,6 +649,7 @@ class MessagePump:
         await ops.drive(
             ops.move_to_error(self.dialect, self.queue, self.error_queue, message, last_error), session.execute
         )
+        self.meter.count("moved_to_error", self.queue, 1)
         return True
 
     def _note_ttbr(self, message: ReceivedMessage) -> None:
@@ -625,9 +664,11 @@ class MessagePump:
         self._note_ttbr(message)
         if self.handler is None:  # not reached: a pump with a batch handler handles whole batches
             raise ArgumentTypeError("this pump has a batch_handler")
+        began = time.monotonic()
         try:
             await self.handler(message, connection)
         except BaseException as exc:  # noqa: BLE001  # the handler's failure is data for recoverability, not a pump crash
+            self.meter.handler_time(self.queue, time.monotonic() - began)
             handler_failure(exc)
             self.failed += 1
             log.warning(
@@ -638,6 +679,7 @@ class MessagePump:
                 storable_text(error_text(exc), defaults.MAX_FAILURE_TEXT),
             )
             return exc
+        self.meter.handler_time(self.queue, time.monotonic() - began)
         self.handled += 1
         return None
 
@@ -652,6 +694,7 @@ class MessagePump:
                         received = await ops.drive(
                             ops.receive(self.dialect, self.queue, self.error_queue, 1), session.execute
                         )
+                        self._count_taken(received)
                         if not received:
                             return False
                         message = received[0]
@@ -679,8 +722,10 @@ class MessagePump:
         if message is not None:
             if outcome is None:
                 self.failures.forget(message.id)
+                self._count_outcomes(1, 0)
             else:
                 self.failures.record(message.id, outcome)
+                self._count_outcomes(0, 1)
         return True
 
     async def _audit_in(

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +57,55 @@ RUNTIME_MODULES = (
 def _import_runtime() -> None:
     for name in RUNTIME_MODULES:
         importlib.import_module(name)
+
+
+#: The gauges of each connection a triggerer's triggers wait on, sent from that triggerer:
+#: (event loop, connection id) -> [the sending task, how many triggers wait on the connection].
+_reporters: dict[tuple[int, str], list[Any]] = {}
+
+
+def _health_interval() -> float:
+    """``[sqlqueue] health_metrics_interval``, or 0 while Airflow's metrics are off (nothing would be sent)."""
+    from airflow.sdk import conf
+
+    if not (
+        conf.getboolean("metrics", "statsd_on", fallback=False) or conf.getboolean("metrics", "otel_on", fallback=False)
+    ):
+        return 0.0
+    return conf.getfloat("sqlqueue", "health_metrics_interval", fallback=defaults.HEALTH_METRICS_INTERVAL)
+
+
+def _report_health(conn_id: str, interval: float) -> Callable[[], None]:
+    """Send the gauges of ``conn_id``'s queues every ``interval`` seconds while a trigger waits on it
+    (one sender per connection and triggerer, however many triggers); returns what the trigger calls
+    when it ends. The queues' health then shows in the metrics continuously, not only when a DAG runs
+    ``QueueMetricsOperator``."""
+    if interval <= 0:
+        return lambda: None
+    key = (id(asyncio.get_running_loop()), conn_id)
+    entry = _reporters.get(key)
+    if entry is None:
+        entry = _reporters[key] = [asyncio.create_task(_send_health(conn_id, interval)), 0]
+    entry[1] += 1
+
+    def release() -> None:
+        entry[1] -= 1
+        if entry[1] == 0 and _reporters.get(key) is entry:
+            entry[0].cancel()
+            del _reporters[key]
+
+    return release
+
+
+async def _send_health(conn_id: str, interval: float) -> None:
+    def emit() -> None:  # on a worker thread: it connects, queries and sends with blocking calls
+        from ..metrics import emit_queue_metrics
+
+        emit_queue_metrics([conn_id])
+
+    while True:
+        await asyncio.to_thread(emit)
+        await asyncio.sleep(interval)
 
 
 def lease_seconds(lease: timedelta | float) -> float:
@@ -172,6 +221,14 @@ class SqlQueueTrigger(BaseTrigger):
         connection only while receiving: waiting is the shared poller's.
         """
         await asyncio.to_thread(_import_runtime)
+        release = _report_health(self.sqlqueue_conn_id, await asyncio.to_thread(_health_interval))
+        try:
+            async for batch in self._batches():
+                yield batch
+        finally:
+            release()
+
+    async def _batches(self) -> AsyncIterator[list[dict[str, Any]]]:
         from ..hooks.sqlqueue import SqlQueueHook
         from ..transport.breaker import CircuitBreaker
         from ..transport.drivers import close_quietly

@@ -162,7 +162,8 @@ async function loadQueues() {
     cell(row, number(q.in_flight), "num in-flight");
     cell(row, number(q.lapsed), `num lapsed${q.lapsed ? " warn" : ""}`);
     cell(row, q.expired_capped ? `${number(q.expired)}+` : number(q.expired), `num expired${q.expired ? " warn" : ""}`);
-    const due = q.due_delayed ? `${number(q.due_delayed)} (${age(q.overdue_seconds)})` : number(q.due_delayed);
+    const dueCount = `${number(q.due_delayed)}${q.due_delayed_capped ? "+" : ""}`;
+    const due = q.due_delayed ? `${dueCount} (${age(q.overdue_seconds)})` : number(q.due_delayed);
     cell(row, due, `num due-delayed${q.due_delayed ? " warn" : ""}`);
     const dead = cell(row, number(q.dead_rows), "num dead-rows");
     dead.title = q.last_vacuum ? `Last vacuumed ${q.last_vacuum}` : "Never vacuumed since the statistics were reset";

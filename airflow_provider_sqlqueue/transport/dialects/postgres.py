@@ -343,19 +343,24 @@ class PostgresDialect(Dialect):
         )
 
     def horizon_sql(self) -> str:
-        # Every kind of holder: a session's snapshot (an open transaction, idle or not; a standby's
-        # hot_standby_feedback through its walsender), a prepared transaction, a replication slot.
-        # Sessions of other roles show their state and start only to pg_read_all_stats (superusers too).
+        # What vacuum of this database's tables waits for: a session of this database with a snapshot
+        # or a transaction id of its own (idle in a transaction after a write has no snapshot, and
+        # holds the horizon all the same), a walsender (a standby's hot_standby_feedback, for every
+        # database), a prepared transaction of this database, a slot's xmin (catalog_xmin holds only
+        # catalog tables back). Sessions of other roles show their state and start only to
+        # pg_read_all_stats (superusers too).
         return (
             "SELECT h.holder, h.application, h.state, h.since, h.xid_age, "
             "pg_has_role(current_user, 'pg_read_all_stats', 'USAGE') "
             "FROM (SELECT) AS one LEFT JOIN ("
             "SELECT 'pid ' || pid AS holder, application_name AS application, coalesce(state, backend_type) AS state, "
-            "coalesce(xact_start, backend_start) AS since, age(backend_xmin) AS xid_age FROM pg_stat_activity "
-            "WHERE backend_xmin IS NOT NULL AND pid <> pg_backend_pid() "
+            "xact_start AS since, greatest(age(backend_xmin), age(backend_xid)) AS xid_age FROM pg_stat_activity "
+            "WHERE (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL) AND pid <> pg_backend_pid() "
+            "AND (datname = current_database() OR backend_type = 'walsender') "
             "UNION ALL SELECT gid, 'prepared transaction', 'prepared', prepared, age(transaction) FROM pg_prepared_xacts "
-            "UNION ALL SELECT slot_name, 'replication slot', 'replication slot', NULL, "
-            "greatest(age(xmin), age(catalog_xmin)) FROM pg_replication_slots WHERE xmin IS NOT NULL OR catalog_xmin IS NOT NULL "
+            "WHERE database = current_database() "
+            "UNION ALL SELECT slot_name, 'replication slot', 'replication slot', NULL, age(xmin) FROM pg_replication_slots "
+            "WHERE xmin IS NOT NULL AND (database IS NULL OR database = current_database()) "
             "ORDER BY xid_age DESC LIMIT %(limit)s) AS h ON true ORDER BY h.xid_age DESC"
         )
 
