@@ -248,3 +248,28 @@ def test_a_survey_reports_a_queue_it_cannot_measure_and_measures_the_rest(
     with pytest.raises(NotAQueueError):
         client.health(store)
     assert [p.concern for p in client.health(store, report_unreadable=True).problems] == ["unreadable"]
+
+
+def test_a_role_that_may_only_read_can_watch_and_hides_nothing_from_receivers(
+    pg_uri: str, client: QueueClient, queue: QueueAddress, schema: str, raw: Any
+) -> None:
+    import uuid
+
+    from psycopg import sql
+    from psycopg.conninfo import make_conninfo
+
+    role = f"health_watcher_{uuid.uuid4().hex[:8]}"
+    raw.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    raw.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(schema), sql.Identifier(role)))
+    raw.execute(
+        sql.SQL("GRANT SELECT ON ALL TABLES IN SCHEMA {} TO {}").format(sql.Identifier(schema), sql.Identifier(role))
+    )
+    client.send(queue, [Message("one"), Message("two")])
+    try:
+        with QueueClient.connect(make_conninfo(pg_uri, user=role)) as watcher, watcher.transaction():
+            [stats] = watcher.health(queue).queues
+            assert (stats.waiting, stats.in_flight, stats.due_delayed) == (2, 0, 0)
+            assert len(client.receive(queue, 2)) == 2  # the watcher's open transaction locks no message
+    finally:
+        raw.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+        raw.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))

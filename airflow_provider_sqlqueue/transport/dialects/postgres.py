@@ -323,10 +323,13 @@ class PostgresDialect(Dialect):
 
     def queue_figures_sql(self, address: QueueAddress) -> str:
         # Each figure comes off an index: the Seq range and the oldest row off the Seq index, expired
-        # rows off the partial Expires index, and no more than %(limit)s of them are counted.
+        # rows off the partial Expires index, and no more than %(limit)s of them are counted. Unlike a
+        # receiver's peek it locks no row: a role with SELECT alone can watch, and a watcher inside a
+        # transaction hides no message from receivers (rows being received count as waiting).
         q = self.qualified_name(address)
         return (
-            f"SELECT (SELECT waiting FROM ({self._peek(q, '0')}) AS p), (SELECT Headers FROM {q} ORDER BY Seq LIMIT 1), "
+            f"SELECT (SELECT COALESCE(max(Seq) - min(Seq) + 1, 0)::bigint FROM {q}), "
+            f"(SELECT Headers FROM {q} ORDER BY Seq LIMIT 1), "
             f"(SELECT count(*) FROM (SELECT 1 FROM {q} WHERE Expires < {_UTC_NOW} LIMIT %(limit)s) AS expired), "
             "s.n_dead_tup, greatest(s.last_vacuum, s.last_autovacuum) "
             f"FROM (SELECT) AS one LEFT JOIN pg_stat_all_tables AS s "
