@@ -9,7 +9,9 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 
 from airflow_provider_sqlqueue.metrics import metric_name_part
 from airflow_provider_sqlqueue.transport import Message, QueueAddress, QueueClient
@@ -107,8 +109,14 @@ def test_queue_metrics_reach_statsd_tagged_and_named_per_queue(airflow_db, pg_ur
             client.session.connection.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
-def statsd_datagrams(env: dict[str, str], script: str) -> list[str]:
-    """Run ``script`` in a process with Airflow's StatsD client pointed at a real UDP listener; what it received."""
+def statsd_datagrams(
+    env: dict[str, str], script: str, until: Callable[[list[str]], bool] | None = None, stop: Path | None = None
+) -> list[str]:
+    """Run ``script`` in a process with Airflow's StatsD client pointed at a real UDP listener; what it received.
+
+    With ``until``, the file ``stop`` is made once the datagrams received satisfy it: the script
+    waits for that file instead of a fixed time, however loaded the machine is.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as listener:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
         listener.bind(("127.0.0.1", 0))
@@ -130,6 +138,8 @@ def statsd_datagrams(env: dict[str, str], script: str) -> list[str]:
                     lines.extend(listener.recv(65536).decode().splitlines())
                 except TimeoutError:
                     continue
+                if until is not None and stop is not None and until(lines):
+                    stop.touch()
 
         reader = threading.Thread(target=listen, daemon=True)
         reader.start()
@@ -177,8 +187,9 @@ with SqlQueueHook("shop").client() as client:
     assert counters["airflow.sqlqueue.sent"] >= 5  # the tagged form
 
 
-def test_a_waiting_trigger_sends_its_connections_gauges_without_any_dag(airflow_db, pg_uri):
+def test_a_waiting_trigger_sends_its_connections_gauges_without_any_dag(airflow_db, pg_uri, tmp_path):
     """The triggerer's triggers keep the gauges flowing (every [sqlqueue] health_metrics_interval)."""
+    stop = tmp_path / "seen"
     schema = f"trigger_metrics_{uuid.uuid4().hex[:8]}"
     with QueueClient.connect(pg_uri) as client:
         client.session.connection.execute(f'CREATE SCHEMA "{schema}"')
@@ -187,13 +198,16 @@ def test_a_waiting_trigger_sends_its_connections_gauges_without_any_dag(airflow_
             client.create_queue(QueueAddress("busy", schema))
             client.send(QueueAddress("busy", schema), [Message("a"), Message("b")])
             script = f"""
-import asyncio
+import asyncio, os
 from airflow_provider_sqlqueue.triggers.sqlqueue import SqlQueueTrigger, _reporters
 
 async def main():
     triggers = [SqlQueueTrigger(queue_name='idle@"{schema}"', sqlqueue_conn_id="shop", peek_interval=0.2) for _ in range(3)]
     waiting = [asyncio.create_task(t.batches().__anext__()) for t in triggers]
-    await asyncio.sleep(3.5)  # nothing arrives: the triggers wait, the gauges flow
+    for _ in range(1200):  # nothing arrives: the triggers wait, the gauges flow, until two were seen
+        await asyncio.sleep(0.1)
+        if os.path.exists({str(stop)!r}):
+            break
     assert len(_reporters) == 1, _reporters  # one sender for the connection, however many triggers
     for task in waiting:
         task.cancel()
@@ -203,7 +217,8 @@ async def main():
 asyncio.run(main())
 """
             env = {"AIRFLOW_CONN_SHOP": airflow_connection(pg_uri), "AIRFLOW__SQLQUEUE__HEALTH_METRICS_INTERVAL": "1"}
-            lines = statsd_datagrams(env, script)
+            busy = f"airflow.sqlqueue.waiting.shop.{schema}.busy:"
+            lines = statsd_datagrams(env, script, lambda got: sum(line.startswith(busy) for line in got) >= 2, stop)
         finally:
             client.session.connection.execute(f'DROP SCHEMA "{schema}" CASCADE')
     waiting = [line for line in lines if line.startswith(f"airflow.sqlqueue.waiting.shop.{schema}.busy:")]

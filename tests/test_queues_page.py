@@ -239,6 +239,9 @@ def test_the_page_shows_problems_first_and_who_holds_the_horizon(api_server, bro
         client.create_queue(late)
         client.send(late, Message("due long ago"), delay=0.001)
         client.session.connection.execute(f'UPDATE "{schema}"."late.Delayed" SET Due = Due - interval \'10 minutes\'')
+        client.send(late, Message("fails"))
+        [failing] = client.claim(late)
+        client.fail(late, failing, ValueError("handler failed"))  # a failing handler: its error queue is a problem
         pin.execute("SET application_name = 'browser-health-pin'")
         pin.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         pin.execute("SELECT 1")
@@ -247,18 +250,28 @@ def test_the_page_shows_problems_first_and_who_holds_the_horizon(api_server, bro
             open_queues(browser, services.url)
             browser.find_element(By.ID, "search").send_keys(schema)
 
-            def first_row() -> str:
-                return str(browser.find_element(By.CSS_SELECTOR, "#queues tbody tr").get_attribute("data-queue"))
+            def rows() -> list[tuple[str, bool]]:
+                return [
+                    (str(r.get_attribute("data-queue")), "problem" in str(r.get_attribute("class")))
+                    for r in browser.find_elements(By.CSS_SELECTOR, "#queues tbody tr")
+                ]
 
-            wait_for(lambda: first_row() == f'late@"{schema}"', what="the queue with a problem first")
-            row = browser.find_element(By.CSS_SELECTOR, "#queues tbody tr")
-            assert "problem" in str(row.get_attribute("class"))
+            wanted = {(f'late@"{schema}"', True), (f'error@"{schema}"', True), (f'orders@"{schema}"', False)}
+
+            def marked() -> list[tuple[str, bool]] | None:
+                got = rows()
+                return got if set(got) == wanted else None
+
+            shown = wait_for(marked, what="late and error marked")
+            assert [problem for _, problem in shown] == [True, True, False]  # the queues with problems first
             assert row_text(browser, f'late@"{schema}"', "due-delayed").startswith("1 (10 min")
             panel = browser.find_element(By.ID, "problems-panel")
             assert panel.is_displayed()
             assert f'late@"{schema}": 1 delayed message(s) due for 10 min' in panel.text
+            assert f'error@"{schema}": about 1 failed message(s) wait in this error queue' in panel.text
             wait_for(lambda: "browser-health-pin" in browser.find_element(By.ID, "horizon").text, what="the pin")
             browser.save_screenshot(str(ARTIFACTS / "queues-page-problems.png"))
         finally:
             pin.rollback()
             client.drop_queue(late)
+            client.purge(QueueAddress("error", schema))
