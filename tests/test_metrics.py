@@ -40,47 +40,14 @@ def test_queue_metrics_reach_statsd_tagged_and_named_per_queue(airflow_db, pg_ur
                 f'UPDATE "{schema}"."orders.Delayed" SET Due = Due - interval \'3 minutes\''
             )
             time.sleep(0.05)
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as listener:
-                # Room for every datagram of a burst: every queue of the database is measured (other tests' too).
-                listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
-                listener.bind(("127.0.0.1", 0))
-                listener.settimeout(0.5)
-                env = {
-                    **os.environ,
-                    "AIRFLOW__METRICS__STATSD_ON": "True",
-                    "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
-                    "AIRFLOW__METRICS__STATSD_PORT": str(listener.getsockname()[1]),
-                    "AIRFLOW__METRICS__STATSD_PREFIX": "airflow",
-                    "AIRFLOW_CONN_SHOP": airflow_connection(pg_uri),
-                }
-                script = (
-                    "from airflow_provider_sqlqueue.metrics import emit_queue_metrics; "
-                    "print(emit_queue_metrics(['shop', 'missing']))"
-                )
-                # Read while the metrics are sent: every queue of the database is measured (other tests'
-                # too), more datagrams than a socket buffer holds if they wait until the end.
-                lines: list[str] = []
-                done = threading.Event()
-
-                def listen() -> None:
-                    while not done.is_set():
-                        try:
-                            lines.extend(listener.recv(65536).decode().splitlines())
-                        except TimeoutError:
-                            continue
-
-                reader = threading.Thread(target=listen, daemon=True)
-                reader.start()
-                run = subprocess.run(
-                    [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
-                )
-                assert run.returncode == 0, run.stderr[-3000:]
-                measured = run.stdout.strip().splitlines()[-1]  # what emit_queue_metrics returned
-                assert "'shop'" in measured and "'missing'" not in measured  # an unknown connection is skipped
-                assert "no Airflow connection 'missing' is defined" in run.stdout  # and the log says why
-                time.sleep(0.5)  # the last datagrams in flight
-                done.set()
-                reader.join(5)
+            script = (
+                "from airflow_provider_sqlqueue.metrics import emit_queue_metrics; "
+                "print(emit_queue_metrics(['shop', 'missing']))"
+            )
+            lines, output = statsd_datagrams({"AIRFLOW_CONN_SHOP": airflow_connection(pg_uri)}, script)
+            measured = output.strip().splitlines()[-1]  # what emit_queue_metrics returned
+            assert "'shop'" in measured and "'missing'" not in measured  # an unknown connection is skipped
+            assert "no Airflow connection 'missing' is defined" in output  # and the log says why
             gauges = dict(line.rsplit("|", 1)[0].split(":", 1) for line in lines)
             path = f"shop.{schema}"
             assert gauges[f"airflow.sqlqueue.waiting.{path}.orders"] == "3"
@@ -111,8 +78,10 @@ def test_queue_metrics_reach_statsd_tagged_and_named_per_queue(airflow_db, pg_ur
 
 def statsd_datagrams(
     env: dict[str, str], script: str, until: Callable[[list[str]], bool] | None = None, stop: Path | None = None
-) -> list[str]:
-    """Run ``script`` in a process with Airflow's StatsD client pointed at a real UDP listener; what it received.
+) -> tuple[list[str], str]:
+    """Run ``script`` in a process with Airflow's StatsD client pointed at a real UDP listener: the datagrams
+    received (read while they are sent: every queue of the database may be measured, more datagrams
+    than a socket buffer holds), and what the script printed.
 
     With ``until``, the file ``stop`` is made once the datagrams received satisfy it: the script
     waits for that file instead of a fixed time, however loaded the machine is.
@@ -152,7 +121,7 @@ def statsd_datagrams(
             done.set()
             reader.join(5)
     assert run.returncode == 0, run.stderr[-3000:]
-    return lines
+    return lines, run.stdout
 
 
 def test_what_a_hooks_clients_do_is_counted_in_statsd(airflow_db, pg_uri):
@@ -171,7 +140,7 @@ with SqlQueueHook("shop").client() as client:
     client.ack(orders, [m.claim_token for m in claimed[:2]])
     client.fail(orders, claimed[2], ValueError("no"))
 """
-            lines = statsd_datagrams({"AIRFLOW_CONN_SHOP": airflow_connection(pg_uri)}, script)
+            lines, _ = statsd_datagrams({"AIRFLOW_CONN_SHOP": airflow_connection(pg_uri)}, script)
         finally:
             client.session.connection.execute(f'DROP SCHEMA "{schema}" CASCADE')
     counters: dict[str, int] = {}
@@ -218,7 +187,7 @@ asyncio.run(main())
 """
             env = {"AIRFLOW_CONN_SHOP": airflow_connection(pg_uri), "AIRFLOW__SQLQUEUE__HEALTH_METRICS_INTERVAL": "1"}
             busy = f"airflow.sqlqueue.waiting.shop.{schema}.busy:"
-            lines = statsd_datagrams(env, script, lambda got: sum(line.startswith(busy) for line in got) >= 2, stop)
+            lines, _ = statsd_datagrams(env, script, lambda got: sum(line.startswith(busy) for line in got) >= 2, stop)
         finally:
             client.session.connection.execute(f'DROP SCHEMA "{schema}" CASCADE')
     waiting = [line for line in lines if line.startswith(f"airflow.sqlqueue.waiting.shop.{schema}.busy:")]
