@@ -17,8 +17,9 @@ from airflow_provider_sqlqueue.transport.errors import (
 def test_every_error_is_the_librarys_own_and_only_one_says_retry() -> None:
     classes = [c for _, c in inspect.getmembers(errors, inspect.isclass) if issubclass(c, BaseException)]
     assert classes and all(issubclass(c, SqlQueueError) for c in classes)
-    retryable = [c for c in classes if issubclass(c, TransportUnavailableError)]
-    assert retryable == [TransportUnavailableError]
+    retryable = {c for c in classes if issubclass(c, TransportUnavailableError)}
+    # "retry later": the database unreachable, or a table locked by another session for now
+    assert retryable == {TransportUnavailableError, errors.LockTimeoutError}
 
 
 def test_errors_name_what_they_are_about() -> None:

@@ -273,3 +273,24 @@ def test_a_role_that_may_only_read_can_watch_and_hides_nothing_from_receivers(
     finally:
         raw.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
         raw.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_a_table_locked_by_a_migration_is_waited_for_boundedly(
+    client: QueueClient, queue: QueueAddress, schema: str, pg_uri: str
+) -> None:
+    from airflow_provider_sqlqueue.transport import LockTimeoutError
+
+    other = QueueAddress("other", schema)
+    client.create_queue(other)
+    with psycopg.connect(pg_uri) as migration:
+        migration.execute(f'LOCK TABLE "{schema}"."orders" IN ACCESS EXCLUSIVE MODE')  # as VACUUM FULL or ALTER would
+        began = time.monotonic()
+        with pytest.raises(LockTimeoutError, match="locked by another session"):
+            client.health(queue)
+        health = client.health([queue, other], report_unreadable=True)
+        waited = time.monotonic() - began
+        migration.rollback()
+    assert [s.queue for s in health.queues] == [other]  # the other queue is measured
+    assert [(p.queue, p.concern) for p in health.problems if p.queue is not None] == [(queue, "unreadable")]
+    assert waited < 600  # bounded (5 s each), where it used to wait for the lock however long it was held
+    assert client.health(queue).queues[0].queue == queue  # the same client works on once the lock is gone

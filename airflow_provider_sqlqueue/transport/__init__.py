@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # the same names, for type checkers (re-exported)
     from .errors import InvalidHeadersError as InvalidHeadersError
     from .errors import InvalidQueueNameError as InvalidQueueNameError
     from .errors import LeaseLostError as LeaseLostError
+    from .errors import LockTimeoutError as LockTimeoutError
     from .errors import NotAQueueError as NotAQueueError
     from .errors import PermissionDeniedError as PermissionDeniedError
     from .errors import QueueNotFoundError as QueueNotFoundError
@@ -53,6 +54,7 @@ _HOMES = {
     "InvalidHeadersError": ".errors",
     "InvalidQueueNameError": ".errors",
     "LeaseLostError": ".errors",
+    "LockTimeoutError": ".errors",
     "NotAQueueError": ".errors",
     "PermissionDeniedError": ".errors",
     "QueueNotFoundError": ".errors",

@@ -36,6 +36,7 @@ from .errors import (
     ClientClosedError,
     InvalidArgumentError,
     InvalidQueueNameError,
+    LockTimeoutError,
     ObjectExistsError,
     SqlQueueError,
     TransactionAbortedError,
@@ -1227,6 +1228,10 @@ class AsyncQueueClient(Addressing):
         for address in addresses:  # one at a time: a queue that fails leaves the others measured
             try:
                 stats += await self._run(ops.queue_stats(self.dialect, [address], expired_limit))
+            except LockTimeoutError as exc:  # a migration's lock: this queue waits, the others do not
+                if not report_unreadable:
+                    raise
+                unreadable.append(Problem("unreadable", address, f"cannot be measured now: {one_line(exc)}"))
             except (TransportUnavailableError, TransactionAbortedError, ClientClosedError):
                 raise
             except SqlQueueError as exc:

@@ -163,6 +163,8 @@ HORIZON_WARNING_XIDS = 1_000_000
 OVERDUE_WARNING = timedelta(minutes=1)
 #: Dead rows in one queue table reported as a problem (vacuum is off, or held back).
 DEAD_ROWS_WARNING = 100_000
+#: Longest wait of a watcher (queue figures, health) for a lock another session holds on a table.
+WATCH_LOCK_TIMEOUT = timedelta(seconds=5)
 #: Seconds between the queue gauges a triggerer sends for each connection its triggers wait on
 #: (``[sqlqueue] health_metrics_interval``; 0: none), so the gauges flow while nothing is scheduled.
 HEALTH_METRICS_INTERVAL = 60.0

@@ -96,6 +96,11 @@ class TransportUnavailableError(SqlQueueError):
     """The database could not be reached or dropped the connection; the operation may be retried."""
 
 
+class LockTimeoutError(TransportUnavailableError):
+    """Another session held a lock on the table longer than the call would wait (a migration, ``VACUUM
+    FULL``, ``LOCK TABLE``): the connection is fine, and a later try may succeed."""
+
+
 class LeaseLostError(SqlQueueError):
     """Claims were no longer held: their lease ran out and the messages may be with another consumer.
 

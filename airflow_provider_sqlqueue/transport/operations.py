@@ -1450,14 +1450,18 @@ def list_queues(d: Dialect, search: str, offset: int, limit: int) -> Operation[Q
     return QueuePage(int(rows[0][0]) if rows else 0, queues)
 
 
-@autocommitted
 def queue_stats(d: Dialect, addresses: Sequence[QueueAddress], expired_limit: int) -> Operation[list[QueueStats]]:
     """:class:`QueueStats` of each queue: one indexed query per queue, one more per claim store.
 
-    Each statement stands alone (nothing here needs a consistent snapshot of several queues), so a
-    dashboard's page of queues costs no transaction. A schema without a claim store (tables an
-    NServiceBus endpoint created) reports no claims instead of failing.
+    One transaction that waits at most ``defaults.WATCH_LOCK_TIMEOUT`` for any lock (where the
+    dialect bounds waits): a table locked by a migration or ``VACUUM FULL`` gives
+    :class:`~.errors.LockTimeoutError` instead of a dashboard that hangs. A schema without a claim
+    store (tables an NServiceBus endpoint created) reports no claims instead of failing.
     """
+    bound = d.lock_timeout_sql()
+    if bound is not None:
+        ms = str(round(defaults.WATCH_LOCK_TIMEOUT / timedelta(milliseconds=1)))
+        yield Step(bound, {"ms": ms}, Fetch.ONE, "the session")
     stores: dict[QueueAddress, bool] = {}
     stats = []
     for address in addresses:

@@ -379,6 +379,12 @@ class Dialect(ABC):
         """Params limit -> one :class:`DelayedFiguresRow`: due messages no mover has moved yet (counted up
         to ``limit``) and how long the earliest has waited -- a mover that stopped shows here first."""
 
+    def lock_timeout_sql(self) -> str | None:
+        """Params ms -> one row: for the rest of the transaction, wait at most ``ms`` for a lock (then
+        :class:`~..errors.LockTimeoutError`); None where the dialect does not bound waits. What watchers
+        run first, so that a dashboard or a monitoring check never hangs behind a migration's lock."""
+        return None
+
     def horizon_sql(self) -> str | None:
         """Params limit -> :class:`HorizonRow` rows, the ``limit`` oldest holders first (one row with holder
         NULL when nothing holds it), or None where the database keeps no

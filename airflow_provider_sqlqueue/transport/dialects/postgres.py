@@ -22,6 +22,7 @@ from ..errors import (
     DuplicateMessageError,
     InvalidArgumentError,
     InvalidQueueNameError,
+    LockTimeoutError,
     NotAQueueError,
     ObjectExistsError,
     PermissionDeniedError,
@@ -344,6 +345,9 @@ class PostgresDialect(Dialect):
             f"SELECT (SELECT count(*) FROM (SELECT 1 FROM {d} WHERE Due < now() LIMIT %(limit)s) AS due), "
             f"(SELECT (EXTRACT(EPOCH FROM now() - min(Due)) * 1000)::bigint FROM {d} WHERE Due < now())"
         )
+
+    def lock_timeout_sql(self) -> str:
+        return "SELECT set_config('lock_timeout', %(ms)s, true)"
 
     def horizon_sql(self) -> str:
         # What vacuum of this database's tables waits for: a session of this database with a snapshot
@@ -770,6 +774,10 @@ class PostgresDialect(Dialect):
                 f"permission denied on {address}: {str(exc).strip()}. Creating queues needs CREATE on the schema "
                 "(the installer's rights); sending and receiving need USAGE on the schema and its sequences and SELECT, "
                 "INSERT, UPDATE and DELETE on the queue tables and on the schema's sqlqueue_inflight table"
+            )
+        if sqlstate == "55P03":  # lock_not_available: lock_timeout ran out
+            return LockTimeoutError(
+                f"{address} is locked by another session (a migration, VACUUM FULL, LOCK TABLE): {detail}"
             )
         if sqlstate in _MISCONFIGURED:
             return TransportMisconfiguredError(
