@@ -33,13 +33,15 @@ queue, tagged like the gauges: ``sqlqueue.sent``, ``sqlqueue.received``, ``sqlqu
 
 Each queue figure is sent tagged (``conn_id``, ``schema``, ``queue``) for backends with tags, and, as Airflow
 does for pools and DAGs, once more with the names in the metric for plain StatsD:
-``sqlqueue.waiting.<conn_id>.<schema>.<queue>``, characters StatsD does not take replaced by ``_``.
+``sqlqueue.waiting.<conn_id>.<schema>.<queue>``, characters StatsD does not take replaced by ``_``
+(and a short hash of the name appended, so that no two names share a metric).
 Figures come from indexes and the database's statistics (``QueueClient.health``), so a run costs a
 few queries per queue.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from collections import Counter
@@ -56,8 +58,16 @@ _NOT_IN_A_NAME = re.compile(r"[^A-Za-z0-9_-]")
 
 
 def metric_name_part(text: str) -> str:
-    """``text`` as one dotted part of a metric name (Airflow's validator allows letters, digits, ``_`` and ``-``)."""
-    return _NOT_IN_A_NAME.sub("_", text) or "_"
+    """``text`` as one dotted part of a metric name (Airflow's validator allows letters, digits, ``_`` and ``-``).
+
+    Where characters had to be replaced, a short hash of the original follows, so that two names
+    differing only there (``dot.in.name`` and ``dot_in_name``, two non-ASCII names of one length)
+    never share a metric.
+    """
+    shown = _NOT_IN_A_NAME.sub("_", text)
+    if shown == text and text:
+        return text
+    return f"{shown}_{hashlib.sha256(text.encode('utf-8', 'surrogatepass')).hexdigest()[:6]}"
 
 
 class StatsMeter(Meter):

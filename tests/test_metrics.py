@@ -19,8 +19,12 @@ from demo.services import airflow_connection
 
 
 def test_metric_name_parts_keep_only_what_airflow_accepts():
-    assert metric_name_part('we"ird.name@x y') == "we_ird_name_x_y"
-    assert metric_name_part("") == "_"
+    assert metric_name_part("orders_2-b") == "orders_2-b"  # nothing replaced: the name itself
+    weird = metric_name_part('we"ird.name@x y')
+    assert weird.startswith("we_ird_name_x_y_") and len(weird) == len("we_ird_name_x_y_") + 6
+    assert metric_name_part("").startswith("_") and metric_name_part("") != metric_name_part("_")
+    # Names that differ only where characters were replaced keep apart.
+    assert len({metric_name_part(n) for n in ("dot.in.name", "dot_in_name", "ünï😀code", "ünï_code", "a\ud800")}) == 5
 
 
 def test_queue_metrics_reach_statsd_tagged_and_named_per_queue(airflow_db, pg_uri):
