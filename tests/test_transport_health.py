@@ -294,3 +294,19 @@ def test_a_table_locked_by_a_migration_is_waited_for_boundedly(
     assert [(p.queue, p.concern) for p in health.problems if p.queue is not None] == [(queue, "unreadable")]
     assert waited < 600  # bounded (5 s each), where it used to wait for the lock however long it was held
     assert client.health(queue).queues[0].queue == queue  # the same client works on once the lock is gone
+
+
+def test_a_survey_waits_for_one_lock_not_one_per_queue(client: QueueClient, schema: str, pg_uri: str) -> None:
+    queues = [QueueAddress(f"q{n}", schema) for n in range(20)]
+    for queue in queues:
+        client.create_queue(queue, delayed=False)
+    with psycopg.connect(pg_uri) as migration:
+        migration.execute(f'LOCK TABLE "{schema}"."sqlqueue_inflight" IN ACCESS EXCLUSIVE MODE')  # every queue's claims
+        began = time.monotonic()
+        health = client.health(queues, report_unreadable=True)
+        waited = time.monotonic() - began
+        migration.rollback()
+    assert [p.concern for p in health.problems if p.queue is not None] == ["unreadable"] * 20
+    assert all("locked by another session" in p.message and "\n" not in p.message for p in health.problems)
+    # One 5 s wait, then 50 ms each: far below the 100 s that twenty full waits took (a bound load cannot reach).
+    assert waited < 60

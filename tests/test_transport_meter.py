@@ -7,6 +7,7 @@ reported once per message, against the queue it happened on.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from datetime import timedelta
 
@@ -55,13 +56,12 @@ def test_a_clients_calls_are_counted_per_message(client: QueueClient, queue: Que
     client.ack(queue, [claimed[0].claim_token, claimed[1].claim_token])
     client.fail(queue, claimed[2], ValueError("no"))
     [other] = client.claim(queue, 1, lease=timedelta(milliseconds=1))
+    time.sleep(0.05)  # its lease runs out
     [stolen] = client.claim(queue, 1)  # the lapsed claim, taken again: the first holder lost it
     assert stolen.id == other.id
     assert client.ack(queue, other.claim_token) is False
     client.nack(queue, stolen.claim_token)
     assert client.retry_errors(QueueAddress("error", schema)) == 1
-    import time
-
     time.sleep(0.01)
     assert client.move_due(queue) == 1
     assert meter.events == {
@@ -121,3 +121,92 @@ def test_a_pump_refuses_a_meter_that_is_not_one(pg_uri: str, queue: QueueAddress
 
     with pytest.raises(ArgumentTypeError, match="meter must be"):
         MessagePump(AsyncPsycopgPool(pg_uri, max_size=1), queue, handler, meter=print)  # type: ignore[arg-type]
+
+
+class Broken(Meter):
+    def count(self, event: Event, queue: QueueAddress, n: int) -> None:
+        raise RuntimeError("statsd exploded")
+
+    def handler_time(self, queue: QueueAddress, seconds: float) -> None:
+        raise RuntimeError("statsd exploded")
+
+
+def test_a_meter_that_raises_changes_nothing_the_client_or_pump_does(
+    pg_uri: str, client: QueueClient, queue: QueueAddress, caplog: pytest.LogCaptureFixture
+) -> None:
+    client.meter = Broken()
+    assert client.send(queue, [Message(f"m{n}") for n in range(6)]) == 6  # sent once, no error to retry on
+    assert len(client.receive(queue, 2)) == 2  # received, not lost to an exception
+    assert [r.getMessage() for r in caplog.records].count(
+        "The meter Broken failed (RuntimeError: statsd exploded); its events are not counted"
+    ) == 1  # said once
+    handled: list[str] = []
+
+    async def handler(message: ReceivedMessage, connection: object) -> None:
+        handled.append(message.body.decode())
+
+    async def run() -> None:
+        pool = AsyncPsycopgPool(pg_uri, max_size=2)
+        await pool.open()
+        pump = MessagePump(pool, queue, handler, transaction_mode="none", peek_interval=0.05, meter=Broken())
+        task = asyncio.create_task(pump.run())
+        for _ in range(400):
+            await asyncio.sleep(0.05)
+            if len(handled) == 4:
+                break
+        pump.stop()
+        await task
+        await pool.close()
+        with pytest.raises(ArgumentTypeError, match="meter must be"):
+            pump.meter = None  # type: ignore[assignment]
+
+    asyncio.run(run())
+    assert sorted(handled) == ["m2", "m3", "m4", "m5"] and client.depth(queue) == 0
+
+
+def test_duplicate_tokens_are_not_lost_leases(client: QueueClient, queue: QueueAddress) -> None:
+    meter = client.meter = Recording()
+    client.send(queue, [Message("a"), Message("b")])
+    first, second = client.claim(queue, 2)
+    client.extend(queue, [first.claim_token, first.claim_token])
+    client.ack(queue, [second.claim_token, second.claim_token])
+    assert ("leases_lost", "orders") not in meter.events and meter.events[("handled", "orders")] == 1
+
+
+def test_a_native_batch_counts_each_move_to_the_error_queue_once(
+    pg_uri: str, client: QueueClient, queue: QueueAddress, schema: str
+) -> None:
+    client.send(queue, [Message("p1"), Message("good1"), Message("p2"), Message("good2")])
+    meter = Recording()
+
+    async def batch_handler(messages: list[ReceivedMessage], connection: object) -> None:
+        if any(m.body.startswith(b"p") for m in messages):
+            raise ValueError("poison in the batch")
+
+    async def run() -> None:
+        pool = AsyncPsycopgPool(pg_uri, max_size=2)
+        await pool.open()
+        pump = MessagePump(
+            pool,
+            queue,
+            None,
+            batch_handler=batch_handler,
+            transaction_mode="native",
+            receive_batch_size=4,
+            max_deliveries=2,
+            peek_interval=0.05,
+            meter=meter,
+        )
+        task = asyncio.create_task(pump.run())
+        for _ in range(400):
+            await asyncio.sleep(0.05)
+            if client.depth(queue) == 0 and client.depth(QueueAddress("error", schema)) == 2:
+                break
+        pump.stop()
+        await task
+        await pool.close()
+
+    asyncio.run(run())
+    assert client.depth(QueueAddress("error", schema)) == 2
+    assert meter.events[("moved_to_error", "orders")] == 2  # once each, though batches rolled back around them
+    assert meter.events[("handled", "orders")] == 2

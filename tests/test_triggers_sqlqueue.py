@@ -341,3 +341,24 @@ def test_a_trigger_never_blocks_the_event_loop(conn_id, client, queue, schema, t
     # What used to stall it: imports of the hook, drivers and providers on the loop (0.5-0.7 s).
     assert result["on_loop"] == []
     assert result["worst"] < 1.0  # a bound a loaded machine keeps; the imports above are the real check
+
+
+def test_the_gauge_interval_setting_is_read_forgivingly(monkeypatch, caplog):
+    from airflow_provider_sqlqueue.transport import defaults
+    from airflow_provider_sqlqueue.triggers.sqlqueue import _health_interval
+
+    monkeypatch.setenv("AIRFLOW__METRICS__STATSD_ON", "True")
+    for text, expected in (
+        ("30", 30.0),
+        ("0", 0.0),
+        ("-5", 0.0),
+        ("0.0001", defaults.MIN_HEALTH_METRICS_INTERVAL),  # never a survey back to back
+        ("abc", defaults.HEALTH_METRICS_INTERVAL),  # a typo must not stop the triggers that run DAGs
+        ("nan", defaults.HEALTH_METRICS_INTERVAL),
+    ):
+        monkeypatch.setenv("AIRFLOW__SQLQUEUE__HEALTH_METRICS_INTERVAL", text)
+        assert _health_interval() == expected, text
+    assert "[sqlqueue] health_metrics_interval is 'abc', not a number of seconds" in caplog.text
+    monkeypatch.setenv("AIRFLOW__METRICS__STATSD_ON", "False")
+    monkeypatch.setenv("AIRFLOW__SQLQUEUE__HEALTH_METRICS_INTERVAL", "30")
+    assert _health_interval() == 0.0  # metrics off: nothing would be sent

@@ -57,7 +57,7 @@ from .message import (
     topic_names,
     uuid_value,
 )
-from .meter import Event, Meter
+from .meter import Event, Meter, Reporter
 
 T = TypeVar("T")
 
@@ -399,26 +399,23 @@ class AsyncQueueClient(Addressing):
         super().__init__(session.dialect, error_queue, audit_queue)
         self.session = session
         self._lock: TaskLock | ThreadLock = TaskLock()
-        self._meter = Meter()
+        self._reporter = Reporter()
 
     @property
     def meter(self) -> Meter:
         """Where the client reports what it moved (:mod:`.meter`; by default nowhere).
 
         Counted when a call returns, so a :meth:`transaction` block that then rolls back has counted
-        its calls all the same.
+        its calls all the same. What the meter raises is logged, never passed to the caller.
         """
-        return self._meter
+        return self._reporter.meter
 
     @meter.setter
     def meter(self, meter: Meter) -> None:
-        if not isinstance(meter, Meter):
-            raise ArgumentTypeError(f"meter must be a transport.meter.Meter, got {type(meter).__name__}")
-        self._meter = meter
+        self._reporter.meter = meter
 
     def _counted(self, event: Event, queue: QueueAddress, n: int) -> None:
-        if n > 0:
-            self._meter.count(event, queue, n)
+        self._reporter.count(event, queue, n)
 
     def _counted_taken(self, queue: QueueAddress, taken: list[ReceivedMessage]) -> None:
         """Messages received, and those the same call moved to the error queue instead."""
@@ -841,7 +838,7 @@ class AsyncQueueClient(Addressing):
         else:
             held = await self._run(ops.ack_audited(self.dialect, address, chosen, audit, started or {}))
         self._counted("handled", address, len(held))
-        self._counted("leases_lost", address, len(chosen) - len(held))
+        self._counted("leases_lost", address, len(set(chosen)) - len(held))
         return one_or_many(tokens, held)
 
     @overload
@@ -875,7 +872,7 @@ class AsyncQueueClient(Addressing):
         address, chosen = self.address(queue), as_tokens(tokens)
         held = await self._run(ops.nack(self.dialect, address, chosen, failure, delay_ms(delay)))
         self._counted("failed", address, len(held))
-        self._counted("leases_lost", address, len(chosen) - len(held))
+        self._counted("leases_lost", address, len(set(chosen)) - len(held))
         return one_or_many(tokens, held)
 
     @overload
@@ -890,7 +887,7 @@ class AsyncQueueClient(Addressing):
         """Renew claims for another ``lease``. False (or a missing token) means someone else has the message."""
         address, chosen = self.address(queue), as_tokens(tokens)
         held = await self._run(ops.extend(self.dialect, address, chosen, lease_ms(lease)))
-        self._counted("leases_lost", address, len(chosen) - len(held))
+        self._counted("leases_lost", address, len(set(chosen)) - len(held))
         return one_or_many(tokens, held)
 
     async def forward(
@@ -1225,12 +1222,14 @@ class AsyncQueueClient(Addressing):
         addresses = await self.queues() if queues is None else self._addresses(queues)
         stats: list[ops.QueueStats] = []
         unreadable: list[Problem] = []
+        wait = defaults.WATCH_LOCK_TIMEOUT  # one wait per call: after a lock timed out, locked tables fail at once
         for address in addresses:  # one at a time: a queue that fails leaves the others measured
             try:
-                stats += await self._run(ops.queue_stats(self.dialect, [address], expired_limit))
+                stats += await self._run(ops.queue_stats(self.dialect, [address], expired_limit, wait))
             except LockTimeoutError as exc:  # a migration's lock: this queue waits, the others do not
                 if not report_unreadable:
                     raise
+                wait = defaults.WATCH_LOCK_TIMEOUT_AFTER_ONE
                 unreadable.append(Problem("unreadable", address, f"cannot be measured now: {one_line(exc)}"))
             except (TransportUnavailableError, TransactionAbortedError, ClientClosedError):
                 raise

@@ -165,6 +165,11 @@ OVERDUE_WARNING = timedelta(minutes=1)
 DEAD_ROWS_WARNING = 100_000
 #: Longest wait of a watcher (queue figures, health) for a lock another session holds on a table.
 WATCH_LOCK_TIMEOUT = timedelta(seconds=5)
+#: The same for the rest of a survey once one table was found locked (a schema's claim store,
+#: locked, would otherwise cost every queue of the schema the whole wait).
+WATCH_LOCK_TIMEOUT_AFTER_ONE = timedelta(milliseconds=50)
 #: Seconds between the queue gauges a triggerer sends for each connection its triggers wait on
 #: (``[sqlqueue] health_metrics_interval``; 0: none), so the gauges flow while nothing is scheduled.
 HEALTH_METRICS_INTERVAL = 60.0
+#: The shortest interval taken from that setting (a smaller positive one is raised to it).
+MIN_HEALTH_METRICS_INTERVAL = 5.0

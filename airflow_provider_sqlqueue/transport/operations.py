@@ -1450,17 +1450,22 @@ def list_queues(d: Dialect, search: str, offset: int, limit: int) -> Operation[Q
     return QueuePage(int(rows[0][0]) if rows else 0, queues)
 
 
-def queue_stats(d: Dialect, addresses: Sequence[QueueAddress], expired_limit: int) -> Operation[list[QueueStats]]:
+def queue_stats(
+    d: Dialect,
+    addresses: Sequence[QueueAddress],
+    expired_limit: int,
+    lock_wait: timedelta = defaults.WATCH_LOCK_TIMEOUT,
+) -> Operation[list[QueueStats]]:
     """:class:`QueueStats` of each queue: one indexed query per queue, one more per claim store.
 
-    One transaction that waits at most ``defaults.WATCH_LOCK_TIMEOUT`` for any lock (where the
-    dialect bounds waits): a table locked by a migration or ``VACUUM FULL`` gives
-    :class:`~.errors.LockTimeoutError` instead of a dashboard that hangs. A schema without a claim
-    store (tables an NServiceBus endpoint created) reports no claims instead of failing.
+    One transaction that waits at most ``lock_wait`` for any lock (where the dialect bounds waits):
+    a table locked by a migration or ``VACUUM FULL`` gives :class:`~.errors.LockTimeoutError`
+    instead of a dashboard that hangs. A schema without a claim store (tables an NServiceBus
+    endpoint created) reports no claims instead of failing.
     """
     bound = d.lock_timeout_sql()
     if bound is not None:
-        ms = str(round(defaults.WATCH_LOCK_TIMEOUT / timedelta(milliseconds=1)))
+        ms = str(max(1, round(lock_wait / timedelta(milliseconds=1))))
         yield Step(bound, {"ms": ms}, Fetch.ONE, "the session")
     stores: dict[QueueAddress, bool] = {}
     stats = []

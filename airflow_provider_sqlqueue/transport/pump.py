@@ -49,7 +49,7 @@ from .message import (
     flag,
     storable_text,
 )
-from .meter import Meter
+from .meter import Meter, Reporter
 
 log = logging.getLogger("airflow_provider_sqlqueue.pump")
 
@@ -211,11 +211,7 @@ class MessagePump:
         check_positive("peek_batch_size", peek_batch_size)
         check_positive("max_deliveries", max_deliveries)
         flag("move_delayed", move_delayed)
-        if meter is not None and not isinstance(meter, Meter):
-            raise ArgumentTypeError(f"meter must be a transport.meter.Meter, got {type(meter).__name__}")
-        #: Where the pump reports what it did (:mod:`.meter`): per message received, handled, failed,
-        #: moved to the error queue, whose lease was lost, moved from the delayed table; handler times.
-        self.meter = Meter() if meter is None else meter
+        self._reporter = Reporter(meter)
         receive_batch_size = check_positive(
             "receive_batch_size", max_concurrency if receive_batch_size is None else receive_batch_size
         )
@@ -256,6 +252,17 @@ class MessagePump:
         self._ttbr_warned = smallest_ttbr is not None and peek_interval > smallest_ttbr.total_seconds()
         for warning in check_peek_interval(peek_interval, smallest_ttbr):
             log.warning("Queue %s: %s", self.name, warning)
+
+    @property
+    def meter(self) -> Meter:
+        """Where the pump reports what it did (:mod:`.meter`): per message received, handled, failed,
+        moved to the error queue, whose lease was lost, moved from the delayed table; handler times.
+        What the meter raises is logged, never let into the loop."""
+        return self._reporter.meter
+
+    @meter.setter
+    def meter(self, meter: Meter) -> None:
+        self._reporter.meter = meter
 
     def stop(self) -> None:
         """Ask the loop to finish: no new receives start; handlers in flight complete."""
@@ -307,7 +314,7 @@ class MessagePump:
                 moved = 0
             if moved:
                 log.info("Queue %s: moved %d due delayed message(s) into place", self.name, moved)
-                self.meter.count("moved_due", self.queue, moved)
+                self._reporter.count("moved_due", self.queue, moved)
             if moved < defaults.DELAYED_BATCH:
                 await self._sleep(defaults.DELAYED_INTERVAL)
 
@@ -451,7 +458,7 @@ class MessagePump:
         except Exception as exc:  # noqa: BLE001  # best effort: the failure is logged, the pump goes on
             log.error("Queue %s: could not copy failed message %s to the error queue: %s", self.name, message.id, exc)
         else:
-            self.meter.count("moved_to_error", self.queue, 1)
+            self._reporter.count("moved_to_error", self.queue, 1)
 
     async def _copy_to_audit(self, messages: list[ReceivedMessage], started: dict[uuid.UUID, datetime]) -> None:
         """``none`` mode: the processed messages are already gone from the queue; copy them to the audit queue."""
@@ -490,21 +497,21 @@ class MessagePump:
         settled = [error for message, error in zip(messages, outcomes, strict=True) if message.claim_token in held]
         self._count_outcomes(sum(error is None for error in settled), sum(error is not None for error in settled))
         if lost:
-            self.meter.count("leases_lost", self.queue, len(lost))
+            self._reporter.count("leases_lost", self.queue, len(lost))
 
     def _count_taken(self, taken: ops.Taken) -> None:
         """Report messages received, and those the receive moved to the error queue instead."""
         if taken:
-            self.meter.count("received", self.queue, len(taken))
+            self._reporter.count("received", self.queue, len(taken))
         if taken.moved_to_error:
-            self.meter.count("moved_to_error", self.queue, taken.moved_to_error)
+            self._reporter.count("moved_to_error", self.queue, taken.moved_to_error)
 
     def _count_outcomes(self, handled: int, failed: int) -> None:
         """Report messages settled: handled (acknowledged, or committed), failed (given back, or rolled back)."""
         if handled:
-            self.meter.count("handled", self.queue, handled)
+            self._reporter.count("handled", self.queue, handled)
         if failed:
-            self.meter.count("failed", self.queue, failed)
+            self._reporter.count("failed", self.queue, failed)
 
     async def _receive_singly(self, budget: int) -> int:
         """Run up to ``budget`` native receives, at most ``max_concurrency`` at once; stop at the first empty one."""
@@ -551,6 +558,7 @@ class MessagePump:
         batch: list[ReceivedMessage] = []
         outcome: BaseException | None = None
         handled = False  # the batch handler returned normally, its transaction still whole
+        moved = 0  # moved to the error queue in this transaction: counted once it commits
         try:
             async with self.pool.session() as session:
                 try:
@@ -558,9 +566,12 @@ class MessagePump:
                         received = await ops.drive(
                             ops.receive(self.dialect, self.queue, self.error_queue, wanted), session.execute
                         )
-                        self._count_taken(received)
+                        self._reporter.count("received", self.queue, len(received))
+                        moved = received.moved_to_error
                         for message in received:
-                            if not await self._dead_letter_if_exhausted(session, message):
+                            if await self._dead_letter_if_exhausted(session, message):
+                                moved += 1
+                            else:
                                 batch.append(message)
                         if batch:
                             for message in batch:
@@ -573,7 +584,7 @@ class MessagePump:
                                 outcome = exc
                                 raise _Rollback from exc
                             finally:
-                                self.meter.handler_time(
+                                self._reporter.handler_time(
                                     self.queue, (datetime.now(timezone.utc) - started).total_seconds()
                                 )
                             outcome = aborted(session)
@@ -582,13 +593,14 @@ class MessagePump:
                                 raise _Rollback
                             await self._audit_in(session, batch, dict.fromkeys((m.id for m in batch), started))
                 except _Rollback:
-                    pass
+                    moved = 0
         except SETUP_ERRORS:
             raise
         except Exception as exc:  # the handler had the batch, yet its transaction did not commit
             if handled:
                 self._not_committed(batch, exc)
             raise
+        self._reporter.count("moved_to_error", self.queue, moved)
         if self._isolating:
             self._isolating -= 1
         self._count_outcomes(*((len(batch), 0) if outcome is None else (0, len(batch))))
@@ -635,7 +647,8 @@ class MessagePump:
 
     async def _dead_letter_if_exhausted(self, session: Session, message: ReceivedMessage) -> bool:
         """In a native receive transaction: move a message that failed ``max_deliveries`` times to the error
-        queue (with its last failure) instead of handing it out again; whether it was moved."""
+        queue (with its last failure) instead of handing it out again; whether it was moved (the caller
+        counts it once the transaction commits: a rolled-back move is made again, and counted then)."""
         count, last_error = self.failures.get(message.id)
         if count < self.max_deliveries:
             return False
@@ -649,7 +662,6 @@ class MessagePump:
         await ops.drive(
             ops.move_to_error(self.dialect, self.queue, self.error_queue, message, last_error), session.execute
         )
-        self.meter.count("moved_to_error", self.queue, 1)
         return True
 
     def _note_ttbr(self, message: ReceivedMessage) -> None:
@@ -668,7 +680,7 @@ class MessagePump:
         try:
             await self.handler(message, connection)
         except BaseException as exc:  # noqa: BLE001  # the handler's failure is data for recoverability, not a pump crash
-            self.meter.handler_time(self.queue, time.monotonic() - began)
+            self._reporter.handler_time(self.queue, time.monotonic() - began)
             handler_failure(exc)
             self.failed += 1
             log.warning(
@@ -679,7 +691,7 @@ class MessagePump:
                 storable_text(error_text(exc), defaults.MAX_FAILURE_TEXT),
             )
             return exc
-        self.meter.handler_time(self.queue, time.monotonic() - began)
+        self._reporter.handler_time(self.queue, time.monotonic() - began)
         self.handled += 1
         return None
 
@@ -687,6 +699,7 @@ class MessagePump:
         outcome: BaseException | None = None
         message: ReceivedMessage | None = None
         handled = False  # the handler ran and returned normally: counted as handled, until the commit says otherwise
+        moved = 0  # moved to the error queue in this transaction: counted once it commits
         try:
             async with self.pool.session() as session:
                 try:
@@ -694,12 +707,14 @@ class MessagePump:
                         received = await ops.drive(
                             ops.receive(self.dialect, self.queue, self.error_queue, 1), session.execute
                         )
-                        self._count_taken(received)
+                        self._reporter.count("received", self.queue, len(received))
+                        moved = received.moved_to_error
                         if not received:
                             return False
                         message = received[0]
                         if await self._dead_letter_if_exhausted(session, message):
                             self.failures.forget(message.id)
+                            moved += 1
                             return True
                         started = datetime.now(timezone.utc)
                         outcome = await self._handle(message, session.connection)
@@ -711,14 +726,18 @@ class MessagePump:
                             raise _Rollback
                         await self._audit_in(session, [message], {message.id: started})
                 except _Rollback:
-                    pass
+                    moved = 0
         except SETUP_ERRORS:
+            moved = 0
             raise
         except Exception as exc:  # the handler had the message, yet its transaction did not commit
+            moved = 0
             if message is not None and handled:
                 self.handled -= 1
                 self._not_committed([message], exc)
             raise
+        finally:  # also after a return inside the transaction, once it committed
+            self._reporter.count("moved_to_error", self.queue, moved)
         if message is not None:
             if outcome is None:
                 self.failures.forget(message.id)

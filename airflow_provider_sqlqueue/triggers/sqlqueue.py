@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import math
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -65,14 +66,33 @@ _reporters: dict[tuple[int, str], list[Any]] = {}
 
 
 def _health_interval() -> float:
-    """``[sqlqueue] health_metrics_interval``, or 0 while Airflow's metrics are off (nothing would be sent)."""
+    """``[sqlqueue] health_metrics_interval``, or 0 while Airflow's metrics are off (nothing would be sent).
+
+    A value that is no number of seconds is logged and means the default: a typo in a metrics
+    setting must not stop the triggers that run DAGs. Below ``defaults.MIN_HEALTH_METRICS_INTERVAL``
+    (but above 0) it is raised to that, so a survey of every queue never runs back to back.
+    """
+    import logging
+
     from airflow.sdk import conf
 
     if not (
         conf.getboolean("metrics", "statsd_on", fallback=False) or conf.getboolean("metrics", "otel_on", fallback=False)
     ):
         return 0.0
-    return conf.getfloat("sqlqueue", "health_metrics_interval", fallback=defaults.HEALTH_METRICS_INTERVAL)
+    text = conf.get("sqlqueue", "health_metrics_interval", fallback=str(defaults.HEALTH_METRICS_INTERVAL))
+    try:
+        interval = float(text)
+    except (TypeError, ValueError):
+        interval = math.nan
+    if not math.isfinite(interval):
+        logging.getLogger(__name__).error(
+            "[sqlqueue] health_metrics_interval is %r, not a number of seconds; using %ss",
+            text,
+            defaults.HEALTH_METRICS_INTERVAL,
+        )
+        return defaults.HEALTH_METRICS_INTERVAL
+    return 0.0 if interval <= 0 else max(interval, defaults.MIN_HEALTH_METRICS_INTERVAL)
 
 
 def _report_health(conn_id: str, interval: float) -> Callable[[], None]:

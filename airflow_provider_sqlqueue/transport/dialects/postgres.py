@@ -775,9 +775,10 @@ class PostgresDialect(Dialect):
                 "(the installer's rights); sending and receiving need USAGE on the schema and its sequences and SELECT, "
                 "INSERT, UPDATE and DELETE on the queue tables and on the schema's sqlqueue_inflight table"
             )
-        if sqlstate == "55P03":  # lock_not_available: lock_timeout ran out
+        if sqlstate == "55P03":  # lock_not_available: lock_timeout ran out (the server's first line says it all)
             return LockTimeoutError(
-                f"{address} is locked by another session (a migration, VACUUM FULL, LOCK TABLE): {detail}"
+                f"{address} is locked by another session (a migration, VACUUM FULL, LOCK TABLE): "
+                f"{detail.splitlines()[0] if detail else 'lock timeout'}"
             )
         if sqlstate in _MISCONFIGURED:
             return TransportMisconfiguredError(
