@@ -32,7 +32,8 @@ queue, tagged like the gauges: ``sqlqueue.sent``, ``sqlqueue.received``, ``sqlqu
 ``sqlqueue.handler_duration`` (a pump's handler, in milliseconds).
 
 Each queue figure is sent tagged (``conn_id``, ``schema``, ``queue``) for backends with tags, and, as Airflow
-does for pools and DAGs, once more with the names in the metric for plain StatsD:
+does for pools and DAGs while ``[metrics] legacy_names_on`` is true (its default), once more with the
+names in the metric for plain StatsD:
 ``sqlqueue.waiting.<conn_id>.<schema>.<queue>``, characters StatsD does not take replaced by ``_``
 (and a short hash of the name appended, so that no two names share a metric).
 Figures come from indexes and the database's statistics (``QueueClient.health``), so a run costs a
@@ -79,20 +80,31 @@ class StatsMeter(Meter):
 
     def __init__(self, conn_id: str) -> None:
         self.conn_id = conn_id
+        self.legacy_names = legacy_names_on()
 
     def count(self, event: Event, queue: QueueAddress, n: int) -> None:
         from airflow.sdk.observability.stats import Stats
 
         tags, path = _names(self.conn_id, queue)
         Stats.incr(f"sqlqueue.{event}", n, tags=tags)
-        Stats.incr(f"sqlqueue.{event}.{path}", n)
+        if self.legacy_names:
+            Stats.incr(f"sqlqueue.{event}.{path}", n)
 
     def handler_time(self, queue: QueueAddress, seconds: float) -> None:
         from airflow.sdk.observability.stats import Stats
 
         tags, path = _names(self.conn_id, queue)
         Stats.timing("sqlqueue.handler_duration", timedelta(seconds=seconds), tags=tags)
-        Stats.timing(f"sqlqueue.handler_duration.{path}", timedelta(seconds=seconds))
+        if self.legacy_names:
+            Stats.timing(f"sqlqueue.handler_duration.{path}", timedelta(seconds=seconds))
+
+
+def legacy_names_on() -> bool:
+    """``[metrics] legacy_names_on``: whether the names with the connection, schema and queue in them
+    are sent beside the tagged ones, as Airflow does for its own metrics (default: yes)."""
+    from airflow.sdk import conf
+
+    return conf.getboolean("metrics", "legacy_names_on", fallback=True)
 
 
 def _names(conn_id: str, queue: QueueAddress) -> tuple[dict[str, str], str]:
@@ -109,6 +121,7 @@ def emit_queue_metrics(conn_ids: Iterable[str]) -> dict[str, int]:
     """
     from airflow.sdk.observability.stats import Stats
 
+    legacy = legacy_names_on()
     measured: dict[str, int] = {}
     for conn_id in conn_ids:
         hook = SqlQueueHook(conn_id)
@@ -130,7 +143,8 @@ def emit_queue_metrics(conn_ids: Iterable[str]) -> dict[str, int]:
                 "horizon_problems": problems[None],
             }.items():
                 Stats.gauge(f"sqlqueue.{name}", value, tags={"conn_id": conn_id})
-                Stats.gauge(f"sqlqueue.{name}.{metric_name_part(conn_id)}", value)
+                if legacy:
+                    Stats.gauge(f"sqlqueue.{name}.{metric_name_part(conn_id)}", value)
         for found in health.queues:
             figures: dict[str, float | None] = {
                 "waiting": found.waiting,
@@ -148,7 +162,7 @@ def emit_queue_metrics(conn_ids: Iterable[str]) -> dict[str, int]:
                 "dead_rows": found.dead_rows,
                 "problems": problems[found.queue],
             }
-            _gauge(Stats.gauge, conn_id, found.queue, figures)
+            _gauge(Stats.gauge, conn_id, found.queue, figures, legacy=legacy)
         measured[conn_id] = len(health.queues)
         log.info(
             "Queue metrics: measured %d queue(s) of connection %s; %d problem(s)",
@@ -159,10 +173,13 @@ def emit_queue_metrics(conn_ids: Iterable[str]) -> dict[str, int]:
     return measured
 
 
-def _gauge(gauge: Callable[..., object], conn_id: str, queue: QueueAddress, figures: dict[str, float | None]) -> None:
+def _gauge(
+    gauge: Callable[..., object], conn_id: str, queue: QueueAddress, figures: dict[str, float | None], *, legacy: bool
+) -> None:
     tags, path = _names(conn_id, queue)
     for name, value in figures.items():
         if value is None:
             continue
         gauge(f"sqlqueue.{name}", value, tags=tags)
-        gauge(f"sqlqueue.{name}.{path}", value)
+        if legacy:
+            gauge(f"sqlqueue.{name}.{path}", value)

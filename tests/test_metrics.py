@@ -197,3 +197,26 @@ asyncio.run(main())
     waiting = [line for line in lines if line.startswith(f"airflow.sqlqueue.waiting.shop.{schema}.busy:")]
     assert len(waiting) >= 2 and waiting[-1].startswith(f"airflow.sqlqueue.waiting.shop.{schema}.busy:2|g")
     assert any(line.startswith("airflow.sqlqueue.horizon_age.shop:") for line in lines)
+
+
+def test_legacy_names_off_sends_only_the_tagged_names(airflow_db, pg_uri):
+    schema = f"tagged_{uuid.uuid4().hex[:8]}"
+    with QueueClient.connect(pg_uri) as client:
+        client.session.connection.execute(f'CREATE SCHEMA "{schema}"')
+        try:
+            client.create_queue(QueueAddress("orders", schema))
+            script = f"""
+from airflow_provider_sqlqueue.hooks.sqlqueue import SqlQueueHook
+from airflow_provider_sqlqueue.metrics import emit_queue_metrics
+from airflow_provider_sqlqueue.transport import Message, QueueAddress
+with SqlQueueHook("shop").client() as client:
+    client.send(QueueAddress("orders", {schema!r}), Message("m"))
+emit_queue_metrics(["shop"])
+"""
+            env = {"AIRFLOW_CONN_SHOP": airflow_connection(pg_uri), "AIRFLOW__METRICS__LEGACY_NAMES_ON": "False"}
+            lines, _ = statsd_datagrams(env, script)
+        finally:
+            client.session.connection.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    names = {line.split(":", 1)[0] for line in lines}
+    assert "airflow.sqlqueue.sent" in names and "airflow.sqlqueue.waiting" in names
+    assert not [name for name in names if name.startswith("airflow.sqlqueue.") and name.count(".") > 2]
