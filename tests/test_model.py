@@ -17,8 +17,10 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import psycopg
 import pytest
@@ -27,7 +29,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 from psycopg.conninfo import make_conninfo
 
-from airflow_provider_sqlqueue.transport import LeaseLostError, Message, QueueAddress, QueueClient, defaults
+from airflow_provider_sqlqueue.transport import LeaseLostError, Message, QueueAddress, QueueClient, defaults, heads
 
 SCHEMAS = ("m_a", "m_b")
 #: Session time zones of the clients that send and move delayed messages: Due must not depend on them.
@@ -255,6 +257,7 @@ class QueueMachine(RuleBasedStateMachine):
             "- interval '1 second' WHERE Token = %s",
             (token,),
         )
+        time_passes(1.0)
         claim.lapsed = True
 
     @precondition(lambda self: self.model.claims)
@@ -296,6 +299,7 @@ class QueueMachine(RuleBasedStateMachine):
         """Two hours pass for the queue's delayed messages: all of them are due, in the order they were sent."""
         delayed = f'"{queue.schema}"."{queue.table}.Delayed"'
         self.raw.execute(f"UPDATE {delayed} SET Due = Due - interval '2 hours'")
+        time_passes(2 * 3600.0)
         self.model.delayed[queue] = [(item, True) for item, _ in self.model.delayed[queue]]
 
     @rule(queue=queues, zone=st.sampled_from(ZONES))
@@ -406,11 +410,22 @@ class QueueMachine(RuleBasedStateMachine):
 
 URI = ""
 
+#: Seconds the rules moved the database's times back by: the time that passed, as the sessions'
+#: heads (transport/heads.py) must see it too. Their looks by time reach back over what came due
+#: or lapsed since the last look, which a time set back by SQL alone would have them miss.
+PASSED = [0.0]
+
+
+def time_passes(seconds: float) -> None:
+    PASSED[0] += seconds + defaults.HEAD_FULL_RESCAN
+
 
 @pytest.mark.postgres_only
-def test_queues_behave_like_the_model(pg_uri: str) -> None:
+def test_queues_behave_like_the_model(pg_uri: str, monkeypatch: pytest.MonkeyPatch) -> None:
     global URI
     URI = pg_uri
+    clock = time.monotonic
+    monkeypatch.setattr(heads, "time", SimpleNamespace(monotonic=lambda: clock() + PASSED[0]))
     examples = int(os.environ.get("SQLQUEUE_MODEL_EXAMPLES", "25"))
     budget = settings(
         max_examples=examples, stateful_step_count=40, deadline=None, derandomize=bool(os.environ.get("CI"))

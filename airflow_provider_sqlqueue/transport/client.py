@@ -565,7 +565,7 @@ class AsyncQueueClient(Addressing):
         limit = check_positive("batch_size", batch_size)
         error = self.error_address(None, address)
         moved = await self._in_batches(
-            partial(ops.move_due, self.dialect, address, address.delayed(), error, limit), batch_size
+            partial(ops.move_due, self.dialect, address, address.delayed(), error, limit, every_due=True), batch_size
         )
         self._counted("moved_due", address, moved)
         return moved

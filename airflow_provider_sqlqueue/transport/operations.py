@@ -372,7 +372,13 @@ def send_delayed(
 
 
 def move_due(
-    d: Dialect, address: QueueAddress, delayed: QueueAddress, error_address: QueueAddress, limit: int
+    d: Dialect,
+    address: QueueAddress,
+    delayed: QueueAddress,
+    error_address: QueueAddress,
+    limit: int,
+    *,
+    every_due: bool = False,
 ) -> Operation[int]:
     """Move up to ``limit`` due messages from the delayed table to where they are going, in one transaction.
 
@@ -396,7 +402,10 @@ def move_due(
     head = d.head(delayed)
     params: dict[str, int] = {"limit": limit}
     if head is not None:
-        params["due_ms"] = head.look_back_ms("due")
+        # A mover that runs on and on (the pump's) looks at what came due since its last look, and at
+        # everything every HEAD_FULL_RESCAN; ``every_due`` (a caller asking for every due message now)
+        # looks at everything.
+        params["due_ms"] = EVERYTHING_MS if every_due else head.look_back_ms("due")
     found = yield Step(d.due_delayed_sql(delayed), params, Fetch.ALL, target)
     rows = [DueRow(*row) for row in found]
     if head is not None and len(rows) == limit:
