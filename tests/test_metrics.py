@@ -13,6 +13,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
+import psycopg
+
 from airflow_provider_sqlqueue.metrics import metric_name_part
 from airflow_provider_sqlqueue.transport import Message, QueueAddress, QueueClient
 from demo.services import airflow_connection
@@ -43,12 +45,16 @@ def test_queue_metrics_reach_statsd_tagged_and_named_per_queue(airflow_db, pg_ur
             client.session.connection.execute(
                 f'UPDATE "{schema}"."orders.Delayed" SET Due = Due - interval \'3 minutes\''
             )
-            time.sleep(0.05)
             script = (
                 "from airflow_provider_sqlqueue.metrics import emit_queue_metrics; "
                 "print(emit_queue_metrics(['shop', 'missing']))"
             )
-            lines, output = statsd_datagrams({"AIRFLOW_CONN_SHOP": airflow_connection(pg_uri)}, script)
+            with psycopg.connect(pg_uri) as pin:  # a report left idle in its transaction pins the xmin horizon
+                pin.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+                pin.execute("SELECT 1")
+                time.sleep(2)
+                lines, output = statsd_datagrams({"AIRFLOW_CONN_SHOP": airflow_connection(pg_uri)}, script)
+                pin.rollback()
             measured = output.strip().splitlines()[-1]  # what emit_queue_metrics returned
             assert "'shop'" in measured and "'missing'" not in measured  # an unknown connection is skipped
             assert "no Airflow connection 'missing' is defined" in output  # and the log says why
@@ -72,7 +78,8 @@ def test_queue_metrics_reach_statsd_tagged_and_named_per_queue(airflow_db, pg_ur
             assert gauges[f"airflow.sqlqueue.problems.{path}.orders"] == "2"  # lapsed, overdue
             assert gauges[f"airflow.sqlqueue.problems.{path}.error"] == "1"  # a failed message
             assert gauges[f"airflow.sqlqueue.problems.{path}.billing"] == "0"
-            assert float(gauges["airflow.sqlqueue.horizon_age.shop"]) >= 0
+            assert float(gauges["airflow.sqlqueue.horizon_age.shop"]) >= 2  # the pin, or an older holder
+            assert int(gauges["airflow.sqlqueue.horizon_xid_age.shop"]) >= 0  # transactions since: none need have run
             assert (
                 "airflow.sqlqueue.horizon_xid_age.shop" in gauges and "airflow.sqlqueue.horizon_problems.shop" in gauges
             )
