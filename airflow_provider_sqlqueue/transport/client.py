@@ -417,12 +417,6 @@ class AsyncQueueClient(Addressing):
     def _counted(self, event: Event, queue: QueueAddress, n: int) -> None:
         self._reporter.count(event, queue, n)
 
-    def _counted_taken(self, queue: QueueAddress, taken: list[ReceivedMessage]) -> None:
-        """Messages received, and those the same call moved to the error queue instead."""
-        self._counted("received", queue, len(taken))
-        if isinstance(taken, ops.Taken):
-            self._counted("moved_to_error", queue, taken.moved_to_error)
-
     async def _run(self, op: ops.Operation[T]) -> T:
         """Run an operation in its own transaction, or in the caller's (:meth:`transaction`), one caller at a time."""
         async with self._lock:
@@ -687,7 +681,7 @@ class AsyncQueueClient(Addressing):
     ) -> list[ReceivedMessage]:
         """Receive in ``none`` mode: the messages are gone from the queue when this returns (at-most-once)."""
         got = await self._run(self._receive_op(queue, max_messages, error_queue))
-        self._counted_taken(self.address(queue), got)
+        self._reporter.taken(self.address(queue), got)
         return got
 
     def _receive_op(
@@ -716,7 +710,7 @@ class AsyncQueueClient(Addressing):
         audit = self.audit_address(self.address(queue))  # refused before the handler runs, not after
         async with self._lock, self.session.transaction():
             received = await ops.drive(receive, self.session.execute)
-            self._counted_taken(self.address(queue), received)
+            self._reporter.taken(self.address(queue), received)
             started = datetime.now(timezone.utc)
             yield received[0] if received else None
             if audit is not None and received:
@@ -740,7 +734,7 @@ class AsyncQueueClient(Addressing):
         """
         holder = default_holder() if holder is None else holder
         got = await self._run(self._claim_op(queue, max_messages, lease, max_deliveries, error_queue, holder))
-        self._counted_taken(self.address(queue), got)
+        self._reporter.taken(self.address(queue), got)
         return got
 
     async def reserve(
@@ -800,7 +794,7 @@ class AsyncQueueClient(Addressing):
         chosen = None if tokens is None else as_tokens(tokens)
         error = self.error_address(error_queue, address)
         got = await self._run(ops.take(self.dialect, address, error, chosen, lease_ms(lease), holder, limit))
-        self._counted_taken(address, got)
+        self._reporter.taken(address, got)
         return got
 
     @overload

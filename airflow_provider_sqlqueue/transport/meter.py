@@ -19,6 +19,7 @@ from typing import Literal
 
 from .addressing import QueueAddress
 from .errors import ArgumentTypeError
+from .operations import Taken
 
 log = logging.getLogger("airflow_provider_sqlqueue.transport")
 
@@ -69,6 +70,11 @@ class Reporter:
                 self._meter.count(event, queue, n)
             except Exception as exc:  # noqa: BLE001  # the messages moved: a metrics failure must not undo that
                 self._failed(exc)
+
+    def taken(self, queue: QueueAddress, taken: Taken) -> None:
+        """Messages a receive, claim or take handed out, and those it moved to the error queue instead."""
+        self.count("received", queue, len(taken))
+        self.count("moved_to_error", queue, taken.moved_to_error)
 
     def handler_time(self, queue: QueueAddress, seconds: float) -> None:
         if math.isfinite(seconds) and seconds >= 0:

@@ -403,7 +403,7 @@ class MessagePump:
                         reclaim=self._lapsed,
                     )
                 )
-        self._count_taken(messages)
+        self._reporter.taken(self.queue, messages)
         if not messages:
             return 0
         started: dict[uuid.UUID, datetime] = {}
@@ -498,13 +498,6 @@ class MessagePump:
         self._count_outcomes(sum(error is None for error in settled), sum(error is not None for error in settled))
         if lost:
             self._reporter.count("leases_lost", self.queue, len(lost))
-
-    def _count_taken(self, taken: ops.Taken) -> None:
-        """Report messages received, and those the receive moved to the error queue instead."""
-        if taken:
-            self._reporter.count("received", self.queue, len(taken))
-        if taken.moved_to_error:
-            self._reporter.count("moved_to_error", self.queue, taken.moved_to_error)
 
     def _count_outcomes(self, handled: int, failed: int) -> None:
         """Report messages settled: handled (acknowledged, or committed), failed (given back, or rolled back)."""
