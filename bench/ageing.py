@@ -44,8 +44,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.metadata
-import importlib.util
 import json
 import multiprocessing
 import statistics
@@ -64,6 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import psycopg
 
 from airflow_provider_sqlqueue.transport import Message, QueueAddress, QueueClient, heads
+from bench.peers import PEERS, PGMQ_SCHEMA, install_pgmq, install_pgqueuer, missing, pgqueuer_queries, versions
 from bench.throughput import database
 
 WINDOW = 10.0
@@ -71,9 +70,7 @@ BATCH_EVERY = 0.02
 BODY = 200
 BATCH = 50
 QUEUE = "bench"
-PGMQ_SCHEMA = "pgmq"  # PGMQ's SQL names its schema in every statement
 PGMQ_VISIBILITY_S = 30
-PEERS = ("pgqueuer", "pgmq")
 
 Send = Callable[[float, int], None]
 
@@ -86,56 +83,6 @@ def json_body(sent: float) -> str:
     """PGMQ's messages are JSON: the send time and padding, 200 bytes of JSON text."""
     head = f'{{"sent": {sent:.6f}, "pad": "'
     return head + " " * (BODY - len(head) - 2) + '"}'
-
-
-def pgmq_sql() -> Path | None:
-    """The install script the ``pgmq`` package ships (``pgmq/sql/pgmq.sql``), if it is installed."""
-    try:
-        distribution = importlib.metadata.distribution("pgmq")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    path = Path(str(distribution.locate_file("pgmq/sql/pgmq.sql")))
-    return path if path.is_file() else None
-
-
-def versions() -> dict[str, str | None]:
-    found: dict[str, str | None] = {}
-    for name in ("pgqueuer", "asyncpg", "pgmq"):
-        try:
-            found[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            found[name] = None
-    sql = pgmq_sql()
-    version_file = sql.with_name("VERSION") if sql else None
-    found["pgmq_sql"] = version_file.read_text().strip() if version_file and version_file.is_file() else None
-    return found
-
-
-def missing(mode: str) -> str | None:
-    """Why a peer's row cannot run here (its package is not installed), or None."""
-    if mode == "pgqueuer":
-        for name in ("pgqueuer", "asyncpg"):
-            if importlib.util.find_spec(name) is None:
-                return f"{name} is not installed (bash bench/run adds it with uv run --with)"
-    if mode == "pgmq" and pgmq_sql() is None:
-        return "the pgmq package (whose pgmq.sql is installed for the run) is not installed (bash bench/run adds it with uv run --with)"
-    return None
-
-
-async def pgqueuer_queries(uri: str, schema: str) -> tuple[Any, Any]:
-    """An asyncpg connection whose search_path is ``schema`` and PgQueuer's ``Queries`` on it."""
-    asyncpg = import_module("asyncpg")
-    pgqueuer = import_module("pgqueuer")
-    connection = await asyncpg.connect(uri, server_settings={"search_path": schema})
-    return connection, pgqueuer.Queries(pgqueuer.AsyncpgDriver(connection))
-
-
-async def install_pgqueuer(uri: str, schema: str) -> None:
-    connection, queries = await pgqueuer_queries(uri, schema)
-    try:
-        await queries.install()
-    finally:
-        await connection.close()
 
 
 @contextmanager
@@ -296,9 +243,7 @@ def install(raw: psycopg.Connection[Any], uri: str, schema: str, mode: str) -> N
     if mode == "pgqueuer":
         asyncio.run(install_pgqueuer(uri, schema))
     elif mode == "pgmq":
-        sql = pgmq_sql()
-        assert sql is not None  # missing() said so before
-        raw.execute(sql.read_bytes())  # no parameters: sent as one script, as psql -f would
+        install_pgmq(raw)
         raw.execute("SELECT pgmq.create(%s)", [QUEUE])
     else:
         with QueueClient.connect(uri) as client:
