@@ -52,6 +52,7 @@ import os
 import platform
 import random
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -763,6 +764,23 @@ def report(
         print(f"| {row['ratio']} | {value} | {row['target']} | {({True: 'yes', False: 'NO'}).get(row['met'], '—')} |")
 
 
+def source() -> dict[str, Any]:
+    """The commit measured, and the product's files that differed from it (uncommitted work measured too)."""
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout
+        except (OSError, subprocess.CalledProcessError):
+            return ""
+
+    changed = git("status", "--porcelain", "--", "airflow_provider_sqlqueue")
+    return {
+        "commit": git("rev-parse", "HEAD").strip() or None,
+        "uncommitted": [line[3:] for line in changed.splitlines()],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--uri", default=os.environ.get("SQLQUEUE_BENCH_PG_URI"))
@@ -779,8 +797,8 @@ def main() -> None:
     for peer in ("pgqueuer", "pgmq"):
         if missing(peer):
             print(f"{peer}: skipped, {missing(peer)}", flush=True)
-    defaults = pump_defaults()
-    print(json.dumps({"versions": found, "pump_defaults": defaults}), flush=True)
+    defaults, measured = pump_defaults(), source()
+    print(json.dumps({"versions": found, "pump_defaults": defaults, "source": measured}), flush=True)
     result = measure(uri, args, pgq=missing("pgqueuer") is None, pgmq=missing("pgmq") is None)
     table = ratios(result, args.batch)
     report(args, found, result, table)
@@ -791,6 +809,7 @@ def main() -> None:
                 "python": platform.python_version(),
                 "versions": found,
                 "pump_defaults": defaults,
+                "source": measured,
                 "args": settings,
                 **{key: value for key, value in result.items() if key not in ("drain_rounds", "latency_rounds")},
                 "ratios": table,
