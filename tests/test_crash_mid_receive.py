@@ -91,8 +91,10 @@ def test_killed_consumer_leaves_no_session_idle_in_transaction(backend, client, 
     kill_holder(backend.uri, queue.schema, mode)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        stuck = raw.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE state LIKE 'idle in transaction%' AND datname = current_database()"
+        stuck = raw.execute(  # the killed consumer's sessions: their last statement named the test's schema
+            "SELECT count(*) FROM pg_stat_activity WHERE state LIKE 'idle in transaction%%' "
+            "AND datname = current_database() AND strpos(query, %s) > 0",
+            (queue.schema,),
         ).fetchone()[0]
         if stuck == 0:
             break

@@ -263,6 +263,7 @@ def test_sqlqueue_grants_refuses_a_role_a_grant_must_not_name(role) -> None:
         {"peek_batch_size": None},
         {"max_deliveries": "3"},
         {"move_delayed": "yes"},
+        {"wake_on_notify": "yes"},
         {"error_queue": "error"},
         {"pool": None},
         {"pool": "postgresql://postgres@127.0.0.1/test"},

@@ -94,3 +94,33 @@ def test_same_table_follows_the_databases_name_rules() -> None:
     assert same_table(postgres, postgres.parse_address("orders"), postgres.parse_address('orders@"public"'))
     assert not same_table(postgres, QueueAddress("Orders", "public"), QueueAddress("orders", "public"))
     assert same_table(sqlserver, sqlserver.parse_address("orders"), sqlserver.parse_address("orders@[dbo]"))
+
+
+def test_a_notified_send_wakes_listeners_once_at_commit_and_a_plain_one_not_at_all(
+    pg_uri: str, client: QueueClient, queue: QueueAddress
+) -> None:
+    channel = client.dialect.notify_channel(queue)
+    with psycopg.connect(pg_uri, autocommit=True) as listener:
+        listener.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel)))
+
+        def heard() -> list[str]:
+            return [n.channel for n in listener.notifies(timeout=0.5)]
+
+        client.send(queue, Message("plain"))
+        assert heard() == []
+        client.send(queue, Message("one"), notify=True)
+        assert heard() == [channel]
+        client.send(queue, [Message(f"batch-{n}") for n in range(3)], notify=True)
+        assert heard() == [channel]  # a batch wakes listeners once
+        with client.transaction():
+            client.send(queue, Message("in a block"), notify=True)
+            assert heard() == []  # delivered at commit, not before
+        assert heard() == [channel]
+    assert [m.text for m in client.receive(queue, 10)] == [
+        "plain",
+        "one",
+        "batch-0",
+        "batch-1",
+        "batch-2",
+        "in a block",
+    ]

@@ -408,3 +408,119 @@ def test_a_batch_handler_needs_native_mode_and_no_single_handler():
         MessagePump(never_used, QueueAddress("orders"), None, batch_handler=batch_handler, transaction_mode="claim")
     with pytest.raises(ValueError, match="not both"):
         MessagePump(never_used, QueueAddress("orders"), lambda m, c: None, batch_handler=batch_handler)
+
+
+def listeners(admin_uri: str, channel: str) -> int:
+    """Backends of this database that LISTEN on ``channel`` (pg_listening_channels is per session,
+    so each backend is asked through pg_stat_activity's view of LISTEN statements instead)."""
+    import psycopg
+
+    with psycopg.connect(admin_uri, autocommit=True) as admin:
+        row = admin.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE %s",
+            (f'LISTEN "{channel}"%',),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.postgres_only
+@pytest.mark.parametrize("mode", ["none", "native", "claim"])
+async def test_an_idle_pump_wakes_on_a_send_notification_not_its_peek_interval(pg_uri, client, queue, schema, mode):
+    """With a peek every 10 minutes, only the notification can bring the message in within the test."""
+    pool = open_pool(pg_uri, max_size=1)  # the listener is not one of the pool's sessions: one is enough
+    await pool.open()
+    got: list[str] = []
+
+    async def handler(message, connection):
+        got.append(message.text)
+
+    pump = MessagePump(
+        pool, queue, handler, transaction_mode=mode, error_queue=QueueAddress("error", schema), peek_interval=600
+    )
+    channel = pump.dialect.notify_channel(queue)
+    task = asyncio.create_task(pump.run())
+    try:
+        for _ in range(600):
+            if listeners(pg_uri, channel):
+                break
+            await asyncio.sleep(0.05)
+        for n in range(3):  # the pump is waiting: each notified send ends the wait
+            client.send(queue, Message(f"notified-{n}"), notify=True)
+            for _ in range(1200):
+                if len(got) == n + 1:
+                    break
+                assert not task.done(), f"the pump stopped by itself: {task.exception() if task.done() else ''}"
+                await asyncio.sleep(0.05)
+        assert got == ["notified-0", "notified-1", "notified-2"]
+    finally:
+        pump.stop()
+        await asyncio.wait_for(task, 30)  # stop ends the wait at once, not after 10 minutes
+        await pool.close()
+    assert listeners(pg_uri, channel) == 0  # the listening connection closed with the pump
+    assert client.depth(queue) == 0 and client.in_flight(queue) == 0
+
+
+@pytest.mark.postgres_only
+async def test_a_pump_whose_listening_connection_is_killed_peeks_on_and_listens_again(
+    pg_uri, client, queue, schema, caplog
+):
+    import psycopg
+
+    pool = open_pool(pg_uri, max_size=2)
+    await pool.open()
+    got: list[str] = []
+
+    async def handler(message, connection):
+        got.append(message.text)
+
+    pump = MessagePump(pool, queue, handler, error_queue=QueueAddress("error", schema), peek_interval=0.2)
+    channel = pump.dialect.notify_channel(queue)
+    with caplog.at_level(logging.WARNING, logger="airflow_provider_sqlqueue.pump"):
+        task = asyncio.create_task(pump.run())
+        try:
+            for _ in range(600):
+                if listeners(pg_uri, channel):
+                    break
+                await asyncio.sleep(0.05)
+            with psycopg.connect(pg_uri, autocommit=True) as admin:
+                admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE %s",
+                    (f'LISTEN "{channel}"%',),
+                )
+            client.send(queue, Message("after the kill"))  # no notification: the peek brings it in
+            for _ in range(1200):
+                if got:
+                    break
+                assert not task.done(), f"the pump stopped by itself: {task.exception() if task.done() else ''}"
+                await asyncio.sleep(0.05)
+        finally:
+            pump.stop()
+            await asyncio.wait_for(task, 30)
+            await pool.close()
+    assert got == ["after the kill"]
+    assert "not waiting for send notifications" in caplog.text
+    assert pg_uri not in caplog.text  # the warning names the failure, never the connection string
+
+
+@pytest.mark.postgres_only
+async def test_due_delayed_messages_end_the_pumps_wait(pg_uri, client, queue, schema):
+    """The pump's own delayed mover wakes its consumer: a due message does not wait out the peek interval."""
+    pool = open_pool(pg_uri, max_size=2)
+    await pool.open()
+    got: list[str] = []
+
+    async def handler(message, connection):
+        got.append(message.text)
+
+    client.send(queue, Message("later"), delay=timedelta(seconds=2))
+    pump = MessagePump(
+        pool,
+        queue,
+        handler,
+        error_queue=QueueAddress("error", schema),
+        peek_interval=600,
+        wake_on_notify=False,  # only the mover can end the wait
+    )
+    await run_until(pump, lambda: got == ["later"], timeout=120)
+    await pool.close()

@@ -287,43 +287,45 @@ def send(d: Dialect, address: QueueAddress, messages: Sequence[Message], notify:
     """Insert messages in as few statements as the dialect allows; returns how many were sent.
 
     With ``notify`` (where the database has notifications) listeners of the queue are woken when
-    the transaction commits, once per send however many messages it holds. A send that is one
-    INSERT (one message, or any batch where the dialect inserts batches whole) needs no transaction
-    unless it notifies (the table's layout, read once per session, is only read).
+    the transaction commits, once per send however many messages it holds: the last INSERT carries
+    the notification, so a send that is one INSERT (one message, or any batch where the dialect
+    inserts batches whole) needs no transaction (the table's layout, read once per session, is only
+    read).
     """
     op = _send(d, address, messages, notify)
-    one_statement = len(messages) == 1 or d.one_statement_sends
-    return _Autocommit(op) if one_statement and not notify else op
+    return _Autocommit(op) if len(messages) == 1 or d.one_statement_sends else op
 
 
 def _send(d: Dialect, address: QueueAddress, messages: Sequence[Message], notify: bool) -> Operation[int]:
-    target = d.qualified_name(address)
     shape = yield from table_shape(d, address)
     sent_at = wire_timestamp(datetime.now(timezone.utc))
     rows: list[SendRow] = [
         (m.id, m.ttbr_ms(), m.wire_headers(sent_at, ascii_only=shape.ascii_headers), m.body) for m in messages
     ]
-    yield from _insert(d, address, shape, rows)
-    notify_sql = d.notify_sql(address) if notify else None
-    if notify_sql is not None:
-        yield Step(notify_sql, {"channel": d.notify_channel(address)}, Fetch.ONE, target)
+    yield from _insert(d, address, shape, rows, d.notify_channel(address) if notify else None)
     return len(rows)
 
 
-def _insert(d: Dialect, address: QueueAddress, shape: TableShape, rows: Sequence[SendRow]) -> Operation[None]:
-    """Insert ready-made rows into a queue table in as few statements as the dialect allows."""
+def _insert(
+    d: Dialect, address: QueueAddress, shape: TableShape, rows: Sequence[SendRow], channel: str | None = None
+) -> Operation[None]:
+    """Insert ready-made rows into a queue table in as few statements as the dialect allows; the last
+    statement also notifies ``channel`` when one is given and the database has notifications."""
     target = d.qualified_name(address)
-    if len(rows) == 1:
-        message_id, ttbr_ms, headers, body = rows[0]
-        params = {"id": message_id, "ttbr_ms": ttbr_ms, "headers": headers, "body": body}
-        yield Step(d.send_sql(address, shape), params, Fetch.NONE, target)
-        return
     sent = 0
     while sent < len(rows):
-        count = d.batch_size(rows[sent:])
-        chunk = rows[sent : sent + count]
-        yield Step(d.send_batch_sql(address, count, shape), d.send_batch_params(chunk), Fetch.NONE, target)
+        if len(rows) == 1:
+            message_id, ttbr_ms, headers, body = rows[0]
+            count, sql = 1, d.send_sql(address, shape)
+            params: dict[str, object] = {"id": message_id, "ttbr_ms": ttbr_ms, "headers": headers, "body": body}
+        else:
+            count = d.batch_size(rows[sent:])
+            sql, params = d.send_batch_sql(address, count, shape), d.send_batch_params(rows[sent : sent + count])
         sent += count
+        notifying = d.notifying_sql(sql) if channel is not None and sent == len(rows) else None
+        if notifying is not None:
+            sql, params = notifying, {**params, "channel": channel}
+        yield Step(sql, params, Fetch.NONE, target)
 
 
 # -- delayed delivery ----------------------------------------------------------------------------
@@ -1008,6 +1010,40 @@ def nack(
     }
     rows = yield Step(d.nack_sql(address), params, Fetch.ALL, d.qualified_name(address))
     return {as_uuid(row[0]) for row in rows}
+
+
+def settle(
+    d: Dialect,
+    address: QueueAddress,
+    done: Sequence[uuid.UUID],
+    failed: Sequence[tuple[uuid.UUID, Failure]],
+    audit_address: QueueAddress | None = None,
+    started: Mapping[uuid.UUID, datetime] | None = None,
+) -> Operation[set[uuid.UUID]]:
+    """Finish a batch of claims: acknowledge the handled ones (with their audit copies when auditing)
+    and give each failed one back at once with its own failure; returns the tokens still held."""
+    held: set[uuid.UUID] = set()
+    if done and audit_address is not None:
+        held |= yield from ack_audited(d, address, done, audit_address, started or {})
+    elif done:
+        held |= yield from ack(d, address, done)
+    for token, failure in failed:
+        held |= yield from nack(d, address, [token], failure, 0)
+    return held
+
+
+def settle_then_claim(
+    settling: Operation[set[uuid.UUID]], claiming: Operation[Taken]
+) -> Operation[tuple[set[uuid.UUID], Taken]]:
+    """A consumer's settlement of its last batch and its claim of the next, in one transaction.
+
+    One commit where there were two: a commit waits for the WAL to reach disk, which is most of
+    what a claim loop pays per batch. The batch's acknowledgement still precedes the claim, so a
+    claim never meets the messages just handled; if the transaction fails, neither happened, and
+    the caller settles alone (:func:`settle`) before reporting the failure.
+    """
+    held = yield from settling
+    return held, (yield from claiming)
 
 
 @autocommitted

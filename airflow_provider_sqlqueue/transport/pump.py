@@ -28,7 +28,7 @@ from . import operations as ops
 from .addressing import QueueAddress
 from .breaker import CircuitBreaker
 from .client import Addressing, default_holder, lease_ms, same_table
-from .drivers import Session, SessionPool
+from .drivers import Session, SessionPool, close_quietly
 from .errors import (
     ArgumentTypeError,
     InvalidArgumentError,
@@ -60,6 +60,8 @@ Handler = Callable[[ReceivedMessage, Any], Awaitable[None]]
 #: Handler of a whole batch in ``native`` mode: the messages and the connection of the one
 #: transaction that received them all. Raising rolls the batch back: every message stays queued.
 BatchHandler = Callable[[list[ReceivedMessage], Any], Awaitable[None]]
+#: A claimed batch and what its handlers did: the messages, each one's outcome, when each started.
+_Batch = tuple[list[ReceivedMessage], list[BaseException | None], dict[uuid.UUID, datetime]]
 
 _TIMESPAN = re.compile(r"^(?:(\d+)\.)?(\d+):(\d+):(\d+)(?:\.(\d+))?$")
 
@@ -191,6 +193,7 @@ class MessagePump:
         move_delayed: bool = True,
         audit_queue: QueueAddress | None = None,
         meter: Meter | None = None,
+        wake_on_notify: bool = True,
     ) -> None:
         if (handler is None) == (batch_handler is None):
             raise InvalidArgumentError(
@@ -211,6 +214,7 @@ class MessagePump:
         check_positive("peek_batch_size", peek_batch_size)
         check_positive("max_deliveries", max_deliveries)
         flag("move_delayed", move_delayed)
+        flag("wake_on_notify", wake_on_notify)
         self._reporter = Reporter(meter)
         receive_batch_size = check_positive(
             "receive_batch_size", max_concurrency if receive_batch_size is None else receive_batch_size
@@ -240,7 +244,17 @@ class MessagePump:
         self.breaker = CircuitBreaker(min(peek_interval, 1.0), max_backoff, breaker_alarm)
         self.failures = FailureCounter()
         self.move_delayed = move_delayed
+        self.wake_on_notify = wake_on_notify
         self.name = self.dialect.qualified_name(queue)
+        #: The connection that waits for the queue's send notifications between peeks (PostgreSQL).
+        self._listener: Session | None = None
+        self._channels = [self.dialect.notify_channel(queue)]
+        #: Set when this pump's delayed mover put messages into the queue: the idle wait ends at once.
+        self._moved = asyncio.Event()
+        #: The claimed batch handled last, settled in the transaction of the next claim.
+        self._unsettled: _Batch | None = None
+        #: When the pump may try again to open a listening connection that failed.
+        self._listen_again_at = 0.0
         self.handled = 0
         self.failed = 0
         self._stop = asyncio.Event()
@@ -287,6 +301,9 @@ class MessagePump:
             if mover is not None:
                 mover.cancel()
                 await asyncio.gather(mover, return_exceptions=True)
+            if self._listener is not None:
+                await close_quietly(self._listener)
+                self._listener = None
         log.info("Queue %s: pump stopped (handled %d, failed %d)", self.name, self.handled, self.failed)
 
     async def _move_delayed(self) -> None:
@@ -315,34 +332,29 @@ class MessagePump:
             if moved:
                 log.info("Queue %s: moved %d due delayed message(s) into place", self.name, moved)
                 self._reporter.count("moved_due", self.queue, moved)
+                self._moved.set()
             if moved < defaults.DELAYED_BATCH:
                 await self._sleep(defaults.DELAYED_INTERVAL)
 
     async def _consume(self) -> None:
+        woken = False
         while not self._stop.is_set():
-            try:
-                async with self.pool.session() as session:
-                    if self.transaction_mode is TransactionMode.CLAIM:
-                        pending, lapsed = await session.run(ops.peek_claims(self.dialect, self.queue, since_last=True))
-                        self._lapsed = lapsed > 0
-                        pending += lapsed
-                    else:
-                        pending = await session.run(ops.peek(self.dialect, self.queue))
-            except TransportMisconfiguredError as exc:  # retrying cannot fix the connection's settings
-                log.error("Queue %s: pump stopped: %s", self.name, exc)
-                raise
-            except Exception as exc:  # noqa: BLE001  # any other database failure: back off, never crash the loop
-                if isinstance(exc, QueueNotFoundError):
-                    log.error("Queue %s: %s", self.name, exc)
-                await self._sleep(self.breaker.failure(exc, self.name))
-                continue
-            self.breaker.success()
-            if pending <= 0:
-                log.debug("Queue %s: peek found nothing; next peek in %.3gs", self.name, self.peek_interval)
-                await self._sleep(self.peek_interval)
-                continue
-            budget = min(pending, self.peek_batch_size)
-            log.debug("Queue %s: peek estimates %d waiting; receiving up to %d", self.name, pending, budget)
+            await self._forget_notifications()
+            if woken:  # a send notification or the delayed mover said messages arrived: the peek would only agree
+                budget = self.peek_batch_size
+            else:
+                pending = await self._peek()
+                if pending is None:
+                    continue
+                if pending <= 0:
+                    log.debug(
+                        "Queue %s: peek found nothing; next peek in %.3gs at the latest", self.name, self.peek_interval
+                    )
+                    woken = await self._wait_for_messages()
+                    continue
+                budget = min(pending, self.peek_batch_size)
+                log.debug("Queue %s: peek estimates %d waiting; receiving up to %d", self.name, pending, budget)
+            woken = False
             received = await self._receive_mode(budget)
             if received:
                 log.info(
@@ -352,6 +364,116 @@ class MessagePump:
                     self.handled,
                     self.failed,
                 )
+
+    async def _peek(self) -> int | None:
+        """How many messages seem to wait (claim mode: and whose claims lapsed); None after a failure, backed off."""
+        try:
+            async with self.pool.session() as session:
+                if self.transaction_mode is TransactionMode.CLAIM:
+                    pending, lapsed = await session.run(ops.peek_claims(self.dialect, self.queue, since_last=True))
+                    self._lapsed = lapsed > 0
+                    pending += lapsed
+                else:
+                    pending = await session.run(ops.peek(self.dialect, self.queue))
+        except TransportMisconfiguredError as exc:  # retrying cannot fix the connection's settings
+            log.error("Queue %s: pump stopped: %s", self.name, exc)
+            raise
+        except Exception as exc:  # noqa: BLE001  # any other database failure: back off, never crash the loop
+            if isinstance(exc, QueueNotFoundError):
+                log.error("Queue %s: %s", self.name, exc)
+            await self._sleep(self.breaker.failure(exc, self.name))
+            return None
+        self.breaker.success()
+        return int(pending)
+
+    async def _wait_for_messages(self) -> bool:
+        """After an empty peek, wait until the next one is worth making.
+
+        That is when a sender's notification for the queue arrives (PostgreSQL, ``send(...,
+        notify=True)``), when this pump's delayed mover put messages into the queue, or when the peek
+        interval is over -- the interval stays the fallback for senders that do not notify, for
+        claims whose lease ran out and for a database without notifications.
+
+        The listening connection is the pump's own, outside the pool, and LISTENs from before the
+        next peek on: a message sent between an empty peek and the wait still ends the wait.
+        Returns whether a notification or the mover ended the wait (then the pump receives at once).
+        """
+        listening_now = self.wake_on_notify and self._listener is None and time.monotonic() >= self._listen_again_at
+        if listening_now and await self._listen():
+            return False  # a message sent since the empty peek, before the LISTEN, woke no one: peek again now
+        waits: list[asyncio.Future[bool]] = [
+            asyncio.ensure_future(self._stop.wait()),
+            asyncio.ensure_future(self._moved.wait()),
+        ]
+        notified = None
+        if self._listener is not None:
+            notified = asyncio.ensure_future(self._listener.wait_for_notification(self._channels, self.peek_interval))
+            waits.append(notified)
+        try:
+            await asyncio.wait(waits, timeout=self.peek_interval, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in waits:
+                waiting.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+        moved = self._moved.is_set()
+        self._moved.clear()
+        if notified is None or notified.cancelled():
+            return moved
+        failure = notified.exception()
+        if failure is not None:
+            await self._stop_listening(failure)
+            return moved
+        return moved or notified.result()
+
+    async def _listen(self) -> bool:
+        """Open the pump's listening connection and LISTEN; False where it cannot (the pump keeps peeking)."""
+        try:
+            listener = await self.pool.listener()
+        except Exception as exc:  # noqa: BLE001  # peeking still works; try again later
+            await self._stop_listening(exc)
+            return False
+        if listener is None:  # the database has no notifications: peeking is the only way
+            self.wake_on_notify = False
+            return False
+        try:
+            await listener.wait_for_notification(self._channels, 0)
+        except Exception as exc:  # noqa: BLE001
+            await close_quietly(listener)
+            await self._stop_listening(exc)
+            return False
+        self._listener = listener
+        log.info(
+            "Queue %s: waiting for send notifications between peeks (a peek every %.3gs at the latest)",
+            self.name,
+            self.peek_interval,
+        )
+        return True
+
+    async def _forget_notifications(self) -> None:
+        """Drop the notifications received while the pump was busy: the peek about to run sees their messages.
+
+        The driver keeps every notification that arrives outside a wait; a pump that is never idle
+        would otherwise hold all of them in memory.
+        """
+        if self._listener is not None:
+            try:
+                await self._listener.wait_for_notification(self._channels, 0)
+            except Exception as exc:  # noqa: BLE001
+                await self._stop_listening(exc)
+
+    async def _stop_listening(self, exc: BaseException) -> None:
+        """Peek only, for a while: the listening connection failed or could not be opened."""
+        if self._listener is not None:
+            await close_quietly(self._listener)
+            self._listener = None
+        self._listen_again_at = time.monotonic() + defaults.MAX_BACKOFF_SECONDS
+        log.warning(
+            "Queue %s: not waiting for send notifications (%s); peeking every %.3gs, listening again in %.0fs",
+            self.name,
+            exc,
+            self.peek_interval,
+            defaults.MAX_BACKOFF_SECONDS,
+        )
 
     async def _sleep(self, seconds: float) -> None:
         try:
@@ -369,16 +491,19 @@ class MessagePump:
         if self.transaction_mode is TransactionMode.NATIVE and self.batch_handler is None:
             return await self._receive_singly(budget)
         received = 0
-        while received < budget and not self._stop.is_set():
-            wanted = min(self.receive_batch_size, budget - received)
-            try:
-                got = await self._receive_batch(wanted)
-            except Exception as exc:  # noqa: BLE001  # database failure mid-receive: the transaction rolled back
-                await self._sleep(self.breaker.failure(exc, self.name))
-                break
-            received += got
-            if got < wanted:
-                break
+        try:
+            while received < budget and not self._stop.is_set():
+                wanted = min(self.receive_batch_size, budget - received)
+                try:
+                    got = await self._receive_batch(wanted)
+                except Exception as exc:  # noqa: BLE001  # database failure mid-receive: the transaction rolled back
+                    await self._sleep(self.breaker.failure(exc, self.name))
+                    break
+                received += got
+                if got < wanted:
+                    break
+        finally:
+            await self._settle_unsettled()
         return received
 
     async def _receive_batch(self, wanted: int) -> int:
@@ -391,18 +516,7 @@ class MessagePump:
                     ops.receive(self.dialect, self.queue, self.error_queue, wanted, atomic=False)
                 )
             else:
-                messages = await session.run(
-                    ops.claim(
-                        self.dialect,
-                        self.queue,
-                        self.error_queue,
-                        wanted,
-                        self.lease_ms,
-                        self.max_deliveries,
-                        self.holder,
-                        reclaim=self._lapsed,
-                    )
-                )
+                messages = await self._claim(session, wanted)
         self._reporter.taken(self.queue, messages)
         if not messages:
             return 0
@@ -423,8 +537,33 @@ class MessagePump:
             outcomes = await self._handle_all(messages, started)
         finally:
             renewing.cancel()
-        await self._settle(messages, outcomes, started)
+        # Settled with the next claim, in its transaction; or alone when the loop ends (_receive_mode).
+        self._unsettled = (messages, outcomes, started)
         return len(messages)
+
+    async def _claim(self, session: Session, wanted: int) -> ops.Taken:
+        """Claim up to ``wanted`` messages, settling the batch handled before in the same transaction."""
+        claiming = ops.claim(
+            self.dialect,
+            self.queue,
+            self.error_queue,
+            wanted,
+            self.lease_ms,
+            self.max_deliveries,
+            self.holder,
+            reclaim=self._lapsed,
+        )
+        unsettled, self._unsettled = self._unsettled, None
+        if unsettled is None:
+            return await session.run(claiming)
+        try:
+            held, messages = await session.run(ops.settle_then_claim(self._settling(*unsettled), claiming))
+        except Exception:
+            # Neither happened: settle alone, so the handled messages are not handed out again.
+            await self._settle_alone(unsettled, session)
+            raise
+        self._settled(unsettled[0], unsettled[1], held)
+        return messages
 
     async def _handle_all(
         self, messages: list[ReceivedMessage], started: dict[uuid.UUID, datetime]
@@ -472,21 +611,50 @@ class MessagePump:
                 "Queue %s: could not copy %d processed message(s) to the audit queue: %s", self.name, len(messages), exc
             )
 
-    async def _settle(
+    def _settling(
         self, messages: list[ReceivedMessage], outcomes: list[BaseException | None], started: dict[uuid.UUID, datetime]
-    ) -> None:
-        """Acknowledge the handled claims in one statement (with their audit copies); give each failed one back."""
+    ) -> ops.Operation[set[uuid.UUID]]:
+        """The settlement of a handled batch: the handled claims acknowledged in one statement (with
+        their audit copies), each failed one given back with its failure."""
         done = [m.claim_token for m, error in zip(messages, outcomes, strict=True) if error is None and m.claim_token]
-        held: set[Any] = set()
-        async with self.pool.session() as session:
-            if done and self.audit_queue is not None:
-                held |= await session.run(ops.ack_audited(self.dialect, self.queue, done, self.audit_queue, started))
-            elif done:
-                held |= await session.run(ops.ack(self.dialect, self.queue, done))
-            for message, error in zip(messages, outcomes, strict=True):
-                if error is not None and message.claim_token is not None:
-                    failure = Failure.of(error, self.name)
-                    held |= await session.run(ops.nack(self.dialect, self.queue, [message.claim_token], failure, 0))
+        failed = [
+            (m.claim_token, Failure.of(error, self.name))
+            for m, error in zip(messages, outcomes, strict=True)
+            if error is not None and m.claim_token is not None
+        ]
+        return ops.settle(self.dialect, self.queue, done, failed, self.audit_queue, started)
+
+    async def _settle_unsettled(self) -> None:
+        """Settle the last handled batch on its own: the loop ends, no claim follows to carry it."""
+        unsettled, self._unsettled = self._unsettled, None
+        if unsettled is not None:
+            await self._settle_alone(unsettled)
+
+    async def _settle_alone(self, unsettled: _Batch, session: Session | None = None) -> None:
+        """Settle a handled batch in a transaction of its own, on ``session`` or one from the pool.
+
+        A failure is logged, not raised: the batch's claims come back when their lease ends.
+        """
+        try:
+            if session is None:
+                async with self.pool.session() as pooled:
+                    held = await pooled.run(self._settling(*unsettled))
+            else:
+                held = await session.run(self._settling(*unsettled))
+        except Exception as exc:  # noqa: BLE001
+            log.warning(
+                "Queue %s: could not settle %d message(s) (%s); they come back when their lease ends",
+                self.name,
+                len(unsettled[0]),
+                exc,
+            )
+            return
+        self._settled(unsettled[0], unsettled[1], held)
+
+    def _settled(
+        self, messages: list[ReceivedMessage], outcomes: list[BaseException | None], held: set[uuid.UUID]
+    ) -> None:
+        """Report a settled batch: what was handled or failed, and whose lease ran out before it was settled."""
         lost = [message for message in messages if message.claim_token not in held]
         for message in lost:
             log.warning(

@@ -561,10 +561,11 @@ class Dialect(ABC):
 
     # -- wake-up notifications (optional) --------------------------------------------------------
 
-    def notify_sql(self, address: QueueAddress) -> str | None:
-        """Statement that wakes listeners of the queue when the sending transaction commits; None if unsupported.
+    def notifying_sql(self, insert_sql: str) -> str | None:
+        """The insert ``insert_sql`` as one statement that also wakes the queue's listeners when its
+        transaction commits; None where the database has no notifications.
 
-        Params channel, from :meth:`notify_channel`.
+        Params: those of the insert, and channel (from :meth:`notify_channel`).
         """
         return None
 

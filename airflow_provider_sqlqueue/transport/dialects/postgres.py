@@ -561,10 +561,11 @@ class PostgresDialect(Dialect):
 
     # -- wake-up notifications ----------------------------------------------------------------
 
-    def notify_sql(self, address: QueueAddress) -> str | None:
-        # Delivered at commit, and PostgreSQL folds identical notifications of one transaction
-        # into one: a batch wakes listeners once.
-        return "SELECT pg_notify(%(channel)s, '')"
+    def notifying_sql(self, insert_sql: str) -> str | None:
+        # One statement, so a notified send is still one round trip in autocommit: an INSERT in WITH
+        # runs to completion whatever the outer query reads. The notification is delivered at commit,
+        # and PostgreSQL folds identical notifications of one transaction: a batch wakes listeners once.
+        return f"WITH sent AS ({insert_sql}) SELECT pg_notify(%(channel)s, '')"
 
     def listen_sql(self, channel: str) -> str | None:
         return f"LISTEN {quote_ident(channel)}"

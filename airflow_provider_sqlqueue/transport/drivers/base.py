@@ -175,6 +175,16 @@ class SessionPool(ABC):
     def session(self) -> AbstractAsyncContextManager[Session]:
         """A session for exclusive use while the block runs."""
 
+    async def listener(self) -> Session | None:
+        """A session of the caller's own, outside the pool's slots, to wait for send notifications on
+        for as long as the caller runs (it closes the session); None where the database has none.
+
+        Outside the slots, so that a pump waiting for messages takes no session its receives need;
+        of its own, because a connection that listens collects every notification until it waits
+        again, which a pooled connection doing other work would keep in memory.
+        """
+        return None
+
     @abstractmethod
     async def open(self) -> None:
         """Prepare the pool (does not fail when the database is down: sessions will fail instead)."""

@@ -412,6 +412,11 @@ class AsyncPsycopgPool(SessionPool):
         for connection in idle:
             await close_quietly(connection)
 
+    async def listener(self) -> Session | None:
+        if self._closed:
+            raise TransportUnavailableError("the session pool is closed")
+        return await PsycopgSession.connect(self._conninfo, **self._kwargs)
+
     @asynccontextmanager
     async def session(self) -> AsyncIterator[Session]:
         if self._closed:
