@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import timedelta, timezone
 from typing import TYPE_CHECKING, Any, TextIO
 
+from . import __version__
 from .transport import QueueClient, defaults
 from .transport.client import Addressing
 from .transport.dialects import Dialect, get_dialect
@@ -390,8 +391,17 @@ def _run(command: Command, args: argparse.Namespace) -> int:
     return status or 0
 
 
+#: What ``sqlqueue --help`` says first: plain text, as a terminal shows it.
+DESCRIPTION = (
+    "SQL queues from the command line: scripts a DBA reviews before anything runs (ddl, grants), "
+    "and a look at live queues (health, depths, errors, retry, move-due, subscriptions). "
+    "Connect with --conn URI (default $SQLQUEUE_CONN) or, where Airflow is installed, --conn-id."
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sqlqueue", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(prog="sqlqueue", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
         sub = commands.add_parser(command.name, help=command.help, description=command.help)

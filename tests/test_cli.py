@@ -393,3 +393,19 @@ def test_health_prints_names_as_text_and_reports_what_it_cannot_measure(pg_uri, 
     assert not any(line == "no problems found" for line in survey.stdout.splitlines())
     assert f'PROBLEM unreadable (broken@"{schema}"): cannot be measured: ' in survey.stdout
     assert any(line.startswith(f'orders@"{schema}"') for line in survey.stdout.splitlines())
+
+
+def test_help_is_plain_text_and_version_is_the_packages() -> None:
+    from airflow_provider_sqlqueue import __version__
+
+    run = subprocess.run(
+        [sys.executable, "-m", "airflow_provider_sqlqueue.cli", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0 and "``" not in run.stdout and ":mod:" not in run.stdout
+    run = subprocess.run(
+        [sys.executable, "-m", "airflow_provider_sqlqueue.cli", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (run.returncode, run.stdout.strip()) == (0, f"sqlqueue {__version__}")
