@@ -41,7 +41,7 @@ def get_provider_info() -> dict[str, Any]:
                 "hook-name": "SQL Queue",
                 "ui-field-behaviour": {
                     "hidden-fields": [],
-                    "relabeling": {"schema": "Database"},
+                    "relabeling": {"schema": "Database name"},
                     "placeholders": {
                         "host": "database server, e.g. db.example.com",
                         "schema": "database name",
@@ -50,8 +50,8 @@ def get_provider_info() -> dict[str, Any]:
                 },
                 "conn-fields": {
                     "dialect": {
-                        "label": "Database",
-                        "description": "Which database holds the queue tables.",
+                        "label": "Database kind",
+                        "description": "Which kind of database server holds the queue tables: PostgreSQL or SQL Server.",
                         "schema": {
                             "type": ["string", "null"],
                             "enum": ["postgres", "sqlserver", None],

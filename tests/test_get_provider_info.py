@@ -50,3 +50,18 @@ def test_message_queue_provider_is_registered():
     manager = ProvidersManager()
     manager.initialize_providers_queues()
     assert "airflow_provider_sqlqueue.queues.sqlqueue.SqlQueueMessageQueueProvider" in manager.queue_class_names
+
+
+def test_each_connection_form_field_has_a_label_of_its_own():
+    from airflow_provider_sqlqueue.get_provider_info import get_provider_info
+
+    [connection_type] = get_provider_info()["connection-types"]
+    behaviour = connection_type["ui-field-behaviour"]
+    standard = {"host": "Host", "schema": "Schema", "login": "Login", "password": "Password", "port": "Port"}
+    labels = [
+        behaviour["relabeling"].get(field, label)
+        for field, label in standard.items()
+        if field not in behaviour["hidden-fields"]
+    ]
+    labels += [field["label"] for field in connection_type["conn-fields"].values()]
+    assert len(labels) == len(set(labels)), labels
