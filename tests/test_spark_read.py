@@ -1,0 +1,130 @@
+"""The ``sqlqueue`` data source's reads as Spark takes them: Arrow batches, partition by partition.
+
+These run the reader Spark instantiates (planning on the driver, ``read`` per partition as an
+executor's Python worker does) against the real database without a JVM, and hand every batch to
+PySpark's own check of what a Python data source returns, so a batch Spark would refuse fails here.
+The jobs themselves, on a cluster, are in ``tests/test_spark.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+import pytest
+from psycopg import sql
+from pyspark.sql.worker.plan_data_source_read import records_to_arrow_batches
+
+from airflow_provider_sqlqueue import spark
+from airflow_provider_sqlqueue.transport import Message, QueueAddress, QueueClient
+
+pytestmark = pytest.mark.postgres_only
+
+
+@pytest.fixture
+def queue(pg_uri: str) -> Iterator[QueueAddress]:
+    schema = f"spr_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(pg_uri, autocommit=True) as raw:
+        raw.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    address = QueueAddress("orders", schema)
+    with QueueClient.connect(pg_uri) as client:
+        client.create_queue(address)
+    try:
+        yield address
+    finally:
+        with psycopg.connect(pg_uri, autocommit=True) as raw:
+            raw.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+
+
+def insert_raw(pg_uri: str, queue: QueueAddress, headers: str | None, body: bytes | None) -> uuid.UUID:
+    """A row as another program writes it, whatever it put in the Headers and Body columns."""
+    message_id = uuid.uuid4()
+    with psycopg.connect(pg_uri, autocommit=True) as raw:
+        raw.execute(
+            sql.SQL("INSERT INTO {} (Id, Expires, Headers, Body) VALUES (%s, NULL, %s, %s)").format(
+                sql.Identifier(queue.schema, queue.table)
+            ),
+            (message_id, headers, body),
+        )
+    return message_id
+
+
+def read(options: dict[str, str]) -> list[pa.RecordBatch]:
+    """Every batch of a batch read, each through Spark's check of a Python data source's batches."""
+    source = spark.SqlQueueDataSource(options)
+    reader = source.reader(source.schema())
+    batches: list[pa.RecordBatch] = []
+    for partition in reader.partitions():
+        batches += records_to_arrow_batches(reader.read(partition), 10_000, spark.MESSAGE_SCHEMA, source)
+    return batches
+
+
+def rows(batches: list[pa.RecordBatch]) -> list[dict[str, Any]]:
+    return [row for batch in batches for row in batch.to_pylist()]
+
+
+def test_a_partitioned_browse_returns_each_message_exactly_once(pg_uri, queue) -> None:
+    with QueueClient.connect(pg_uri) as client:
+        client.send(queue, [Message.of({"n": n}) for n in range(25_000)])
+    name = f'orders@"{queue.schema}"'
+    batches = read({"url": pg_uri, "queue": name, "numPartitions": "7", "fetchSize": "999"})
+    got = rows(batches)
+    assert sorted(json.loads(r["body"])["n"] for r in got) == list(range(25_000))
+    assert len({r["id"] for r in got}) == 25_000 and all(r["deliveries"] is None for r in got)
+    assert all(batch.num_rows <= spark.BATCH_ROWS for batch in batches)
+
+
+def test_a_partitioned_claim_read_returns_each_held_message_once(pg_uri, queue) -> None:
+    with QueueClient.connect(pg_uri) as client:
+        client.send(queue, [Message.of({"n": n}) for n in range(12_000)])
+    name = f'orders@"{queue.schema}"'
+    options = {"url": pg_uri, "queue": name, "mode": "claim", "holder": "h1", "numPartitions": "5"}
+    first = rows(read({**options, "maxMessagesPerBatch": "11000"}))
+    again = rows(read({**options, "maxMessagesPerBatch": "11000"}))  # a retried job: the same messages
+    assert sorted(json.loads(r["body"])["n"] for r in first) == list(range(11_000))
+    assert sorted(r["id"] for r in again) == sorted(r["id"] for r in first)
+    assert {r["deliveries"] for r in first} == {1}
+    assert spark.ack_held(pg_uri, name, "h1") == 11_000
+
+
+def test_arrow_batches_carry_null_bodies_odd_unicode_and_skip_unreadable_headers(pg_uri, queue) -> None:
+    odd = {
+        "Shop.Note": "naïve café — 日本語 😀 \u200f\u202e",
+        "Shop.Escaped": '\u00e9\u0000\t"quoted"\\',
+        "Shop.Null": None,
+        "\U0001d518nicode \U0001f600 name": "value",  # outside the BMP
+    }
+    with QueueClient.connect(pg_uri) as client:
+        client.send(queue, Message(b"\x00\xff binary", odd))
+    null_body = insert_raw(pg_uri, queue, json.dumps({"NServiceBus.MessageId": "x"}), None)
+    escaped = insert_raw(pg_uri, queue, '{"Shop.Escaped":"\\u00e9\\/\\ud83d\\ude00"}', b"{}")
+    empty_headers = insert_raw(pg_uri, queue, "", b"e")
+    for unreadable in ("{not json", '{"lone":"\\ud800"}', '{"n":1}', "[]", "null"):
+        insert_raw(pg_uri, queue, unreadable, b"poison")
+    got = {r["id"]: r for r in rows(read({"url": pg_uri, "queue": f'orders@"{queue.schema}"'}))}
+    assert len(got) == 4  # the five unreadable rows are skipped, as a browse skips them
+    (sent,) = [r for r in got.values() if r["body"] == b"\x00\xff binary"]
+    assert {k: v for k, v in dict(sent["headers"]).items() if k.startswith(("Shop.", "\U0001d518"))} == odd
+    assert got[str(null_body)]["body"] == b""  # a NULL Body reads as an empty body, as it always has
+    assert dict(got[str(escaped)]["headers"]) == {"Shop.Escaped": "é/😀"}
+    assert dict(got[str(empty_headers)]["headers"]) == {}
+
+
+def test_large_bodies_are_cut_into_bounded_batches_and_arrive_whole(pg_uri, queue, monkeypatch) -> None:
+    monkeypatch.setattr(spark, "BATCH_BYTES", 3_000_000)
+    bodies = [bytes([n]) * size for n, size in enumerate([1_000_000] * 7 + [20_000_000, 10, 2_000_000])]
+    with QueueClient.connect(pg_uri) as client:
+        client.send(queue, [Message(body) for body in bodies])
+    name = f'orders@"{queue.schema}"'
+    for options in ({}, {"mode": "claim", "holder": "big", "numPartitions": "1"}):
+        batches = read({"url": pg_uri, "queue": name, **options})
+        assert sorted(r["body"] for r in rows(batches)) == sorted(bodies)
+        for batch in batches:  # within the bound, or one body larger than it alone
+            size = sum(len(body) for body in batch.column("body").to_pylist())
+            assert size <= spark.BATCH_BYTES or batch.num_rows == 1
+        assert max(batch.num_rows for batch in batches) > 1
+    assert spark.ack_held(pg_uri, name, "big") == len(bodies)
