@@ -424,6 +424,15 @@ def listeners(admin_uri: str, channel: str) -> int:
     return int(row[0])
 
 
+async def until_listening(pg_uri: str, channel: str) -> None:
+    """Wait until a session LISTENs on ``channel`` (the pump's first empty peek opened its listener)."""
+    for _ in range(1200):
+        if listeners(pg_uri, channel):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"nobody listens on {channel} after a minute")
+
+
 @pytest.mark.postgres_only
 @pytest.mark.parametrize("mode", ["none", "native", "claim"])
 async def test_an_idle_pump_wakes_on_a_send_notification_not_its_peek_interval(pg_uri, client, queue, schema, mode):
@@ -441,10 +450,7 @@ async def test_an_idle_pump_wakes_on_a_send_notification_not_its_peek_interval(p
     channel = pump.dialect.notify_channel(queue)
     task = asyncio.create_task(pump.run())
     try:
-        for _ in range(600):
-            if listeners(pg_uri, channel):
-                break
-            await asyncio.sleep(0.05)
+        await until_listening(pg_uri, channel)
         for n in range(3):  # the pump is waiting: each notified send ends the wait
             client.send(queue, Message(f"notified-{n}"), notify=True)
             for _ in range(1200):
@@ -479,10 +485,7 @@ async def test_a_pump_whose_listening_connection_is_killed_peeks_on_and_listens_
     with caplog.at_level(logging.WARNING, logger="airflow_provider_sqlqueue.pump"):
         task = asyncio.create_task(pump.run())
         try:
-            for _ in range(600):
-                if listeners(pg_uri, channel):
-                    break
-                await asyncio.sleep(0.05)
+            await until_listening(pg_uri, channel)
             with psycopg.connect(pg_uri, autocommit=True) as admin:
                 admin.execute(
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE %s",
