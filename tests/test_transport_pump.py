@@ -410,6 +410,20 @@ def test_a_batch_handler_needs_native_mode_and_no_single_handler():
         MessagePump(never_used, QueueAddress("orders"), lambda m, c: None, batch_handler=batch_handler)
 
 
+@pytest.fixture
+async def recorder(pg_uri):
+    """A pool of two sessions and a handler that records each message's text (``got``)."""
+    pool = open_pool(pg_uri, max_size=2)
+    await pool.open()
+    got: list[str] = []
+
+    async def handler(message, connection):
+        got.append(message.text)
+
+    yield SimpleNamespace(pool=pool, got=got, handler=handler)
+    await pool.close()
+
+
 def listeners(admin_uri: str, channel: str) -> int:
     """Backends of this database that LISTEN on ``channel`` (pg_listening_channels is per session,
     so each backend is asked through pg_stat_activity's view of LISTEN statements instead)."""
@@ -469,18 +483,13 @@ async def test_an_idle_pump_wakes_on_a_send_notification_not_its_peek_interval(p
 
 @pytest.mark.postgres_only
 async def test_a_pump_whose_listening_connection_is_killed_peeks_on_and_listens_again(
-    pg_uri, client, queue, schema, caplog
+    pg_uri, client, queue, schema, caplog, recorder
 ):
     import psycopg
 
-    pool = open_pool(pg_uri, max_size=2)
-    await pool.open()
-    got: list[str] = []
-
-    async def handler(message, connection):
-        got.append(message.text)
-
-    pump = MessagePump(pool, queue, handler, error_queue=QueueAddress("error", schema), peek_interval=0.2)
+    pump = MessagePump(
+        recorder.pool, queue, recorder.handler, error_queue=QueueAddress("error", schema), peek_interval=0.2
+    )
     channel = pump.dialect.notify_channel(queue)
     with caplog.at_level(logging.WARNING, logger="airflow_provider_sqlqueue.pump"):
         task = asyncio.create_task(pump.run())
@@ -492,38 +501,128 @@ async def test_a_pump_whose_listening_connection_is_killed_peeks_on_and_listens_
                     (f'LISTEN "{channel}"%',),
                 )
             client.send(queue, Message("after the kill"))  # no notification: the peek brings it in
-            for _ in range(1200):
-                if got:
-                    break
-                assert not task.done(), f"the pump stopped by itself: {task.exception() if task.done() else ''}"
-                await asyncio.sleep(0.05)
+            await until(lambda: recorder.got == ["after the kill"], task)
         finally:
             pump.stop()
             await asyncio.wait_for(task, 30)
-            await pool.close()
-    assert got == ["after the kill"]
     assert "not waiting for send notifications" in caplog.text
     assert pg_uri not in caplog.text  # the warning names the failure, never the connection string
 
 
 @pytest.mark.postgres_only
-async def test_due_delayed_messages_end_the_pumps_wait(pg_uri, client, queue, schema):
+async def test_due_delayed_messages_end_the_pumps_wait(client, queue, schema, recorder):
     """The pump's own delayed mover wakes its consumer: a due message does not wait out the peek interval."""
-    pool = open_pool(pg_uri, max_size=2)
-    await pool.open()
-    got: list[str] = []
-
-    async def handler(message, connection):
-        got.append(message.text)
-
     client.send(queue, Message("later"), delay=timedelta(seconds=2))
     pump = MessagePump(
-        pool,
+        recorder.pool,
         queue,
-        handler,
+        recorder.handler,
         error_queue=QueueAddress("error", schema),
         peek_interval=600,
         wake_on_notify=False,  # only the mover can end the wait
     )
-    await run_until(pump, lambda: got == ["later"], timeout=120)
+    await run_until(pump, lambda: recorder.got == ["later"], timeout=120)
+
+
+@pytest.mark.postgres_only
+async def test_a_notified_message_committed_after_newer_ones_were_taken_is_not_left_for_the_peek(
+    pg_uri, client, queue, schema, recorder
+):
+    """The notification names the lowest Seq sent: the woken pump looks below what it already took."""
+    from airflow_provider_sqlqueue.transport import QueueClient
+
+    got = recorder.got
+    pump = MessagePump(
+        recorder.pool, queue, recorder.handler, error_queue=QueueAddress("error", schema), peek_interval=600
+    )
+    task = asyncio.create_task(pump.run())
+    try:
+        await until_listening(pg_uri, pump.dialect.notify_channel(queue))
+        with QueueClient.connect(pg_uri) as late:
+            with late.transaction():
+                late.send(queue, Message("late"), notify=True)  # gets the lower Seq, commits last
+                client.send(queue, Message("early"), notify=True)
+                await until(lambda: got == ["early"], task)
+            await until(lambda: got == ["early", "late"], task)  # not 10 minutes later
+    finally:
+        pump.stop()
+        await asyncio.wait_for(task, 30)
+
+
+async def until(done, task: asyncio.Task, seconds: float = 60) -> None:
+    for _ in range(int(seconds / 0.05)):
+        if done():
+            return
+        assert not task.done(), f"the pump stopped by itself: {task.exception() if task.done() else ''}"
+        await asyncio.sleep(0.05)
+    raise AssertionError("not within a minute")
+
+
+@pytest.mark.postgres_only
+async def test_a_claim_pump_settles_on_a_new_connection_when_the_server_closed_an_idle_one(
+    pg_uri, client, queue, schema
+):
+    """Handlers outlast the server's idle_session_timeout: the pooled connection the ack would use is
+    gone, yet each message is handled once and acknowledged, none redelivered or dead-lettered."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    short_idle = make_conninfo(**{**conninfo_to_dict(pg_uri), "options": "-c idle_session_timeout=500"})
+    pool = open_pool(short_idle, max_size=2)
+    await pool.open()
+    handled: Counter[str] = Counter()
+
+    async def handler(message, connection):
+        handled[message.text] += 1
+        await asyncio.sleep(1.5)  # the pool's idle connection is closed by the server meanwhile
+
+    client.send(queue, [Message(f"m{n}") for n in range(3)])
+    pump = MessagePump(
+        pool,
+        queue,
+        handler,
+        transaction_mode="claim",
+        error_queue=QueueAddress("error", schema),
+        lease=20,
+        max_deliveries=2,
+        move_delayed=False,
+        wake_on_notify=False,
+        peek_interval=0.2,
+    )
+    await run_until(pump, lambda: client.depth(queue) == 0 and client.in_flight(queue) == 0, timeout=120)
     await pool.close()
+    assert handled == Counter({"m0": 1, "m1": 1, "m2": 1})
+    assert client.depth(QueueAddress("error", schema)) == 0
+
+
+@pytest.mark.postgres_only
+async def test_a_busy_pump_keeps_reading_its_notifications(pg_uri, client, queue, schema):
+    """A listener nobody reads holds back the cluster's notification queue (every notifying commit
+    shares it); the pump reads its own even while its only handler is stuck."""
+    import psycopg
+
+    pool = open_pool(pg_uri, max_size=2)
+    await pool.open()
+    release = asyncio.Event()
+    started = asyncio.Event()
+
+    async def handler(message, connection):
+        started.set()
+        await release.wait()
+
+    pump = MessagePump(pool, queue, handler, error_queue=QueueAddress("error", schema), peek_interval=0.2)
+    channel = pump.dialect.notify_channel(queue)
+    task = asyncio.create_task(pump.run())
+    try:
+        await until_listening(pg_uri, channel)
+        client.send(queue, Message("stuck"), notify=True)
+        await asyncio.wait_for(started.wait(), 60)
+        with psycopg.connect(pg_uri, autocommit=True) as admin:
+            admin.execute("SELECT pg_notify(%s, n::text) FROM generate_series(1, 200000) n", (channel,))
+            assert admin.execute("SELECT pg_notification_queue_usage()").fetchone()[0] > 0
+            await until(lambda: admin.execute("SELECT pg_notification_queue_usage()").fetchone()[0] == 0, task)
+        assert not release.is_set()  # read while the handler is still busy
+    finally:
+        release.set()
+        pump.stop()
+        await asyncio.wait_for(task, 30)
+        await pool.close()

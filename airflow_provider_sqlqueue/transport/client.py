@@ -584,7 +584,7 @@ class AsyncQueueClient(Addressing):
             await self._run(ops.table_shape(self.dialect, address))
         channels = [self.dialect.notify_channel(address) for address in addresses]
         async with self._lock:
-            return await self.session.wait_for_notification(channels, wait.total_seconds())
+            return bool(await self.session.wait_for_notification(channels, wait.total_seconds()))
 
     # -- publish/subscribe -------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ from .errors import (
     QueueNotFoundError,
     TransactionAbortedError,
     TransportMisconfiguredError,
+    TransportUnavailableError,
 )
 from .message import (
     TIME_TO_BE_RECEIVED,
@@ -246,15 +247,12 @@ class MessagePump:
         self.move_delayed = move_delayed
         self.wake_on_notify = wake_on_notify
         self.name = self.dialect.qualified_name(queue)
-        #: The connection that waits for the queue's send notifications between peeks (PostgreSQL).
-        self._listener: Session | None = None
         self._channels = [self.dialect.notify_channel(queue)]
-        #: Set when this pump's delayed mover put messages into the queue: the idle wait ends at once.
-        self._moved = asyncio.Event()
+        #: Set when a send notification for the queue arrived, or this pump's delayed mover put
+        #: messages into it: the idle wait ends at once. Cleared before each look at the queue.
+        self._arrived = asyncio.Event()
         #: The claimed batch handled last, settled in the transaction of the next claim.
         self._unsettled: _Batch | None = None
-        #: When the pump may try again to open a listening connection that failed.
-        self._listen_again_at = 0.0
         self.handled = 0
         self.failed = 0
         self._stop = asyncio.Event()
@@ -294,16 +292,15 @@ class MessagePump:
             self.peek_interval,
             self.peek_batch_size,
         )
-        mover = asyncio.create_task(self._move_delayed()) if self.move_delayed else None
+        helpers = [asyncio.create_task(self._move_delayed())] if self.move_delayed else []
+        if self.wake_on_notify:
+            helpers.append(asyncio.create_task(self._listen()))
         try:
             await self._consume()
         finally:
-            if mover is not None:
-                mover.cancel()
-                await asyncio.gather(mover, return_exceptions=True)
-            if self._listener is not None:
-                await close_quietly(self._listener)
-                self._listener = None
+            for helper in helpers:
+                helper.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
         log.info("Queue %s: pump stopped (handled %d, failed %d)", self.name, self.handled, self.failed)
 
     async def _move_delayed(self) -> None:
@@ -332,14 +329,14 @@ class MessagePump:
             if moved:
                 log.info("Queue %s: moved %d due delayed message(s) into place", self.name, moved)
                 self._reporter.count("moved_due", self.queue, moved)
-                self._moved.set()
+                self._arrived.set()
             if moved < defaults.DELAYED_BATCH:
                 await self._sleep(defaults.DELAYED_INTERVAL)
 
     async def _consume(self) -> None:
         woken = False
         while not self._stop.is_set():
-            await self._forget_notifications()
+            self._arrived.clear()  # what arrived so far, the look below sees
             if woken:  # a send notification or the delayed mover said messages arrived: the peek would only agree
                 budget = self.peek_batch_size
             else:
@@ -387,86 +384,73 @@ class MessagePump:
         return int(pending)
 
     async def _wait_for_messages(self) -> bool:
-        """After an empty peek, wait until the next one is worth making.
+        """After an empty peek, wait until the next look is worth making; True if something arrived.
 
         That is when a sender's notification for the queue arrives (PostgreSQL, ``send(...,
-        notify=True)``), when this pump's delayed mover put messages into the queue, or when the peek
-        interval is over -- the interval stays the fallback for senders that do not notify, for
-        claims whose lease ran out and for a database without notifications.
-
-        The listening connection is the pump's own, outside the pool, and LISTENs from before the
-        next peek on: a message sent between an empty peek and the wait still ends the wait.
-        Returns whether a notification or the mover ended the wait (then the pump receives at once).
+        notify=True)``, read by :meth:`_listen`), when this pump's delayed mover put messages into
+        the queue, or when the peek interval is over -- the interval stays the fallback for senders
+        that do not notify, for claims whose lease ran out and for a database without notifications.
         """
-        listening_now = self.wake_on_notify and self._listener is None and time.monotonic() >= self._listen_again_at
-        if listening_now and await self._listen():
-            return False  # a message sent since the empty peek, before the LISTEN, woke no one: peek again now
-        waits: list[asyncio.Future[bool]] = [
-            asyncio.ensure_future(self._stop.wait()),
-            asyncio.ensure_future(self._moved.wait()),
-        ]
-        notified = None
-        if self._listener is not None:
-            notified = asyncio.ensure_future(self._listener.wait_for_notification(self._channels, self.peek_interval))
-            waits.append(notified)
+        arrived = asyncio.ensure_future(self._arrived.wait())
+        stopped = asyncio.ensure_future(self._stop.wait())
         try:
-            await asyncio.wait(waits, timeout=self.peek_interval, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([arrived, stopped], timeout=self.peek_interval, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for waiting in waits:
+            for waiting in (arrived, stopped):
                 waiting.cancel()
-            await asyncio.gather(*waits, return_exceptions=True)
-        moved = self._moved.is_set()
-        self._moved.clear()
-        if notified is None or notified.cancelled():
-            return moved
-        failure = notified.exception()
-        if failure is not None:
-            await self._stop_listening(failure)
-            return moved
-        return moved or notified.result()
+            await asyncio.gather(arrived, stopped, return_exceptions=True)
+        return self._arrived.is_set()
 
-    async def _listen(self) -> bool:
-        """Open the pump's listening connection and LISTEN; False where it cannot (the pump keeps peeking)."""
-        try:
-            listener = await self.pool.listener()
-        except Exception as exc:  # noqa: BLE001  # peeking still works; try again later
-            await self._stop_listening(exc)
-            return False
-        if listener is None:  # the database has no notifications: peeking is the only way
-            self.wake_on_notify = False
-            return False
-        try:
-            await listener.wait_for_notification(self._channels, 0)
-        except Exception as exc:  # noqa: BLE001
-            await close_quietly(listener)
-            await self._stop_listening(exc)
-            return False
-        self._listener = listener
-        log.info(
-            "Queue %s: waiting for send notifications between peeks (a peek every %.3gs at the latest)",
-            self.name,
-            self.peek_interval,
-        )
-        return True
+    async def _listen(self) -> None:
+        """Read the queue's send notifications for as long as the pump runs, on a connection of its own.
 
-    async def _forget_notifications(self) -> None:
-        """Drop the notifications received while the pump was busy: the peek about to run sees their messages.
-
-        The driver keeps every notification that arrives outside a wait; a pump that is never idle
-        would otherwise hold all of them in memory.
+        Read all the time, busy or idle: a listening connection that nobody reads holds back the
+        server's notification queue, which every notifying transaction of the cluster shares. Each
+        notification ends the pump's idle wait and lowers the queue's head (:mod:`.heads`) to the
+        lowest Seq it announces, so a message whose sender committed after newer ones were taken
+        is found at once. A connection that fails or cannot be opened is logged and tried again
+        after the longest back-off; meanwhile the pump peeks. Returns at once where the database
+        has no notifications.
         """
-        if self._listener is not None:
+        while not self._stop.is_set():
             try:
-                await self._listener.wait_for_notification(self._channels, 0)
+                listener = await self.pool.listener()
+            except Exception as exc:  # noqa: BLE001  # peeking still works; try again later
+                self._not_listening(exc)
+                await self._sleep(defaults.MAX_BACKOFF_SECONDS)
+                continue
+            if listener is None:
+                return
+            try:
+                await listener.wait_for_notification(self._channels, 0)  # LISTEN
+                log.info(
+                    "Queue %s: woken by send notifications (a peek every %.3gs at the latest)",
+                    self.name,
+                    self.peek_interval,
+                )
+                self._arrived.set()  # a message sent before the LISTEN woke no one: look once more
+                while not self._stop.is_set():
+                    self._announced(await listener.wait_for_notification(self._channels, self.peek_interval))
             except Exception as exc:  # noqa: BLE001
-                await self._stop_listening(exc)
+                self._not_listening(exc)
+            finally:
+                await close_quietly(listener)
+            await self._sleep(defaults.MAX_BACKOFF_SECONDS)
 
-    async def _stop_listening(self, exc: BaseException) -> None:
-        """Peek only, for a while: the listening connection failed or could not be opened."""
-        if self._listener is not None:
-            await close_quietly(self._listener)
-            self._listener = None
-        self._listen_again_at = time.monotonic() + defaults.MAX_BACKOFF_SECONDS
+    def _announced(self, payloads: list[str]) -> None:
+        """Send notifications arrived: end the idle wait, and start the next scan at the lowest Seq announced.
+
+        A payload that is not a Seq (a NOTIFY by hand on the channel) only wakes the pump.
+        """
+        if not payloads:
+            return
+        seqs = [int(payload) for payload in payloads if payload.isascii() and payload.isdigit() and len(payload) <= 19]
+        head = self.dialect.head(self.queue)
+        if seqs and head is not None:
+            head.seen(min(seqs))
+        self._arrived.set()
+
+    def _not_listening(self, exc: BaseException) -> None:
         log.warning(
             "Queue %s: not waiting for send notifications (%s); peeking every %.3gs, listening again in %.0fs",
             self.name,
@@ -497,6 +481,7 @@ class MessagePump:
                 try:
                     got = await self._receive_batch(wanted)
                 except Exception as exc:  # noqa: BLE001  # database failure mid-receive: the transaction rolled back
+                    await self._settle_unsettled()  # what was handled is settled before the back-off
                     await self._sleep(self.breaker.failure(exc, self.name))
                     break
                 received += got
@@ -559,8 +544,9 @@ class MessagePump:
         try:
             held, messages = await session.run(ops.settle_then_claim(self._settling(*unsettled), claiming))
         except Exception:
-            # Neither happened: settle alone, so the handled messages are not handed out again.
-            await self._settle_alone(unsettled, session)
+            # Neither happened: the batch is settled alone (by _receive_mode, once this session is
+            # back in the pool -- its connection may be the failure), so it is not handed out again.
+            self._unsettled = unsettled
             raise
         self._settled(unsettled[0], unsettled[1], held)
         return messages
@@ -630,26 +616,35 @@ class MessagePump:
         if unsettled is not None:
             await self._settle_alone(unsettled)
 
-    async def _settle_alone(self, unsettled: _Batch, session: Session | None = None) -> None:
-        """Settle a handled batch in a transaction of its own, on ``session`` or one from the pool.
+    async def _settle_alone(self, unsettled: _Batch) -> None:
+        """Settle a handled batch in a transaction of its own.
 
-        A failure is logged, not raised: the batch's claims come back when their lease ends.
+        Once more on a new connection if the first was lost (a pooled connection the server closed
+        while it sat idle, ``idle_session_timeout``): the handlers' work is done and must not be
+        handed out again. Any other failure is logged, not raised: the batch's claims come back
+        when their lease ends.
         """
-        try:
-            if session is None:
-                async with self.pool.session() as pooled:
-                    held = await pooled.run(self._settling(*unsettled))
+        for attempt in (1, 2):
+            try:
+                async with self.pool.session() as session:
+                    held = await session.run(self._settling(*unsettled))
+            except TransportUnavailableError as exc:
+                if attempt == 1:  # the pool closed that connection and its idle ones: the next is new
+                    log.info("Queue %s: settling again on a new connection (%s)", self.name, exc)
+                    continue
+                failure: Exception = exc
+            except Exception as exc:  # noqa: BLE001
+                failure = exc
             else:
-                held = await session.run(self._settling(*unsettled))
-        except Exception as exc:  # noqa: BLE001
+                self._settled(unsettled[0], unsettled[1], held)
+                return
             log.warning(
                 "Queue %s: could not settle %d message(s) (%s); they come back when their lease ends",
                 self.name,
                 len(unsettled[0]),
-                exc,
+                failure,
             )
             return
-        self._settled(unsettled[0], unsettled[1], held)
 
     def _settled(
         self, messages: list[ReceivedMessage], outcomes: list[BaseException | None], held: set[uuid.UUID]

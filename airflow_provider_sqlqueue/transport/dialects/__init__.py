@@ -563,7 +563,8 @@ class Dialect(ABC):
 
     def notifying_sql(self, insert_sql: str) -> str | None:
         """The insert ``insert_sql`` as one statement that also wakes the queue's listeners when its
-        transaction commits; None where the database has no notifications.
+        transaction commits, with the lowest Seq it inserted as the payload; None where the database
+        has no notifications.
 
         Params: those of the insert, and channel (from :meth:`notify_channel`).
         """

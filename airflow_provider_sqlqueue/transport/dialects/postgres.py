@@ -563,9 +563,13 @@ class PostgresDialect(Dialect):
 
     def notifying_sql(self, insert_sql: str) -> str | None:
         # One statement, so a notified send is still one round trip in autocommit: an INSERT in WITH
-        # runs to completion whatever the outer query reads. The notification is delivered at commit,
-        # and PostgreSQL folds identical notifications of one transaction: a batch wakes listeners once.
-        return f"WITH sent AS ({insert_sql}) SELECT pg_notify(%(channel)s, '')"
+        # runs to completion whatever the outer query reads. The notification is delivered at
+        # commit, once per statement, and carries the lowest Seq sent: a listener that has already
+        # taken newer messages knows to look below them (a sender that committed late).
+        return (
+            f"WITH sent AS ({insert_sql} RETURNING Seq) "
+            "SELECT pg_notify(%(channel)s, COALESCE((SELECT min(Seq) FROM sent)::text, ''))"
+        )
 
     def listen_sql(self, channel: str) -> str | None:
         return f"LISTEN {quote_ident(channel)}"

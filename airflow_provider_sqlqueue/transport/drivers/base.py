@@ -152,10 +152,11 @@ class Session(ABC):
         False where the database does not keep such a state (SQL Server's COMMIT reports it instead)."""
         return False
 
-    async def wait_for_notification(self, channels: list[str], timeout: float) -> bool:
-        """Wait up to ``timeout`` for a notification on any of ``channels``; without notifications, just wait."""
+    async def wait_for_notification(self, channels: list[str], timeout: float) -> list[str]:
+        """Wait up to ``timeout`` for notifications on any of ``channels`` and return their payloads
+        (none: the wait timed out); without notifications, just wait."""
         await asyncio.sleep(timeout)
-        return False
+        return []
 
     async def close(self) -> None:
         """Close the connection if this session opened it; the session is done with either way."""

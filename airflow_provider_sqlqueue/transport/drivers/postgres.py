@@ -266,8 +266,9 @@ class PsycopgSession(Session):
     def autocommits(self) -> bool:
         return _psycopg_autocommits(self.connection)
 
-    async def wait_for_notification(self, channels: list[str], timeout: float) -> bool:
-        """LISTEN on first use of each channel, then wait for a NOTIFY; a burst already received wakes once.
+    async def wait_for_notification(self, channels: list[str], timeout: float) -> list[str]:
+        """LISTEN on first use of each channel, then wait for a NOTIFY; a burst already received is
+        returned whole (the payloads).
 
         Notifications that arrive while the connection runs other statements are kept by psycopg
         and end the next wait at once. A blocking connection only waits.
@@ -280,13 +281,10 @@ class PsycopgSession(Session):
                 if channel not in self._listening:
                     await self.connection.execute(self.dialect.listen_sql(channel))
                     self._listening.add(channel)
-            woken = False
-            async for _ in self.connection.notifies(timeout=timeout, stop_after=1):
-                woken = True
-            if woken:
-                async for _ in self.connection.notifies(timeout=0):
-                    pass
-            return woken
+            payloads = [n.payload async for n in self.connection.notifies(timeout=timeout, stop_after=1)]
+            if payloads:
+                payloads += [n.payload async for n in self.connection.notifies(timeout=0)]
+            return payloads
 
     async def run(self, op: Operation[T]) -> T:
         """Run an operation in one transaction, with BEGIN sent together with its first statement.
