@@ -55,6 +55,7 @@ from pyspark.sql.datasource import (
     InputPartition,
     WriterCommitMessage,
 )
+from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -858,12 +859,15 @@ class _Renewer:
                 log.warning("Could not renew the claims of batches %s: %s", holders, exc)
 
 
-class QueueStreamReader(DataSourceStreamReader):
+class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """A streaming read: each micro-batch is the messages claimed under its own holder.
 
     The offset is ``{"consumer": id, "batch": n}``: the consumer id is drawn when a query starts
     without a checkpoint and lives on in its offsets, so a restarted query finds its claims again.
     Batch n's claims are held by ``spark:<consumer>:<n>``.
+
+    Batches are sized by Spark's admission control: ``maxMessagesPerBatch`` is the source's default
+    read limit (``ReadMaxRows``), and a smaller limit Spark passes wins.
     """
 
     def __init__(self, options: Options) -> None:
@@ -871,6 +875,8 @@ class QueueStreamReader(DataSourceStreamReader):
         with options.connect() as client:
             options.check(client, claims=True)
         self.renewer = _Renewer(options)
+        #: Under Trigger.AvailableNow, how many messages the query may still claim (None: no bound).
+        self.available: int | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """What a task needs: the options (Spark ships the reader to executors for :meth:`read`)."""
@@ -886,6 +892,24 @@ class QueueStreamReader(DataSourceStreamReader):
     def initialOffset(self) -> dict[str, Any]:
         return {"consumer": uuid.uuid4().hex, "batch": 0}
 
+    def getDefaultReadLimit(self) -> ReadLimit:
+        """``maxMessagesPerBatch`` as Spark's admission control knows a limit: it may pass a smaller one."""
+        from pyspark.sql.streaming.datasource import ReadMaxRows
+
+        return ReadMaxRows(self.options.max_messages_per_batch)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Trigger.AvailableNow: the query reads what waits now, then ends.
+
+        Offsets here are batch numbers, not places in the queue, so "what waits now" is a count:
+        the messages waiting when the query starts, which later batches claim oldest first, each
+        at most what remains of the count. The query ends even while senders keep the queue full;
+        with competing consumers taking some of those messages it reads as many newer ones instead.
+        """
+        with self.options.connect() as client:
+            self.available = client.depth(self.options.queue)
+        log.info("Trigger.AvailableNow: reading the %d messages waiting in %s", self.available, self.options.queue)
+
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         """Claim the next batch; ``start`` as it is when nothing waits.
 
@@ -895,9 +919,11 @@ class QueueStreamReader(DataSourceStreamReader):
         """
         from pyspark.sql.streaming.datasource import ReadMaxRows
 
-        wanted = self.options.max_messages_per_batch
+        wanted = self.options.max_messages_per_batch  # Spark's ReadAllAvailable: still one bounded claim
         if isinstance(limit, ReadMaxRows):
             wanted = min(wanted, limit.max_rows)
+        if self.available is not None:
+            wanted = min(wanted, self.available)
         batch = int(start["batch"]) + 1
         holder = self.holder(start, batch)
         with self.options.connect() as client:
@@ -905,7 +931,10 @@ class QueueStreamReader(DataSourceStreamReader):
             if settled:
                 log.info("Acknowledged %d messages of committed batch %s", settled, self.holder(start))
             self.renewer.drop(self.holder(start))
+            # With nothing left to claim this still finds claims an earlier attempt at this batch took.
             held = _claim_for(client, self.options, holder, wanted)
+        if self.available is not None:
+            self.available = max(0, self.available - held)
         if not held:
             return start
         self.renewer.hold(holder)

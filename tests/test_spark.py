@@ -284,6 +284,48 @@ def test_a_stream_keeps_the_cores_expiry_and_poison_rules(spark, space, pg_uri, 
     assert readable["NServiceBus.ExceptionInfo.Message"] == "handler threw twice"
 
 
+def test_trigger_available_now_relays_what_waited_in_limited_batches_and_ends(spark, space, pg_uri, tmp_path):
+    """Trigger.AvailableNow with maxMessagesPerBatch: the query claims what waited when it started,
+    in batches no larger than the limit, and ends by itself; run again on its checkpoint it relays
+    what came meanwhile. Every message reaches the sink once, no claim is left."""
+    from airflow_provider_sqlqueue.spark import batch_writer
+
+    events, relayed = space("events"), space("relayed")
+    checkpoint = str(tmp_path / "checkpoint")
+
+    def run() -> list[int]:
+        query = (
+            spark.readStream.format("sqlqueue")
+            .option("url", pg_uri)
+            .option("queue", events)
+            .option("maxMessagesPerBatch", "1000")
+            .load()
+            .select("body")
+            .writeStream.foreachBatch(batch_writer({"url": pg_uri, "queue": relayed}, checkpoint))
+            .option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
+        try:
+            assert query.awaitTermination(300), "an AvailableNow query ends by itself"
+            counts = [
+                int(p.numInputRows if hasattr(p, "numInputRows") else p["numInputRows"]) for p in query.recentProgress
+            ]
+            return [count for count in counts if count]
+        finally:
+            query.stop()
+
+    with QueueClient.connect(pg_uri) as client:
+        client.send(events, [Message.of({"n": n}) for n in range(2_500)])
+    assert run() == [1_000, 1_000, 500]
+    with QueueClient.connect(pg_uri) as client:
+        client.send(events, [Message.of({"n": n}) for n in range(2_500, 3_200)])
+    assert run() == [700]
+    assert sorted(b["n"] for b in bodies(pg_uri, relayed)) == list(range(3_200))
+    with QueueClient.connect(pg_uri) as client:
+        assert client.depth(events) == 0 and client.in_flight(events) == 0
+
+
 def test_a_claim_read_returns_the_same_messages_until_acknowledged(spark, space, pg_uri):
     from airflow_provider_sqlqueue.spark import ack_held
 

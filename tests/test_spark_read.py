@@ -128,3 +128,67 @@ def test_large_bodies_are_cut_into_bounded_batches_and_arrive_whole(pg_uri, queu
             assert size <= spark.BATCH_BYTES or batch.num_rows == 1
         assert max(batch.num_rows for batch in batches) > 1
     assert spark.ack_held(pg_uri, name, "big") == len(bodies)
+
+
+def stream_reader(options: dict[str, str]) -> spark.QueueStreamReader:
+    source = spark.SqlQueueDataSource(options)
+    reader = source.streamReader(source.schema())
+    assert isinstance(reader, spark.QueueStreamReader)
+    return reader
+
+
+def run_batches(reader: spark.QueueStreamReader, limit: Any) -> list[int]:
+    """What Spark's micro-batch loop does with the source: offsets until none is new, each batch read
+    (every partition through Spark's check) and committed; returns each batch's length."""
+    lengths = []
+    start = reader.initialOffset()
+    while (end := reader.latestOffset(start, limit)) != start:
+        batch = [
+            b
+            for partition in reader.partitions(start, end)
+            for b in records_to_arrow_batches(reader.read(partition), 10_000, spark.MESSAGE_SCHEMA, reader)
+        ]
+        lengths.append(sum(b.num_rows for b in batch))
+        reader.commit(end)
+        start = end
+    return lengths
+
+
+def test_micro_batches_follow_the_read_limit_spark_passes(pg_uri, queue) -> None:
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+    with QueueClient.connect(pg_uri) as client:
+        client.send(queue, [Message.of({"n": n}) for n in range(2_500)])
+    reader = stream_reader({"url": pg_uri, "queue": f'orders@"{queue.schema}"', "maxMessagesPerBatch": "1000"})
+    try:
+        assert reader.getDefaultReadLimit() == ReadMaxRows(1_000)  # maxMessagesPerBatch, as Spark knows limits
+        assert run_batches(reader, ReadMaxRows(300)) == [300] * 8 + [100]  # a smaller limit wins
+        with QueueClient.connect(pg_uri) as client:
+            client.send(queue, [Message.of({"n": n}) for n in range(2_500)])
+        assert run_batches(reader, ReadMaxRows(5_000)) == [1_000, 1_000, 500]  # never past the option
+        with QueueClient.connect(pg_uri) as client:
+            client.send(queue, [Message.of({"n": n}) for n in range(1_500)])
+        assert run_batches(reader, ReadAllAvailable()) == [1_000, 500]  # still one bounded claim per batch
+        with QueueClient.connect(pg_uri) as client:
+            assert client.depth(queue) == 0 and client.in_flight(queue) == 0
+    finally:
+        reader.stop()
+
+
+def test_trigger_available_now_reads_what_waited_when_it_started_and_ends(pg_uri, queue) -> None:
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    with QueueClient.connect(pg_uri) as client:
+        client.send(queue, [Message.of({"n": n}) for n in range(2_300)])
+    reader = stream_reader({"url": pg_uri, "queue": f'orders@"{queue.schema}"', "maxMessagesPerBatch": "1000"})
+    try:
+        reader.prepareForTriggerAvailableNow()
+        with QueueClient.connect(pg_uri) as client:  # sent after the query started: for the next query
+            client.send(queue, [Message.of({"late": n}) for n in range(700)])
+        assert run_batches(reader, ReadMaxRows(1_000)) == [1_000, 1_000, 300]
+        with QueueClient.connect(pg_uri) as client:
+            late = client.browse(queue, 10_000)
+            assert sorted(m.json()["late"] for m in late) == list(range(700))  # type: ignore[index]
+            assert client.in_flight(queue) == 0
+    finally:
+        reader.stop()

@@ -626,3 +626,32 @@ async def test_a_busy_pump_keeps_reading_its_notifications(pg_uri, client, queue
         pump.stop()
         await asyncio.wait_for(task, 30)
         await pool.close()
+
+
+@pytest.mark.postgres_only
+async def test_a_receive_that_keeps_failing_backs_off_further_though_peeks_succeed(
+    pg_uri, client, queue, schema, raw, caplog
+):
+    """Peeks see a message, every receive fails (the error queue a poison row needs is gone): the
+    back-off grows, as for any lasting failure, instead of retrying every second forever."""
+    client.send(queue, Message("poison to be"))
+    raw.execute(f'UPDATE "{schema}"."orders" SET Headers = %s', ("not json",))  # poison
+    raw.execute(f'DROP TABLE "{schema}"."error"')
+    pool = open_pool(pg_uri, max_size=2)
+    await pool.open()
+
+    async def handler(message, connection):
+        raise AssertionError("a poison row reaches no handler")
+
+    pump = MessagePump(
+        pool, queue, handler, transaction_mode="none", error_queue=QueueAddress("error", schema), peek_interval=0.05
+    )
+    with caplog.at_level(logging.WARNING, logger="airflow_provider_sqlqueue.pump"):
+        task = asyncio.create_task(pump.run())
+        await asyncio.sleep(4)
+        pump.stop()
+        await asyncio.wait_for(task, 60)
+    await pool.close()
+    attempts = [r.getMessage() for r in caplog.records if "database error" in r.getMessage()]
+    assert len(attempts) >= 2 and "attempt 1 failed" not in attempts[-1], attempts
+    assert client.depth(queue) == 1  # nothing lost

@@ -380,7 +380,8 @@ class MessagePump:
                 log.error("Queue %s: %s", self.name, exc)
             await self._sleep(self.breaker.failure(exc, self.name))
             return None
-        self.breaker.success()
+        if pending <= 0:  # with messages waiting, only a receive that works shows the failures are over
+            self.breaker.success()
         return int(pending)
 
     async def _wait_for_messages(self) -> bool:
@@ -484,6 +485,7 @@ class MessagePump:
                     await self._settle_unsettled()  # what was handled is settled before the back-off
                     await self._sleep(self.breaker.failure(exc, self.name))
                     break
+                self.breaker.success()
                 received += got
                 if got < wanted:
                     break
@@ -685,6 +687,7 @@ class MessagePump:
                 return False
             finally:
                 slots.release()
+            self.breaker.success()
             if not got:
                 exhausted.set()
             return got
