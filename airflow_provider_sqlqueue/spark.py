@@ -487,19 +487,47 @@ class RowLayout:
         layout.encoder()  # refuses a column JSON cannot carry
         return layout
 
-    @property
-    def has_body(self) -> bool:
-        return BODY_COLUMN in self.schema.fieldNames()
+    def messages(self, rows: Iterable[Row], options: Options) -> Iterator[Message]:
+        """The message of each written row: its ``body`` column, or the row as JSON (``application/json``).
 
-    def encoder(self) -> Callable[[Any], dict[str, Any]]:
-        """A row's content columns as a JSON object (every column but ``headers`` and ``ttbr``)."""
+        A ``headers`` column (map of string to string) adds to or overrides the option headers, a
+        ``ttbr`` column (seconds or a day-time interval) the ``timeToBeReceived`` option. Columns are
+        found once per partition and rows read as plain tuples: a Row's own item access and
+        ``asDict`` cost more per row than building its message.
+        """
+        at = {name: n for n, name in enumerate(self.schema.fieldNames())}
+        body_at, headers_at, ttbr_at = at.get(BODY_COLUMN), at.get(HEADERS_COLUMN), at.get(TTBR_COLUMN)
+        encode = self.encoder() if body_at is None else None
+        headers = _option_headers(options)
+        if encode is not None:
+            headers.setdefault(CONTENT_TYPE, JSON_CONTENT_TYPE)
+        for row in rows:
+            values = tuple(row)
+            if encode is not None:
+                body: str | bytes | bytearray | None = _json_body(encode(values))
+            else:
+                body = values[body_at]  # type: ignore[index]  # body_at is set when there is no encoder
+                if body is not None and not isinstance(body, (bytes, bytearray, str)):
+                    raise InvalidOptionError(f"column 'body' must be binary or string, got {type(body).__name__}")
+            merged: Mapping[str, str | None] = headers
+            row_headers = None if headers_at is None else values[headers_at]
+            if row_headers:
+                if not isinstance(row_headers, Mapping):
+                    raise ArgumentTypeError(f"column 'headers' must be a map, got {type(row_headers).__name__}")
+                merged = {**headers, **row_headers}
+            ttbr = None if ttbr_at is None else values[ttbr_at]
+            time_to_be_received = options.time_to_be_received if ttbr is None else _row_ttbr(ttbr)
+            yield Message(body, merged, time_to_be_received=time_to_be_received)
+
+    def encoder(self) -> Callable[[Sequence[Any]], dict[str, Any]]:
+        """A row's content columns (every column but ``headers`` and ``ttbr``, by position) as a JSON object."""
         columns = [
             (n, f.name, _json_encoder(f.dataType, f"column {f.name!r}"))
             for n, f in enumerate(self.schema.fields)
             if f.name not in (HEADERS_COLUMN, TTBR_COLUMN)
         ]
 
-        def encode(row: Any) -> dict[str, Any]:
+        def encode(row: Sequence[Any]) -> dict[str, Any]:
             return {name: (row[n] if row[n] is None or enc is None else enc(row[n])) for n, name, enc in columns}
 
         return encode
@@ -511,47 +539,24 @@ def _row_ttbr(value: object) -> timedelta:
     return duration("column 'ttbr'", value, maximum=defaults.MAX_TIME_TO_BE_RECEIVED)
 
 
-def _row_message(
-    row: Row,
-    options: Options,
-    headers: Mapping[str, str | None],
-    encode: Callable[[Any], dict[str, Any]] | None = None,
-) -> Message:
-    """One message of a written row: its ``body`` column, or the row as JSON (``application/json``).
+#: One encoder for every row: ``json.dumps`` with these arguments builds a new one per call. JSON has
+#: no NaN or infinity, so they are refused rather than sent as invalid JSON labelled application/json.
+_JSON_ROW = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
-    A ``headers`` column (map of string to string) adds to or overrides the option headers, a
-    ``ttbr`` column (seconds or a day-time interval) the ``timeToBeReceived`` option. ``encode``
-    (from the DataFrame's :class:`RowLayout`) turns a row without a body into its JSON object.
-    """
-    fields = row.asDict()
-    merged = dict(headers)
-    row_headers = fields.pop(HEADERS_COLUMN, None)
-    ttbr = fields.pop(TTBR_COLUMN, None)
-    if BODY_COLUMN in fields:
-        body = fields[BODY_COLUMN]
-        if body is not None and not isinstance(body, (bytes, bytearray, str)):
-            raise InvalidOptionError(f"column 'body' must be binary or string, got {type(body).__name__}")
-    else:
-        content = encode(row) if encode is not None else row.asDict(recursive=True)
-        try:
-            body = json.dumps(content, separators=(",", ":"), allow_nan=False)
-        except ValueError:  # JSON has no NaN or infinity: never send invalid JSON labelled application/json
-            columns = sorted(
-                name for name, value in content.items() if isinstance(value, float) and not math.isfinite(value)
-            )
-            raise InvalidArgumentError(
-                f"a row holds NaN or an infinite number in {', '.join(columns) or 'a nested value'}, which JSON "
-                "cannot carry: replace them (e.g. with null) or write a 'body' column of your own"
-            ) from None
-        except TypeError as exc:  # a value of a type the layout did not plan for (rows built by hand)
-            raise ArgumentTypeError(f"a row holds a value JSON cannot carry: {exc}") from None
-        merged.setdefault(CONTENT_TYPE, JSON_CONTENT_TYPE)
-    if row_headers:
-        if not isinstance(row_headers, Mapping):
-            raise ArgumentTypeError(f"column 'headers' must be a map, got {type(row_headers).__name__}")
-        merged.update(row_headers)
-    time_to_be_received = options.time_to_be_received if ttbr is None else _row_ttbr(ttbr)
-    return Message(body, merged, time_to_be_received=time_to_be_received)
+
+def _json_body(content: dict[str, Any]) -> str:
+    try:
+        return _JSON_ROW.encode(content)
+    except ValueError:
+        columns = sorted(
+            name for name, value in content.items() if isinstance(value, float) and not math.isfinite(value)
+        )
+        raise InvalidArgumentError(
+            f"a row holds NaN or an infinite number in {', '.join(columns) or 'a nested value'}, which JSON "
+            "cannot carry: replace them (e.g. with null) or write a 'body' column of your own"
+        ) from None
+    except TypeError as exc:  # a value of a type the layout did not plan for (rows built by hand)
+        raise ArgumentTypeError(f"a row holds a value JSON cannot carry: {exc}") from None
 
 
 def _option_headers(options: Options) -> dict[str, str | None]:
@@ -643,9 +648,7 @@ class QueueWriter(DataSourceWriter):
         context = TaskContext.get()
         part = context.partitionId() if context is not None else 0
         options = self.options
-        headers = _option_headers(options)
-        encode = None if self.layout.has_body else self.layout.encoder()
-        messages = (_row_message(row, options, headers, encode) for row in iterator)
+        messages = self.layout.messages(iterator, options)
         with options.connect() as client:
             sent = _send_partition(
                 client, options.queue, messages, options.batch_size, (options.ledger, self.key, part)
