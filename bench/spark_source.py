@@ -9,13 +9,17 @@ executor cores, one PostgreSQL. The same 200,000 rows (``n``, ``name``, ``amount
 - read back by the data source (browse, in Seq ranges across executors; and claim mode), by
   ``read_queue`` (on the driver) and by Spark's JDBC reader of the queue table;
 - relayed queue to queue by the streaming example (claims per micro-batch, acknowledged after
-  the batch's ledgered write).
+  the batch's ledgered write), in micro-batches of 5,000 (the example's size) and of 100,000.
+
+``--local`` runs the same in one JVM (``local[2]``: the driver's executor threads, two cores)
+instead of on the cluster.
 
 Each figure is the best of three runs, in rows per second, with its ratio to the JDBC figure of
 the same run. JDBC needs PostgreSQL's driver (Debian's libpostgresql-jdbc-java, which bench/run
 installs).
 
     .venv/bin/python bench/spark_source.py --json bench/spark.json
+    .venv/bin/python bench/spark_source.py --local --json bench/spark-local.json
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pg-uri", default=os.environ.get("SQLQUEUE_BENCH_PG_URI"))
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--local", action="store_true", help="local[2] in one JVM instead of the standalone cluster")
     args = parser.parse_args()
     with database(args.pg_uri) as uri, tempfile.TemporaryDirectory(prefix="sqlqueue-bench-spark-") as work:
         schema = f"bench_spark_{uuid.uuid4().hex[:6]}"
@@ -83,17 +88,44 @@ def main() -> None:
             client.create_queue(relayed)
         url, props = jdbc(uri)
         try:
-            with SparkCluster(Path(work), cores=4, memory="4g") as cluster:
-                spark = cluster.session("sqlqueue-bench", {"spark.executor.memory": "2g", "spark.jars": str(JDBC_JAR)})
-                register(spark)
-                results = measure(spark, uri, schema, queue, relayed, url, props, Path(work))
+            if args.local:
+                spark = local_session()
+                results = {"spark": "local[2]", **measure(spark, uri, schema, queue, relayed, url, props, Path(work))}
                 spark.stop()
+            else:
+                with SparkCluster(Path(work), cores=4, memory="4g") as cluster:
+                    spark = cluster.session(
+                        "sqlqueue-bench", {"spark.executor.memory": "2g", "spark.jars": str(JDBC_JAR)}
+                    )
+                    register(spark)
+                    results = {
+                        "spark": "standalone cluster, 2 executor cores",
+                        **measure(spark, uri, schema, queue, relayed, url, props, Path(work)),
+                    }
+                    spark.stop()
         finally:
             with psycopg.connect(uri, autocommit=True) as raw:
                 raw.execute(f'DROP SCHEMA "{schema}" CASCADE')
     print(json.dumps(results, indent=2))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
+
+
+def local_session() -> Any:
+    """One JVM with two executor threads: the figures without the cluster's separate executors."""
+    from pyspark.sql import SparkSession
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("sqlqueue-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.memory", "3g")
+        .config("spark.jars", str(JDBC_JAR))
+        .getOrCreate()
+    )
+    register(spark)
+    return spark
 
 
 def measure(
@@ -163,16 +195,20 @@ def measure(
 
     from spark_jobs import relay_orders
 
-    def stream() -> int:
-        checkpoint = str(work / f"checkpoint-{uuid.uuid4().hex}")
-        return int(relay_orders(spark, uri, queue, relayed, checkpoint)["events"])
+    def stream(max_per_batch: int) -> Callable[[], int]:
+        def relay() -> int:
+            checkpoint = str(work / f"checkpoint-{uuid.uuid4().hex}")
+            outcome = relay_orders(spark, uri, queue, relayed, checkpoint, max_per_batch=max_per_batch)
+            return int(outcome["events"])
 
-    streamed = best(stream, fill)
+        return relay
+
+    streamed = {f"batches_of_{size}": best(stream(size), fill) for size in (5_000, 100_000)}
     rate = {"write": write, "read": read, "stream_relay": streamed}
     ratios = {
         "write": {k: round(v / write["jdbc"], 2) for k, v in write.items()},
         "read": {k: round(v / read["jdbc"], 2) for k, v in read.items()},
-        "stream_relay_vs_jdbc_write": round(streamed / write["jdbc"], 2),
+        "stream_relay_vs_jdbc_write": {k: round(v / write["jdbc"], 2) for k, v in streamed.items()},
     }
     return {"rows": ROWS, "rows_per_second": {k: _rounded(v) for k, v in rate.items()}, "ratio_to_jdbc": ratios}
 

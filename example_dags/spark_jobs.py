@@ -147,9 +147,11 @@ def order_stream(spark: Any, url: str, source: str, target: str, checkpoint: str
     )
 
 
-def relay_orders(spark: Any, url: str, source: str, target: str, checkpoint: str) -> dict[str, Any]:
+def relay_orders(
+    spark: Any, url: str, source: str, target: str, checkpoint: str, *, max_per_batch: int = 5_000
+) -> dict[str, Any]:
     """Run :func:`order_stream` until every waiting order event has gone through, then stop it."""
-    query = order_stream(spark, url, source, target, checkpoint)
+    query = order_stream(spark, url, source, target, checkpoint, max_per_batch=max_per_batch)
     try:
         query.processAllAvailable()
         progress = query.recentProgress  # read while the query runs: Spark Connect forgets it once stopped
