@@ -5,11 +5,12 @@
 No sensor and no continuously running DAG: the triggerer watches each queue
 (``MessageQueueTrigger(scheme="sqlqueue")``), reserves every message that arrives and turns it
 into an asset event. Airflow folds events that arrive together into one run (and attaches some to
-later runs), so a run does not rely on its own events: its Spark task takes every reservation
-waiting on the queue (``hold_messages()``), and a run whose messages an earlier run already took
-has nothing to do. Results are forwarded and the messages acknowledged in one transaction; a
-failed job gives its messages back with the exception, and the reservation that follows starts a
-new run.
+later runs), so a run does not rely on its own events: its task takes every reservation waiting
+on the queue (``hold_messages()``) before any Spark session exists, and starts Spark only if that
+took something (a run whose messages an earlier run already took has nothing to do). The claims
+are renewed from then on, while the session starts and the job runs; results are forwarded and the messages acknowledged in
+one transaction; a failed job gives its messages back with the exception, and the reservation
+that follows starts a new run.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from datetime import datetime, timezone
 from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
 from airflow.sdk import DAG, Asset, AssetWatcher, task
 from spark_jobs import clean_message, summarise_message  # example_dags/spark_jobs.py: the DAGs folder is on sys.path
-from sqlqueue_stages import CONN, LEASE, SCHEMA, SPARK_CONN, queue
+from sqlqueue_stages import CONN, LEASE, SCHEMA, queue, spark_session
 
 from airflow_provider_sqlqueue.operators.sqlqueue import ForwardMessagesOperator
 from airflow_provider_sqlqueue.tasks import hold_messages
@@ -54,12 +55,18 @@ def stage(dag_id: str, task_id: str, source: Asset, target: str, job) -> DAG:
         doc_md=__doc__,
     ) as dag:
 
-        @task.pyspark(task_id=task_id, conn_id=SPARK_CONN, multiple_outputs=True)
-        def run_job(spark=None) -> dict:
-            # Takes every reservation waiting on the run's queue. Until then the messages are only
-            # reserved: if this task waits long for a worker slot, they go to another run for free.
+        @task(task_id=task_id, multiple_outputs=True)
+        def run_job() -> dict:
+            # Takes every reservation waiting on the run's queue before Spark starts, and starts it
+            # only if that took something. Until taken the messages are only reserved: if this task
+            # waits long for a worker slot, they go to another run for free. Once taken, their claims
+            # are renewed while the Spark session starts (a JVM on a loaded worker can outlast a
+            # short lease) and while the job runs.
             with hold_messages(sqlqueue_conn_id=CONN, lease=LEASE) as held:
-                results = held.map(lambda message: job(spark, message))  # a failing one is given back alone
+                if not held.messages:
+                    return {"claims": [], "results": []}  # an earlier run took them: no Spark session
+                with spark_session(f"{dag_id}-{task_id}", f"for {len(held.messages)} message(s)") as spark:
+                    results = held.map(lambda message: job(spark, message))  # a failing one is given back alone
                 return {"claims": held.messages, "results": results}
 
         done = run_job()

@@ -15,11 +15,12 @@ a cluster. The queues are in the database of the ``sqlqueue_default`` connection
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from airflow.sdk import DAG, task
+from airflow.sdk import DAG, BaseHook, task
 
 from airflow_provider_sqlqueue.operators.sqlqueue import ForwardMessagesOperator, PublishMessageOperator
 from airflow_provider_sqlqueue.sensors.sqlqueue import SqlQueueSensor
@@ -56,6 +57,38 @@ QUEUES = [
 ]
 
 Job = Callable[[Any, dict[str, Any]], dict[str, Any]]
+
+
+@contextmanager
+def spark_session(app_name: str, why: str, conn_id: str = SPARK_CONN) -> Iterator[Any]:
+    """A Spark session where the Spark connection points, built as ``@task.pyspark`` builds it.
+
+    For a task that takes its messages before Spark starts, and starts it only if it took any:
+    ``@task.pyspark`` starts the session before the task's code runs. Stopped when the block ends;
+    ``why`` goes into the line the task prints when a session starts.
+    """
+    print(f"{app_name}: starting a Spark session {why}")
+    from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+    from pyspark import SparkConf
+    from pyspark.sql import SparkSession
+
+    conf = SparkConf().set("spark.app.name", app_name)
+    connection = BaseHook.get_connection(conn_id)
+    if connection.conn_type == SparkConnectHook.conn_type:
+        url = SparkConnectHook(conn_id).get_connection_url()
+    else:
+        url = f"{connection.host}:{connection.port}" if connection.port else connection.host or "local[*]"
+    for key, value in connection.extra_dejson.items():
+        conf.set(key, value)
+    if url.startswith("sc://"):
+        conf.set("spark.remote", url)
+    elif not conf.get("spark.master", None):
+        conf.set("spark.master", url)
+    session = SparkSession.builder.config(conf=conf).getOrCreate()
+    try:
+        yield session
+    finally:
+        session.stop()
 
 
 def queue(name: str) -> str:

@@ -180,7 +180,23 @@ def test_burst_of_20_on_both_chains_reports_each_dataset_exactly_once(pipeline: 
             f"{dag_id}: first Spark task {first_start[dag_id] - burst_start:.1f}s after the burst; "
             f"report p50 {statistics.median(done):.1f}s, max {max(done):.1f}s after its message"
         )
+    assert_spark_only_where_messages_were_taken(pipeline)
     assert_triggers_never_blocked_the_loop(pipeline.services)
+
+
+def assert_spark_only_where_messages_were_taken(pipeline: Pipeline) -> None:
+    """The event chain's runs start a Spark session only when their task took messages."""
+    for dag_id in ("sqlqueue_spark_clean_events", "sqlqueue_spark_summarise_events"):
+        took = [
+            line
+            for line in pipeline.services.log_lines("scheduler", "reserved message(s) for " + dag_id)
+            if " took 0 " not in line
+        ]
+        sessions = pipeline.services.log_lines("scheduler", f"{dag_id}-")
+        sessions = [line for line in sessions if ": starting a Spark session" in line]
+        runs = pipeline.services.metadata("SELECT count(*) FROM dag_run WHERE dag_id = %s", (dag_id,))[0][0]
+        print(f"{dag_id}: {runs} runs, {len(took)} took messages, {len(sessions)} started Spark")
+        assert took and len(sessions) <= len(took)
 
 
 def log_time(line: str) -> float:

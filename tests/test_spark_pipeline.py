@@ -170,6 +170,9 @@ def test_event_driven_dags_parse_with_their_watchers(pipeline):
         [asset] = bag.dags[dag_id].timetable.asset_condition.objects  # one watched queue each
         [watcher] = asset.watchers
         assert watcher.trigger.serialize()[0] == "airflow_provider_sqlqueue.triggers.sqlqueue.SqlQueueEventTrigger"
+        # A plain task, not @task.pyspark: it takes its messages, then starts Spark only if it took any.
+        [first] = [t for t in bag.dags[dag_id].tasks if not t.upstream_task_ids]
+        assert first.task_id in ("clean", "summarise") and type(first).__name__ == "_PythonDecoratedOperator"
 
 
 def test_send_rows_and_read_queue(client, queue, schema, pg_uri, monkeypatch):
