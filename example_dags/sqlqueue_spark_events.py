@@ -8,9 +8,9 @@ into an asset event. Airflow folds events that arrive together into one run (and
 later runs), so a run does not rely on its own events: its task takes every reservation waiting
 on the queue (``hold_messages()``) before any Spark session exists, and starts Spark only if that
 took something (a run whose messages an earlier run already took has nothing to do). The claims
-are renewed from then on, while the session starts and the job runs; results are forwarded and the messages acknowledged in
-one transaction; a failed job gives its messages back with the exception, and the reservation
-that follows starts a new run.
+are renewed from then on, while the session starts and the job runs; results are forwarded and
+the messages acknowledged in one transaction; a failed job gives its messages back with the
+exception, and the reservation that follows starts a new run.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from enum import Enum
@@ -312,20 +312,31 @@ def _insert(
     """Insert ready-made rows into a queue table in as few statements as the dialect allows; the last
     statement also notifies ``channel`` when one is given and the database has notifications."""
     target = d.qualified_name(address)
+    statements = list(_insert_statements(d, address, shape, rows))
+    if not statements:
+        return
+    for sql, params in statements[:-1]:
+        yield Step(sql, params, Fetch.NONE, target)
+    sql, params = statements[-1]
+    notifying = None if channel is None else d.notifying_sql(sql)
+    if notifying is not None:
+        sql, params = notifying, {**params, "channel": channel}
+    yield Step(sql, params, Fetch.NONE, target)
+
+
+def _insert_statements(
+    d: Dialect, address: QueueAddress, shape: TableShape, rows: Sequence[SendRow]
+) -> Iterator[tuple[str, dict[str, object]]]:
+    """The INSERTs of ``rows`` with their parameters: one for a single row, else batches of the dialect's size."""
+    if len(rows) == 1:
+        message_id, ttbr_ms, headers, body = rows[0]
+        yield d.send_sql(address, shape), {"id": message_id, "ttbr_ms": ttbr_ms, "headers": headers, "body": body}
+        return
     sent = 0
     while sent < len(rows):
-        if len(rows) == 1:
-            message_id, ttbr_ms, headers, body = rows[0]
-            count, sql = 1, d.send_sql(address, shape)
-            params: dict[str, object] = {"id": message_id, "ttbr_ms": ttbr_ms, "headers": headers, "body": body}
-        else:
-            count = d.batch_size(rows[sent:])
-            sql, params = d.send_batch_sql(address, count, shape), d.send_batch_params(rows[sent : sent + count])
+        count = d.batch_size(rows[sent:])
+        yield d.send_batch_sql(address, count, shape), d.send_batch_params(rows[sent : sent + count])
         sent += count
-        notifying = d.notifying_sql(sql) if channel is not None and sent == len(rows) else None
-        if notifying is not None:
-            sql, params = notifying, {**params, "channel": channel}
-        yield Step(sql, params, Fetch.NONE, target)
 
 
 # -- delayed delivery ----------------------------------------------------------------------------
