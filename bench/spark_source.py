@@ -72,11 +72,14 @@ def jdbc(uri: str) -> tuple[str, dict[str, str]]:
 
 
 def main() -> None:
+    global ROWS  # the one knob of a benchmark script
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pg-uri", default=os.environ.get("SQLQUEUE_BENCH_PG_URI"))
     parser.add_argument("--json", type=Path)
     parser.add_argument("--local", action="store_true", help="local[2] in one JVM instead of the standalone cluster")
+    parser.add_argument("--rows", type=int, default=ROWS, help=f"rows each way (default {ROWS:,})")
     args = parser.parse_args()
+    ROWS = args.rows
     with database(args.pg_uri) as uri, tempfile.TemporaryDirectory(prefix="sqlqueue-bench-spark-") as work:
         schema = f"bench_spark_{uuid.uuid4().hex[:6]}"
         queue, relayed = f'bench@"{schema}"', f'relayed@"{schema}"'
@@ -177,7 +180,7 @@ def measure(
         return consumed(spark.read.format(NAME).option("url", uri).option("queue", queue).load())
 
     def helper_read() -> int:
-        return consumed(read_queue(spark, uri, queue, limit=100_000))  # the helper reads at most 100,000
+        return consumed(read_queue(spark, uri, queue, limit=min(ROWS, 100_000)))  # the helper reads at most 100,000
 
     def jdbc_read() -> int:
         return consumed(spark.read.jdbc(url, f'"{schema}".bench', properties=props))
