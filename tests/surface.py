@@ -52,6 +52,11 @@ class Kind(Enum):
     URI = "a connection target"
     AUDIT = "an audit queue switch or name"
     CONN_ID = "an Airflow connection id"
+    SIZE = "a count that may be zero"
+    POOL = "a pool of sessions for a pump"
+    HANDLER = "an async function a pump hands messages to"
+    METER = "where counts and timings are reported"
+    OPENER = "a function opening a client"
 
 
 #: Parameter name -> kind, one entry per concept and name across the core and the hook.
@@ -106,6 +111,23 @@ KINDS: dict[str, Kind] = {
     "target": Kind.URI,
     "audit_queue": Kind.AUDIT,
     "sqlqueue_conn_id": Kind.CONN_ID,
+    "conninfo": Kind.URI,
+    "max_size": Kind.COUNT,
+    "min_size": Kind.SIZE,
+    "pool": Kind.POOL,
+    "handler": Kind.HANDLER,
+    "batch_handler": Kind.HANDLER,
+    "max_concurrency": Kind.COUNT,
+    "peek_batch_size": Kind.COUNT,
+    "receive_batch_size": Kind.COUNT,
+    "peek_interval": Kind.DURATION,
+    "max_backoff": Kind.DURATION,
+    "breaker_alarm": Kind.DURATION,
+    "smallest_ttbr": Kind.DURATION,
+    "move_delayed": Kind.FLAG,
+    "wake_on_notify": Kind.FLAG,
+    "meter": Kind.METER,
+    "open_client": Kind.OPENER,
 }
 
 #: Longer than any identifier either database holds (PostgreSQL 63 bytes, SQL Server 128 characters).
@@ -379,6 +401,14 @@ def _conn_ids(world: World) -> list[tuple[str, Any]]:
     ]
 
 
+def _sync_handler(message: Any, connection: Any) -> None:
+    """A handler written without ``async``: the pump could only fail every message with it."""
+
+
+def _not_a_client() -> Any:
+    return "a client"
+
+
 #: Kind -> its hostile values. Every call given one of them must fail with the library's own error
 #: (never "unavailable, retry") and change nothing -- except ERROR, whose values must be recorded
 #: safely or refused.
@@ -409,6 +439,11 @@ CATALOGUE: dict[Kind, Callable[[World], list[tuple[str, Any]]]] = {
     Kind.URI: _uris,
     Kind.AUDIT: _audits,
     Kind.CONN_ID: _conn_ids,
+    Kind.SIZE: _seqs_values,
+    Kind.POOL: lambda w: [("none", None), ("a URI", w.uri), ("number", 42)],
+    Kind.HANDLER: lambda w: [("not callable", 42), ("not async", _sync_handler)],
+    Kind.METER: lambda w: [("number", 42), ("text", "statsd")],
+    Kind.OPENER: lambda w: [("not callable", 42), ("opens no client", _not_a_client)],
 }
 
 
@@ -447,6 +482,7 @@ def good_value(kind: Kind, parameter: str, world: World) -> Any:
         Kind.URI: world.uri,
         Kind.AUDIT: None,
         Kind.CONN_ID: "contract",
+        Kind.SIZE: 0,
     }[kind]
 
 

@@ -23,6 +23,7 @@ import traceback
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
+from datetime import timedelta
 from typing import Any
 from urllib.parse import quote
 
@@ -468,3 +469,184 @@ def test_the_hooks_settings_keep_their_contract(
                 failures.append(f"{parameter}={label}: rows changed")
     asyncio.run(use_hook(way, {"error_queue": str(world.error)}))  # and the good settings work
     assert not failures, f"SqlQueueHook ({way}):\n" + "\n".join(failures)
+
+
+# -- the pump, its pool and the lease keeper -----------------------------------------------------
+
+#: The transport's other public classes -> their public members. Their input is what their
+#: constructors take: each constructor parameter is classified in KINDS and run through its
+#: catalogue below.
+PUMP = {"meter", "run", "stop"}
+POOL = {"close", "listener", "open", "session"}
+LEASE_KEEPER = {"renew", "stop_renewing"}
+CLASSES = {
+    "QueueClient": CLIENT,
+    "AsyncQueueClient": ASYNC_CLIENT,
+    "MessagePump": PUMP,
+    "AsyncPsycopgPool": POOL,
+    "LeaseKeeper": LEASE_KEEPER,
+}
+#: The values the catalogue is made of (tests/test_transport_message.py and
+#: tests/test_transport_addressing.py hold their hostile cases), and the driver session through
+#: which a caller lends a connection (tests/test_hostile_inputs.py). Errors are not listed.
+VALUES = {"Message", "ReceivedMessage", "QueueAddress", "Failure", "TransactionMode", "PsycopgSession"}
+
+
+def test_every_public_class_of_the_transport_is_registered() -> None:
+    from airflow_provider_sqlqueue import transport
+
+    errors = {name for name in transport.__all__ if issubclass(getattr(transport, name), Exception)}
+    assert set(transport.__all__) - errors == set(CLASSES) | VALUES
+    for name, members in CLASSES.items():
+        cls = getattr(transport, name)
+        assert public_methods(cls) == members, name
+        if name.endswith("QueueClient"):
+            continue  # built by connect(), whose arguments are registered above
+        unclassified = set(parameters(cls.__init__)) - set(KINDS)
+        assert not unclassified, f"{name}: classify {unclassified} in tests/surface.py KINDS"
+
+
+async def _handle(message: Any, connection: Any) -> None:
+    """A good handler: it only has to succeed."""
+
+
+#: The pump's good arguments besides the pool: a short peek, so a hostile run shows itself quickly.
+def pump_arguments(world: World) -> dict[str, Any]:
+    return {"queue": world.queue, "handler": _handle, "error_queue": world.error, "peek_interval": 0.2}
+
+
+async def run_pump(uri: str, arguments: dict[str, Any], until_handled: int = 0) -> BaseException | None:
+    """Build and run a pump on ``uri``; None when it ran (for a few peeks, or until ``until_handled``
+    messages were handled), else what stopped it.
+
+    A pump is a long-running loop that rides out what may pass (an outage); what cannot pass -- a
+    wrong argument, a table that is no queue, missing rights -- must stop it with the library's own
+    error, at construction or as it starts. ``arguments`` may name its own ``pool``.
+    """
+    from airflow_provider_sqlqueue.transport import MessagePump
+    from airflow_provider_sqlqueue.transport.drivers import open_pool
+
+    given = dict(arguments)
+    pool = open_pool(uri, max_size=2)
+    try:
+        pump = MessagePump(given.pop("pool", pool), given.pop("queue"), given.pop("handler"), **given)
+        running = asyncio.ensure_future(pump.run())
+        try:
+            for _ in range(50):  # five seconds of peeks, or until the messages were handled
+                await asyncio.wait([running], timeout=0.1)
+                if running.done() or (until_handled and pump.handled >= until_handled):
+                    break
+            if running.done():
+                running.result()
+            elif until_handled and pump.handled < until_handled:
+                return AssertionError(f"handled {pump.handled} of {until_handled}")
+        finally:
+            pump.stop()
+            await asyncio.gather(running, return_exceptions=True)
+    except Exception as exc:
+        return exc
+    finally:
+        await pool.close()
+    return None
+
+
+def test_the_pump_keeps_its_contract(
+    world: World, raw_pg: psycopg.Connection[Any], nobody: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from airflow_provider_sqlqueue.transport import MessagePump
+
+    caplog.set_level(logging.DEBUG, logger="airflow_provider_sqlqueue")
+    secret, failures = secret_of(world.uri), []
+    for parameter in parameters(MessagePump.__init__):
+        kind = KINDS[parameter]
+        for label, value in CATALOGUE[kind](world):
+            caplog.clear()
+            before = checksums(raw_pg, world.schema)
+            outcome = asyncio.run(run_pump(world.uri, {**pump_arguments(world), parameter: value}))
+            failures += [
+                f"{parameter}={label}: {p}" for p in problems_of(outcome, kind=kind, secret=secret, logs=caplog.text)
+            ]
+            if checksums(raw_pg, world.schema) != before:
+                failures.append(f"{parameter}={label}: rows changed")
+
+    before = checksums(raw_pg, world.schema)
+    outcome = asyncio.run(run_pump(nobody, pump_arguments(world)))
+    failures += [f"role without rights: {p}" for p in problems_of(outcome, kind=None, secret=secret, logs="")]
+    if checksums(raw_pg, world.schema) != before:
+        failures.append("role without rights: rows changed")
+
+    kiritimati = make_conninfo(world.uri, options="-c TimeZone=Pacific/Kiritimati")
+    outcome = asyncio.run(run_pump(kiritimati, pump_arguments(world), until_handled=3))
+    if outcome is not None:
+        failures.append(f"good values, session zone +14:00: {type(outcome).__name__}: {outcome!s:.300}")
+    assert not failures, "MessagePump:\n" + "\n".join(failures)
+
+
+def test_the_pool_keeps_its_contract(world: World, caplog: pytest.LogCaptureFixture) -> None:
+    """The pool is built from a connection target and sizes: a hostile one is refused when the pool
+    is built or first used -- never an endless "unavailable" for a target no retry can reach."""
+    from airflow_provider_sqlqueue.transport import AsyncPsycopgPool
+
+    async def use(arguments: dict[str, Any]) -> BaseException | None:
+        try:
+            pool = AsyncPsycopgPool(**arguments)
+        except Exception as exc:
+            return exc
+        try:
+            await pool.open()
+            async with pool.session():
+                pass
+            listener = await pool.listener()
+            if listener is not None:
+                await listener.close()
+        except Exception as exc:
+            return exc
+        finally:
+            await pool.close()
+        return None
+
+    caplog.set_level(logging.DEBUG, logger="airflow_provider_sqlqueue")
+    secret, failures = secret_of(world.uri), []
+    good = {"conninfo": world.uri, "max_size": 2, "min_size": 1}
+    for parameter in parameters(AsyncPsycopgPool.__init__):
+        kind = KINDS[parameter]
+        for label, value in CATALOGUE[kind](world):
+            caplog.clear()
+            outcome = asyncio.run(use({**good, parameter: value}))
+            failures += [
+                f"{parameter}={label}: {p}" for p in problems_of(outcome, kind=kind, secret=secret, logs=caplog.text)
+            ]
+    if (outcome := asyncio.run(use(good))) is not None:
+        failures.append(f"good values: {type(outcome).__name__}: {outcome!s:.300}")
+    assert not failures, "AsyncPsycopgPool:\n" + "\n".join(failures)
+
+
+def test_the_lease_keeper_keeps_its_contract(world: World, raw_pg: psycopg.Connection[Any]) -> None:
+    """The keeper renews claims it is given: hostile claims or leases are refused as it is built or
+    enters, and change nothing."""
+    from airflow_provider_sqlqueue.transport import LeaseKeeper
+
+    def use(arguments: dict[str, Any]) -> BaseException | None:
+        try:
+            with LeaseKeeper(**arguments):
+                pass
+        except Exception as exc:
+            return exc
+        return None
+
+    def open_client() -> QueueClient:
+        return QueueClient.connect(world.uri, error_queue=world.error)
+
+    secret, failures = secret_of(world.uri), []
+    good = {"open_client": open_client, "claims": {world.queue: [uuid.uuid4()]}, "lease": timedelta(seconds=30)}
+    for parameter in parameters(LeaseKeeper.__init__):
+        kind = KINDS[parameter]
+        for label, value in CATALOGUE[kind](world):
+            before = checksums(raw_pg, world.schema)
+            outcome = use({**good, parameter: value})
+            failures += [f"{parameter}={label}: {p}" for p in problems_of(outcome, kind=kind, secret=secret, logs="")]
+            if checksums(raw_pg, world.schema) != before:
+                failures.append(f"{parameter}={label}: rows changed")
+    if (outcome := use(good)) is not None:
+        failures.append(f"good values: {type(outcome).__name__}: {outcome!s:.300}")
+    assert not failures, "LeaseKeeper:\n" + "\n".join(failures)

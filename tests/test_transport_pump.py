@@ -172,9 +172,13 @@ async def test_a_claim_batch_settles_each_message_by_its_own_outcome(pool, clien
 
 async def test_receive_batch_size_is_checked(pg_uri):
     never_used = open_pool(pg_uri, max_size=1)  # the pump is built, never run
+
+    async def handler(message, connection):
+        return None
+
     for size in (0, 100_001):
         with pytest.raises(ValueError, match="receive_batch_size must be"):
-            MessagePump(never_used, QueueAddress("orders"), lambda m, c: None, receive_batch_size=size)
+            MessagePump(never_used, QueueAddress("orders"), handler, receive_batch_size=size)
     await never_used.close()
 
 
@@ -632,16 +636,19 @@ async def test_a_busy_pump_keeps_reading_its_notifications(pg_uri, client, queue
 async def test_a_receive_that_keeps_failing_backs_off_further_though_peeks_succeed(
     pg_uri, client, queue, schema, raw, caplog
 ):
-    """Peeks see a message, every receive fails (the error queue a poison row needs is gone): the
+    """Peeks see a message, every receive fails (a trigger refuses each delete from the queue): the
     back-off grows, as for any lasting failure, instead of retrying every second forever."""
-    client.send(queue, Message("poison to be"))
-    raw.execute(f'UPDATE "{schema}"."orders" SET Headers = %s', ("not json",))  # poison
-    raw.execute(f'DROP TABLE "{schema}"."error"')
+    client.send(queue, Message("undeletable"))
+    raw.execute(
+        f'CREATE FUNCTION "{schema}".refuse() RETURNS trigger LANGUAGE plpgsql AS '
+        "$$ BEGIN RAISE EXCEPTION 'deletes are refused here'; END $$"
+    )
+    raw.execute(f'CREATE TRIGGER refuse BEFORE DELETE ON "{schema}"."orders" EXECUTE FUNCTION "{schema}".refuse()')
     pool = open_pool(pg_uri, max_size=2)
     await pool.open()
 
     async def handler(message, connection):
-        raise AssertionError("a poison row reaches no handler")
+        raise AssertionError("no receive succeeds")
 
     pump = MessagePump(
         pool, queue, handler, transaction_mode="none", error_queue=QueueAddress("error", schema), peek_interval=0.05

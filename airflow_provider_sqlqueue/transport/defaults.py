@@ -57,6 +57,9 @@ MAX_RECOMMENDED_PEEK_INTERVAL = 10.0
 #: outage is logged as an error rather than a warning.
 MAX_BACKOFF_SECONDS = 30.0
 BREAKER_ALARM_SECONDS = 120.0
+#: Longest back-off and alarm delay a loop accepts: past these an outage goes unnoticed for too long.
+MAX_BACKOFF_LIMIT = timedelta(hours=1)
+BREAKER_ALARM_LIMIT = timedelta(days=1)
 
 #: Past every Seq (bigint on both databases): the end of a range that has none, and "below the newest".
 LAST_SEQ = 2**63 - 1

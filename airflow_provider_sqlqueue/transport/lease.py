@@ -17,7 +17,8 @@ from types import TracebackType
 
 from . import defaults
 from .client import QueueClient, Token, as_tokens
-from .errors import InvalidArgumentError
+from .errors import ArgumentTypeError
+from .message import duration
 
 log = logging.getLogger("airflow_provider_sqlqueue.lease")
 
@@ -41,12 +42,16 @@ class LeaseKeeper:
         self,
         open_client: Callable[[], QueueClient],
         claims: Mapping[str, Token | Iterable[Token]],
-        lease: timedelta = defaults.LEASE,
+        lease: timedelta | float = defaults.LEASE,
     ) -> None:
-        if lease <= timedelta(0):
-            raise InvalidArgumentError(f"lease must be positive, got {lease}")
+        if not callable(open_client):
+            raise ArgumentTypeError(
+                f"open_client must be a function opening a QueueClient, got {type(open_client).__name__}"
+            )
+        if not isinstance(claims, Mapping):
+            raise ArgumentTypeError(f"claims must map queues to claim tokens, got {type(claims).__name__}")
         self._open_client = open_client
-        self.lease = lease
+        self.lease = duration("lease", lease, maximum=defaults.MAX_LEASE)
         self.held: dict[str, set[uuid.UUID]] = {queue: set(as_tokens(tokens)) for queue, tokens in claims.items()}
         self.lost: dict[str, set[uuid.UUID]] = {}
         self.renewals = 0
@@ -78,8 +83,14 @@ class LeaseKeeper:
         with self._lock:
             self.held.get(queue, set()).difference_update(as_tokens(tokens))
 
+    def _client(self) -> QueueClient:
+        client = self._open_client()
+        if not isinstance(client, QueueClient):
+            raise ArgumentTypeError(f"open_client must return a QueueClient, got {type(client).__name__}")
+        return client
+
     def __enter__(self) -> LeaseKeeper:
-        with self._open_client() as client:
+        with self._client() as client:
             self.renew(client)
         self._thread = threading.Thread(target=self._run, name="sqlqueue-lease-keeper", daemon=True)
         self._thread.start()
@@ -92,7 +103,7 @@ class LeaseKeeper:
         if self._thread is not None:
             self._thread.join()
         if exc_type is None:
-            with self._open_client() as client:
+            with self._client() as client:
                 self.renew(client)
 
     def _run(self) -> None:
@@ -102,7 +113,7 @@ class LeaseKeeper:
             while not self._stop.wait(every):
                 try:
                     if client is None:
-                        client = self._open_client()
+                        client = self._client()
                     self.renew(client)
                     log.debug("Renewed %d claim(s) for %s", sum(map(len, self.held.values())), self.lease)
                 except Exception as exc:  # noqa: BLE001  # an outage must not end the renewals: the next one may succeed

@@ -9,6 +9,7 @@ receive.
 from __future__ import annotations
 
 import base64
+import inspect
 import json
 import math
 import socket
@@ -261,6 +262,18 @@ def flag(what: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise ArgumentTypeError(f"{what} must be True or False, got {type(value).__name__} {value!r:.40}")
     return value
+
+
+def asynchronous(what: str, function: object) -> None:
+    """A callback a loop awaits: an ``async def`` function (or an object whose ``__call__`` is one).
+
+    Refused up front rather than failing every message it is given: a plain function's result
+    cannot be awaited, and each message it failed would use up its deliveries.
+    """
+    if not callable(function):
+        raise ArgumentTypeError(f"{what} must be an async function, got {type(function).__name__} {function!r:.40}")
+    if not (inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(type(function).__call__)):
+        raise ArgumentTypeError(f"{what} must be an async function (async def), got {function!r:.60}")
 
 
 def check_positive(name: str, value: int) -> int:

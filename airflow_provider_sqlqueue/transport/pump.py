@@ -44,7 +44,9 @@ from .message import (
     Failure,
     ReceivedMessage,
     TransactionMode,
+    asynchronous,
     check_positive,
+    coerce_ttbr,
     duration,
     error_text,
     flag,
@@ -187,7 +189,7 @@ class MessagePump:
         receive_batch_size: int | None = None,
         lease: timedelta | float = defaults.LEASE,
         max_deliveries: int = defaults.MAX_DELIVERIES,
-        smallest_ttbr: timedelta | None = None,
+        smallest_ttbr: timedelta | float | None = None,
         max_backoff: float = defaults.MAX_BACKOFF_SECONDS,
         breaker_alarm: float = defaults.BREAKER_ALARM_SECONDS,
         batch_handler: BatchHandler | None = None,
@@ -211,6 +213,9 @@ class MessagePump:
         for what, address in (("queue", queue), ("error_queue", error_queue), ("audit_queue", audit_queue)):
             if not (isinstance(address, QueueAddress) or (address is None and what != "queue")):
                 raise ArgumentTypeError(f"{what} must be a QueueAddress, got {type(address).__name__}")
+        for what, function in (("handler", handler), ("batch_handler", batch_handler)):
+            if function is not None:
+                asynchronous(what, function)
         check_positive("max_concurrency", max_concurrency)
         check_positive("peek_batch_size", peek_batch_size)
         check_positive("max_deliveries", max_deliveries)
@@ -221,6 +226,9 @@ class MessagePump:
             "receive_batch_size", max_concurrency if receive_batch_size is None else receive_batch_size
         )
         peek_interval = duration("peek_interval", peek_interval, maximum=defaults.MAX_PEEK_INTERVAL).total_seconds()
+        max_backoff = duration("max_backoff", max_backoff, maximum=defaults.MAX_BACKOFF_LIMIT).total_seconds()
+        breaker_alarm = duration("breaker_alarm", breaker_alarm, maximum=defaults.BREAKER_ALARM_LIMIT).total_seconds()
+        smallest_ttbr = coerce_ttbr(smallest_ttbr)
         self.pool = pool
         self.dialect = pool.dialect
         self.dialect.validate_address(queue)
@@ -292,6 +300,7 @@ class MessagePump:
             self.peek_interval,
             self.peek_batch_size,
         )
+        await self._check_setup()
         helpers = [asyncio.create_task(self._move_delayed())] if self.move_delayed else []
         if self.wake_on_notify:
             helpers.append(asyncio.create_task(self._listen()))
@@ -302,6 +311,28 @@ class MessagePump:
                 helper.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
         log.info("Queue %s: pump stopped (handled %d, failed %d)", self.name, self.handled, self.failed)
+
+    async def _check_setup(self) -> None:
+        """Refuse to start on what no retry can fix: a queue, error queue or audit queue that is
+        missing or is no queue table, a claim store that is missing, a queue this role may not read.
+
+        Once running, the pump rides such failures out with its back-off (a queue restored, a grant
+        given back); at the start they are configuration mistakes, and a pump that retried them
+        would look healthy while it never consumed. An outage here is left to the loop, which backs
+        off until the database answers.
+        """
+        others = [self.error_queue] + ([self.audit_queue] if self.audit_queue is not None else [])
+        claims = self.transaction_mode is TransactionMode.CLAIM
+        try:
+            async with self.pool.session() as session:
+                await session.run(ops.checked(self.dialect, others, ops.peek(self.dialect, self.queue, claims)))
+        except SETUP_ERRORS as exc:
+            log.error("Queue %s: pump not started: %s", self.name, exc)
+            raise
+        except Exception as exc:  # noqa: BLE001  # an outage: the loop backs off and tries again
+            log.warning(
+                "Queue %s: could not look at the queue before starting (%s); retrying in the loop", self.name, exc
+            )
 
     async def _move_delayed(self) -> None:
         """Move the queue's due delayed messages on while the pump runs, as an NServiceBus endpoint does.

@@ -18,6 +18,7 @@ from psycopg.pq import TransactionStatus
 from .. import defaults
 from ..dialects import Dialect, get_dialect
 from ..errors import (
+    ArgumentTypeError,
     ClientClosedError,
     InvalidArgumentError,
     SqlQueueError,
@@ -25,6 +26,7 @@ from ..errors import (
     TransportMisconfiguredError,
     TransportUnavailableError,
 )
+from ..message import check_positive
 from ..operations import Operation, Step, drive, needs_no_transaction
 from .base import (
     ANY_STEP,
@@ -96,6 +98,8 @@ def connect_error(exc: BaseException, conninfo: str) -> SqlQueueError:
 
 def checked_conninfo(conninfo: str) -> str:
     """Refuse, before libpq reads it, a connection string no server could be reached with."""
+    if not isinstance(conninfo, str):
+        raise ArgumentTypeError(f"a connection string must be text, got {type(conninfo).__name__}")
     if "\x00" in conninfo:
         raise TransportMisconfiguredError("the connection string contains a NUL character; fix the connection")
     return conninfo
@@ -384,10 +388,13 @@ class AsyncPsycopgPool(SessionPool):
     """
 
     def __init__(self, conninfo: str, max_size: int, min_size: int = defaults.POOL_MIN_SIZE, **kwargs: Any) -> None:
-        if max_size < 1:
-            raise InvalidArgumentError(f"max_size must be at least 1, got {max_size}")
+        check_positive("max_size", max_size)
+        if isinstance(min_size, bool) or not isinstance(min_size, int):
+            raise ArgumentTypeError(f"min_size must be a whole number, got {type(min_size).__name__} {min_size!r:.40}")
+        if not 0 <= min_size <= max_size:
+            raise InvalidArgumentError(f"min_size must be between 0 and max_size ({max_size}), got {min_size}")
         self.dialect = get_dialect("postgres")
-        self._conninfo = conninfo
+        self._conninfo = checked_conninfo(conninfo)
         self._kwargs = kwargs
         self._min_size = min(min_size, max_size)
         self._slots = asyncio.Semaphore(max_size)
