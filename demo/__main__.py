@@ -13,7 +13,7 @@ from psycopg import sql
 
 from airflow_provider_sqlqueue.transport import QueueAddress, QueueClient
 
-from . import database, example_dags_folder
+from . import database, example_dags_folder, reaper
 from .data import insert_like_an_outside_sender, write_orders
 from .services import AirflowServices, metadata_database
 
@@ -68,6 +68,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description="The Spark chain under Airflow's real services")
     parser.add_argument("--keep-running", action="store_true", help="leave the services and the UI running")
     args = parser.parse_args()
+    reaper.interruptible()  # SIGTERM and SIGHUP stop the services as Ctrl-C does
     workdir = Path.cwd() / ".sqlqueue-demo"
     with database() as pg_uri, metadata_database(pg_uri) as metadata_uri, QueueClient.connect(pg_uri) as client:
         schema = sql.Identifier(SCHEMA)

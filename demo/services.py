@@ -27,6 +27,8 @@ from typing import IO, Any
 
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from . import reaper
+
 SERVICES = ("api-server", "scheduler", "dag-processor", "triggerer")
 
 #: Spark for the example DAGs when no ``spark_default`` is configured: local, with the UI off.
@@ -173,6 +175,7 @@ class AirflowServices:
         log.flush()
         # A session of its own: a kill reaches the service and what it started (LocalExecutor workers).
         process = subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        reaper.track(process.pid)
         self.processes[key] = process
         return process
 
@@ -199,6 +202,7 @@ class AirflowServices:
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=30)
+        reaper.forget(process.pid)
 
     def stop(self) -> None:
         """Stop every service: SIGTERM, then SIGKILL for what is still running after 20 s."""
@@ -218,6 +222,7 @@ class AirflowServices:
                 except ProcessLookupError:
                     pass
                 process.wait(timeout=30)
+            reaper.forget(process.pid)
         for log in self._log_files.values():
             log.close()
 

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from . import reaper
 from .services import free_port
 
 
@@ -88,6 +89,7 @@ class SparkCluster:
         process = subprocess.Popen(
             command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.workdir
         )
+        reaper.track(process.pid)
         self.processes.append(process)
         return process
 
@@ -177,13 +179,20 @@ class SparkCluster:
     def stop(self) -> None:
         for process in reversed(self.processes):
             if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
+                try:
+                    os.killpg(process.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
         for process in self.processes:
             try:
                 process.wait(timeout=20)
             except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
+                try:
+                    os.killpg(process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
                 process.wait(timeout=20)
+            reaper.forget(process.pid)
         for log in self._logs:
             log.close()
 

@@ -55,6 +55,7 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 
 from airflow_provider_sqlqueue.transport import QueueAddress, QueueClient
+from demo import reaper
 from demo.services import airflow_connection
 from tests.backends import Backend, Raw, backend_for
 
@@ -105,6 +106,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "every_dialect: run each test on PostgreSQL and on SQL Server")
     config.addinivalue_line("markers", "postgres_only: in an every_dialect module, a PostgreSQL-specific check")
     config.addinivalue_line("markers", "sqlserver_only: in an every_dialect module, a SQL Server-specific check")
+    # A run stopped by SIGTERM or SIGHUP (a CI timeout) tears its fixtures down as after Ctrl-C, and
+    # any service or Spark daemon still running at exit is killed (demo/reaper.py).
+    reaper.interruptible()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -1,0 +1,122 @@
+"""A run stopped from outside leaves no service or Spark daemon behind (demo/reaper.py).
+
+The services and daemons run in sessions of their own, so they outlive the process that started
+them unless it kills them. Each test here starts a stand-in daemon -- a process group of two
+``sleep`` processes, as a service with a child -- the way the services are started, stops its
+owner from outside, and checks that no process of the group is left.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+OWNER = """
+import subprocess, sys, time
+from demo import reaper
+
+reaper.interruptible()
+daemon = subprocess.Popen(["sh", "-c", "sleep 300 & sleep 300; wait"], start_new_session=True)
+reaper.track(daemon.pid)
+print(daemon.pid, flush=True)
+try:
+    time.sleep(300)
+finally:
+    print("cleanup ran", flush=True)
+"""
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of the group ``pgid``."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
+def test_an_owner_stopped_by_a_signal_kills_the_groups_it_started(how: signal.Signals) -> None:
+    owner = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(OWNER)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        daemon = int(owner.stdout.readline())
+        deadline = time.monotonic() + 30
+        while len(group_members(daemon)) < 3 and time.monotonic() < deadline:  # sh and its two sleeps
+            time.sleep(0.05)
+        assert len(group_members(daemon)) == 3
+        owner.send_signal(how)
+        rest, _ = owner.communicate(timeout=60)
+        assert "cleanup ran" in rest  # the signal unwound the owner as Ctrl-C does
+        deadline = time.monotonic() + 10
+        while group_members(daemon) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert group_members(daemon) == []
+    finally:
+        owner.kill()
+        owner.wait()
+
+
+def test_a_stopped_pytest_run_tears_down_and_kills_what_its_tests_started(tmp_path: Path) -> None:
+    """A CI timeout sends SIGTERM to pytest: the fixture's teardown runs and the group is gone."""
+    (tmp_path / "conftest.py").write_text("from tests.conftest import pytest_configure  # noqa: F401\\n")
+    (tmp_path / "test_long.py").write_text(
+        textwrap.dedent(
+            """
+            import subprocess, time
+            import pytest
+            from demo import reaper
+
+            @pytest.fixture
+            def daemon():
+                process = subprocess.Popen(["sleep", "300"], start_new_session=True)
+                reaper.track(process.pid)
+                print("DAEMON", process.pid, flush=True)
+                yield process
+                print("TEARDOWN", flush=True)
+
+            def test_runs_long(daemon):
+                time.sleep(300)
+            """
+        )
+    )
+    run = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-s", "-p", "no:cacheprovider", "-q", str(tmp_path / "test_long.py")],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        daemon = None
+        for line in run.stdout:
+            if line.startswith("DAEMON"):
+                daemon = int(line.split()[1])
+                break
+        assert daemon is not None
+        run.send_signal(signal.SIGTERM)
+        rest, _ = run.communicate(timeout=120)
+        assert "TEARDOWN" in rest
+        deadline = time.monotonic() + 10
+        while group_members(daemon) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert group_members(daemon) == []
+    finally:
+        run.kill()
+        run.wait()
