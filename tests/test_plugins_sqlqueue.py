@@ -128,17 +128,30 @@ def test_anonymous_callers_are_refused(api: Api) -> None:
     assert api.post(None, "/connections/shop/purge-expired", {"queue": "orders"}).status_code == 401
 
 
+def listed(api: Api, user: str) -> dict[str, tuple[str, bool, bool]]:
+    return {
+        c["connection_id"]: (c["conn_type"], c["may_read_messages"], c["may_act"])
+        for c in api.get(user, "/connections").json()
+    }
+
+
 def test_each_user_sees_the_connections_they_may_read(api: Api) -> None:
-    assert api.get("viewer", "/connections").json() == []
-    assert [c["connection_id"] for c in api.get("reader", "/connections").json()] == ["shop"]
-    listed = {c["connection_id"]: c["conn_type"] for c in api.get("operator", "/connections").json()}
-    assert listed == {"other": "configured", "shop": "configured", "stored_shop": "postgres"}  # no http connection
+    # Every user here has the simple auth manager's viewer role, which may view Browse > Jobs: each watches
+    # every queue connection (no http connection); reading messages and acting follow the connection grants.
+    kinds = {"other": "configured", "shop": "configured", "stored_shop": "postgres"}
+    assert listed(api, "viewer") == {conn: (kind, False, False) for conn, kind in kinds.items()}
+    assert listed(api, "reader") == {**listed(api, "viewer"), "shop": ("configured", True, False)}
+    grants = {"other": (True, True), "shop": (True, True), "stored_shop": (True, False)}
+    assert listed(api, "operator") == {conn: (kinds[conn], *grants[conn]) for conn in kinds}
 
 
 def test_a_user_without_access_to_the_connection_is_refused(api: Api) -> None:
-    assert api.get("viewer", "/connections/shop/queues").status_code == 403
-    assert api.get("reader", "/connections/other/queues").status_code == 403
-    assert api.get("reader", "/connections/other/errors", error_queue="error").status_code == 403
+    assert api.get("viewer", "/connections/shop/queues").status_code == 200  # watching: figures only
+    for user, conn in (("viewer", "shop"), ("reader", "other")):
+        refused = api.get(user, f"/connections/{conn}/errors/messages", error_queue="error")
+        assert refused.status_code == 403 and "needs read access to the connection" in refused.json()["detail"]
+    refused = api.get("reader", "/connections/stored_http/queues")  # not a queue connection: no watching
+    assert refused.status_code == 403 and "needs read access to the connection" in refused.json()["detail"]
 
 
 def test_figures_match_the_tables(api: Api) -> None:

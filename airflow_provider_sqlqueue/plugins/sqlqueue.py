@@ -3,10 +3,18 @@
 Three parts, registered as the ``airflow.plugins`` entry point ``sqlqueue`` (loaded by every Airflow
 process, whatever ``[core] lazy_discover_providers`` says):
 
-- an API (``fastapi_apps``, mounted at ``/sqlqueue`` in the api-server) whose every route checks the
-  caller's Airflow permissions on the connection it names -- reading needs read access to the
-  connection, retrying, purging and giving claims back need edit access -- through the api-server's
-  own security dependencies, so whatever auth manager Airflow runs decides;
+- an API (``fastapi_apps``, mounted at ``/sqlqueue`` in the api-server) whose every route asks
+  Airflow's auth manager (whichever one Airflow runs) about the caller and the connection it names:
+
+  - a queue's figures (depths, in flight, ages, error counts by source and exception type) need read
+    access to the connection, *or* Airflow's permission to view Browse > Jobs (``is_authorized_view``
+    with ``AccessView.JOBS``; Viewer and User have it under the simple and FAB auth managers), which
+    lets a user without connection rights watch every queue connection the page lists, read only:
+    claims' last errors and failures' exception messages are left out for them;
+  - messages' headers and bodies need read access to the connection (GET);
+  - retrying, purging and giving claims back need edit access to the connection (PUT);
+
+  a refusal is a 403 whose message names the permission missing;
 - the page itself (``/sqlqueue/``: static HTML, CSS and JavaScript, no build step), which renders
   every value as text, never as markup, and shows at most a preview of a message body;
 - an entry in Airflow's navigation (``external_views``) that shows the page inside Airflow.
@@ -25,7 +33,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
-from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_connection
+from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
+from airflow.api_fastapi.core_api.security import GetUserDep
 from airflow.plugins_manager import AirflowPlugin
 from fastapi import Body, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -65,8 +74,17 @@ CONTENT_SECURITY_POLICY = (
     "frame-ancestors 'self'; base-uri 'none'; form-action 'none'"
 )
 
-ReadConnection = Depends(requires_access_connection("GET"))
-EditConnection = Depends(requires_access_connection("PUT"))
+#: Airflow's view whose permission lets a user watch the queues' figures without rights on the connection.
+MONITOR_VIEW = AccessView.JOBS
+#: What each permission is called in refusals.
+MONITOR_PERMISSION = "Airflow's permission to view Browse > Jobs"
+READ_PERMISSION = "read access to the connection (GET on Connections)"
+EDIT_PERMISSION = "edit access to the connection (PUT on Connections)"
+NO_QUEUES_VISIBLE = (
+    f"You may see no queues: the Queues page shows every queue connection's figures to users with "
+    f"{MONITOR_PERMISSION}, and a connection's figures and messages to users with read access to it "
+    "(GET on Connections); you have neither. Ask an Airflow admin for one of them."
+)
 
 
 # -- what the API answers ---------------------------------------------------------------------
@@ -125,7 +143,7 @@ class Claim(BaseModel):
     holder: str | None
     deliveries: int
     lease_left_seconds: float
-    last_error: str | None
+    last_error: str | None  #: also None for a caller who may not read the connection's messages
 
 
 class Group(BaseModel):
@@ -133,7 +151,7 @@ class Group(BaseModel):
     exception_type: str
     count: int
     newest_failure: str | None
-    newest_message: str
+    newest_message: str | None  #: None for a caller who may not read the connection's messages
 
 
 class ErrorSummary(BaseModel):
@@ -194,6 +212,112 @@ class Count(BaseModel):
 class ConnectionInfo(BaseModel):
     connection_id: str
     conn_type: str
+    may_read_messages: bool  #: headers, bodies, exception messages (read access to the connection)
+    may_act: bool  #: retry, purge, give claims back (edit access to the connection)
+    messages_refusal: str | None  #: why not, naming the missing permission (None: may)
+    actions_refusal: str | None  #: why not, naming the missing permission (None: may)
+
+
+# -- who may do what -----------------------------------------------------------------------------
+
+
+class Access(BaseModel):
+    """What the caller may do on one connection."""
+
+    connection_id: str
+    read: bool  #: read access to the connection: figures, headers and bodies
+    edit: bool  #: edit access: actions
+    monitor: bool  #: Airflow's permission to view Browse > Jobs: figures of queue connections
+
+    def messages_refusal(self) -> str | None:
+        if self.read:
+            return None
+        figures = "; you may see its queues' figures only" if self.monitor else ""
+        return (
+            f"reading the messages of connection {self._named()} (headers, bodies, exception messages) needs "
+            f"{READ_PERMISSION}{figures}"
+        )
+
+    def actions_refusal(self, action: str = "retrying, purging and giving claims back") -> str | None:
+        if self.edit:
+            return None
+        watching = "; you may only watch its queues" if self.read or self.monitor else ""
+        return f"{action} on connection {self._named()} needs {EDIT_PERMISSION}{watching}"
+
+    def _named(self) -> str:
+        return repr(one_line(Exception(self.connection_id)))
+
+
+def _may(user: Any, method: str, connection_id: str) -> bool:
+    """Whether the auth manager grants ``method`` on the connection (with its team, as Airflow's own routes ask)."""
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.models.resource_details import ConnectionDetails
+    from airflow.configuration import conf
+
+    team = None
+    if conf.getboolean("core", "multi_team", fallback=False):
+        from airflow.models.connection import Connection
+
+        team = Connection.get_team_name(connection_id)
+    details = ConnectionDetails(conn_id=connection_id, team_name=team)
+    return bool(get_auth_manager().is_authorized_connection(method=method, details=details, user=user))  # type: ignore[arg-type]
+
+
+def _monitors(user: Any) -> bool:
+    from airflow.api_fastapi.app import get_auth_manager
+
+    return bool(get_auth_manager().is_authorized_view(access_view=MONITOR_VIEW, user=user))
+
+
+def _access(connection_id: str, user: Any) -> Access:
+    return Access(
+        connection_id=connection_id,
+        read=_may(user, "GET", connection_id),
+        edit=_may(user, "PUT", connection_id),
+        monitor=_monitors(user),
+    )
+
+
+def see_figures(connection_id: str, user: GetUserDep) -> Access:
+    """Figures: read access to the connection, or the monitoring view on a connection the page lists."""
+    access = _access(connection_id, user)
+    if access.read:
+        return access
+    named = repr(one_line(Exception(connection_id)))
+    if not access.monitor:
+        raise HTTPException(
+            403, f"seeing the queues of connection {named} needs {READ_PERMISSION} or {MONITOR_PERMISSION}"
+        )
+    if connection_id not in queue_connections():
+        raise HTTPException(
+            403,
+            f"connection {named} is not one of the queue connections the Queues page lists; seeing its queues "
+            f"needs {READ_PERMISSION}",
+        )
+    return access
+
+
+def read_messages(connection_id: str, user: GetUserDep) -> Access:
+    access = _access(connection_id, user)
+    refusal = access.messages_refusal()
+    if refusal is not None:
+        raise HTTPException(403, refusal)
+    return access
+
+
+def _edit(action: str) -> Any:
+    def edit_connection(connection_id: str, user: GetUserDep) -> Access:
+        access = _access(connection_id, user)
+        refusal = access.actions_refusal(action)
+        if refusal is not None:
+            raise HTTPException(403, refusal)
+        return access
+
+    return Depends(edit_connection)
+
+
+SeeFigures = Annotated[Access, Depends(see_figures)]
+ReadMessages = Depends(read_messages)
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -367,19 +491,31 @@ def create_app() -> FastAPI:
         return FileResponse(files[name], headers={"Cache-Control": "no-cache"})
 
     @app.get("/api/connections")
-    def connections(request: Request, user: GetUserDep) -> list[ConnectionInfo]:
-        """The connections a queue can live behind that the caller may read."""
-        from airflow.api_fastapi.app import get_auth_manager
-        from airflow.api_fastapi.auth.managers.models.resource_details import ConnectionDetails
+    def connections(user: GetUserDep) -> list[ConnectionInfo]:
+        """The connections a queue can live behind whose queues the caller may see, with what else they may do;
+        403 naming the permissions when the caller may see none (an empty list: there are none to see)."""
+        monitor = _monitors(user)
+        listed = []
+        for conn_id, conn_type in queue_connections().items():
+            access = Access(
+                connection_id=conn_id, read=_may(user, "GET", conn_id), edit=_may(user, "PUT", conn_id), monitor=monitor
+            )
+            if access.read or monitor:
+                listed.append(
+                    ConnectionInfo(
+                        connection_id=conn_id,
+                        conn_type=conn_type,
+                        may_read_messages=access.read,
+                        may_act=access.edit,
+                        messages_refusal=access.messages_refusal(),
+                        actions_refusal=access.actions_refusal(),
+                    )
+                )
+        if not listed and not monitor:
+            raise HTTPException(403, NO_QUEUES_VISIBLE)
+        return listed
 
-        manager = get_auth_manager()
-        return [
-            ConnectionInfo(connection_id=conn_id, conn_type=conn_type)
-            for conn_id, conn_type in queue_connections().items()
-            if manager.is_authorized_connection(method="GET", details=ConnectionDetails(conn_id=conn_id), user=user)
-        ]
-
-    @app.get("/api/connections/{connection_id}/queues", dependencies=[ReadConnection])
+    @app.get("/api/connections/{connection_id}/queues", dependencies=[Depends(see_figures)])
     def queues(
         connection_id: str,
         offset: Annotated[int, Query(ge=0)] = 0,
@@ -423,16 +559,20 @@ def create_app() -> FastAPI:
                 problems=said.get(None, []),
             )
 
-    @app.get("/api/connections/{connection_id}/depth", dependencies=[ReadConnection])
+    @app.get("/api/connections/{connection_id}/depth", dependencies=[Depends(see_figures)])
     def depth(connection_id: str, queue: str) -> Count:
         """The exact number of messages (a count over the table: asked for, not shown by default)."""
         with _answering(connection_id), _client(connection_id) as client:
             return Count(queue=queue, count=client.depth(queue))
 
-    @app.get("/api/connections/{connection_id}/claims", dependencies=[ReadConnection])
+    @app.get("/api/connections/{connection_id}/claims")
     def claims(
-        connection_id: str, queue: str, limit: Annotated[int, Query(ge=1, le=1000)] = defaults.CLAIMS_PAGE
+        connection_id: str,
+        queue: str,
+        access: SeeFigures,
+        limit: Annotated[int, Query(ge=1, le=1000)] = defaults.CLAIMS_PAGE,
     ) -> list[Claim]:
+        """The queue's claims; their last errors only for a caller who may read the connection's messages."""
         with _answering(connection_id), _client(connection_id) as client:
             return [
                 Claim(
@@ -440,14 +580,15 @@ def create_app() -> FastAPI:
                     holder=claim.holder,
                     deliveries=claim.deliveries,
                     lease_left_seconds=claim.lease_left.total_seconds(),
-                    last_error=claim.last_error,
+                    last_error=claim.last_error if access.read else None,
                 )
                 for claim in client.claims(queue, limit)
             ]
 
-    @app.get("/api/connections/{connection_id}/errors", dependencies=[ReadConnection])
-    def errors(connection_id: str, error_queue: str) -> ErrorSummary:
-        """The error queue by source queue and exception type, from its newest messages' headers."""
+    @app.get("/api/connections/{connection_id}/errors")
+    def errors(connection_id: str, error_queue: str, access: SeeFigures) -> ErrorSummary:
+        """The error queue by source queue and exception type, from its newest messages' headers (the newest
+        exception message only for a caller who may read the connection's messages)."""
         with _answering(connection_id):
             with _client(connection_id) as client:
                 waiting = client.peek(error_queue)
@@ -456,10 +597,12 @@ def create_app() -> FastAPI:
                 error_queue=client.canonical_address(error_queue),
                 waiting=waiting,
                 window=defaults.ERROR_SUMMARY_ROWS,
-                groups=[Group(**vars(group)) for group in groups],
+                groups=[
+                    Group(**{**vars(group), **({} if access.read else {"newest_message": None})}) for group in groups
+                ],
             )
 
-    @app.get("/api/connections/{connection_id}/errors/messages", dependencies=[ReadConnection])
+    @app.get("/api/connections/{connection_id}/errors/messages", dependencies=[ReadMessages])
     def failures(
         connection_id: str,
         error_queue: str,
@@ -479,7 +622,7 @@ def create_app() -> FastAPI:
                 next_before=next_before,
             )
 
-    @app.post("/api/connections/{connection_id}/errors/retry", dependencies=[EditConnection])
+    @app.post("/api/connections/{connection_id}/errors/retry", dependencies=[_edit("retrying failed messages")])
     def retry(connection_id: str, body: Annotated[RetryRequest, Body()], user: GetUserDep) -> RetryAnswer:
         """One bounded pass of a retry: selected messages, or a source queue's (call again from ``after``
         until ``done``). A message is sent back once however often this is called."""
@@ -499,14 +642,14 @@ def create_app() -> FastAPI:
         skipped = [Skipped(seq=seq, reason=one_line(Exception(reason))) for seq, reason in page.skipped]
         return RetryAnswer(retried=page.retried, after=page.after, done=page.done, skipped=skipped)
 
-    @app.post("/api/connections/{connection_id}/purge-expired", dependencies=[EditConnection])
+    @app.post("/api/connections/{connection_id}/purge-expired", dependencies=[_edit("purging expired messages")])
     def purge_expired(connection_id: str, body: Annotated[QueueRequest, Body()], user: GetUserDep) -> Count:
         with _answering(connection_id), _client(connection_id) as client:
             purged = client.purge_expired(body.queue)
         _record(user, "purge_expired", connection_id, queue=body.queue, purged=purged)
         return Count(queue=body.queue, count=purged)
 
-    @app.post("/api/connections/{connection_id}/release-lapsed", dependencies=[EditConnection])
+    @app.post("/api/connections/{connection_id}/release-lapsed", dependencies=[_edit("giving lapsed claims back")])
     def release_lapsed(connection_id: str, body: Annotated[QueueRequest, Body()], user: GetUserDep) -> Count:
         with _answering(connection_id), _client(connection_id) as client:
             released = client.release_lapsed(body.queue)

@@ -1,11 +1,14 @@
 // The Queues page. Every value from the API is put in the page as text (textContent), never as
 // markup, so nothing a message or a sender wrote can run here. Requests carry Airflow's session
-// cookie; the API checks the caller's permissions on each connection.
+// cookie; the API checks the caller's permissions on each connection. A user who may watch queues
+// but not act (or not read messages) sees the actions disabled, with the permission they lack.
 "use strict";
 
 const API = "api/connections";
 const PAGE_SIZE = 50;
 const state = { connection: null, offset: 0, total: 0, errorQueue: null, group: null, before: null, claimsOf: null };
+// What the caller may do on each connection (from the API's list): connection_id -> its entry.
+const access = new Map();
 const $ = (selector) => document.querySelector(selector);
 
 // -- theme: follow Airflow's (its UI stores it as "theme": light, dark or system) ----------------
@@ -55,7 +58,6 @@ async function call(path, body) {
     let detail = answer.statusText;
     try { detail = (await answer.json()).detail || detail; } catch (e) { /* not JSON */ }
     if (answer.status === 401) detail = "Sign in to Airflow to see queues.";
-    if (answer.status === 403) detail = "You may not " + (body === undefined ? "read" : "change") + " this connection.";
     throw new ApiError(answer.status, typeof detail === "string" ? detail : JSON.stringify(detail));
   }
   return answer.json();
@@ -85,11 +87,23 @@ function cell(row, text, className) {
   return td;
 }
 
-function button(label, onClick, title) {
+// What the caller may do on the connection shown: { may_act, may_read_messages, actions_refusal, messages_refusal }.
+function allowed() {
+  return access.get(state.connection) || { may_act: false, may_read_messages: false, actions_refusal: null, messages_refusal: null };
+}
+
+// An action's button: disabled, saying why, for a caller who may not act on the connection.
+function button(label, onClick, title, refusal) {
   const b = document.createElement("button");
   b.type = "button";
   b.textContent = label;
   if (title) b.title = title;
+  if (refusal) {
+    b.disabled = true;
+    b.classList.add("refused");
+    b.title = `Not allowed: ${refusal}`;
+    return b;
+  }
   b.addEventListener("click", async (event) => {
     event.stopPropagation();
     b.disabled = true;
@@ -114,20 +128,35 @@ async function loadConnections() {
   const connections = await call(API);
   const select = $("#connection");
   select.replaceChildren();
+  access.clear();
   for (const c of connections) {
+    access.set(c.connection_id, c);
     const option = document.createElement("option");
     option.value = c.connection_id;
     option.textContent = `${c.connection_id} (${c.conn_type})`;
     select.appendChild(option);
   }
   if (!connections.length) {
-    say("No connection you may read holds queues (sqlqueue, postgres, mssql or odbc connections).", false);
+    say("No connection holds queues (sqlqueue, postgres, mssql or odbc connections in Airflow, "
+      + "or connections named in [sqlqueue] connections).", false);
     return false;
   }
   const wanted = new URLSearchParams(window.location.search).get("connection");
   state.connection = connections.some((c) => c.connection_id === wanted) ? wanted : connections[0].connection_id;
   select.value = state.connection;
+  showAccess();
   return true;
+}
+
+// A read-only notice naming the permissions the caller lacks on the connection shown.
+function showAccess() {
+  const a = allowed();
+  const notice = $("#access");
+  const lines = [a.actions_refusal, a.messages_refusal].filter(Boolean);
+  notice.hidden = lines.length === 0;
+  $("#access-text").textContent = lines.map((line) => line.charAt(0).toUpperCase() + line.slice(1) + ".").join(" ");
+  document.body.classList.toggle("read-only", !a.may_act);
+  $("#retry-selected").title = a.may_act ? "" : `Not allowed: ${a.actions_refusal}`;
 }
 
 async function loadQueues() {
@@ -173,14 +202,14 @@ async function loadQueues() {
         const done = await call(connectionPath("release-lapsed"), { queue: q.address });
         say(`${number(done.count)} lapsed claim(s) of ${q.address} given back to the queue.`);
         await refresh();
-      }, "Move lapsed claims back into the queue, where every receiver finds them"));
+      }, "Move lapsed claims back into the queue, where every receiver finds them", allowed().actions_refusal));
     }
     if (q.expired) {
       actions.appendChild(button("Purge expired", async () => {
         const done = await call(connectionPath("purge-expired"), { queue: q.address });
         say(`${number(done.count)} expired message(s) purged from ${q.address}.`);
         await refresh();
-      }));
+      }, null, allowed().actions_refusal));
     }
     if (q.in_flight !== null) row.addEventListener("click", () => showClaims(q.address));
     body.appendChild(row);
@@ -277,15 +306,26 @@ async function loadErrors() {
     const newest = cell(row, g.newest_failure);
     if (g.newest_message) newest.title = g.newest_message;
     const actions = cell(row, "");
-    actions.appendChild(button("Show", async () => { state.group = [g.source, g.exception_type]; state.before = null; await loadFailures(); }));
+    actions.appendChild(button("Show", async () => { state.group = [g.source, g.exception_type]; state.before = null; await loadFailures(); },
+      "Show these failed messages", allowed().messages_refusal));
     actions.appendChild(button("Retry all of this queue", () => retrySource(g.source),
-      "Send every failed message of this source queue back to it"));
+      "Send every failed message of this source queue back to it", allowed().actions_refusal));
     body.appendChild(row);
   }
   await loadFailures();
 }
 
 async function loadFailures(append) {
+  if (!allowed().may_read_messages) {  // figures only: the messages themselves are not asked for
+    const hidden = document.createElement("li");
+    hidden.className = "muted";
+    hidden.textContent = `Messages are not shown: ${allowed().messages_refusal}.`;
+    $("#failures").replaceChildren(hidden);
+    $("#older").hidden = true;
+    $("#all-failures").hidden = true;
+    updateSelection();
+    return;
+  }
   const params = { error_queue: state.errorQueue, before: append ? state.before : null, limit: 25 };
   if (state.group) [params.source, params.exception_type] = state.group;
   const page = await call(connectionPath(`errors/messages?${query(params)}`));
@@ -308,6 +348,10 @@ async function loadFailures(append) {
     pick.className = "pick";
     pick.dataset.seq = f.seq;
     pick.checked = kept.has(f.seq);
+    if (!allowed().may_act) {
+      pick.disabled = true;
+      pick.title = `Not allowed: ${allowed().actions_refusal}`;
+    }
     pick.setAttribute("aria-label", `select message ${f.id}`);
     pick.addEventListener("change", updateSelection);
     title.appendChild(pick);
@@ -352,7 +396,7 @@ function selectedSeqs() {
 
 function updateSelection() {
   const count = selectedSeqs().length;
-  $("#retry-selected").disabled = count === 0;
+  $("#retry-selected").disabled = count === 0 || !allowed().may_act;
   $("#retry-selected").textContent = count ? `Retry selected (${count})` : "Retry selected";
 }
 
@@ -395,6 +439,7 @@ async function start() {
   watchTheme();
   $("#connection").addEventListener("change", () => {
     state.connection = $("#connection").value;
+    showAccess();
     Object.assign(state, { offset: 0, errorQueue: null, group: null, before: null, claimsOf: null });
     $("#claims-panel").hidden = true;
     refresh();
