@@ -1,0 +1,138 @@
+"""The documentation site: every Python block of the docs runs, and the site builds without a warning.
+
+Each page's Python blocks run in order in one namespace, as a reader would paste them, against the
+real PostgreSQL of ``pg_uri``: ``SQLQUEUE_CONN`` names it and ``SQLQUEUE_SCHEMA`` a schema made for
+that page alone, so pages never see each other's queues. A block that cannot run here is marked by
+the HTML comment ``<!-- docs-test: skip: <reason> -->`` on the line before it, and the reason is
+required. A block marked ``<!-- docs-test: dag <dag_id> -->`` is a DAG file: it is parsed, and the
+DAG it defines must have that id.
+
+The site is built with ``sphinx-build -W --keep-going`` (every warning an error) into a temporary
+directory.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+PAGES = sorted([ROOT / "README.md", *DOCS.rglob("*.md")], key=str)
+PAGES = [p for p in PAGES if "_build" not in p.parts]
+
+FENCE = re.compile(r"^```(?P<lang>[\w{}-]*)[^\n]*\n(?P<code>.*?)^```\s*$", re.MULTILINE | re.DOTALL)
+MARKER = re.compile(r"<!--\s*docs-test:\s*(?P<kind>skip|dag)\b:?\s*(?P<arg>.*?)\s*-->\s*$")
+#: Blocks that cannot run standalone stay few: each one is a part of the docs nobody checks.
+MOST_SKIPPED = 6
+
+
+@dataclass
+class Block:
+    page: Path
+    line: int
+    code: str
+    skip: str | None = None
+    dag: str | None = None
+
+    def where(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
+
+
+def python_blocks(page: Path) -> list[Block]:
+    text = page.read_text(encoding="utf-8")
+    blocks = []
+    for match in FENCE.finditer(text):
+        if match["lang"] != "python":
+            continue
+        line = text.count("\n", 0, match.start()) + 1
+        before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        block = Block(page, line, match["code"])
+        marker = MARKER.search(before)
+        if marker and marker["kind"] == "skip":
+            block.skip = marker["arg"]
+            assert block.skip, f"{block.where()}: a skipped block says why"
+        elif marker:
+            block.dag = marker["arg"]
+        blocks.append(block)
+    return blocks
+
+
+ALL = {page: python_blocks(page) for page in PAGES}
+RUNNABLE = [page for page, blocks in ALL.items() if any(not b.skip for b in blocks)]
+
+
+def test_few_blocks_are_skipped_and_each_says_why() -> None:
+    skipped = [b for blocks in ALL.values() for b in blocks if b.skip]
+    assert len(skipped) <= MOST_SKIPPED, [b.where() for b in skipped]
+    assert all(len(b.skip or "") >= 10 for b in skipped), [(b.where(), b.skip) for b in skipped]
+    assert sum(len(blocks) for blocks in ALL.values()) > 3 * len(skipped)
+
+
+@pytest.fixture
+def page_schema(pg_uri: str) -> Iterator[str]:
+    name = f"docs_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_uri, autocommit=True) as connection:
+        connection.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
+        try:
+            yield name
+        finally:
+            connection.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(name)))
+
+
+@pytest.mark.parametrize("page", RUNNABLE, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_python_block_of_the_page_runs(
+    page: Path, pg_uri: str, page_schema: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("SQLQUEUE_CONN", pg_uri)
+    monkeypatch.setenv("SQLQUEUE_SCHEMA", page_schema)
+    namespace: dict[str, object] = {"__name__": f"docs_{page.stem.replace('-', '_')}"}
+    ran = []
+    for block in ALL[page]:
+        if block.skip:
+            continue
+        if block.dag:
+            parse_dag_file(block, tmp_path)
+        else:
+            try:
+                exec(compile(block.code, block.where(), "exec"), namespace)  # noqa: S102  # the docs' own examples
+            except Exception as exc:
+                raise AssertionError(f"{block.where()}: the example raised {exc!r}") from exc
+        ran.append(block.where())
+    assert ran == [b.where() for b in ALL[page] if not b.skip]
+
+
+def parse_dag_file(block: Block, tmp_path: Path) -> None:
+    """A DAG file of the docs, parsed as Airflow's dag-processor parses a DAGs folder: it defines that one DAG."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    folder = tmp_path / f"dags_{block.line}"
+    folder.mkdir()
+    (folder / f"{block.dag}.py").write_text(block.code, encoding="utf-8")
+    bag = DagBag(dag_folder=str(folder))
+    assert not bag.import_errors, f"{block.where()}: {bag.import_errors}"
+    assert list(bag.dags) == [block.dag], f"{block.where()}: defines {list(bag.dags)}"
+    assert bag.dags[block.dag].tasks, f"{block.where()}: a DAG without tasks"
+
+
+def test_the_site_builds_without_a_warning(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", str(DOCS), str(tmp_path / "html")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-5000:]
+    built = {p.relative_to(tmp_path / "html").as_posix() for p in (tmp_path / "html").rglob("*.html")}
+    for page in ("index", "quickstart", "guides/transport", "reference/api", "reference/cli", "reference/http"):
+        assert f"{page}.html" in built
