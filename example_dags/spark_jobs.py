@@ -1,116 +1,192 @@
 """The Spark work of the example pipelines (example_dags/): clean raw orders, then summarise them or check them.
 
-Plain PySpark functions, called from the example DAGs' ``@task.pyspark`` tasks with the session
-the Spark provider built from the Spark connection (``local[*]`` by default). Outputs are written
-under a path derived from the message id, so a redelivered message rewrites the same output
-instead of adding a second copy.
+Plain PySpark functions, called from the example DAGs' tasks with the session built from the Spark
+connection (``local[*]`` by default). Each handles a batch of messages in one Spark job -- one
+DataFrame over all their inputs, each row tagged with its message -- and returns one result per
+message, in order (``HeldMessages.batch``: a batch that fails is split until the failing message
+is found and given back alone). Outputs are written per message, in a partition named by the
+message id, so a redelivered message rewrites its own output instead of adding a second copy.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 ORDER_COLUMNS = "order_id STRING, ordered_at TIMESTAMP, customer_id STRING, country STRING, category STRING, product STRING, quantity INT, unit_price DOUBLE"
 
 
-def clean_orders(spark: Any, source: str, target: str) -> dict[str, Any]:
-    """Read a raw orders CSV, drop rows that cannot be sold (missing fields, non-positive quantity or price), write Parquet."""
+def _tagged(messages: list[dict[str, Any]], read: Callable[[str], Any]) -> Any:
+    """One DataFrame over every message's input (``read`` of its body's path), each row tagged with
+    its message's id in column ``message``: what lets one Spark job serve a whole batch."""
     from pyspark.sql import functions as F
 
-    raw = spark.read.csv(source, header=True, schema=ORDER_COLUMNS, mode="PERMISSIVE")
+    frames = [read(m["body"]["path"]).withColumn("message", F.lit(str(m["id"]))) for m in messages]
+    return functools.reduce(lambda left, right: left.unionByName(right), frames)
+
+
+def _write_per_message(
+    frame: Any, messages: list[dict[str, Any]], folder: str, write: Callable[[Any, str], None]
+) -> dict[str, str]:
+    """Write ``frame`` under ``<output_root>/<folder>/message=<id>``, one partition per message
+    (replacing only that message's partition, so a redelivered message rewrites its own output);
+    returns each message's output path by id."""
+    from pyspark.sql import functions as F
+
+    paths = {}
+    by_root: dict[str, list[str]] = {}
+    for m in messages:
+        by_root.setdefault(m["body"]["output_root"], []).append(str(m["id"]))
+    for root, ids in by_root.items():
+        part = frame.where(F.col("message").isin(ids))
+        write(
+            part.write.partitionBy("message").mode("overwrite").option("partitionOverwriteMode", "dynamic"),
+            f"{root}/{folder}",
+        )
+        paths.update({i: f"{root}/{folder}/message={i}" for i in ids})
+    return paths
+
+
+def _by_message(rows: Any) -> dict[str, Any]:
+    return {row["message"]: row for row in rows}
+
+
+def clean_batch(spark: Any, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Handle ``ingest`` messages in one Spark job: read each raw orders CSV, drop rows that cannot be
+    sold (missing fields, non-positive quantity or price), write Parquet per message. The results,
+    one per message in order, are the next stage's messages."""
+    from pyspark.sql import functions as F
+
+    raw = _tagged(messages, lambda path: spark.read.csv(path, header=True, schema=ORDER_COLUMNS, mode="PERMISSIVE"))
     valid = raw.where(
         F.col("order_id").isNotNull()
         & F.col("ordered_at").isNotNull()
         & F.col("country").isNotNull()
         & (F.col("quantity") > 0)
         & (F.col("unit_price") > 0)
-    ).dropDuplicates(["order_id"])
+    ).dropDuplicates(["message", "order_id"])
     cleaned = valid.withColumn("revenue", F.round(F.col("quantity") * F.col("unit_price"), 2)).withColumn(
         "order_date", F.to_date("ordered_at")
     )
-    cleaned.write.mode("overwrite").parquet(target)
-    total = raw.count()
-    kept = spark.read.parquet(target).count()
-    return {"path": target, "rows": kept, "rejected": total - kept}
-
-
-def summarise_orders(spark: Any, source: str, target: str) -> dict[str, Any]:
-    """Aggregate cleaned orders into a report: totals, revenue by country and category, top products."""
-    from pyspark.sql import functions as F
-
-    orders = spark.read.parquet(source)
-    totals = orders.agg(
-        F.count("*").alias("orders"),
-        F.round(F.sum("revenue"), 2).alias("revenue"),
-        F.countDistinct("customer_id").alias("customers"),
-        F.min("order_date").alias("first_day"),
-        F.max("order_date").alias("last_day"),
-    ).first()
-
-    def top(column: str, n: int) -> list[dict[str, Any]]:
-        rows = (
-            orders.groupBy(column)
-            .agg(F.round(F.sum("revenue"), 2).alias("revenue"), F.count("*").alias("orders"))
-            .orderBy(F.desc("revenue"), F.asc(column))
-            .limit(n)
-            .collect()
+    paths = _write_per_message(cleaned, messages, "clean", lambda writer, path: writer.parquet(path))
+    totals = _by_message(raw.groupBy("message").agg(F.count("*").alias("rows")).collect())
+    kept = _by_message(cleaned.groupBy("message").agg(F.count("*").alias("rows")).collect())
+    results = []
+    for m in messages:
+        body, key = m["body"], str(m["id"])
+        rows = kept[key]["rows"] if key in kept else 0
+        rejected = (totals[key]["rows"] if key in totals else 0) - rows
+        print(f"cleaned {body['dataset']}: {rows} rows kept, {rejected} rejected -> {paths[key]}")
+        results.append(
+            {
+                "path": paths[key],
+                "rows": rows,
+                "rejected": rejected,
+                "dataset": body["dataset"],
+                "output_root": body["output_root"],
+            }
         )
-        return [{column: row[column], "revenue": row["revenue"], "orders": row["orders"]} for row in rows]
-
-    report = {
-        "orders": totals["orders"],
-        "revenue": totals["revenue"],
-        "customers": totals["customers"],
-        "first_day": str(totals["first_day"]),
-        "last_day": str(totals["last_day"]),
-        "by_country": top("country", 5),
-        "by_category": top("category", 10),
-        "top_products": top("product", 3),
-    }
-    orders.groupBy("country", "category").agg(
-        F.round(F.sum("revenue"), 2).alias("revenue"), F.count("*").alias("orders")
-    ).coalesce(1).write.mode("overwrite").json(target)
-    return {**report, "path": target}
+    return results
 
 
-def check_quality(spark: Any, source: str) -> dict[str, Any]:
-    """What a data-quality consumer of cleaned orders looks at: rows per country, and orders without a customer."""
+def _top(orders: Any, column: str, n: int) -> dict[str, list[dict[str, Any]]]:
+    """Per message, the ``n`` values of ``column`` with the most revenue (ties by value)."""
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    orders = spark.read.parquet(source)
-    per_country = {
-        row["country"]: row["rows"] for row in orders.groupBy("country").agg(F.count("*").alias("rows")).collect()
-    }
-    return {
-        "rows": sum(per_country.values()),
-        "rows_per_country": dict(sorted(per_country.items())),
-        "without_customer": orders.where(F.col("customer_id").isNull()).count(),
-    }
+    ranked = (
+        orders.groupBy("message", column)
+        .agg(F.round(F.sum("revenue"), 2).alias("revenue"), F.count("*").alias("orders"))
+        .withColumn(
+            "rank", F.row_number().over(Window.partitionBy("message").orderBy(F.desc("revenue"), F.asc(column)))
+        )
+        .where(F.col("rank") <= n)
+        .orderBy("message", "rank")
+        .collect()
+    )
+    top: dict[str, list[dict[str, Any]]] = {}
+    for row in ranked:
+        top.setdefault(row["message"], []).append(
+            {column: row[column], "revenue": row["revenue"], "orders": row["orders"]}
+        )
+    return top
 
 
-def clean_message(spark: Any, message: dict[str, Any]) -> dict[str, Any]:
-    """Handle an ``ingest`` message: clean its dataset; the result is the next stage's message."""
-    body = message["body"]
-    target = f"{body['output_root']}/clean/{message['id']}"
-    result = clean_orders(spark, body["path"], target)
-    print(f"cleaned {body['dataset']}: {result['rows']} rows kept, {result['rejected']} rejected -> {target}")
-    return {**result, "dataset": body["dataset"], "output_root": body["output_root"]}
+def summarise_batch(spark: Any, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Handle ``cleaned`` messages in one Spark job: aggregate each message's clean orders into a
+    report (totals, revenue by country and category, top products). The results are the reports."""
+    from pyspark.sql import functions as F
+
+    orders = _tagged(messages, lambda path: spark.read.parquet(path))
+    totals = _by_message(
+        orders.groupBy("message")
+        .agg(
+            F.count("*").alias("orders"),
+            F.round(F.sum("revenue"), 2).alias("revenue"),
+            F.countDistinct("customer_id").alias("customers"),
+            F.min("order_date").alias("first_day"),
+            F.max("order_date").alias("last_day"),
+        )
+        .collect()
+    )
+    by_country, by_category, top_products = (
+        _top(orders, "country", 5),
+        _top(orders, "category", 10),
+        _top(orders, "product", 3),
+    )
+    breakdown = orders.groupBy("message", "country", "category").agg(
+        F.round(F.sum("revenue"), 2).alias("revenue"), F.count("*").alias("orders")
+    )
+    paths = _write_per_message(
+        breakdown.repartition("message"), messages, "reports", lambda writer, path: writer.json(path)
+    )
+    reports = []
+    for m in messages:
+        body, key = m["body"], str(m["id"])
+        row = totals[key]
+        report = {
+            "orders": row["orders"],
+            "revenue": row["revenue"],
+            "customers": row["customers"],
+            "first_day": str(row["first_day"]),
+            "last_day": str(row["last_day"]),
+            "by_country": by_country.get(key, []),
+            "by_category": by_category.get(key, []),
+            "top_products": top_products.get(key, []),
+            "path": paths[key],
+            "dataset": body["dataset"],
+        }
+        print(f"summarised {body['dataset']}: {report['orders']} orders, revenue {report['revenue']}")
+        reports.append(report)
+    return reports
 
 
-def summarise_message(spark: Any, message: dict[str, Any]) -> dict[str, Any]:
-    """Handle a ``cleaned`` message: summarise the clean data; the result is the report message."""
-    body = message["body"]
-    report = summarise_orders(spark, body["path"], f"{body['output_root']}/reports/{message['id']}")
-    print(f"summarised {body['dataset']}: {report['orders']} orders, revenue {report['revenue']}")
-    return {**report, "dataset": body["dataset"]}
+def quality_batch(spark: Any, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Handle cleaned-orders events in one Spark job: what a data-quality consumer looks at, per
+    message -- rows per country, and orders without a customer."""
+    from pyspark.sql import functions as F
 
-
-def quality_message(spark: Any, message: dict[str, Any]) -> dict[str, Any]:
-    """Handle a cleaned-orders event: check the clean data; the result is the quality report message."""
-    body = message["body"]
-    quality = check_quality(spark, body["path"])
-    print(f"checked {body['dataset']}: {quality['rows']} rows in {len(quality['rows_per_country'])} countries")
-    return {**quality, "dataset": body["dataset"]}
+    orders = _tagged(messages, lambda path: spark.read.parquet(path))
+    per_country: dict[str, dict[str, int]] = {}
+    for row in orders.groupBy("message", "country").agg(F.count("*").alias("rows")).collect():
+        per_country.setdefault(row["message"], {})[row["country"]] = row["rows"]
+    missing = _by_message(
+        orders.groupBy("message").agg(F.sum(F.col("customer_id").isNull().cast("int")).alias("without")).collect()
+    )
+    results = []
+    for m in messages:
+        body, key = m["body"], str(m["id"])
+        countries = per_country.get(key, {})
+        quality = {
+            "rows": sum(countries.values()),
+            "rows_per_country": dict(sorted(countries.items())),
+            "without_customer": int(missing[key]["without"] or 0) if key in missing else 0,
+            "dataset": body["dataset"],
+        }
+        print(f"checked {body['dataset']}: {quality['rows']} rows in {len(countries)} countries")
+        results.append(quality)
+    return results
 
 
 ORDER_EVENT = "order_id STRING, country STRING, quantity INT, unit_price DOUBLE"

@@ -11,7 +11,7 @@ Spark is not local).
 
 from __future__ import annotations
 
-from spark_jobs import clean_message, summarise_message  # example_dags/: the DAGs folder is on sys.path
+from spark_jobs import clean_batch, summarise_batch  # example_dags/: the DAGs folder is on sys.path
 from sqlqueue_stages import queue, stage
 
 INGEST, CLEANED, REPORTS = queue("ingest"), queue("cleaned"), queue("reports")
@@ -20,7 +20,7 @@ clean_dag = stage(
     "sqlqueue_spark_clean",
     "clean",
     INGEST,
-    clean_message,
+    clean_batch,
     "SqlQueue.Demo.DatasetCleaned",
     target=CLEANED,
     doc_md=__doc__,
@@ -29,7 +29,7 @@ summarise_dag = stage(
     "sqlqueue_spark_summarise",
     "summarise",
     CLEANED,
-    summarise_message,
+    summarise_batch,
     "SqlQueue.Demo.DatasetReport",
     target=REPORTS,
     doc_md=__doc__,

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 
 from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
 from airflow.sdk import DAG, Asset, AssetWatcher, task
-from spark_jobs import clean_message, summarise_message  # example_dags/spark_jobs.py: the DAGs folder is on sys.path
+from spark_jobs import clean_batch, summarise_batch  # example_dags/spark_jobs.py: the DAGs folder is on sys.path
 from sqlqueue_stages import CONN, LEASE, SCHEMA, queue, spark_session
 
 from airflow_provider_sqlqueue.operators.sqlqueue import ForwardMessagesOperator
@@ -45,7 +45,7 @@ def watched(queue_name: str, name: str) -> Asset:
 
 
 def stage(dag_id: str, task_id: str, source: Asset, target: str, job) -> DAG:
-    """One stage: each run takes the messages reserved on the queue, runs ``job`` on each in Spark, forwards the results."""
+    """One stage: each run takes the messages reserved on the queue, runs ``job`` on them in one Spark job, forwards the results."""
     with DAG(
         dag_id,
         schedule=[source],
@@ -66,7 +66,8 @@ def stage(dag_id: str, task_id: str, source: Asset, target: str, job) -> DAG:
                 if not held.messages:
                     return {"claims": [], "results": []}  # an earlier run took them: no Spark session
                 with spark_session(f"{dag_id}-{task_id}", f"for {len(held.messages)} message(s)") as spark:
-                    results = held.map(lambda message: job(spark, message))  # a failing one is given back alone
+                    # One Spark job for the batch; a message it fails on is found and given back alone.
+                    results = held.batch(lambda batch: job(spark, batch))
                 return {"claims": held.messages, "results": results}
 
         done = run_job()
@@ -76,5 +77,5 @@ def stage(dag_id: str, task_id: str, source: Asset, target: str, job) -> DAG:
     return dag
 
 
-stage("sqlqueue_spark_clean_events", "clean", watched(INGEST, "ingest_events"), CLEANED, clean_message)
-stage("sqlqueue_spark_summarise_events", "summarise", watched(CLEANED, "cleaned_events"), REPORTS, summarise_message)
+stage("sqlqueue_spark_clean_events", "clean", watched(INGEST, "ingest_events"), CLEANED, clean_batch)
+stage("sqlqueue_spark_summarise_events", "summarise", watched(CLEANED, "cleaned_events"), REPORTS, summarise_batch)

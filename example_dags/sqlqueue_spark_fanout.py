@@ -13,17 +13,17 @@ subscriber gets each result once. Messages are those of ``sqlqueue_spark_chain``
 
 from __future__ import annotations
 
-from spark_jobs import clean_message, quality_message, summarise_message  # the DAGs folder is on sys.path
+from spark_jobs import clean_batch, quality_batch, summarise_batch  # the DAGs folder is on sys.path
 from sqlqueue_stages import ORDERS_CLEANED, queue, stage
 
 INGEST, SUMMARY, QUALITY, REPORTS = (queue(f"fanout_{n}") for n in ("ingest", "summary", "quality", "reports"))
 
-clean_dag = stage("sqlqueue_fanout_clean", "clean", INGEST, clean_message, ORDERS_CLEANED, publish=True, doc_md=__doc__)
+clean_dag = stage("sqlqueue_fanout_clean", "clean", INGEST, clean_batch, ORDERS_CLEANED, publish=True, doc_md=__doc__)
 summarise_dag = stage(
     "sqlqueue_fanout_summarise",
     "summarise",
     SUMMARY,
-    summarise_message,
+    summarise_batch,
     "SqlQueue.Demo.DatasetReport",
     target=REPORTS,
     doc_md=__doc__,
@@ -32,7 +32,7 @@ quality_dag = stage(
     "sqlqueue_fanout_quality",
     "check_quality",
     QUALITY,
-    quality_message,
+    quality_batch,
     "SqlQueue.Demo.QualityReport",
     target=REPORTS,
     doc_md=__doc__,

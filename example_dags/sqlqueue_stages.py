@@ -1,12 +1,13 @@
 """What the example pipelines share: where their queues are, the hand-off lease, and one stage of a chain.
 
 A stage waits for messages on a queue (a deferrable sensor: the wait runs in the triggerer), runs
-a Spark job on each while their claims are renewed, then hands the results on and acknowledges
-the messages in one transaction: sent to the next queue (``ForwardMessagesOperator``) or published
-to whoever subscribed to a topic (``PublishMessageOperator``). A result is handed on once per
-message even if a worker dies mid-job and the message is handled again. If the job fails the
-messages are given back with its exception at once; after 5 deliveries they move to the error
-queue, whose headers name the exception and the task. Spark runs wherever the ``spark_default``
+one Spark job over all the messages it took while their claims are renewed, then hands the
+results on and acknowledges the messages in one transaction: sent to the next queue
+(``ForwardMessagesOperator``) or published to whoever subscribed to a topic
+(``PublishMessageOperator``). A result is handed on once per message even if a worker dies
+mid-job and the message is handled again. If the job fails, the batch is split until the failing
+message is found; it alone is given back with the exception, and after 5 deliveries it moves to
+the error queue, whose headers name the exception and the task. Spark runs wherever the ``spark_default``
 connection points (``local[*]`` when it has no host); change that connection, not the DAGs, to use
 a cluster. The queues are in the database of the ``sqlqueue_default`` connection (schema:
 ``SQLQUEUE_SCHEMA``, default ``public``); the ``sqlqueue_setup`` DAG creates them.
@@ -56,7 +57,8 @@ QUEUES = [
     "order_revenue",
 ]
 
-Job = Callable[[Any, dict[str, Any]], dict[str, Any]]
+#: A Spark job over a batch of messages: the session and the message dicts, one result per message in order.
+Job = Callable[[Any, list[dict[str, Any]]], list[dict[str, Any]]]
 
 
 @contextmanager
@@ -107,8 +109,8 @@ def stage(
     publish: bool = False,
     doc_md: str | None = None,
 ) -> DAG:
-    """Wait for messages on ``source``, run ``job`` on each in Spark, then send the results to
-    ``target`` or (``publish``) publish them as events of type ``message_type``."""
+    """Wait for messages on ``source``, run ``job`` on them in Spark (one job for the batch), then
+    send the results to ``target`` or (``publish``) publish them as events of type ``message_type``."""
     if (target is None) == (not publish):
         raise ValueError("a stage either sends to a target queue or publishes")
     with DAG(
@@ -126,7 +128,8 @@ def stage(
         @task.pyspark(task_id=task_id, conn_id=SPARK_CONN, multiple_outputs=True)
         def run_job(messages: list[dict], spark=None) -> dict:
             with hold_messages(messages, lease=LEASE) as held:  # claims renewed while Spark works
-                results = held.map(lambda message: job(spark, message))  # a failing one is given back alone
+                # One Spark job for the batch; a message it fails on is found and given back alone.
+                results = held.batch(lambda batch: job(spark, batch))
                 return {"claims": held.messages, "results": results}
 
         done = run_job(wait.output)

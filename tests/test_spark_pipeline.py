@@ -88,6 +88,33 @@ def test_chain_end_to_end(pipeline, client, schema):
     assert left(client, schema) == dict.fromkeys(QUEUES, 0)
 
 
+def test_a_batch_of_datasets_is_one_spark_job_and_a_missing_one_is_given_back_alone(pipeline, client, schema):
+    """Three datasets in one run, the second not there: the batch's job fails, is split until the
+    missing one is found, and the two others are cleaned, forwarded and summarised together."""
+    expected = {
+        name: write_orders(pipeline / f"{name}.csv", rows=800, seed=seed) for name, seed in (("a", 1), ("c", 3))
+    }
+    for name in ("a", "b", "c"):
+        body = {"dataset": name, "path": str(pipeline / f"{name}.csv"), "output_root": str(pipeline / "out")}
+        client.send(QueueAddress("ingest", schema), Message.of(body))
+
+    clean, _ = run_dag("sqlqueue_spark_clean")
+    assert clean.state == "success"
+    results = task_output(clean, "clean")["results"]
+    assert [r["dataset"] for r in results] == ["a", "c"]  # in the messages' order, without the missing one
+    for result in results:
+        assert result["rows"] == expected[result["dataset"]]["valid_orders"]
+        assert result["path"].startswith(str(pipeline / "out" / "clean" / "message="))
+    assert client.peek(QueueAddress("ingest", schema), include_claims=True) == 1  # "b" given back, not lost
+
+    summarise, _ = run_dag("sqlqueue_spark_summarise")
+    assert summarise.state == "success"
+    reports = {m.json()["dataset"]: m.json() for m in client.receive(QueueAddress("reports", schema), 5)}
+    assert sorted(reports) == ["a", "c"]
+    for name, report in reports.items():
+        check_report(report, expected[name])
+
+
 def test_fan_out_one_stage_publishes_to_two_subscribed_stages(pipeline, client, schema):
     """sqlqueue_setup subscribed fanout_summary and fanout_quality; the clean stage publishes to both."""
     dataset = pipeline / "orders.csv"

@@ -70,6 +70,43 @@ def test_held_messages_one_fails_on_are_given_back_alone(
     assert again.text == "bad" and again.deliveries == 2
 
 
+@pytest.mark.parametrize("bad", [set(), {3}, {0, 7}, set(range(8))], ids=["none", "one", "two", "all"])
+def test_a_batch_runs_once_for_all_and_gives_back_only_the_messages_it_fails_on(
+    conn_id: str, client: QueueClient, queue: QueueAddress, schema: str, bad: set[int]
+) -> None:
+    client.send(queue, [Message(str(n)) for n in range(8)])
+    claimed = [m.to_dict(f'orders@"{schema}"') for m in client.claim(queue, 8)]
+    calls: list[list[int]] = []
+
+    def job(messages: list[dict[str, Any]]) -> list[int]:
+        numbers = [int(m["body"]) for m in messages]
+        calls.append(numbers)
+        if bad & set(numbers):
+            raise ValueError(f"cannot handle {sorted(bad & set(numbers))}")
+        return [n * 10 for n in numbers]
+
+    with hold_messages(claimed, sqlqueue_conn_id=conn_id, context=context()) as held:
+        results = held.batch(job)
+        good = [n for n in range(8) if n not in bad]
+        assert results == [n * 10 for n in good]  # in the messages' order
+        assert [int(m["body"]) for m in held.messages] == good
+    assert calls[0] == list(range(8))  # one call for the whole batch first
+    assert len(calls) <= 1 + 2 * len(bad) * 3  # each failing message costs at most two calls per halving
+    again = client.claim(queue, 8)  # only the failing messages were given back, each once
+    assert sorted(int(m.text) for m in again) == sorted(bad) and {m.deliveries for m in again} <= {2}
+
+
+def test_a_batch_function_must_return_one_result_per_message(
+    conn_id: str, client: QueueClient, queue: QueueAddress, schema: str
+) -> None:
+    client.send(queue, [Message("a"), Message("b")])
+    claimed = [m.to_dict(f'orders@"{schema}"') for m in client.claim(queue, 2)]
+    with hold_messages(claimed, sqlqueue_conn_id=conn_id, context=context()) as held:
+        assert held.batch(lambda messages: []) == []  # no message can be matched with a result
+        assert held.messages == []
+    assert sorted(m.text for m in client.claim(queue, 2)) == ["a", "b"]
+
+
 def test_a_block_that_raises_gives_back_everything_it_held(
     conn_id: str, client: QueueClient, queue: QueueAddress, schema: str
 ) -> None:
