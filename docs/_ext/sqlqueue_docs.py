@@ -12,7 +12,10 @@ import os
 from typing import Any
 
 from docutils import nodes
+from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
+
+logger = logging.getLogger(__name__)
 
 #: A fixed width, so the help text does not depend on the terminal that builds the docs.
 HELP_COLUMNS = "100"
@@ -47,6 +50,24 @@ class CliHelp(SphinxDirective):
         return out
 
 
+#: What each of the API's permission checks asks for, by the name of the dependency that checks it.
+PERMISSIONS = {
+    "see_figures": "read access to the connection, or Airflow's permission to view Browse > Jobs",
+    "read_messages": "read access to the connection",
+    "edit_connection": "edit access to the connection",
+}
+
+
+def _checks(dependant: Any) -> list[str]:
+    found = []
+    for dependency in dependant.dependencies:
+        name = getattr(dependency.call, "__name__", "")
+        if name in PERMISSIONS:
+            found.append(PERMISSIONS[name])
+        found += _checks(dependency)
+    return found
+
+
 class HttpRoutes(SphinxDirective):
     """A table of the Queues API's routes: method, path, permission and what the route says of itself."""
 
@@ -58,9 +79,14 @@ class HttpRoutes(SphinxDirective):
             if not getattr(route, "include_in_schema", False):
                 continue
             methods = ", ".join(sorted(getattr(route, "methods", ()) or ()))
-            needs = "edit the connection" if methods == "POST" else "read the connection"
+            checks = sorted(set(_checks(route.dependant)))
             if route.path == "/api/connections":
-                needs = "lists only connections the caller may read"
+                needs = "lists the connections whose queues the caller may see"
+            elif len(checks) == 1:
+                needs = checks[0]
+            else:
+                logger.warning("the Queues API route %s %s: no known permission check found", methods, route.path)
+                needs = "?"
             doc = inspect.getdoc(route.endpoint) or ""
             rows.append((methods, URL_PREFIX + route.path, needs, " ".join(doc.split())))
         return [self._table(rows)]
