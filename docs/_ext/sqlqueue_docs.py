@@ -87,8 +87,18 @@ class HttpRoutes(SphinxDirective):
             else:
                 logger.warning("the Queues API route %s %s: no known permission check found", methods, route.path)
                 needs = "?"
-            doc = inspect.getdoc(route.endpoint) or ""
-            rows.append((methods, URL_PREFIX + route.path, needs, " ".join(doc.split())))
+            doc = " ".join((inspect.getdoc(route.endpoint) or "").replace("``", "").split())
+            query = [param.name for param in route.dependant.query_params]
+            body = [
+                name
+                for param in route.dependant.body_params
+                for name in getattr(param.field_info.annotation, "model_fields", {})
+            ]
+            if query:
+                doc += f" Query: {', '.join(query)}."
+            if body:
+                doc += f" JSON body: {', '.join(body)}."
+            rows.append((methods, URL_PREFIX + route.path, needs, doc.strip()))
         return [self._table(rows)]
 
     @staticmethod
