@@ -124,6 +124,31 @@ def parse_dag_file(block: Block, tmp_path: Path) -> None:
     assert bag.dags[block.dag].tasks, f"{block.where()}: a DAG without tasks"
 
 
+def test_the_reference_documents_every_operator_sensor_and_trigger() -> None:
+    import inspect
+
+    from airflow.models import BaseOperator
+    from airflow.triggers.base import BaseTrigger
+
+    from airflow_provider_sqlqueue.operators import sqlqueue as operators
+    from airflow_provider_sqlqueue.sensors import sqlqueue as sensors
+    from airflow_provider_sqlqueue.triggers import sqlqueue as triggers
+
+    api = (DOCS / "reference" / "api.rst").read_text(encoding="utf-8")
+    for module, base in ((operators, BaseOperator), (sensors, BaseOperator), (triggers, BaseTrigger)):
+        public = [
+            name
+            for name, value in vars(module).items()
+            if inspect.isclass(value)
+            and issubclass(value, base)
+            and value.__module__ == module.__name__
+            and not name.startswith("_")
+        ]
+        assert public
+        for name in public:
+            assert f"autoclass:: {module.__name__}.{name}" in api, f"{name} is missing from docs/reference/api.rst"
+
+
 def test_the_site_builds_without_a_warning(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", str(DOCS), str(tmp_path / "html")],
