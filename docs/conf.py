@@ -44,7 +44,3 @@ html_theme_options = {"description": "NServiceBus-compatible queues in PostgreSQ
 autodoc_member_order = "bysource"
 autodoc_typehints = "none"  # the signatures show the types; Airflow's and psycopg's are not all resolvable
 autodoc_default_options = {"members": True, "show-inheritance": True}
-# Docstrings are written for readers of the code: cross-references to private helpers and to types of
-# other libraries are not resolved into links, and that is no error.
-nitpicky = False
-suppress_warnings = ["myst.xref_missing"]
