@@ -3,8 +3,11 @@
 The api-server runs as its own process with Airflow's default auth manager (simple, with a user
 and password), the provider installed and the queues' database as ``sqlqueue_default``. The
 browser logs in through Airflow's login page, opens Queues from the navigation route, watches a
-depth change after a send and retries a failed message, which leaves the error queue. Screenshots
-(light and dark theme) go to ``test-artifacts/``.
+depth change after a send and retries a failed message, which leaves the error queue. A viewer (the
+simple auth manager's viewer role: no rights on connections) watches the same queues read only: the
+actions are disabled with the permission they need, the messages are not shown, and an action posted
+anyway is refused with that permission named, while the admin's goes through. Screenshots (light and
+dark theme, read only) go to ``test-artifacts/``.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -29,6 +33,8 @@ ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 HOSTILE_BODY = "<img src=x onerror=\"document.title='owned'\">"
+#: The api-server's users: the simple auth manager's admin, and a viewer (no rights on connections).
+PASSWORDS = {"admin": "admin-secret", "viewer": "viewer-secret"}
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +46,7 @@ def api_server(pg_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         pytest.skip(message)
     home = tmp_path_factory.mktemp("airflow-ui")
     passwords = home / "passwords.json"
-    passwords.write_text(json.dumps({"admin": "admin-secret"}))
+    passwords.write_text(json.dumps(PASSWORDS))
     schema = f"ui_{uuid.uuid4().hex[:8]}"
     with QueueClient.connect(pg_uri) as installer:
         installer.session.connection.execute(f'CREATE SCHEMA "{schema}"')
@@ -52,7 +58,7 @@ def api_server(pg_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         Path(EXAMPLE_DAGS),
         env={
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,viewer:viewer",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
             "AIRFLOW__SQLQUEUE__CONNECTIONS": "sqlqueue_default",
@@ -110,13 +116,13 @@ def wait_for(condition, timeout: float = 60, what: str = "the page"):
     raise AssertionError(f"{what} not seen within {timeout:.0f}s ({last})")
 
 
-def login(driver, url: str) -> None:
+def login(driver, url: str, name: str = "admin") -> None:
     from selenium.webdriver.common.by import By
 
     driver.get(f"{url}/")
     user = wait_for(lambda: driver.find_element(By.CSS_SELECTOR, "input[name='username']"), what="the login form")
-    user.send_keys("admin")
-    driver.find_element(By.CSS_SELECTOR, "input[name='password']").send_keys("admin-secret")
+    user.send_keys(name)
+    driver.find_element(By.CSS_SELECTOR, "input[name='password']").send_keys(PASSWORDS[name])
     driver.find_element(By.CSS_SELECTOR, "button[type='submit']").click()
     wait_for(
         lambda: "/auth/login" not in driver.current_url and driver.get_cookie("_token"), what="a signed-in session"
@@ -133,12 +139,19 @@ def open_queues(driver, url: str) -> None:
 
 
 def row_text(driver, address: str, column: str) -> str:
+    """A cell of the queue's row, read again when a refresh redraws the table while it is read."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
-    for row in driver.find_elements(By.CSS_SELECTOR, "#queues tbody tr"):
-        if row.get_attribute("data-queue") == address:
-            return str(row.find_element(By.CSS_SELECTOR, f"td.{column}").text)
-    return ""
+    for _ in range(40):
+        try:
+            for row in driver.find_elements(By.CSS_SELECTOR, "#queues tbody tr"):
+                if row.get_attribute("data-queue") == address:
+                    return str(row.find_element(By.CSS_SELECTOR, f"td.{column}").text)
+            return ""
+        except StaleElementReferenceException:
+            time.sleep(0.05)
+    raise AssertionError(f"the row of {address} was redrawn on every read")
 
 
 def test_queues_page_shows_depths_and_retries_an_error_message(api_server, browser, pg_uri):
@@ -274,4 +287,158 @@ def test_the_page_shows_problems_first_and_who_holds_the_horizon(api_server, bro
         finally:
             pin.rollback()
             client.drop_queue(late)
+            client.purge(QueueAddress("error", schema))
+
+
+def post_from_the_page(driver, path: str, body: dict) -> tuple[int, str]:
+    """A POST the page's own session sends (Airflow's cookie, the page's origin), as a user could from its console."""
+    status, text = driver.execute_async_script(
+        """
+        const done = arguments[arguments.length - 1];
+        fetch(arguments[0], {method: "POST", credentials: "same-origin", body: JSON.stringify(arguments[1]),
+                             headers: {"Content-Type": "application/json", Accept: "application/json"}})
+          .then(async (answer) => done([answer.status, await answer.text()]))
+          .catch((error) => done([0, String(error)]));
+        """,
+        path,
+        body,
+    )
+    return int(status), str(text)
+
+
+def get_from_the_page(driver, path: str) -> tuple[int, str]:
+    status, text = driver.execute_async_script(
+        """
+        const done = arguments[arguments.length - 1];
+        fetch(arguments[0], {credentials: "same-origin", headers: {Accept: "application/json"}})
+          .then(async (answer) => done([answer.status, await answer.text()]))
+          .catch((error) => done([0, String(error)]));
+        """,
+        path,
+    )
+    return int(status), str(text)
+
+
+def test_a_viewer_watches_queues_read_only_and_an_admin_still_acts(api_server, browser, pg_uri):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    services, schema = api_server
+    watched = QueueAddress("watched", schema)
+    address = f'watched@"{schema}"'
+    error_address = f'error@"{schema}"'
+    ARTIFACTS.mkdir(exist_ok=True)
+    with QueueClient.connect(pg_uri) as client:
+        client.create_queue(watched)
+        try:
+            client.send(watched, Message(HOSTILE_BODY))
+            [failing] = client.claim(watched)
+            client.fail(watched, failing, ValueError("card number 4111 rejected"))  # an exception message
+            client.send(watched, [Message(f"order {n}") for n in range(2)])
+            client.send(watched, Message("stale", time_to_be_received=timedelta(milliseconds=1)))
+            time.sleep(0.1)
+
+            login(browser, services.url, "viewer")
+            open_queues(browser, services.url)
+            browser.find_element(By.ID, "search").send_keys(schema)
+            wait_for(
+                lambda: row_text(browser, address, "expired") == "1" and row_text(browser, address, "waiting") == "3",
+                what="watched's figures, to a viewer",
+            )
+
+            notice = browser.find_element(By.ID, "access")
+            assert notice.is_displayed()
+            assert "needs edit access to the connection (PUT on Connections)" in notice.text
+            assert "needs read access to the connection (GET on Connections)" in notice.text
+
+            def purge_button():
+                row = next(
+                    r
+                    for r in browser.find_elements(By.CSS_SELECTOR, "#queues tbody tr")
+                    if r.get_attribute("data-queue") == address
+                )
+                return next(b for b in row.find_elements(By.TAG_NAME, "button") if b.text == "Purge expired")
+
+            wait_for(
+                lambda: (
+                    not purge_button().is_enabled()
+                    and "needs edit access to the connection" in str(purge_button().get_attribute("title"))
+                ),
+                what="the Purge expired button disabled, saying why",
+            )
+
+            loaded = browser.find_element(By.TAG_NAME, "body").get_attribute("data-loaded")
+            Select(browser.find_element(By.ID, "error-queue")).select_by_value(error_address)
+            wait_for(
+                lambda: browser.find_element(By.TAG_NAME, "body").get_attribute("data-loaded") != loaded,
+                what="a reload",
+            )
+
+            def group_row():
+                return next(
+                    r
+                    for r in browser.find_elements(By.CSS_SELECTOR, "#groups tbody tr")
+                    if r.get_attribute("data-source") == address
+                )
+
+            def counted_read_only() -> bool:  # read in one go: a refresh may redraw the table between reads
+                row = group_row()
+                buttons = row.find_elements(By.TAG_NAME, "button")  # Show, Retry all of this queue
+                return (
+                    row.find_element(By.CSS_SELECTOR, "td.num").text == "1"
+                    and "builtins.ValueError" in row.text
+                    and len(buttons) == 2
+                    and not any(b.is_enabled() for b in buttons)
+                )
+
+            wait_for(counted_read_only, what="the error count of watched, its actions disabled")
+            wait_for(
+                lambda: "Messages are not shown" in browser.find_element(By.ID, "failures").text, what="no messages"
+            )
+            assert not browser.find_element(By.ID, "retry-selected").is_enabled()
+            source = browser.page_source
+            assert "4111" not in source and "onerror" not in source  # neither exception message nor body
+            browser.save_screenshot(str(ARTIFACTS / "queues-page-read-only.png"))
+
+            # Posted anyway, with the viewer's own session: refused, naming the permission; nothing moves.
+            status, text = post_from_the_page(
+                browser, "api/connections/sqlqueue_default/purge-expired", {"queue": address}
+            )
+            assert status == 403, text
+            assert json.loads(text)["detail"] == (
+                "purging expired messages on connection 'sqlqueue_default' needs edit access to the connection "
+                "(PUT on Connections); you may only watch its queues"
+            )
+            status, text = post_from_the_page(
+                browser,
+                "api/connections/sqlqueue_default/errors/retry",
+                {"error_queue": error_address, "source": address},
+            )
+            assert status == 403 and "retrying failed messages" in json.loads(text)["detail"], text
+            status, text = get_from_the_page(
+                browser, f"api/connections/sqlqueue_default/errors/messages?error_queue={error_address}"
+            )
+            assert status == 403 and "needs read access to the connection" in json.loads(text)["detail"], text
+            assert client.depth(watched) == 3 and client.depth(QueueAddress("error", schema)) == 1
+
+            # The admin, in the same browser, still acts.
+            browser.switch_to.default_content()
+            browser.delete_all_cookies()
+            login(browser, services.url)
+            open_queues(browser, services.url)
+            assert not browser.find_element(By.ID, "access").is_displayed()
+            browser.find_element(By.ID, "search").send_keys(schema)
+
+            def purged() -> bool:  # clicked again if a redraw took the button away before the click landed
+                if f"1 expired message(s) purged from {address}" in browser.find_element(By.ID, "status").text:
+                    return True
+                button = purge_button()
+                if button.is_enabled():
+                    button.click()
+                return False
+
+            wait_for(purged, what="the admin's purge")
+            assert client.depth(watched) == 2  # the expired message, and only it
+        finally:
+            client.drop_queue(watched)
             client.purge(QueueAddress("error", schema))
