@@ -188,3 +188,29 @@ def test_watching_covers_the_queue_connections_only(api: Api) -> None:
         assert f"connection '{conn}' is not one of the queue connections" in refusal(
             api.get("watcher", f"/connections/{conn}/queues")
         )
+
+
+def test_hostile_connection_ids_are_refused_with_a_message(api: Api) -> None:
+    from urllib.parse import quote
+
+    token = {"Authorization": f"Bearer {api.token('watcher')}"}
+    for conn in ("\ud800", "shop\x00", "x" * 10_000, "../shop", "shop'; --"):
+        path = quote(conn, safe="", errors="surrogatepass")
+        for url in (f"/sqlqueue/api/connections/{path}/queues", f"/sqlqueue/api/connections/{path}/errors/messages"):
+            answer = api.http.get(url, params={"error_queue": "error"}, headers=token)
+            assert 400 <= answer.status_code < 500 and answer.json()["detail"], (conn[:20], answer.status_code)
+        answer = api.http.post(
+            f"/sqlqueue/api/connections/{path}/purge-expired", json={"queue": "orders"}, headers=token
+        )
+        assert 400 <= answer.status_code < 500 and answer.json()["detail"], (conn[:20], answer.status_code)
+
+
+def test_with_teams_hostile_connection_ids_are_refused_with_a_message(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIRFLOW__CORE__MULTI_TEAM", "True")  # the connection's team is looked up
+    token = {"Authorization": f"Bearer {api.token('operator')}"}
+    for path in ("shop%00", "%ED%A0%80", "x" * 10_000):
+        answer = api.http.get(f"/sqlqueue/api/connections/{path}/queues", headers=token)
+        assert answer.status_code in (403, 404) and answer.json()["detail"], answer.text[:200]
+    assert api.http.get("/sqlqueue/api/connections/shop/queues", headers=token).status_code == 200

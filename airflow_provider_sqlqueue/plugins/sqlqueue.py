@@ -257,8 +257,12 @@ def _may(user: Any, method: str, connection_id: str) -> bool:
     team = None
     if conf.getboolean("core", "multi_team", fallback=False):
         from airflow.models.connection import Connection
+        from sqlalchemy.exc import SQLAlchemyError
 
-        team = Connection.get_team_name(connection_id)
+        try:
+            team = Connection.get_team_name(connection_id)
+        except (SQLAlchemyError, ValueError):  # an id the metadata database cannot hold (a NUL): never a 500
+            raise HTTPException(404, f"connection {one_line(Exception(connection_id))!r} is not defined") from None
     details = ConnectionDetails(conn_id=connection_id, team_name=team)
     return bool(get_auth_manager().is_authorized_connection(method=method, details=details, user=user))  # type: ignore[arg-type]
 
