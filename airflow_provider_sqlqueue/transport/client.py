@@ -194,6 +194,11 @@ class Addressing:
         self.error_queue = error_queue
         self.audit_queue = audit_queue
 
+    @property
+    def copies_sends(self) -> bool:
+        """Whether :meth:`send_copied` loads by COPY here (PostgreSQL), rather than :meth:`send`'s INSERTs."""
+        return ops.copies_sends(self.dialect)
+
     def address(self, queue: str | QueueAddress) -> QueueAddress:
         dialect = self.dialect
         if isinstance(queue, QueueAddress):
@@ -546,6 +551,18 @@ class AsyncQueueClient(Addressing):
         else:
             wait_ms = max(1, round(wait / timedelta(milliseconds=1)))
             sent = await self._run(ops.send_delayed(self.dialect, address, address.delayed(), batch, wait_ms))
+        self._counted("sent", address, sent)
+        return sent
+
+    async def send_copied(self, queue: str | QueueAddress, messages: Message | Iterable[Message]) -> int:
+        """:meth:`send` by the database's bulk load where it has one (PostgreSQL's COPY): the same rows,
+        for many messages at once (a Spark partition). Messages with a time to be received, and
+        SQL Server, take :meth:`send`'s INSERTs. No notification and no delay."""
+        batch = as_messages(messages)
+        address = self.address(queue)
+        if not batch:
+            return 0
+        sent = await self._run(ops.send_copied(self.dialect, address, batch))
         self._counted("sent", address, sent)
         return sent
 
@@ -1085,6 +1102,20 @@ class AsyncQueueClient(Addressing):
         op = ops.browse(self.dialect, self.address(queue), limit, place("after", after), place("last", last))
         return await self._run(op)
 
+    async def browse_columns(
+        self,
+        queue: str | QueueAddress,
+        limit: int = defaults.BROWSE_LIMIT,
+        *,
+        after: int = 0,
+        last: int = defaults.LAST_SEQ,
+    ) -> ops.BrowseColumns:
+        """:meth:`browse_page` as columns (ids as text, headers, bodies), with no message object per
+        row: for a bulk reader such as a Spark partition, which builds its own columns from them."""
+        check_positive("limit", limit)
+        op = ops.browse_columns(self.dialect, self.address(queue), limit, place("after", after), place("last", last))
+        return await self._run(op)
+
     async def seq_range(self, queue: str | QueueAddress) -> tuple[int, int] | None:
         """The lowest and highest Seq of the queue's rows (None when it is empty): where a reader of the
         whole queue starts and stops, so messages sent while it reads are left for the next read."""
@@ -1104,6 +1135,17 @@ class AsyncQueueClient(Addressing):
         if place("part", part) >= parts:
             raise InvalidArgumentError(f"part must be an integer from 0 to {parts - 1}, got {part!r}")
         return await self._run(ops.held(self.dialect, self.address(queue), label("holder", holder), parts, part))
+
+    async def held_columns(
+        self, queue: str | QueueAddress, holder: str, *, parts: int = defaults.HELD_PARTS, part: int = 0
+    ) -> ops.HeldColumns:
+        """:meth:`held` as columns (ids as text, headers, bodies, deliveries), with no message object
+        per row: for a bulk reader such as a Spark partition."""
+        check_positive("parts", parts)
+        if place("part", part) >= parts:
+            raise InvalidArgumentError(f"part must be an integer from 0 to {parts - 1}, got {part!r}")
+        op = ops.held_columns(self.dialect, self.address(queue), label("holder", holder), parts, part)
+        return await self._run(op)
 
     async def ack_held(self, queue: str | QueueAddress, holder: str) -> int:
         """Acknowledge every claim ``holder`` holds on the queue; returns how many."""
@@ -1360,6 +1402,7 @@ class QueueClient(Addressing):
     drop_queue = _blocking(AsyncQueueClient.drop_queue)
     check_queue = _blocking(AsyncQueueClient.check_queue)
     send = _blocking(AsyncQueueClient.send)
+    send_copied = _blocking(AsyncQueueClient.send_copied)
     move_due = _blocking(AsyncQueueClient.move_due)
     next_due = _blocking(AsyncQueueClient.next_due)
     create_subscription_table = _blocking(AsyncQueueClient.create_subscription_table)
@@ -1385,8 +1428,10 @@ class QueueClient(Addressing):
     depth = _blocking(AsyncQueueClient.depth)
     browse = _blocking(AsyncQueueClient.browse)
     browse_page = _blocking(AsyncQueueClient.browse_page)
+    browse_columns = _blocking(AsyncQueueClient.browse_columns)
     seq_range = _blocking(AsyncQueueClient.seq_range)
     held = _blocking(AsyncQueueClient.held)
+    held_columns = _blocking(AsyncQueueClient.held_columns)
     ack_held = _blocking(AsyncQueueClient.ack_held)
     extend_held = _blocking(AsyncQueueClient.extend_held)
     nack_held = _blocking(AsyncQueueClient.nack_held)

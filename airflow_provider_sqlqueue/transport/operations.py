@@ -18,7 +18,9 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from enum import Enum
 from operator import itemgetter
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar, runtime_checkable
+
+import msgspec
 
 from . import defaults
 from .addressing import QueueAddress
@@ -84,6 +86,11 @@ class Fetch(Enum):
     ONE = "one"
     ALL = "all"
     ROWCOUNT = "rowcount"
+    #: All rows, as ALL, with uuid columns as their text where the driver can load them so (a bulk
+    #: read that wants text ids, without a UUID object made and printed per row).
+    ALL_UUID_TEXT = "all_uuid_text"
+    #: COPY ... FROM STDIN of ``params["rows"]`` typed ``params["types"]``; the result is the row count.
+    COPY = "copy"
 
 
 @dataclass(frozen=True)
@@ -337,6 +344,39 @@ def _insert_statements(
         count = d.batch_size(rows[sent:])
         yield d.send_batch_sql(address, count, shape), d.send_batch_params(rows[sent : sent + count])
         sent += count
+
+
+@runtime_checkable
+class CopiesSends(Protocol):
+    """A dialect whose database loads many rows into a queue table faster than INSERTs (PostgreSQL's COPY)."""
+
+    def copy_send_sql(self, address: QueueAddress, shape: TableShape) -> tuple[str, tuple[str, ...]]:
+        """The COPY statement loading (Id, Headers, Body) rows, Expires left NULL; and the columns' types."""
+
+
+def copies_sends(d: Dialect) -> bool:
+    """Whether :func:`send_copied` can send to ``d``'s queue tables."""
+    return isinstance(d, CopiesSends)
+
+
+def send_copied(d: Dialect, address: QueueAddress, messages: Sequence[Message]) -> Operation[int]:
+    """:func:`send` by the database's bulk load (COPY): the same rows ``send`` inserts, byte for byte.
+
+    Only for messages that never expire: a message's ``Expires`` is the database's clock plus its
+    time to be received, computed at insert, which a COPY cannot do; with any such message, or a
+    dialect without COPY, this is :func:`send`. No notification: the caller's transaction (a Spark
+    partition with its ledger row) decides when the rows appear.
+    """
+    if not isinstance(d, CopiesSends) or any(m.time_to_be_received is not None for m in messages):
+        return (yield from _send(d, address, messages, False))
+    shape = yield from table_shape(d, address)
+    if not messages:
+        return 0
+    sent_at = wire_timestamp(datetime.now(timezone.utc))
+    rows = [(m.id, m.wire_headers(sent_at, ascii_only=shape.ascii_headers), m.body) for m in messages]
+    sql, types = d.copy_send_sql(address, shape)
+    yield Step(sql, {"rows": rows, "types": types}, Fetch.COPY, d.qualified_name(address))
+    return len(rows)
 
 
 # -- delayed delivery ----------------------------------------------------------------------------
@@ -1090,6 +1130,42 @@ def held(d: Dialect, address: QueueAddress, holder: str, parts: int, part: int) 
     return messages
 
 
+@dataclass(frozen=True)
+class HeldColumns:
+    """:func:`held` as columns: the messages' ids (text), headers, bodies and delivery counts."""
+
+    ids: list[str]
+    headers: list[Headers]
+    bodies: list[bytes]
+    deliveries: list[int]
+
+
+@autocommitted
+def held_columns(d: Dialect, address: QueueAddress, holder: str, parts: int, part: int) -> Operation[HeldColumns]:
+    """:func:`held` as columns, for a bulk reader (a Spark partition of claims): the same rows, in
+    send order, with no message object per row; a row with unreadable headers is left out with a
+    warning, as :func:`held` leaves it out."""
+    yield from table_shape(d, address)
+    params = {"queue": d.claim_key(address), "holder": holder, "parts": parts, "part": part}
+    target = d.qualified_name(address)
+    rows = yield Step(d.held_sql(address), params, Fetch.ALL_UUID_TEXT, target)
+    if not rows:
+        return HeldColumns([], [], [], [])
+    _tokens, ids, texts, bodies, deliveries, _seqs = (list(column) for column in zip(*rows, strict=True))
+    headers = _page_headers(texts)
+    if headers is None:
+        kept = []
+        for n, text in enumerate(texts):
+            try:
+                kept.append((n, decode_headers(text)))
+            except InvalidHeadersError:
+                log.warning("Queue %s: claim of message %s held by %s has unreadable headers", target, ids[n], holder)
+        ids, bodies = [ids[n] for n, _ in kept], [bodies[n] for n, _ in kept]
+        deliveries = [deliveries[n] for n, _ in kept]
+        headers = [h for _, h in kept]
+    return HeldColumns(_id_texts(ids), headers, _bodies(bodies), deliveries)
+
+
 @autocommitted
 def ack_held_audited(d: Dialect, address: QueueAddress, holder: str, audit_address: QueueAddress) -> Operation[int]:
     """:func:`ack_held` with an audit copy of each message, in the same transaction (:func:`ack_audited`)."""
@@ -1319,6 +1395,73 @@ def browse(
         except InvalidHeadersError:
             log.warning("Queue %s: skipping message %s with unreadable headers", d.qualified_name(address), message_id)
     return BrowsePage(messages, int(rows[-1].seq) if len(rows) == limit else None)
+
+
+@dataclass(frozen=True)
+class BrowseColumns:
+    """One page of a browse as columns: the messages' ids (text), headers and bodies (a NULL body
+    reads empty), and the Seq to continue after (None: the range is done)."""
+
+    ids: list[str]
+    headers: list[Headers]
+    bodies: list[bytes]
+    after: int | None
+
+
+#: Headers as :func:`~.message.decode_headers` reads them (an object of strings or nulls), without
+#: its Python frame per row: a page's headers are decoded by one ``map`` of this C method.
+_ROW_HEADERS = msgspec.json.Decoder(dict[str, str | None])
+
+
+def _page_headers(texts: Sequence[str | None]) -> list[Headers] | None:
+    """Every row's headers decoded, or None when one of them needs a row-by-row look (NULL, empty
+    or unreadable). One row at a time, not one JSON array of the page: a row's text that is not
+    one object (``{..},{..``) could otherwise pair the next rows with the wrong headers."""
+    try:
+        return list(map(_ROW_HEADERS.decode, texts))  # type: ignore[arg-type]  # a None fails here
+    except (TypeError, msgspec.ValidationError, msgspec.DecodeError):
+        return None
+
+
+@autocommitted
+def browse_columns(
+    d: Dialect, address: QueueAddress, limit: int, after: int = 0, last: int = defaults.LAST_SEQ
+) -> Operation[BrowseColumns]:
+    """:func:`browse` as columns, for a bulk reader (a Spark partition): the same rows and rules.
+
+    No message object per row: the ids stay text (as the driver loads them, where it can), the
+    page's headers are decoded by one ``map`` in C, and only a page holding a row that call refuses (NULL,
+    empty or unreadable headers) is decoded row by row, skipping the unreadable rows as
+    :func:`browse` does.
+    """
+    yield from table_shape(d, address)
+    params = {"after": after, "last": last, "limit": limit}
+    rows = yield Step(d.browse_sql(address), params, Fetch.ALL_UUID_TEXT, d.qualified_name(address))
+    if not rows:
+        return BrowseColumns([], [], [], None)
+    seqs, ids, texts, bodies = (list(column) for column in zip(*rows, strict=True))
+    more = int(seqs[-1]) if len(rows) == limit else None
+    headers = _page_headers(texts)
+    if headers is None:  # one or more rows need a look of their own
+        kept = []
+        for n, text in enumerate(texts):
+            try:
+                kept.append((n, decode_headers(text)))
+            except InvalidHeadersError:
+                log.warning("Queue %s: skipping message %s with unreadable headers", d.qualified_name(address), ids[n])
+        ids, bodies = [ids[n] for n, _ in kept], [bodies[n] for n, _ in kept]
+        headers = [h for _, h in kept]
+    return BrowseColumns(_id_texts(ids), headers, _bodies(bodies), more)
+
+
+def _id_texts(ids: list[Any]) -> list[str]:
+    """Ids as their canonical text, however the driver loaded them (text, upper-case text or UUIDs)."""
+    return [(v if type(v) is str else str(v)).lower() for v in ids]
+
+
+def _bodies(bodies: list[Any]) -> list[bytes]:
+    """Bodies as bytes, a NULL one empty (as every read hands them out)."""
+    return [b"" if b is None else b if type(b) is bytes else bytes(b) for b in bodies]
 
 
 @autocommitted

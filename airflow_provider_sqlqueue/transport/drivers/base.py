@@ -62,7 +62,7 @@ def translated(
 async def fetch(cursor: Any, step: Step) -> Any:
     """What ``step`` asks for from a cursor that has run it (an asyncio cursor, or a blocking one
     behind :class:`BlockingCursor`)."""
-    if step.fetch is Fetch.ALL:
+    if step.fetch in (Fetch.ALL, Fetch.ALL_UUID_TEXT):
         return await cursor.fetchall()
     if step.fetch is Fetch.ONE:
         return await cursor.fetchone()

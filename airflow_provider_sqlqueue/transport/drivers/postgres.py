@@ -14,6 +14,7 @@ from urllib.parse import unquote
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
+from psycopg.types.string import TextLoader
 
 from .. import defaults
 from ..dialects import Dialect, get_dialect
@@ -27,7 +28,7 @@ from ..errors import (
     TransportUnavailableError,
 )
 from ..message import check_positive
-from ..operations import Operation, Step, drive, needs_no_transaction
+from ..operations import Fetch, Operation, Step, drive, needs_no_transaction
 from .base import (
     ANY_STEP,
     Session,
@@ -167,6 +168,18 @@ class _BlockingCursor:
 
     async def fetchone(self) -> Any:
         return self._cursor.fetchone()
+
+    @property
+    def adapters(self) -> Any:
+        return self._cursor.adapters
+
+    def copy_rows(self, step: Step) -> int:
+        with self._cursor.copy(step.sql) as copy:
+            copy.set_types(list(step.params["types"]))
+            write = copy.write_row
+            for row in step.params["rows"]:
+                write(row)
+        return int(self._cursor.rowcount)
 
 
 class _Blocking:
@@ -370,8 +383,23 @@ class PsycopgSession(Session):
     async def execute(self, step: Step) -> Any:
         with translated(self.dialect, STATEMENT_ERRORS, step):
             async with self._db.cursor() as cursor:
+                if step.fetch is Fetch.COPY:
+                    return await _copy(cursor, step)
+                if step.fetch is Fetch.ALL_UUID_TEXT:  # the server's text of a uuid, as it sends it
+                    cursor.adapters.register_loader("uuid", TextLoader)
                 await cursor.execute(step.sql, step.params)
                 return await fetch(cursor, step)
+
+
+async def _copy(cursor: Any, step: Step) -> int:
+    """Run a COPY ... FROM STDIN step (:attr:`Fetch.COPY`): its rows in binary, typed as it says."""
+    if isinstance(cursor, _BlockingCursor):
+        return cursor.copy_rows(step)
+    async with cursor.copy(step.sql) as copy:
+        copy.set_types(list(step.params["types"]))
+        for row in step.params["rows"]:
+            await copy.write_row(row)
+    return int(cursor.rowcount)
 
 
 class AsyncPsycopgPool(SessionPool):

@@ -97,9 +97,9 @@ def _fetch_results(cursor: Any, step: Step) -> Any:
     else:
         while cursor.description is None:
             if not cursor.nextset():
-                return [] if step.fetch is Fetch.ALL else None
+                return None if step.fetch is Fetch.ONE else []
         rows = [tuple(row) for row in cursor.fetchall()]
-        result = rows if step.fetch is Fetch.ALL else (rows[0] if rows else None)
+        result = (rows[0] if rows else None) if step.fetch is Fetch.ONE else rows
     while cursor.nextset():
         pass
     return result
