@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
+    DataSourceArrowWriter,
     DataSourceReader,
     DataSourceStreamReader,
     DataSourceWriter,
@@ -87,7 +88,7 @@ from .transport.addressing import checked_text
 from .transport.client import Addressing
 from .transport.drivers import dialect_for
 from .transport.errors import ArgumentTypeError, InvalidArgumentError, SqlQueueError
-from .transport.message import CONTENT_TYPE, ENCLOSED_MESSAGE_TYPES, JSON_CONTENT_TYPE, ReceivedMessage, duration
+from .transport.message import CONTENT_TYPE, ENCLOSED_MESSAGE_TYPES, JSON_CONTENT_TYPE, duration
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, Row, SparkSession
@@ -115,6 +116,8 @@ PARTITIONS = 2
 FETCH_SIZE = 10_000
 MAX_MESSAGES_PER_BATCH = 10_000
 BATCH_SIZE = 500
+#: Messages per COPY statement of a write on PostgreSQL.
+COPY_ROWS = 10_000
 #: Every option the data source reads, as README spells them (Spark passes them case-insensitively,
 #: and passes nothing of its own but ``path``, from ``load(path)``/``save(path)``): any other is refused.
 OPTION_NAMES = (
@@ -384,6 +387,8 @@ _SCALAR_ENCODERS: tuple[tuple[type[DataType], Callable[[Any], Any]], ...] = (
 )
 
 
+#: Column types whose values Arrow's ``to_pylist`` gives as a Spark row holds them (see RowLayout.takes_arrow).
+_ARROW_TYPES = (*_PLAIN_TYPES, DecimalType, DateType, BinaryType)
 #: Map key types a JSON object's (text) keys can stand for.
 _KEY_TYPES = (*_PLAIN_TYPES, BinaryType, DecimalType, DateType, TimestampType, TimestampNTZType, DayTimeIntervalType)
 
@@ -487,7 +492,7 @@ class RowLayout:
         layout.encoder()  # refuses a column JSON cannot carry
         return layout
 
-    def messages(self, rows: Iterable[Row], options: Options) -> Iterator[Message]:
+    def messages(self, rows: Iterable[Row | tuple[Any, ...]], options: Options) -> Iterator[Message]:
         """The message of each written row: its ``body`` column, or the row as JSON (``application/json``).
 
         A ``headers`` column (map of string to string) adds to or overrides the option headers, a
@@ -518,6 +523,35 @@ class RowLayout:
             ttbr = None if ttbr_at is None else values[ttbr_at]
             time_to_be_received = options.time_to_be_received if ttbr is None else _row_ttbr(ttbr)
             yield Message(body, merged, time_to_be_received=time_to_be_received)
+
+    def takes_arrow(self) -> bool:
+        """Whether every column reads from Arrow as it reads from a Spark row (:meth:`arrow_rows`):
+        text, numbers, decimals, booleans, dates and binary (and a text headers map, a ttbr in seconds);
+        not timestamps, which a row holds in the session's time zone, nor nested types."""
+        for column in self.schema.fields:
+            kind = column.dataType
+            if column.name == HEADERS_COLUMN or (column.name == BODY_COLUMN and isinstance(kind, BinaryType)):
+                continue
+            if column.name == TTBR_COLUMN:
+                if not isinstance(kind, _NUMBER_TYPES):
+                    return False
+            elif not isinstance(kind, _ARROW_TYPES) or isinstance(kind, NullType):
+                return False
+        return True
+
+    def arrow_rows(self, batches: Iterable[pa.RecordBatch | Row]) -> Iterator[tuple[Any, ...]]:
+        """The rows of Arrow batches as the tuples :meth:`messages` reads, column by column in C:
+        no Spark ``Row`` built per row, which costs a write more than its message. Only for a layout
+        that :meth:`takes_arrow`; a headers map comes from Arrow as pairs, made a dict here."""
+        headers_at = self.schema.fieldNames().index(HEADERS_COLUMN) if HEADERS_COLUMN in self.schema.names else None
+        for batch in batches:
+            if not isinstance(batch, pa.RecordBatch):  # a row, from a caller that is not Spark's Arrow writer
+                yield tuple(batch)
+                continue
+            columns = [column.to_pylist() for column in batch.columns]
+            if headers_at is not None:
+                columns[headers_at] = [None if pairs is None else dict(pairs) for pairs in columns[headers_at]]
+            yield from zip(*columns, strict=True)
 
     def encoder(self) -> Callable[[Sequence[Any]], dict[str, Any]]:
         """A row's content columns (every column but ``headers`` and ``ttbr``, by position) as a JSON object."""
@@ -575,24 +609,33 @@ def _send_partition(
     batch_size: int,
     ledger: tuple[str, uuid.UUID, int] | None = None,
 ) -> int | None:
-    """Send a partition's messages in one transaction, ``batch_size`` per statement; returns how many.
+    """Send a partition's messages in one transaction; returns how many.
 
+    On PostgreSQL they are loaded by COPY (:meth:`QueueClient.send_copied`), COPY_ROWS per
+    statement; elsewhere, or for messages with a time to be received, ``batch_size`` per INSERT.
     With a ``ledger`` (table, write, partition) the partition is recorded there first, in the same
     transaction: None means it had committed before and nothing was sent.
     """
     sent = 0
+    step = max(batch_size, COPY_ROWS)
     with client.transaction():
         if ledger is not None and not client.record_write(*ledger):
             return None
         batch: list[Message] = []
         for message in messages:
             batch.append(message)
-            if len(batch) >= batch_size:
-                sent += client.send(queue, batch)
+            if len(batch) >= step:
+                sent += _send_some(client, queue, batch, batch_size)
                 batch = []
         if batch:
-            sent += client.send(queue, batch)
+            sent += _send_some(client, queue, batch, batch_size)
     return sent
+
+
+def _send_some(client: QueueClient, queue: str, batch: list[Message], batch_size: int) -> int:
+    if client.copies_sends and all(m.time_to_be_received is None for m in batch):
+        return client.send_copied(queue, batch)
+    return sum(client.send(queue, batch[n : n + batch_size]) for n in range(0, len(batch), batch_size))
 
 
 # -- the data source ---------------------------------------------------------------------------
@@ -618,7 +661,10 @@ class SqlQueueDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         if overwrite:
             raise InvalidOptionError("a queue is only appended to: use mode('append')")
-        return QueueWriter(self.parsed, RowLayout.of(schema))
+        layout = RowLayout.of(schema)
+        if layout.takes_arrow():
+            return QueueArrowWriter(self.parsed, layout)
+        return QueueWriter(self.parsed, layout)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return QueueStreamReader(self.parsed)
@@ -643,12 +689,15 @@ class QueueWriter(DataSourceWriter):
             options.check_sink(client)
 
     def write(self, iterator: Iterator[Row]) -> WritePart:
+        return self._write(iterator)
+
+    def _write(self, rows: Iterator[Row] | Iterator[tuple[Any, ...]]) -> WritePart:
         from pyspark import TaskContext
 
         context = TaskContext.get()
         part = context.partitionId() if context is not None else 0
         options = self.options
-        messages = self.layout.messages(iterator, options)
+        messages = self.layout.messages(rows, options)
         with options.connect() as client:
             sent = _send_partition(
                 client, options.queue, messages, options.batch_size, (options.ledger, self.key, part)
@@ -689,6 +738,15 @@ class QueueWriter(DataSourceWriter):
                 client.forget_write(self.options.ledger, self.key)
 
 
+class QueueArrowWriter(QueueWriter, DataSourceArrowWriter):
+    """:class:`QueueWriter` taking Spark's Arrow batches instead of rows, for a layout whose columns
+    read the same from both (:meth:`RowLayout.takes_arrow`): the same messages, the same ledger."""
+
+    def write(self, iterator: Iterator[pa.RecordBatch] | Iterator[Row]) -> WritePart:
+        """Spark's Arrow batches; rows too, as :meth:`QueueWriter.write` takes them (a caller's own task)."""
+        return self._write(self.layout.arrow_rows(iterator))
+
+
 @dataclass
 class SeqRange(InputPartition):
     """Browse partition: the rows with ``after`` < Seq <= ``last``."""
@@ -720,42 +778,50 @@ def _arrow_schema() -> pa.Schema:
     return to_arrow_schema(MESSAGE_SCHEMA, timezone="UTC")
 
 
-def _batches(messages: Sequence[ReceivedMessage], deliveries: bool) -> Iterator[pa.RecordBatch]:
-    """``messages`` as Arrow batches of MESSAGE_SCHEMA, cut at BATCH_ROWS rows or BATCH_BYTES of bodies.
+def _column_batches(
+    ids: list[str], headers: Sequence[Mapping[str, str | None]], bodies: list[bytes], deliveries: list[int] | None
+) -> Iterator[pa.RecordBatch]:
+    """Messages' columns as Arrow batches of MESSAGE_SCHEMA, cut at BATCH_ROWS rows or BATCH_BYTES of bodies.
 
     Spark turns tuples a reader yields into Arrow itself, one value at a time in Python, which cost
     more than reading the rows from the database; built here column by column, the values are
     copied into Arrow's buffers in C (headers as a map array of their keys and values, flattened).
     """
     start = 0
-    sizes = list(itertools.accumulate(len(m.body) for m in messages))
-    while start < len(messages):
+    sizes = list(itertools.accumulate(map(len, bodies)))
+    while start < len(ids):
         before = sizes[start - 1] if start else 0
-        end = min(len(messages), start + BATCH_ROWS, bisect.bisect_right(sizes, before + BATCH_BYTES, lo=start))
+        end = min(len(ids), start + BATCH_ROWS, bisect.bisect_right(sizes, before + BATCH_BYTES, lo=start))
         end = max(end, start + 1)  # one body larger than the bound travels alone
-        yield _batch(messages[start:end], deliveries)
+        yield _batch(
+            ids[start:end],
+            headers[start:end],
+            bodies[start:end],
+            None if deliveries is None else deliveries[start:end],
+        )
         start = end
 
 
-def _batch(messages: Sequence[ReceivedMessage], deliveries: bool) -> pa.RecordBatch:
+def _batch(
+    ids: list[str], headers: Sequence[Mapping[str, str | None]], bodies: list[bytes], deliveries: list[int] | None
+) -> pa.RecordBatch:
     schema = _arrow_schema()
-    headers = [m.headers for m in messages]
     offsets = pa.array(list(itertools.accumulate(map(len, headers), initial=0)), pa.int32())
     keys = pa.array(list(itertools.chain.from_iterable(headers)), pa.string())
     values = pa.array(list(itertools.chain.from_iterable(h.values() for h in headers)), pa.string())
     columns = [
-        pa.array([str(m.id) for m in messages], pa.string()),
+        pa.array(ids, pa.string()),
         pa.MapArray.from_arrays(offsets, keys, values, type=schema.field("headers").type),
-        pa.array([m.body for m in messages], pa.binary()),
-        pa.array([m.deliveries for m in messages], pa.int32()) if deliveries else pa.nulls(len(messages), pa.int32()),
+        pa.array(bodies, pa.binary()),
+        pa.nulls(len(ids), pa.int32()) if deliveries is None else pa.array(deliveries, pa.int32()),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
 def _read_share(options: Options, share: HeldShare) -> Iterator[pa.RecordBatch]:
     with options.connect() as client:
-        messages = client.held(options.queue, share.holder, parts=share.parts, part=share.part)
-    return _batches(messages, True)
+        held = client.held_columns(options.queue, share.holder, parts=share.parts, part=share.part)
+    return _column_batches(held.ids, held.headers, held.bodies, held.deliveries)
 
 
 def _shares(holder: str, parts: int) -> list[HeldShare]:
@@ -793,8 +859,8 @@ class QueueReader(DataSourceReader):
         after = partition.after
         with options.connect() as client:
             while after < partition.last:
-                page = client.browse_page(options.queue, options.fetch_size, after=after, last=partition.last)
-                yield from _batches(page.messages, False)
+                page = client.browse_columns(options.queue, options.fetch_size, after=after, last=partition.last)
+                yield from _column_batches(page.ids, page.headers, page.bodies, None)
                 if page.after is None:
                     return
                 after = page.after
@@ -880,6 +946,9 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.renewer = _Renewer(options)
         #: Under Trigger.AvailableNow, how many messages the query may still claim (None: no bound).
         self.available: int | None = None
+        #: Batches whose claims :meth:`latestOffset` took (or renewed) in this run of the query: their
+        #: leases are fresh, so planning them renews nothing; a batch replayed after a restart is not here.
+        self.fresh: set[str] = set()
 
     def __getstate__(self) -> dict[str, Any]:
         """What a task needs: the options (Spark ships the reader to executors for :meth:`read`)."""
@@ -940,6 +1009,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self.available = max(0, self.available - held)
         if not held:
             return start
+        self.fresh.add(holder)
         self.renewer.hold(holder)
         log.info("Batch %s holds %d messages of %s", holder, held, self.options.queue)
         return {"consumer": start["consumer"], "batch": batch}
@@ -950,7 +1020,11 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             for batch in range(int(start["batch"]) + 1, int(end["batch"]) + 1):
                 holder = self.holder(end, batch)
                 # A replayed batch (a restarted query): its claims are renewed before they are read.
-                client.extend_held(self.options.queue, holder, self.options.lease)
+                # Those latestOffset has just claimed or renewed are not: renewing every one of them
+                # again was an UPDATE of the whole batch, most of a small batch's time in the database.
+                if holder not in self.fresh:
+                    client.extend_held(self.options.queue, holder, self.options.lease)
+                self.fresh.discard(holder)
                 self.renewer.hold(holder)
                 shares.extend(_shares(holder, self.options.partitions))
         return shares

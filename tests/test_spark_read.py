@@ -9,6 +9,7 @@ The jobs themselves, on a cluster, are in ``tests/test_spark.py``.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -114,6 +115,69 @@ def test_arrow_batches_carry_null_bodies_odd_unicode_and_skip_unreadable_headers
     assert dict(got[str(empty_headers)]["headers"]) == {}
 
 
+def test_the_columnar_browse_returns_what_browse_pages_return(pg_uri, queue) -> None:
+    """The read's fast path (columns, no message objects) against the transport's browse, page by page:
+    the same ids, headers and bodies in the same order, the same pages, unreadable rows skipped."""
+    with QueueClient.connect(pg_uri) as client:
+        client.send(queue, [Message(f"m{n}".encode(), {"Shop.N": str(n), "Shop.Null": None}) for n in range(7)])
+        insert_raw(pg_uri, queue, "{not json", b"poison")
+        insert_raw(pg_uri, queue, '{"a":"1"},{"b":"2"', b"two objects")  # not one object: skipped, not split
+        insert_raw(pg_uri, queue, '"c":"3"}', b"the rest")
+        insert_raw(pg_uri, queue, "", None)  # empty headers and a NULL body
+        client.send(queue, Message(b"last", {"Shop.Note": "日本語 😀"}))
+        after, pages = 0, 0
+        while True:
+            page = client.browse_page(queue, 4, after=after)
+            columns = client.browse_columns(queue, 4, after=after)
+            assert columns.ids == [str(m.id) for m in page.messages]
+            assert columns.headers == [m.headers for m in page.messages]
+            assert columns.bodies == [m.body for m in page.messages]
+            assert columns.after == page.after
+            pages += 1
+            if page.after is None:
+                break
+            after = page.after
+    assert pages == 4  # twelve rows: three full pages, then an empty one
+
+
+def test_messages_sent_by_copy_are_the_rows_send_inserts(pg_uri, queue) -> None:
+    """A write's COPY and the transport's INSERT store the same bytes in every column (Expires NULL,
+    Seq in send order); messages with a time to be received take the INSERT, Expires from the database."""
+    messages = [
+        Message(b"\x00\xff binary", {"Shop.Note": 'naïve 😀 \t"q"\\', "Shop.Null": None}),
+        Message("text body"),
+        Message(None, {"NServiceBus.MessageId": "mine", "NServiceBus.TimeSent": "2026-01-01 00:00:00:000000 Z"}),
+        Message(b""),
+    ]
+    other = QueueAddress("copied", queue.schema)
+    with QueueClient.connect(pg_uri) as client:
+        client.create_queue(other)
+        client.send(queue, messages)
+        assert client.copies_sends
+        with client.transaction():
+            assert client.send_copied(other, messages) == len(messages)
+        assert client.send_copied(other, [Message(b"ttbr", time_to_be_received=60)]) == 1
+
+    def table(address: QueueAddress) -> list[tuple[Any, ...]]:
+        with psycopg.connect(pg_uri) as raw:
+            return raw.execute(
+                sql.SQL("SELECT Id, Expires, Headers, Body, Seq FROM {} ORDER BY Seq").format(
+                    sql.Identifier(address.schema, address.table)
+                )
+            ).fetchall()
+
+    def stamped(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:  # each send stamps its own time
+        sent = re.compile(r'"NServiceBus.TimeSent":"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d:\d{6} Z"')
+        return [
+            (i, e, sent.sub('"NServiceBus.TimeSent":"-"', h) if "mine" not in h else h, b) for i, e, h, b, _ in rows
+        ]
+
+    sent, copied = table(queue), table(other)
+    assert stamped(copied[:-1]) == stamped(sent)
+    assert [row[4] for row in copied[:-1]] == [1, 2, 3, 4]
+    assert copied[-1][3] == b"ttbr" and copied[-1][1] is not None  # an expiring message: Expires set
+
+
 def test_large_bodies_are_cut_into_bounded_batches_and_arrive_whole(pg_uri, queue, monkeypatch) -> None:
     monkeypatch.setattr(spark, "BATCH_BYTES", 3_000_000)
     bodies = [bytes([n]) * size for n, size in enumerate([1_000_000] * 7 + [20_000_000, 10, 2_000_000])]
@@ -192,3 +256,65 @@ def test_trigger_available_now_reads_what_waited_when_it_started_and_ends(pg_uri
             assert client.in_flight(queue) == 0
     finally:
         reader.stop()
+
+
+def test_an_arrow_write_sends_the_messages_a_row_write_sends(pg_uri, queue) -> None:
+    """The write's Arrow path (no Spark Row per row) against the row path, on columns of every type
+    it takes: the same bodies and headers, one ledgered transaction each."""
+    from decimal import Decimal
+
+    from pyspark.sql import Row
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import (
+        BinaryType,
+        BooleanType,
+        DateType,
+        DecimalType,
+        DoubleType,
+        LongType,
+        MapType,
+        StringType,
+        StructField,
+        StructType,
+    )
+
+    schema = StructType(
+        [
+            StructField("n", LongType()),
+            StructField("name", StringType()),
+            StructField("price", DecimalType(10, 2)),
+            StructField("ok", BooleanType()),
+            StructField("day", DateType()),
+            StructField("raw", BinaryType()),
+            StructField("x", DoubleType()),
+            StructField("headers", MapType(StringType(), StringType())),
+        ]
+    )
+    import datetime as dt
+
+    values = [
+        (1, "naïve 😀", Decimal("2.50"), True, dt.date(2026, 1, 2), b"\x00\xff", 0.1, {"Shop.K": "v", "Shop.N": None}),
+        (2, None, None, None, None, None, None, None),
+    ]
+    layout = spark.RowLayout.of(schema)
+    assert layout.takes_arrow()
+    got = {}
+    for name, arrow in (("rows", False), ("arrow", True)):
+        target = QueueAddress(name, queue.schema)
+        with QueueClient.connect(pg_uri) as client:
+            client.create_queue(target)
+        options = spark.Options.parse({"url": pg_uri, "queue": f'{name}@"{queue.schema}"'})
+        if arrow:
+            batch = pa.RecordBatch.from_pylist(
+                [dict(zip(schema.names, v, strict=True)) for v in values], schema=to_arrow_schema(schema)
+            )
+            assert spark.QueueArrowWriter(options, layout).write(iter([batch])).sent == 2
+        else:
+            rows = [Row(**dict(zip(schema.names, v, strict=True))) for v in values]
+            assert spark.QueueWriter(options, layout).write(iter(rows)).sent == 2
+        with QueueClient.connect(pg_uri) as client:
+            got[name] = [
+                (m.body, {k: v for k, v in m.headers.items() if k.startswith("Shop.")}) for m in client.browse(target)
+            ]
+    assert got["arrow"] == got["rows"]
+    assert got["rows"][0][1] == {"Shop.K": "v", "Shop.N": None}
