@@ -5,7 +5,12 @@ reaches everything they started (LocalExecutor task processes, executors). The s
 outlive this process: a demo or test run stopped by SIGTERM or SIGHUP (a CI timeout, a closed
 terminal) or ended by an uncaught exception would leave them running, holding ports and memory.
 
-So each group is registered here while it lives. :func:`interruptible` turns SIGTERM and SIGHUP
+Some descendants leave the group: Airflow's task processes start sessions of their own, and the
+Spark JVMs they start follow them. They keep the environment, though, so an owner also registers
+a *mark* -- an environment variable only its descendants carry (the services' ``AIRFLOW_HOME``) --
+and every process carrying it is killed with the groups.
+
+So each group and mark is registered here while it lives. :func:`interruptible` turns SIGTERM and SIGHUP
 into ``KeyboardInterrupt``, which unwinds the stack through every ``finally`` and fixture teardown
 (services are stopped gracefully there); at interpreter exit whatever group is still registered is
 killed. Only a SIGKILL of this process itself escapes both: nothing runs after it.
@@ -16,9 +21,11 @@ from __future__ import annotations
 import atexit
 import os
 import signal
+from pathlib import Path
 from types import FrameType
 
 _groups: set[int] = set()
+_marks: set[str] = set()
 
 
 def track(pid: int) -> None:
@@ -31,13 +38,50 @@ def forget(pid: int) -> None:
     _groups.discard(pid)
 
 
+def mark(name: str, value: str) -> None:
+    """Kill every process whose environment holds ``name=value`` when this process exits, unless
+    :func:`kill_marked` comes first."""
+    _marks.add(f"{name}={value}")
+
+
+def kill_marked(name: str, value: str) -> int:
+    """SIGKILL every process but this one whose environment holds ``name=value``; returns how many."""
+    wanted = f"{name}={value}".encode()
+    _marks.discard(wanted.decode())
+    return sum(_kill(pid) for pid in _carrying(wanted))
+
+
+def _carrying(entry: bytes) -> list[int]:
+    found = []
+    for path in Path("/proc").iterdir():
+        if not path.name.isdigit() or int(path.name) == os.getpid():
+            continue
+        try:
+            if entry in (path / "environ").read_bytes().split(b"\0"):
+                found.append(int(path.name))
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return found
+
+
+def _kill(pid: int) -> bool:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
 def kill_all() -> None:
-    """SIGKILL every group still registered (already gone: nothing to do)."""
+    """SIGKILL every group and every marked process still registered (already gone: nothing to do)."""
     while _groups:
         try:
             os.killpg(_groups.pop(), signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+    for entry in list(_marks):
+        name, _, value = entry.partition("=")
+        kill_marked(name, value)
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

@@ -176,6 +176,7 @@ class AirflowServices:
         # A session of its own: a kill reaches the service and what it started (LocalExecutor workers).
         process = subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         reaper.track(process.pid)
+        reaper.mark("AIRFLOW_HOME", self.env["AIRFLOW_HOME"])  # task processes leave the group: found by it
         self.processes[key] = process
         return process
 
@@ -223,6 +224,10 @@ class AirflowServices:
                     pass
                 process.wait(timeout=30)
             reaper.forget(process.pid)
+        # Task processes (sessions of their own) and their Spark JVMs outlive a stopped scheduler.
+        left = reaper.kill_marked("AIRFLOW_HOME", self.env["AIRFLOW_HOME"])
+        if left:
+            print(f"stopped {left} process(es) the services' tasks had left running")
         for log in self._log_files.values():
             log.close()
 

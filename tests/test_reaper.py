@@ -73,6 +73,58 @@ def test_an_owner_stopped_by_a_signal_kills_the_groups_it_started(how: signal.Si
         owner.wait()
 
 
+MARKED_OWNER = """
+import os, subprocess, sys, time
+from demo import reaper
+
+reaper.interruptible()
+home = sys.argv[1]
+env = {**os.environ, "AIRFLOW_HOME": home}
+# A service whose child leaves the group for a session of its own, as Airflow's task processes do.
+service = subprocess.Popen(["sh", "-c", "setsid sleep 301 & sleep 300; wait"], start_new_session=True, env=env)
+reaper.track(service.pid)
+reaper.mark("AIRFLOW_HOME", home)
+print(service.pid, flush=True)
+time.sleep(300)
+"""
+
+
+def marked(home: str) -> list[int]:
+    """Live processes whose environment says AIRFLOW_HOME=home."""
+    wanted, found = f"AIRFLOW_HOME={home}".encode(), []
+    for entry in Path("/proc").iterdir():
+        try:
+            carries = entry.name.isdigit() and wanted in (entry / "environ").read_bytes().split(b"\0")
+            if carries and (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_processes_that_left_the_group_are_found_by_their_mark(tmp_path: Path) -> None:
+    home = str(tmp_path / "airflow-home")
+    owner = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(MARKED_OWNER), home], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        int(owner.stdout.readline())
+        deadline = time.monotonic() + 30
+        while len(marked(home)) < 4 and time.monotonic() < deadline:  # sh, two sleeps, and setsid's sleep
+            time.sleep(0.05)
+        escaped = [pid for pid in marked(home) if os.getpgid(pid) == pid]  # the one in a session of its own
+        assert escaped
+        owner.send_signal(signal.SIGTERM)
+        owner.communicate(timeout=60)
+        deadline = time.monotonic() + 10
+        while marked(home) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marked(home) == []
+    finally:
+        owner.kill()
+        owner.wait()
+
+
 def test_a_stopped_pytest_run_tears_down_and_kills_what_its_tests_started(tmp_path: Path) -> None:
     """A CI timeout sends SIGTERM to pytest: the fixture's teardown runs and the group is gone."""
     (tmp_path / "conftest.py").write_text("from tests.conftest import pytest_configure  # noqa: F401\\n")
