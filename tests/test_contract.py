@@ -46,20 +46,20 @@ SECRET = "contract-s3cret"
 
 #: Every public method of QueueClient: the registry's first rows.
 CLIENT = {
-    "ack", "ack_held", "address", "audit_address", "beside", "browse", "browse_page", "canonical_address",
-    "check_queue", "claim", "claims", "close", "connect", "connection", "create_queue", "create_subscription_table",
+    "ack", "ack_held", "address", "audit_address", "beside", "browse", "browse_columns", "browse_page", "canonical_address",
+    "check_queue", "claim", "copies_sends", "claims", "close", "connect", "connection", "create_queue", "create_subscription_table",
     "create_writes", "database", "depth", "drop_queue", "error_address", "error_summary", "extend", "extend_held",
-    "fail", "failed_messages", "forget_write", "forward", "health", "held", "horizon", "in_flight", "installation", "kind",
+    "fail", "failed_messages", "forget_write", "forward", "health", "held", "held_columns", "horizon", "in_flight", "installation", "kind",
     "lapsed_claims", "meter", "move_due", "move_to_error", "nack", "nack_held", "next_due", "peek", "publish", "purge",
     "purge_expired", "queue_page", "queue_stats", "queues", "receive", "receive_native", "record_write", "release_lapsed",
-    "reserve", "retry_errors", "retry_errors_page", "send", "seq_range", "subscribe", "subscribers",
+    "reserve", "retry_errors", "retry_errors_page", "send", "send_copied", "seq_range", "subscribe", "subscribers",
     "subscription_table", "take", "transaction", "unsubscribe",
 }  # fmt: skip
 #: AsyncQueueClient is the one implementation of the same API, with the asyncio-only wait for notifications.
 ASYNC_CLIENT = CLIENT | {"wait_for_notifications"}
 #: Entry points that parse names or report settings without touching the database.
 PURE = {"address", "audit_address", "beside", "canonical_address", "error_address", "installation", "kind"}
-PURE |= {"subscription_table", "database", "connection", "close", "meter"}
+PURE |= {"subscription_table", "database", "connection", "close", "meter", "copies_sends"}
 
 
 def public_methods(cls: type) -> set[str]:
