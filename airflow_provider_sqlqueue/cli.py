@@ -18,7 +18,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta, timezone
+from datetime import UTC, timedelta
 from typing import TYPE_CHECKING, Any, TextIO
 
 from . import __version__
@@ -231,7 +231,7 @@ def run_health(args: argparse.Namespace, out: TextIO) -> int:
     elif horizon.oldest is None:
         out.write("xmin horizon: held by no other session, prepared transaction or replication slot\n")
     for n, holder in enumerate(() if horizon is None else horizon.holders):
-        since = "-" if holder.since is None else f"{holder.since.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
+        since = "-" if holder.since is None else f"{holder.since.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
         who = _printable(
             f"{holder.holder} ({holder.application or 'no application name'}, {holder.state or 'state hidden'})"
         )
@@ -253,7 +253,7 @@ def run_health(args: argparse.Namespace, out: TextIO) -> int:
             _age(s.overdue),
             f"{s.expired}{'+' if s.expired >= capped else ''}",
             "-" if s.dead_rows is None else s.dead_rows,
-            "never" if s.last_vacuum is None else f"{s.last_vacuum.astimezone(timezone.utc):%Y-%m-%d %H:%M} UTC",
+            "never" if s.last_vacuum is None else f"{s.last_vacuum.astimezone(UTC):%Y-%m-%d %H:%M} UTC",
         ]
         for s in health.queues
     ]

@@ -42,7 +42,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
@@ -369,7 +369,7 @@ def _date_text(value: date) -> str:
 
 def _instant_text(value: datetime) -> str:
     """A TIMESTAMP (an instant; PySpark hands it over as naive local time) in UTC, with its offset."""
-    return value.astimezone(timezone.utc).isoformat()
+    return value.astimezone(UTC).isoformat()
 
 
 def _variant_json(value: Any) -> Any:

@@ -56,7 +56,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -171,7 +171,7 @@ class Bench:
             stamp = message.headers.get("NServiceBus.TimeSent")
             try:
                 at = (
-                    datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S:%f Z").replace(tzinfo=timezone.utc).timestamp()
+                    datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S:%f Z").replace(tzinfo=UTC).timestamp()
                     if stamp
                     else self.seen[key]
                 )

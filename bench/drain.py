@@ -414,7 +414,7 @@ class Clock:
         await asyncio.to_thread(self.drive, open_sender, gaps)
         try:
             await asyncio.wait_for(self.done.wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         latencies = sorted(1000 * (self.handled[i] - self.sent[i]) for i in self.sent if i in self.handled)
         return {
@@ -532,7 +532,7 @@ async def latency_pgmq(uri: str, gaps: list[float]) -> dict[str, Any]:
                     continue
                 try:
                     await asyncio.wait_for(wake.wait(), 1.0)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
 
         @contextmanager

@@ -13,7 +13,7 @@ import json
 import random
 import uuid
 from collections import Counter
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +92,7 @@ def insert_like_an_outside_sender(connection: Any, schema: str, queue: str, body
         "NServiceBus.MessageId": str(message_id),
         "NServiceBus.ContentType": "application/json",
         "NServiceBus.EnclosedMessageTypes": "Shop.Exports.DatasetLanded, Shop.Messages",
-        "NServiceBus.TimeSent": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S:%f Z"),
+        "NServiceBus.TimeSent": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S:%f Z"),
     }
     statement = sql.SQL("INSERT INTO {}.{} (Id, Expires, Headers, Body) VALUES (%s, NULL, %s, %s)").format(
         sql.Identifier(schema), sql.Identifier(queue)

@@ -9,7 +9,7 @@ unpause it) sends every queue's figures to Airflow's metrics every five minutes.
 from __future__ import annotations
 
 from collections import Counter
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from airflow.sdk import DAG, task
 from sqlqueue_stages import QUEUES as NAMES  # example_dags/: the DAGs folder is on sys.path
@@ -25,7 +25,7 @@ from airflow_provider_sqlqueue.transport import QueueNotFoundError
 
 QUEUES = [queue(name) for name in NAMES]
 ERROR_QUEUE = queue("error")
-START = datetime(2026, 1, 1, tzinfo=timezone.utc)
+START = datetime(2026, 1, 1, tzinfo=UTC)
 
 with DAG(
     "sqlqueue_setup",

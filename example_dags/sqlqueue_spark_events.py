@@ -15,7 +15,7 @@ exception, and the reservation that follows starts a new run.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
 from airflow.sdk import DAG, Asset, AssetWatcher, task
@@ -49,7 +49,7 @@ def stage(dag_id: str, task_id: str, source: Asset, target: str, job) -> DAG:
     with DAG(
         dag_id,
         schedule=[source],
-        start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
+        start_date=datetime(2026, 1, 1, tzinfo=UTC),
         catchup=False,
         tags=["sqlqueue", "spark", "event-driven"],
         doc_md=__doc__,

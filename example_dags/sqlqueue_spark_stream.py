@@ -13,7 +13,7 @@ storage the driver reaches after a restart, and the executors need this package 
 from __future__ import annotations
 
 import os
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from airflow.sdk import DAG, task
 from spark_jobs import relay_orders  # example_dags/: the DAGs folder is on sys.path
@@ -28,7 +28,7 @@ with DAG(
     "sqlqueue_spark_stream",
     schedule=timedelta(minutes=5),
     max_active_runs=1,
-    start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
+    start_date=datetime(2026, 1, 1, tzinfo=UTC),
     catchup=False,
     default_args={"retries": 1, "retry_delay": timedelta(seconds=30)},
     tags=["sqlqueue", "spark", "streaming"],

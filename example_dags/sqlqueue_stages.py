@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow.sdk import DAG, BaseHook, task
@@ -117,7 +117,7 @@ def stage(
         dag_id,
         schedule="@continuous",
         max_active_runs=1,
-        start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
+        start_date=datetime(2026, 1, 1, tzinfo=UTC),
         catchup=False,
         default_args={"retries": 0},
         tags=["sqlqueue", "spark"],

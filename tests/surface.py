@@ -16,7 +16,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from enum import Enum
 from typing import Any
 
@@ -463,7 +463,7 @@ def good_value(kind: Kind, parameter: str, world: World) -> Any:
         Kind.SEQ: 0,
         Kind.PART: 0,
         Kind.DURATION: timedelta(seconds=30),
-        Kind.DUE: datetime.now(timezone.utc) + timedelta(hours=1),
+        Kind.DUE: datetime.now(UTC) + timedelta(hours=1),
         Kind.TOKENS: [uuid.uuid4()],
         Kind.SEQS: [1],
         Kind.LABEL: "contract-holder",

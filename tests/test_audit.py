@@ -19,7 +19,7 @@ import socket
 import time
 import uuid
 from collections import Counter
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -74,8 +74,8 @@ def test_ack_copies_each_message_with_the_processing_headers(backend, raw, schem
     sent = [Message(f"m{i}", {"Custom": f"v{i}"}) for i in range(3)]
     auditing.send(queue, sent)
     claimed = auditing.claim(queue, 3)
-    started = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=timezone.utc)
-    before = datetime.now(timezone.utc)
+    started = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
+    before = datetime.now(UTC)
     held = auditing.ack(queue, [m.claim_token for m in claimed[:2]], started={claimed[0].id: started})
     assert held == {claimed[0].claim_token, claimed[1].claim_token}
     assert auditing.in_flight(queue) == 1  # the third is still being worked on: no copy yet
@@ -87,8 +87,8 @@ def test_ack_copies_each_message_with_the_processing_headers(backend, raw, schem
         assert headers["Custom"] == original.headers["Custom"]
         assert headers[PROCESSING_ENDPOINT] == "orders"
         assert headers[PROCESSING_MACHINE] == socket.gethostname()
-        ended = datetime.strptime(headers[PROCESSING_ENDED], "%Y-%m-%d %H:%M:%S:%f Z").replace(tzinfo=timezone.utc)
-        assert before - timedelta(seconds=1) <= ended <= datetime.now(timezone.utc)
+        ended = datetime.strptime(headers[PROCESSING_ENDED], "%Y-%m-%d %H:%M:%S:%f Z").replace(tzinfo=UTC)
+        assert before - timedelta(seconds=1) <= ended <= datetime.now(UTC)
     assert copies[0][0][PROCESSING_STARTED] == wire_timestamp(started)
     assert copies[1][0][PROCESSING_STARTED] == copies[1][0][PROCESSING_ENDED]  # not told: the ack's time
 

@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
@@ -69,13 +69,13 @@ def test_a_delayed_message_reaches_its_queue_when_due_and_not_before(backend, ra
 
 
 def test_a_due_time_in_the_past_or_a_zero_delay_sends_at_once(client, queue):
-    client.send(queue, Message("now"), due=datetime.now(timezone.utc) - timedelta(minutes=1))
+    client.send(queue, Message("now"), due=datetime.now(UTC) - timedelta(minutes=1))
     client.send(queue, Message("also now"), delay=0)
     assert sorted(m.text for m in client.receive(queue, 5)) == ["also now", "now"]
 
 
 def test_a_due_time_is_a_delay_from_now(client, queue):
-    client.send(queue, Message("tomorrow"), due=datetime.now(timezone.utc) + timedelta(days=1))
+    client.send(queue, Message("tomorrow"), due=datetime.now(UTC) + timedelta(days=1))
     wait = client.next_due(queue)
     assert wait is not None and timedelta(hours=23, minutes=59) < wait <= timedelta(days=1)
 
@@ -83,7 +83,7 @@ def test_a_due_time_is_a_delay_from_now(client, queue):
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"delay": 5, "due": datetime.now(timezone.utc)}, ValueError, "not both"),
+        ({"delay": 5, "due": datetime.now(UTC)}, ValueError, "not both"),
         ({"delay": -1}, ValueError, "delay must be at least"),
         ({"delay": "soon"}, TypeError, "delay must be a timedelta"),
         ({"due": datetime(2030, 1, 1)}, TypeError, "timezone-aware"),

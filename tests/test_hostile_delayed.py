@@ -11,7 +11,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from urllib.parse import quote
 from zoneinfo import ZoneInfo
 
@@ -112,11 +112,11 @@ def test_due_times_are_absolute_whatever_the_session_time_zone(raw, pg_uri, queu
     with QueueClient.connect(sender_uri) as sender, QueueClient.connect(pg_uri) as mover:
         mover.connection.execute(f"SET TIME ZONE '{mover_zone}'")
         # A delay that ends just past the next daylight-saving change in Los Angeles.
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         later = now.astimezone(ZoneInfo("America/Los_Angeles"))
         while later.utcoffset() == now.astimezone(ZoneInfo("America/Los_Angeles")).utcoffset():
             later += timedelta(days=1)
-        across_dst = later.astimezone(timezone.utc) - now
+        across_dst = later.astimezone(UTC) - now
         sender.send(queue, Message("across DST"), delay=across_dst)
         sender.send(queue, Message("in an hour"), delay=timedelta(hours=1))
         sender.send(queue, Message("in a second"), delay=1)

@@ -10,7 +10,7 @@ import json
 import threading
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -62,7 +62,7 @@ def test_queue_page_filters_and_pages_in_the_database(client, schema) -> None:
 
 
 def test_queue_stats_match_the_tables(client, queue, raw, schema, backend):
-    sent = datetime(2026, 5, 1, 12, 30, tzinfo=timezone.utc)
+    sent = datetime(2026, 5, 1, 12, 30, tzinfo=UTC)
     client.send(queue, Message("oldest", {"NServiceBus.TimeSent": wire_timestamp(sent)}))
     client.send(queue, [Message(f"m{n}") for n in range(4)])
     client.send(queue, [Message("gone", time_to_be_received=timedelta(milliseconds=1)) for _ in range(3)])
@@ -78,7 +78,7 @@ def test_queue_stats_match_the_tables(client, queue, raw, schema, backend):
     assert stats.expired == 3
     assert (stats.in_flight, stats.lapsed) == (3, 2)
     assert stats.oldest_sent is not None  # m2's TimeSent: the send's own clock
-    assert abs(stats.oldest_sent - datetime.now(timezone.utc)) < timedelta(minutes=1)
+    assert abs(stats.oldest_sent - datetime.now(UTC)) < timedelta(minutes=1)
     [capped] = client.queue_stats(queue, expired_limit=2)
     assert capped.expired == 2
     assert len(claimed) == 2 and len(held) == 1

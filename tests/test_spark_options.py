@@ -14,7 +14,7 @@ import inspect
 import re
 import traceback
 import uuid
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -321,7 +321,7 @@ def test_a_ttbr_column_of_seconds_or_an_interval_sets_each_message(shop) -> None
 
 def test_json_rows_carry_binary_times_and_intervals_faithfully(shop) -> None:
     schema, uri = shop
-    instant = datetime(2020, 1, 1, 12, 30, tzinfo=timezone.utc)
+    instant = datetime(2020, 1, 1, 12, 30, tzinfo=UTC)
     row_schema = columns(
         raw=BinaryType(),
         at=TimestampType(),

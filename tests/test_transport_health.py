@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -62,7 +62,7 @@ def test_the_session_pinning_the_horizon_is_named(client: QueueClient, queue: Qu
     assert holder.since is not None and holder.xid_age is not None
     ages = [h.xid_age for h in horizon.holders]
     assert ages == sorted(ages, reverse=True) and len(ages) <= defaults.HORIZON_HOLDERS  # the oldest first
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     held = holder.held_for(now)
     assert held is not None and held < timedelta(hours=1)
     # Held past the warning, the oldest holder is a problem, named with what to do.
@@ -166,7 +166,7 @@ def test_the_asyncio_client_reports_the_same(pg_uri: str, queue: QueueAddress, p
 
 
 def test_findings_come_database_first_then_in_the_order_of_the_queues() -> None:
-    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    now = datetime(2026, 1, 1, tzinfo=UTC)
     one, two = QueueAddress("one", "s"), QueueAddress("two", "s")
     held = Horizon((Holder("pid 7", "report", "idle in transaction", now - timedelta(hours=3), 12),), True)
     stats = [

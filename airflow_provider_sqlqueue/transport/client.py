@@ -22,7 +22,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping
 from contextlib import AbstractContextManager, asynccontextmanager
 from dataclasses import replace
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, Union, overload
 
@@ -728,7 +728,7 @@ class AsyncQueueClient(Addressing):
         async with self._lock, self.session.transaction():
             received = await ops.drive(receive, self.session.execute)
             self._reporter.taken(self.address(queue), received)
-            started = datetime.now(timezone.utc)
+            started = datetime.now(UTC)
             yield received[0] if received else None
             if audit is not None and received:
                 op = ops.audit(self.dialect, self.address(queue), audit, received, {received[0].id: started})
@@ -1275,7 +1275,7 @@ class AsyncQueueClient(Addressing):
                 log.warning("Leaving %s out of the health figures: %s", self.dialect.qualified_name(address), exc)
                 unreadable.append(Problem("unreadable", address, f"cannot be measured: {one_line(exc)}"))
         horizon = await self.horizon()
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         error_queues = {s.queue for s in stats if self.kind(s.queue) == "error"}
         return Health(stats, horizon, now, problems(stats, horizon, error_queues, now) + unreadable)
 

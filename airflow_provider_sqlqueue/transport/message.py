@@ -17,8 +17,8 @@ import traceback
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from enum import Enum
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
 from json.encoder import encode_basestring, encode_basestring_ascii
 
 import msgspec
@@ -67,7 +67,7 @@ FAILURE_HEADERS = (
 )
 
 
-class TransactionMode(str, Enum):
+class TransactionMode(StrEnum):
     """How a receive relates to the code that handles the message.
 
     ``none``: the receive commits before the handler runs. At-most-once: a handler that fails or a
@@ -98,7 +98,7 @@ class TransactionMode(str, Enum):
 
 def wire_timestamp(moment: datetime) -> str:
     """Format a time the way NServiceBus writes header timestamps: ``yyyy-MM-dd HH:mm:ss:ffffff Z``."""
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S:%f Z")
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S:%f Z")
 
 
 def parse_wire_timestamp(text: str | None) -> datetime | None:
@@ -107,7 +107,7 @@ def parse_wire_timestamp(text: str | None) -> datetime | None:
     if not text:
         return None
     try:
-        return datetime.strptime(text.strip(), "%Y-%m-%d %H:%M:%S:%f Z").replace(tzinfo=timezone.utc)
+        return datetime.strptime(text.strip(), "%Y-%m-%d %H:%M:%S:%f Z").replace(tzinfo=UTC)
     except ValueError:
         return None
 
@@ -333,7 +333,7 @@ def delivery_delay(delay: timedelta | float | None = None, due: datetime | None 
     if due is not None:
         if not isinstance(due, datetime) or due.tzinfo is None:
             raise ArgumentTypeError(f"due must be a timezone-aware datetime, got {due!r:.60}")
-        delay = max(due - datetime.now(timezone.utc), timedelta(0))
+        delay = max(due - datetime.now(UTC), timedelta(0))
     if delay is None:
         return None
     span = duration("delay", delay, maximum=defaults.MAX_DELAY, minimum=timedelta(0))
@@ -412,7 +412,7 @@ class Message:
         if MESSAGE_ID not in given:
             appended.append(f'"{MESSAGE_ID}":"{self.id}"')
         if TIME_SENT not in given:
-            appended.append(f'"{TIME_SENT}":"{time_sent or wire_timestamp(datetime.now(timezone.utc))}"')
+            appended.append(f'"{TIME_SENT}":"{time_sent or wire_timestamp(datetime.now(UTC))}"')
         if self.time_to_be_received is not None and TIME_TO_BE_RECEIVED not in given:
             appended.append(f'"{TIME_TO_BE_RECEIVED}":"{wire_timespan(self.time_to_be_received)}"')
         return _dumps(given, ascii_only, *appended)  # validated by the constructor
@@ -476,7 +476,7 @@ class ReceivedMessage:
             "body_encoding": encoding,
             "claim_token": None if self.claim_token is None else str(self.claim_token),
             "deliveries": self.deliveries,
-            "received_at": datetime.now(timezone.utc).isoformat(),
+            "received_at": datetime.now(UTC).isoformat(),
         }
 
 
@@ -568,7 +568,7 @@ def failure_headers(headers: Headers, source_address: str, error: BaseException 
     failure = Failure.of(error)
     result = dict(headers)
     result[FAILED_QUEUE] = source_address
-    result[TIME_OF_FAILURE] = wire_timestamp(datetime.now(timezone.utc))
+    result[TIME_OF_FAILURE] = wire_timestamp(datetime.now(UTC))
     result[EXCEPTION_TYPE] = failure.type
     result[EXCEPTION_MESSAGE] = failure.message
     result[EXCEPTION_SOURCE] = failure.source

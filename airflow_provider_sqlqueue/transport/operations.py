@@ -15,7 +15,7 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from enum import Enum
 from operator import itemgetter
 from typing import Any, ParamSpec, Protocol, TypeVar, runtime_checkable
@@ -305,7 +305,7 @@ def send(d: Dialect, address: QueueAddress, messages: Sequence[Message], notify:
 
 def _send(d: Dialect, address: QueueAddress, messages: Sequence[Message], notify: bool) -> Operation[int]:
     shape = yield from table_shape(d, address)
-    sent_at = wire_timestamp(datetime.now(timezone.utc))
+    sent_at = wire_timestamp(datetime.now(UTC))
     rows: list[SendRow] = [
         (m.id, m.ttbr_ms(), m.wire_headers(sent_at, ascii_only=shape.ascii_headers), m.body) for m in messages
     ]
@@ -372,7 +372,7 @@ def send_copied(d: Dialect, address: QueueAddress, messages: Sequence[Message]) 
     shape = yield from table_shape(d, address)
     if not messages:
         return 0
-    sent_at = wire_timestamp(datetime.now(timezone.utc))
+    sent_at = wire_timestamp(datetime.now(UTC))
     rows = [(m.id, m.wire_headers(sent_at, ascii_only=shape.ascii_headers), m.body) for m in messages]
     sql, types = d.copy_send_sql(address, shape)
     yield Step(sql, {"rows": rows, "types": types}, Fetch.COPY, d.qualified_name(address))
@@ -407,7 +407,7 @@ def send_delayed(
     yield from table_shape(d, address)
     yield from table_of(d, delayed, "delayed")
     destination = d.format_address(address)
-    sent_at = wire_timestamp(datetime.now(timezone.utc))
+    sent_at = wire_timestamp(datetime.now(UTC))
     stored = [
         Message(m.body, {**m.headers, FORWARD_DESTINATION: destination}, id=m.id).wire_headers(sent_at)
         for m in messages
@@ -1029,7 +1029,7 @@ def _audit_copies(
     if not copies:
         return
     shape = yield from table_shape(d, audit_address)
-    ended = datetime.now(timezone.utc)
+    ended = datetime.now(UTC)
     ended_text, processing = wire_timestamp(ended), processing_headers(address.table)
     rows: list[SendRow] = []
     for message_id, headers, body in copies:

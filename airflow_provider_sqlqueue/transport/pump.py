@@ -20,7 +20,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from . import defaults
@@ -494,7 +494,7 @@ class MessagePump:
     async def _sleep(self, seconds: float) -> None:
         try:
             await asyncio.wait_for(self._stop.wait(), timeout=seconds)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
     async def _receive_mode(self, budget: int) -> int:
@@ -598,7 +598,7 @@ class MessagePump:
 
         async def worker() -> None:
             for index in next_index:
-                started[messages[index].id] = datetime.now(timezone.utc)
+                started[messages[index].id] = datetime.now(UTC)
                 outcomes[index] = await self._handle(messages[index], None)
 
         workers = min(self.max_concurrency, len(messages))
@@ -766,7 +766,7 @@ class MessagePump:
                         if batch:
                             for message in batch:
                                 self._note_ttbr(message)
-                            started = datetime.now(timezone.utc)
+                            started = datetime.now(UTC)
                             try:
                                 await batch_handler(batch, session.connection)
                             except BaseException as exc:  # the batch's failure rolls it back; the pump goes on
@@ -774,9 +774,7 @@ class MessagePump:
                                 outcome = exc
                                 raise _Rollback from exc
                             finally:
-                                self._reporter.handler_time(
-                                    self.queue, (datetime.now(timezone.utc) - started).total_seconds()
-                                )
+                                self._reporter.handler_time(self.queue, (datetime.now(UTC) - started).total_seconds())
                             outcome = aborted(session)
                             handled = outcome is None
                             if outcome is not None:
@@ -906,7 +904,7 @@ class MessagePump:
                             self.failures.forget(message.id)
                             moved += 1
                             return True
-                        started = datetime.now(timezone.utc)
+                        started = datetime.now(UTC)
                         outcome = await self._handle(message, session.connection)
                         if outcome is None and (outcome := aborted(session)) is not None:
                             self.handled, self.failed = self.handled - 1, self.failed + 1

@@ -161,7 +161,7 @@ class Poller:
         if client is None or not queues or not self.listen:
             try:
                 await asyncio.wait_for(self._wake.wait(), self.interval)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             return
         # Listen in slices, so a queue that gets its first waiter meanwhile is peeked within one.
