@@ -16,14 +16,10 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import psycopg
 import pytest
-from psycopg import sql
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -78,23 +74,12 @@ def test_few_blocks_are_skipped_and_each_says_why() -> None:
     assert sum(len(blocks) for blocks in ALL.values()) > 3 * len(skipped)
 
 
-@pytest.fixture
-def page_schema(pg_uri: str) -> Iterator[str]:
-    name = f"docs_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_uri, autocommit=True) as connection:
-        connection.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
-        try:
-            yield name
-        finally:
-            connection.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(name)))
-
-
 @pytest.mark.parametrize("page", RUNNABLE, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_python_block_of_the_page_runs(
-    page: Path, pg_uri: str, page_schema: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    page: Path, pg_uri: str, schema: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("SQLQUEUE_CONN", pg_uri)
-    monkeypatch.setenv("SQLQUEUE_SCHEMA", page_schema)
+    monkeypatch.setenv("SQLQUEUE_SCHEMA", schema)
     namespace: dict[str, object] = {"__name__": f"docs_{page.stem.replace('-', '_')}"}
     ran = []
     for block in ALL[page]:

@@ -15,9 +15,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import uuid
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -76,17 +74,6 @@ with DAG("sqlqueue_smoke", start_date=datetime(2026, 1, 1), schedule=None, catch
         >> SqlQueueSensor(task_id="sense", queue_name={queue}, transaction_mode="none", poke_interval=1, timeout=120)
     )
 """
-
-
-@pytest.fixture
-def schema(pg_uri: str) -> Iterator[str]:
-    name = f"w_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_uri, autocommit=True) as connection:
-        connection.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
-        try:
-            yield name
-        finally:
-            connection.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(name)))
 
 
 def test_the_wheel_alone_installs_registers_and_runs_a_dag_in_a_clean_virtualenv(
