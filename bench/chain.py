@@ -81,21 +81,9 @@ CHAINS = {
     },
 }
 CHAIN_DAGS = [dag for chain in CHAINS.values() for dag in chain["dags"]]
-#: Every queue of the examples (example_dags/sqlqueue_stages.py QUEUES) and the fan-out's subscribers.
-ALL_QUEUES = (
-    "ingest",
-    "cleaned",
-    "reports",
-    "ingest_events",
-    "cleaned_events",
-    "fanout_ingest",
-    "fanout_summary",
-    "fanout_quality",
-    "fanout_reports",
-    "order_events",
-    "order_revenue",
-)
-SUBSCRIBERS = {"fanout_summary": "SqlQueue.Demo.OrdersCleaned", "fanout_quality": "SqlQueue.Demo.OrdersCleaned"}
+sys.path.insert(0, str(example_dags_folder()))  # the examples' own list of queues and subscribers
+from sqlqueue_stages import QUEUES, SUBSCRIBERS  # noqa: E402
+
 LOCAL_SPARK = {
     "conn_type": "spark",
     "host": "local[*]",
@@ -384,11 +372,11 @@ def main() -> None:
         admin.execute(f'CREATE SCHEMA "{schema}"')
     try:
         with QueueClient.connect(args.pg_uri) as installer:  # the installer's step, as sqlqueue_setup does it
-            for name in ALL_QUEUES:
+            for name in QUEUES:
                 installer.create_queue(QueueAddress(name, schema))
             routing = installer.create_subscription_table(QueueAddress("SubscriptionRouting", schema))
-            for name, event in SUBSCRIBERS.items():
-                installer.subscribe(QueueAddress(name, schema), event, table=routing)
+            for name, events in SUBSCRIBERS.items():
+                installer.subscribe(QueueAddress(name, schema), events, table=routing)
         connection, spark_label = spark_connection(args, workdir, stack)
         with metadata_database(args.pg_uri) as metadata_uri:
             services = AirflowServices(

@@ -424,7 +424,7 @@ class AsyncPsycopgPool(SessionPool):
         self.dialect = get_dialect("postgres")
         self._conninfo = checked_conninfo(conninfo)
         self._kwargs = kwargs
-        self._min_size = min(min_size, max_size)
+        self._min_size = min_size
         self._slots = asyncio.Semaphore(max_size)
         self._idle: list[Any] = []
         self._closed = False
