@@ -1,14 +1,19 @@
 # Sourced by .ci/test and .ci/demo: brings a fresh machine to the point where the project runs.
 # Installs only from the repository's own files (pyproject.toml + uv.lock) and Debian's packages.
+# SQLQUEUE_SETUP=demo (set by .ci/demo) installs only what the demo uses: Java for Spark, the
+# package with its spark extra and the demo group. The tests also need unixODBC and FreeTDS (the
+# SQL Server drivers' statements are checked), Chromium (the Queues page's browser test) and the
+# dev group. Root is needed only to install missing Debian packages.
 set -euo pipefail
 
 need_apt=()
-ldconfig -p 2>/dev/null | grep -q 'libodbc.so.2' || need_apt+=(unixodbc)
-[ -e /usr/lib/x86_64-linux-gnu/odbc/libtdsodbc.so ] || [ -e /usr/lib/aarch64-linux-gnu/odbc/libtdsodbc.so ] || need_apt+=(tdsodbc)
 command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
-# The Queues page's browser test drives Debian's Chromium through Debian's chromedriver.
-command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
-command -v chromedriver >/dev/null 2>&1 || need_apt+=(chromium-driver)
+if [ "${SQLQUEUE_SETUP:-test}" != demo ]; then
+    ldconfig -p 2>/dev/null | grep -q 'libodbc.so.2' || need_apt+=(unixodbc)
+    [ -e /usr/lib/x86_64-linux-gnu/odbc/libtdsodbc.so ] || [ -e /usr/lib/aarch64-linux-gnu/odbc/libtdsodbc.so ] || need_apt+=(tdsodbc)
+    command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+    command -v chromedriver >/dev/null 2>&1 || need_apt+=(chromium-driver)
+fi
 if [ "${#need_apt[@]}" -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo ">> installing system packages: ${need_apt[*]}"
@@ -16,15 +21,28 @@ if [ "${#need_apt[@]}" -gt 0 ]; then
         apt-get update -qq
         apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
     else
-        echo ">> missing system packages (${need_apt[*]}); install them with apt-get as root" >&2
+        echo ">> missing system packages (${need_apt[*]}): install them (as root: apt-get install ${need_apt[*]}) and run this again" >&2
         exit 1
     fi
 fi
 
-if ! python3 -m uv --version >/dev/null 2>&1; then
-    echo ">> installing uv"
-    python3 -m pip install --quiet --disable-pip-version-check uv
+# uv from the Python that runs everything, else from a virtualenv of its own (no root, no system pip).
+if python3 -m uv --version >/dev/null 2>&1; then
+    uv=(python3 -m uv)
+else
+    tools="${XDG_CACHE_HOME:-$HOME/.cache}/sqlqueue-uv"
+    if [ ! -x "$tools/bin/uv" ]; then
+        echo ">> installing uv into $tools"
+        python3 -m venv "$tools"
+        "$tools/bin/python" -m pip install --quiet --disable-pip-version-check uv
+    fi
+    uv=("$tools/bin/uv")
 fi
 
-echo ">> syncing .venv from uv.lock"
-python3 -m uv sync --locked --all-extras --python "$(command -v python3)" --quiet
+if [ "${SQLQUEUE_SETUP:-test}" = demo ]; then
+    echo ">> syncing .venv from uv.lock (the package, its spark extra and the demo group)"
+    "${uv[@]}" sync --locked --extra spark --no-default-groups --group demo --python "$(command -v python3)" --quiet
+else
+    echo ">> syncing .venv from uv.lock"
+    "${uv[@]}" sync --locked --all-extras --python "$(command -v python3)" --quiet
+fi

@@ -63,7 +63,7 @@ from typing import Any
 import psycopg
 
 from airflow_provider_sqlqueue.transport import QueueAddress, QueueClient
-from demo import example_dags_folder, reaper
+from demo import example_dags_folder, install_examples, reaper
 from demo.data import insert_like_an_outside_sender, write_orders
 from demo.services import SERVICES, AirflowServices, metadata_database
 
@@ -81,8 +81,6 @@ CHAINS = {
     },
 }
 CHAIN_DAGS = [dag for chain in CHAINS.values() for dag in chain["dags"]]
-sys.path.insert(0, str(example_dags_folder()))  # the examples' own list of queues and subscribers
-from sqlqueue_stages import QUEUES, SUBSCRIBERS  # noqa: E402
 
 LOCAL_SPARK = {
     "conn_type": "spark",
@@ -371,12 +369,7 @@ def main() -> None:
     with psycopg.connect(args.pg_uri, autocommit=True) as admin:
         admin.execute(f'CREATE SCHEMA "{schema}"')
     try:
-        with QueueClient.connect(args.pg_uri) as installer:  # the installer's step, as sqlqueue_setup does it
-            for name in QUEUES:
-                installer.create_queue(QueueAddress(name, schema))
-            routing = installer.create_subscription_table(QueueAddress("SubscriptionRouting", schema))
-            for name, events in SUBSCRIBERS.items():
-                installer.subscribe(QueueAddress(name, schema), events, table=routing)
+        install_examples(args.pg_uri, schema)
         connection, spark_label = spark_connection(args, workdir, stack)
         with metadata_database(args.pg_uri) as metadata_uri:
             services = AirflowServices(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -52,3 +53,26 @@ def database() -> Iterator[str]:
             yield server.get_uri()
         finally:
             server.cleanup()
+
+
+def install_examples(pg_uri: str, schema: str) -> list[str]:
+    """The installer's step, as the ``sqlqueue_setup`` DAG does it: every queue of the examples (each
+    with ``error`` beside it) and the fan-out's subscriptions, in ``schema``; returns the queues' names.
+
+    The names come from the examples' own ``sqlqueue_stages.py``, so the demo, the end-to-end tests
+    and the chain benchmark create exactly what the DAGs use.
+    """
+    from airflow_provider_sqlqueue.transport import QueueAddress, QueueClient
+
+    folder = str(example_dags_folder())
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    from sqlqueue_stages import QUEUES, SUBSCRIBERS
+
+    with QueueClient.connect(pg_uri) as installer:
+        for name in QUEUES:
+            installer.create_queue(QueueAddress(name, schema))
+        routing = installer.create_subscription_table(QueueAddress("SubscriptionRouting", schema))
+        for name, events in SUBSCRIBERS.items():
+            installer.subscribe(QueueAddress(name, schema), events, table=routing)
+    return list(QUEUES)

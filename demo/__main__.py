@@ -13,11 +13,12 @@ from psycopg import sql
 
 from airflow_provider_sqlqueue.transport import QueueAddress, QueueClient
 
-from . import database, example_dags_folder, reaper
+from . import database, example_dags_folder, install_examples, reaper
 from .data import insert_like_an_outside_sender, write_orders
 from .services import AirflowServices, metadata_database
 
 SCHEMA = "sqlqueue_demo"
+#: The queues of the two chains the demo feeds (it creates all the examples' queues).
 QUEUES = ("ingest", "cleaned", "reports", "ingest_events", "cleaned_events")
 STAGES = [
     "sqlqueue_spark_clean",
@@ -26,6 +27,9 @@ STAGES = [
     "sqlqueue_spark_summarise_events",
 ]
 UI_PORT = 8080
+#: What a run takes, measured on an idle 2-core machine (migration, services, two Spark jobs per chain).
+TYPICAL_MINUTES = 6
+DEADLINE_SECONDS = 900
 
 
 def port_free(port: int) -> bool:
@@ -55,7 +59,7 @@ class Progress:
             key = (dag_id, run_id, task_id)
             if state and self.tasks.get(key) != state and state in ("deferred", "running", "success", "failed"):
                 self.tasks[key] = state
-                self.say(f"task {dag_id}.{task_id} {state}")
+                self.say(f"{dag_id} run {run_id}: task {task_id} {state}")
         for name in QUEUES:
             address = QueueAddress(name, SCHEMA)
             figures = (self.client.depth(address), self.client.in_flight(address))
@@ -69,14 +73,17 @@ def main() -> int:
     parser.add_argument("--keep-running", action="store_true", help="leave the services and the UI running")
     args = parser.parse_args()
     reaper.interruptible()  # SIGTERM and SIGHUP stop the services as Ctrl-C does
+    print(
+        f"The demo takes about {TYPICAL_MINUTES} minutes on an idle machine of 2 cores, longer when it is busy;"
+        f" it gives up after {DEADLINE_SECONDS // 60} minutes of waiting for the reports."
+    )
     workdir = Path.cwd() / ".sqlqueue-demo"
     with database() as pg_uri, metadata_database(pg_uri) as metadata_uri, QueueClient.connect(pg_uri) as client:
         schema = sql.Identifier(SCHEMA)
         client.connection.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(schema))
         client.connection.execute(sql.SQL("CREATE SCHEMA {}").format(schema))
-        for name in QUEUES:  # the installer's step (the sqlqueue_setup DAG does the same)
-            client.create_queue(QueueAddress(name, SCHEMA))
-        print(f"Queues {', '.join(QUEUES)} (and error) created in schema {SCHEMA}")
+        created = install_examples(pg_uri, SCHEMA)
+        print(f"Queues {', '.join(created)} (and error) created in schema {SCHEMA}")
 
         port = UI_PORT if port_free(UI_PORT) else None
         services = AirflowServices(
@@ -102,7 +109,7 @@ def main() -> int:
                 )
 
             progress = Progress(services, client)
-            deadline = time.monotonic() + 900
+            deadline = time.monotonic() + DEADLINE_SECONDS
             while time.monotonic() < deadline and client.depth(QueueAddress("reports", SCHEMA)) < len(expected):
                 progress.poll()
                 time.sleep(2)

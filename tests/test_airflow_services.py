@@ -23,6 +23,7 @@ import psycopg
 import pytest
 
 from airflow_provider_sqlqueue.transport import QueueAddress, QueueClient
+from demo import install_examples
 from demo.data import insert_like_an_outside_sender, write_orders
 from demo.services import AirflowServices, metadata_database
 from tests.conftest import EXAMPLE_DAGS
@@ -31,10 +32,6 @@ pytestmark = pytest.mark.timeout(1800)
 
 QUEUES = ("ingest", "cleaned", "reports", "ingest_events", "cleaned_events")
 FANOUT_QUEUES = ("fanout_ingest", "fanout_summary", "fanout_quality", "fanout_reports")
-#: The streaming example's queues (its DAG runs here too, on empty queues).
-STREAM_QUEUES = ("order_events", "order_revenue")
-#: The fan-out example's subscribers and their event (as sqlqueue_setup subscribes them).
-SUBSCRIBERS = {"fanout_summary": "SqlQueue.Demo.OrdersCleaned", "fanout_quality": "SqlQueue.Demo.OrdersCleaned"}
 #: The hand-off lease the example DAGs use here, and how soon Airflow notices a dead task, triggerer
 #: or scheduler and resets the tasks it ran, shortened so that recoveries fit a CI run (the defaults
 #: are 120, 300, 30, 30 and 300 seconds).
@@ -104,12 +101,7 @@ def pipeline(pg_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     home = tmp_path_factory.mktemp("airflow-services")
     with psycopg.connect(pg_uri, autocommit=True) as admin:
         admin.execute(f'CREATE SCHEMA "{schema}"')
-    with QueueClient.connect(pg_uri) as installer:  # the installer's step, as sqlqueue_setup does it
-        for name in (*QUEUES, *FANOUT_QUEUES, *STREAM_QUEUES):
-            installer.create_queue(QueueAddress(name, schema))
-        routing = installer.create_subscription_table(QueueAddress("SubscriptionRouting", schema))
-        for name, event in SUBSCRIBERS.items():
-            installer.subscribe(QueueAddress(name, schema), event, table=routing)
+    install_examples(pg_uri, schema)
     try:
         with metadata_database(pg_uri) as metadata_uri:
             services = AirflowServices(
