@@ -8,6 +8,7 @@ The jobs themselves, on a cluster, are in ``tests/test_spark.py``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import uuid
@@ -21,7 +22,7 @@ from psycopg import sql
 from pyspark.sql.worker.plan_data_source_read import records_to_arrow_batches
 
 from airflow_provider_sqlqueue import spark
-from airflow_provider_sqlqueue.transport import Message, QueueAddress, QueueClient
+from airflow_provider_sqlqueue.transport import AsyncQueueClient, Message, QueueAddress, QueueClient
 
 pytestmark = pytest.mark.postgres_only
 
@@ -140,9 +141,11 @@ def test_the_columnar_browse_returns_what_browse_pages_return(pg_uri, queue) -> 
     assert pages == 4  # twelve rows: three full pages, then an empty one
 
 
-def test_messages_sent_by_copy_are_the_rows_send_inserts(pg_uri, queue) -> None:
+@pytest.mark.parametrize("session", ["blocking", "asyncio"])
+def test_messages_sent_by_copy_are_the_rows_send_inserts(pg_uri, queue, session) -> None:
     """A write's COPY and the transport's INSERT store the same bytes in every column (Expires NULL,
-    Seq in send order); messages with a time to be received take the INSERT, Expires from the database."""
+    Seq in send order), over a blocking and an asyncio session alike; messages with a time to be
+    received take the INSERT, Expires from the database."""
     messages = [
         Message(b"\x00\xff binary", {"Shop.Note": 'naïve 😀 \t"q"\\', "Shop.Null": None}),
         Message("text body"),
@@ -153,10 +156,21 @@ def test_messages_sent_by_copy_are_the_rows_send_inserts(pg_uri, queue) -> None:
     with QueueClient.connect(pg_uri) as client:
         client.create_queue(other)
         client.send(queue, messages)
-        assert client.copies_sends
-        with client.transaction():
-            assert client.send_copied(other, messages) == len(messages)
-        assert client.send_copied(other, [Message(b"ttbr", time_to_be_received=60)]) == 1
+        if session == "blocking":
+            assert client.copies_sends
+            with client.transaction():
+                assert client.send_copied(other, messages) == len(messages)
+            assert client.send_copied(other, [Message(b"ttbr", time_to_be_received=60)]) == 1
+
+    async def copy_over_asyncio() -> None:
+        async with await AsyncQueueClient.connect(pg_uri) as client:
+            assert client.copies_sends
+            async with client.transaction():
+                assert await client.send_copied(other, messages) == len(messages)
+            assert await client.send_copied(other, [Message(b"ttbr", time_to_be_received=60)]) == 1
+
+    if session == "asyncio":
+        asyncio.run(copy_over_asyncio())
 
     def table(address: QueueAddress) -> list[tuple[Any, ...]]:
         with psycopg.connect(pg_uri) as raw:

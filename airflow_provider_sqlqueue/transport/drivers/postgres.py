@@ -173,13 +173,23 @@ class _BlockingCursor:
     def adapters(self) -> Any:
         return self._cursor.adapters
 
-    def copy_rows(self, step: Step) -> int:
-        with self._cursor.copy(step.sql) as copy:
-            copy.set_types(list(step.params["types"]))
-            write = copy.write_row
-            for row in step.params["rows"]:
-                write(row)
-        return int(self._cursor.rowcount)
+    @asynccontextmanager
+    async def copy(self, statement: str) -> AsyncIterator[_BlockingCopy]:
+        with self._cursor.copy(statement) as copy:
+            yield _BlockingCopy(copy)
+
+
+class _BlockingCopy:
+    """A blocking psycopg ``Copy`` behind the asyncio ``AsyncCopy``'s interface."""
+
+    def __init__(self, copy: Any) -> None:
+        self._copy = copy
+
+    def set_types(self, types: list[str]) -> None:
+        self._copy.set_types(types)
+
+    async def write_row(self, row: Any) -> None:
+        self._copy.write_row(row)
 
 
 class _Blocking:
@@ -393,8 +403,6 @@ class PsycopgSession(Session):
 
 async def _copy(cursor: Any, step: Step) -> int:
     """Run a COPY ... FROM STDIN step (:attr:`Fetch.COPY`): its rows in binary, typed as it says."""
-    if isinstance(cursor, _BlockingCursor):
-        return cursor.copy_rows(step)
     async with cursor.copy(step.sql) as copy:
         copy.set_types(list(step.params["types"]))
         for row in step.params["rows"]:
