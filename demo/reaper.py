@@ -14,6 +14,10 @@ So each group and mark is registered here while it lives. :func:`interruptible` 
 into ``KeyboardInterrupt``, which unwinds the stack through every ``finally`` and fixture teardown
 (services are stopped gracefully there); at interpreter exit whatever group is still registered is
 killed. Only a SIGKILL of this process itself escapes both: nothing runs after it.
+
+Network namespaces and links (demo/hosts.py) outlive their creator the same way -- they belong to
+the machine, not to a process -- so they are registered too and deleted at exit, after the
+processes inside them are killed.
 """
 
 from __future__ import annotations
@@ -21,11 +25,14 @@ from __future__ import annotations
 import atexit
 import os
 import signal
+import subprocess
 from pathlib import Path
 from types import FrameType
 
 _groups: set[int] = set()
 _marks: set[str] = set()
+_namespaces: set[str] = set()
+_links: set[str] = set()
 
 
 def track(pid: int) -> None:
@@ -42,6 +49,27 @@ def mark(name: str, value: str) -> None:
     """Kill every process whose environment holds ``name=value`` when this process exits, unless
     :func:`kill_marked` comes first."""
     _marks.add(f"{name}={value}")
+
+
+def track_namespace(name: str) -> None:
+    """Delete the network namespace ``name`` when this process exits, unless :func:`forget_namespace` comes first."""
+    _namespaces.add(name)
+
+
+def forget_namespace(name: str) -> None:
+    """The namespace ``name`` was deleted by its owner."""
+    _namespaces.discard(name)
+
+
+def track_link(name: str) -> None:
+    """Delete the network link ``name`` (a bridge, a veth pair) of this namespace when this process
+    exits, unless :func:`forget_link` comes first."""
+    _links.add(name)
+
+
+def forget_link(name: str) -> None:
+    """The link ``name`` was deleted by its owner."""
+    _links.discard(name)
 
 
 def kill_marked(name: str, value: str) -> int:
@@ -73,7 +101,8 @@ def _kill(pid: int) -> bool:
 
 
 def kill_all() -> None:
-    """SIGKILL every group and every marked process still registered (already gone: nothing to do)."""
+    """SIGKILL every group and every marked process still registered, then delete every namespace and
+    link still registered (already gone: nothing to do)."""
     while _groups:
         try:
             os.killpg(_groups.pop(), signal.SIGKILL)
@@ -82,6 +111,11 @@ def kill_all() -> None:
     for entry in list(_marks):
         name, _, value = entry.partition("=")
         kill_marked(name, value)
+    # Processes first: a namespace deleted under a running process lives on until the process ends.
+    while _namespaces:
+        subprocess.run(["ip", "netns", "delete", _namespaces.pop()], capture_output=True, check=False)
+    while _links:
+        subprocess.run(["ip", "link", "delete", _links.pop()], capture_output=True, check=False)
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

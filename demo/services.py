@@ -20,7 +20,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -97,6 +97,10 @@ class AirflowServices:
         when the dag-processor parses them, tasks when the scheduler's LocalExecutor runs them.
     :param spark_connection: ``spark_default`` (local Spark unless given); None leaves it to the
         metadata database, where ``airflow connections`` can change it while the services run.
+    :param host: the address the api-server binds to and tasks reach the execution API at: loopback
+        for a LocalExecutor, an address the workers' hosts can reach for a distributed executor.
+    :param executor: ``LocalExecutor``, or ``CeleryExecutor`` (its broker and result backend in
+        ``env``; workers started by :meth:`start_celery_worker`).
     """
 
     def __init__(
@@ -110,17 +114,22 @@ class AirflowServices:
         env: Mapping[str, str] | None = None,
         parallelism: int = 4,
         spark_connection: Mapping[str, Any] | None = LOCAL_SPARK,
+        host: str = "127.0.0.1",
+        executor: str = "LocalExecutor",
     ) -> None:
         self.home = home
+        self.host = host
         self.port = port or free_port()
         self.logs = home / "services"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self._log_files: dict[str, IO[bytes]] = {}
+        #: Per service key, the mark (an environment variable) every process it started carries.
+        self._marks: dict[str, tuple[str, str]] = {}
         self.env = {
             **os.environ,
             "AIRFLOW_HOME": str(home),
-            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__EXECUTOR": executor,
             "AIRFLOW__CORE__PARALLELISM": str(parallelism),
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": metadata_uri,
             "AIRFLOW__CORE__DAGS_FOLDER": str(dags_folder),
@@ -128,8 +137,8 @@ class AirflowServices:
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
             "AIRFLOW__API__PORT": str(self.port),
-            "AIRFLOW__API__HOST": "127.0.0.1",
-            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{self.port}/execution/",
+            "AIRFLOW__API__HOST": host,
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://{host}:{self.port}/execution/",
             "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
             "AIRFLOW__API__SECRET_KEY": secrets.token_hex(32),
             "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
@@ -147,7 +156,7 @@ class AirflowServices:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def airflow(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         """Run an ``airflow`` command with the services' settings."""
@@ -163,41 +172,84 @@ class AirflowServices:
     def migrate(self) -> None:
         self.airflow("db", "migrate")
 
-    def start(self, name: str, *, suffix: str = "") -> subprocess.Popen[bytes]:
-        """Start one service (``suffix`` names a second instance, e.g. a second triggerer)."""
-        key = name + suffix
-        command = [sys.executable, "-m", "airflow", name]
+    def start(
+        self,
+        name: str,
+        *,
+        suffix: str = "",
+        args: Sequence[str] = (),
+        prefix: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> subprocess.Popen[bytes]:
+        """Start one service (``suffix`` names a second instance, e.g. a second triggerer).
+
+        ``args`` go after the command (``celery worker ...``), ``prefix`` before it (``ip netns exec
+        <ns>``: the service runs on another host), ``env`` adds to the services' environment.
+        """
+        key = name.replace(" ", "-") + suffix
+        command = [*prefix, sys.executable, "-m", "airflow", *name.split(), *args]
         if name == "api-server":
             command += ["--workers", "1"]
+        # Every process the service starts carries this mark, in its session or not: a kill reaches
+        # them all, as a host's crash would.
+        mark = ("SQLQUEUE_SERVICE", f"{self.home}:{key}")
+        self._marks[key] = mark
         log = self._log_files.get(key) or (self.logs / f"{key}.log").open("ab")
         self._log_files[key] = log
         log.write(f"\n===== starting {key} at {time.strftime('%H:%M:%S')} =====\n".encode())
         log.flush()
         # A session of its own: a kill reaches the service and what it started (LocalExecutor workers).
-        process = subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            command,
+            env={**self.env, **(env or {}), mark[0]: mark[1]},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         reaper.track(process.pid)
         reaper.mark("AIRFLOW_HOME", self.env["AIRFLOW_HOME"])  # task processes leave the group: found by it
         self.processes[key] = process
         return process
 
-    def start_all(self, dag_ids: list[str]) -> float:
-        """Migrate the metadata database, start the four services and wait until they are healthy and
-        have parsed ``dag_ids``; returns how long that took, in seconds."""
+    def start_celery_worker(
+        self, name: str, *, concurrency: int = 2, prefix: Sequence[str] = (), env: Mapping[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Start ``airflow celery worker`` as service ``celery-worker-<name>``, Celery hostname
+        ``<name>@<this machine>``; ``prefix`` runs it on another host (``ip netns exec <ns>``).
+
+        Its log server is not started: task logs go to the shared AIRFLOW_HOME.
+        """
+        args = ["--celery-hostname", f"{name}@%h", "--concurrency", str(concurrency), "--skip-serve-logs"]
+        return self.start("celery worker", suffix=f"-{name}", args=args, prefix=prefix, env=env)
+
+    def start_all(self, dag_ids: list[str], *, schedulers: int = 1, triggerers: int = 1) -> float:
+        """Migrate the metadata database, start the four services -- ``schedulers`` schedulers and
+        ``triggerers`` triggerers, the second ones as ``scheduler-2`` and so on -- and wait until
+        they are healthy and have parsed ``dag_ids``; returns how long that took, in seconds."""
         started = time.perf_counter()
         self.migrate()
         for name in SERVICES:
             self.start(name)
+        for name, count in (("scheduler", schedulers), ("triggerer", triggerers)):
+            for n in range(2, count + 1):
+                self.start(name, suffix=f"-{n}")
         self.wait_healthy()
         self.wait_for_dags(dag_ids)
         return time.perf_counter() - started
 
     def kill(self, key: str, sig: int = signal.SIGKILL) -> None:
-        """Send ``sig`` to a service and everything it started, and wait for it to end."""
+        """Send ``sig`` to a service and everything it started, and wait for it to end.
+
+        A SIGKILL also reaches what left the service's session (a Celery worker's task processes
+        and their Spark drivers): the whole host's share of the work dies, as in a crash.
+        """
         process = self.processes[key]
         try:
             os.killpg(process.pid, sig)
         except ProcessLookupError:
             pass
+        if sig == signal.SIGKILL and key in self._marks:
+            reaper.kill_marked(*self._marks[key])
         try:
             process.wait(timeout=60)
         except subprocess.TimeoutExpired:
@@ -238,6 +290,17 @@ class AirflowServices:
                 return dict(json.load(answer))
         except (urllib.error.URLError, OSError, ValueError):
             return {}
+
+    def service_of(self, pid: int) -> str | None:
+        """The key of the service that started process ``pid`` (by its mark), None if none did."""
+        try:
+            environ = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
+        except OSError:
+            return None
+        for key, (name, value) in self._marks.items():
+            if f"{name}={value}".encode() in environ:
+                return key
+        return None
 
     def wait_healthy(self, timeout: float = 240) -> None:
         """Wait until the api-server answers and reports the scheduler, dag-processor and triggerer healthy."""

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -30,10 +30,26 @@ def spark_home() -> Path:
 
 
 class SparkCluster:
-    """``with SparkCluster(workdir) as cluster:`` a master and ``workers`` workers on 127.0.0.1."""
+    """``with SparkCluster(workdir) as cluster:`` a master and ``workers`` workers on 127.0.0.1.
 
-    def __init__(self, workdir: Path, *, workers: int = 1, cores: int = 4, memory: str = "3g") -> None:
+    ``host`` and ``prefix`` put the cluster on another host (demo/hosts.py): its daemons are started
+    with ``prefix`` before their command (``ip netns exec <ns>``) and bind to ``host``, the address
+    drivers and the master's web UI are reached at.
+    """
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        workers: int = 1,
+        cores: int = 4,
+        memory: str = "3g",
+        host: str = "127.0.0.1",
+        prefix: Sequence[str] = (),
+    ) -> None:
         self.workdir = workdir
+        self.host = host
+        self.prefix = list(prefix)
         self.workers = workers
         self.cores = cores
         self.memory = memory
@@ -47,7 +63,7 @@ class SparkCluster:
             "SPARK_HOME": str(spark_home()),
             "PYSPARK_PYTHON": sys.executable,
             "PYSPARK_DRIVER_PYTHON": sys.executable,
-            "SPARK_LOCAL_IP": "127.0.0.1",
+            "SPARK_LOCAL_IP": host,
             "SPARK_LOCAL_DIRS": str(workdir / "local"),
             "SPARK_WORKER_DIR": str(workdir / "work"),
             "SPARK_LOG_DIR": str(workdir / "logs"),
@@ -57,12 +73,12 @@ class SparkCluster:
     @property
     def master(self) -> str:
         """The master URL an application (or ``spark_default``'s host) uses."""
-        return f"spark://127.0.0.1:{self.port}"
+        return f"spark://{self.host}:{self.port}"
 
     @property
     def remote(self) -> str | None:
         """The Spark Connect URL, once :meth:`start_connect` has started the server."""
-        return None if self.connect_port is None else f"sc://127.0.0.1:{self.connect_port}"
+        return None if self.connect_port is None else f"sc://{self.host}:{self.connect_port}"
 
     def session(self, app: str, conf: Mapping[str, str] | None = None) -> Any:
         """A SparkSession of this process on the cluster: two executor cores of 1 GiB unless ``conf`` says otherwise."""
@@ -85,7 +101,7 @@ class SparkCluster:
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
         log = (self.workdir / "logs" / f"{name}.log").open("ab")
         self._logs.append(log)
-        command = [str(spark_home() / "bin" / program), *args]
+        command = [*self.prefix, str(spark_home() / "bin" / program), *args]
         process = subprocess.Popen(
             command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.workdir
         )
@@ -95,7 +111,7 @@ class SparkCluster:
 
     def state(self) -> dict[str, Any]:
         """The master's view of the cluster (its web UI's JSON)."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=5) as reply:
+        with urllib.request.urlopen(f"http://{self.host}:{self.ui_port}/json/", timeout=5) as reply:
             return json.load(reply)  # type: ignore[no-any-return]
 
     def start(self, timeout: float = 120) -> SparkCluster:
@@ -104,7 +120,7 @@ class SparkCluster:
             "spark-class",
             "org.apache.spark.deploy.master.Master",
             "--host",
-            "127.0.0.1",
+            self.host,
             "--port",
             str(self.port),
             "--webui-port",
@@ -116,7 +132,7 @@ class SparkCluster:
                 "spark-class",
                 "org.apache.spark.deploy.worker.Worker",
                 "--host",
-                "127.0.0.1",
+                self.host,
                 "--cores",
                 str(self.cores),
                 "--memory",
@@ -162,9 +178,9 @@ class SparkCluster:
         while True:
             self._check_alive()
             try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                with socket.create_connection((self.host, port), timeout=1):
                     self.connect_port = port
-                    return f"sc://127.0.0.1:{port}"
+                    return f"sc://{self.host}:{port}"
             except OSError:
                 pass
             if time.monotonic() > deadline:

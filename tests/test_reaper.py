@@ -172,3 +172,37 @@ def test_a_stopped_pytest_run_tears_down_and_kills_what_its_tests_started(tmp_pa
     finally:
         run.kill()
         run.wait()
+
+
+NETWORK_OWNER = """
+import time
+from demo import hosts, reaper
+
+reaper.interruptible()
+net = hosts.Network().create()  # no `with`: only the reaper deletes it
+host = net.add_host("a")
+print(host.namespace, net.bridge, host.link, flush=True)
+time.sleep(300)
+"""
+
+
+def test_an_owner_stopped_by_a_signal_deletes_the_namespaces_and_links_it_made() -> None:
+    from demo import hosts
+
+    reason = hosts.available()
+    if reason:
+        pytest.skip(reason)
+    owner = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(NETWORK_OWNER)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        namespace, *links = owner.stdout.readline().split()
+        assert namespace in hosts.ip("netns", "list")
+        owner.send_signal(signal.SIGTERM)
+        owner.communicate(timeout=60)
+        assert namespace not in hosts.ip("netns", "list")
+        present = hosts.ip("-o", "link", "show")
+        assert [link for link in links if f" {link}:" in present or f" {link}@" in present] == []
+    finally:
+        owner.kill()
+        owner.wait()
