@@ -28,7 +28,7 @@ STAGES = [
 ]
 UI_PORT = 8080
 #: What a run takes, measured on an idle 2-core machine (migration, services, two Spark jobs per chain).
-TYPICAL_MINUTES = 6
+TYPICAL_MINUTES = 5
 DEADLINE_SECONDS = 900
 
 

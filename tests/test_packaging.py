@@ -4,14 +4,17 @@ The wheel is built from the repository, checked for what it must and must not ho
 itself into a new virtualenv (dependencies resolved afresh from the index, not from uv.lock), and
 used there as a newcomer would: the console script, the provider's registration with Airflow, and
 a DAG that creates a queue, sends a message and senses it, under ``airflow dags test`` on the test
-database.
+database. That install is made twice: with the newest versions the declared ranges allow, and with
+uv's ``lowest-direct`` resolution, which takes every declared dependency at its floor. The floors'
+install also runs the transport's and the Airflow layer's unit suites (the suite's own test
+modules, with the installed dependencies), so a floor that is declared is a floor that is tested.
 """
 
 from __future__ import annotations
 
 import email
+import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -20,15 +23,34 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 from psycopg import sql
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+#: The suites the floors' install runs: the transport on PostgreSQL, and the hook, trigger, sensor
+#: and operators under Airflow, and the Spark data source outside Spark (what an older dependency could break).
+FLOOR_SUITES = (
+    "tests/test_transport_client.py",
+    "tests/test_transport_drivers_postgres.py",
+    "tests/test_queue_behaviour.py",
+    "tests/test_hooks_sqlqueue.py",
+    "tests/test_triggers_sqlqueue.py",
+    "tests/test_sensors_sqlqueue.py",
+    "tests/test_operators_sqlqueue.py",
+    "tests/test_spark_options.py",
+    "tests/test_spark_read.py",
+)
+#: What those suites import beyond the package (the dev group's tools, at their declared floors).
+TEST_TOOLS = ("pytest>=8.3", "pytest-asyncio>=0.25", "pytest-timeout>=2.3", "hypothesis>=6.100", "sqlglot>=26")
+
+
 def uv(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    """uv as .ci/setup.sh installs it (into the system's python3), else the one on PATH."""
-    found = subprocess.run(["python3", "-m", "uv", "--version"], capture_output=True, check=False).returncode == 0
-    command = ["python3", "-m", "uv"] if found else [shutil.which("uv") or "uv"]
+    """uv from the dev group, installed beside this interpreter."""
+    command = [str(Path(sys.executable).with_name("uv"))]
     done = subprocess.run([*command, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT, check=False)
     assert done.returncode == 0, f"uv {' '.join(args)}:\n{done.stderr[-3000:]}"
     return done
@@ -76,12 +98,54 @@ with DAG("sqlqueue_smoke", start_date=datetime(2026, 1, 1), schedule=None, catch
 """
 
 
+def requirements(wheel: Path, extra: str | None = None) -> list[str]:
+    """The dependencies the wheel declares, with those of ``extra``, as requirement lines without markers."""
+    with zipfile.ZipFile(wheel) as archive:
+        name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        metadata = email.message_from_string(archive.read(name).decode())
+    lines = []
+    for requirement in map(Requirement, metadata.get_all("Requires-Dist")):
+        if requirement.marker is None or requirement.marker.evaluate({"extra": extra or ""}):
+            extras = f"[{','.join(sorted(requirement.extras))}]" if requirement.extras else ""
+            lines.append(f"{requirement.name}{extras}{requirement.specifier}")
+    return lines
+
+
+def floors(wheel: Path, extra: str | None = None) -> dict[str, Version]:
+    """The lower bound of each dependency the wheel declares (a pin is its own floor)."""
+    found = {}
+    for requirement in map(Requirement, requirements(wheel, extra)):
+        [floor] = [spec.version for spec in requirement.specifier if spec.operator in (">=", "==")]
+        found[canonicalize_name(requirement.name)] = Version(floor)
+    return found
+
+
+def installed(python: Path) -> dict[str, Version]:
+    listed = json.loads(uv("pip", "list", "--format", "json", "--python", str(python)).stdout)
+    return {canonicalize_name(item["name"]): Version(item["version"]) for item in listed}
+
+
+@pytest.mark.parametrize("resolution", ["highest", "lowest-direct"])
 def test_the_wheel_alone_installs_registers_and_runs_a_dag_in_a_clean_virtualenv(
-    wheel: Path, tmp_path: Path, pg_uri: str, schema: str
+    wheel: Path, tmp_path: Path, pg_uri: str, schema: str, resolution: str
 ) -> None:
     venv = tmp_path / "venv"
+    python = venv / "bin" / "python"
     uv("venv", "--quiet", "--python", sys.executable, str(venv))
-    uv("pip", "install", "--quiet", "--python", str(venv / "bin" / "python"), str(wheel), timeout=900)
+    install = ("pip", "install", "--quiet", "--resolution", resolution, "--python", str(python))
+    if resolution == "highest":
+        uv(*install, str(wheel), timeout=900)
+    else:
+        # lowest-direct lowers what the command names: the wheel's declared dependencies (with the
+        # spark extra's) are named too. A floor written as a series (psycopg 3.3) may resolve to a
+        # later release of that series where the first has no wheel for this platform.
+        declared = tmp_path / "declared.txt"
+        declared.write_text("".join(f"{line}\n" for line in requirements(wheel, "spark")))
+        uv(*install, f"{wheel}[spark]", "-r", str(declared), timeout=900)
+        lowest, versions = floors(wheel, "spark"), installed(python)
+        assert {n: versions[n].release[: len(f.release)] for n, f in lowest.items()} == {
+            n: f.release for n, f in lowest.items()
+        }
     home, dags = tmp_path / "airflow", tmp_path / "dags"
     dags.mkdir()
     (dags / "smoke.py").write_text(textwrap.dedent(SMOKE_DAG).replace("{queue}", repr(f'orders@"{schema}"')))
@@ -108,3 +172,20 @@ def test_the_wheel_alone_installs_registers_and_runs_a_dag_in_a_clean_virtualenv
         waiting = connection.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, "orders")))
         assert waiting.fetchone() == (0,)  # created, sent, and taken by the sensor
     assert os.path.isdir(venv / "lib")
+    if resolution == "lowest-direct":
+        before = installed(python)
+        uv("pip", "install", "--quiet", "--python", str(python), *TEST_TOOLS, timeout=900)
+        after = installed(python)
+        assert {n: after[n] for n in lowest} == {n: before[n] for n in lowest}  # the tools moved no floor
+        suites = subprocess.run(
+            [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *FLOOR_SUITES],
+            capture_output=True,
+            text=True,
+            timeout=1200,
+            cwd=ROOT,
+            # Airflow's settings of this run stay out: the suites' conftest gives them a home of their own.
+            env={k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")} | {"SQLQUEUE_TEST_PG_URI": pg_uri},
+            check=False,
+        )
+        assert suites.returncode == 0, suites.stdout[-5000:] + suites.stderr[-2000:]
+        assert " passed" in suites.stdout.splitlines()[-1]

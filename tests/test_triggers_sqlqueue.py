@@ -276,12 +276,15 @@ from airflow._shared.module_loading import import_string  # what the triggerer u
 
 HEAVY = ("airflow_provider_sqlqueue.hooks", "airflow_provider_sqlqueue.transport.drivers", "psycopg",
          "airflow.providers.", "pymssql", "pyodbc")
+# psycopg 3.3.0 (the declared floor) loads this 30-line module of its own at the first UUID it reads;
+# later releases build it in. It costs microseconds, not the 0.5 s the heavy imports did.
+LIGHT = ("psycopg_binary._uuid",)
 loop_thread = threading.get_ident()
 on_loop = []
 
 class Watch:
     def find_spec(self, name, path=None, target=None):
-        if threading.get_ident() == loop_thread and name.startswith(HEAVY):
+        if threading.get_ident() == loop_thread and name.startswith(HEAVY) and name not in LIGHT:
             on_loop.append(name)
         return None
 
