@@ -11,7 +11,6 @@ the tables, actions with what they moved.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import uuid
 from collections.abc import Iterator
@@ -74,31 +73,27 @@ def api(airflow_db: str, pg_uri: str, tmp_path_factory: pytest.TempPathFactory) 
         "AIRFLOW_CONN_OTHER": airflow_connection(pg_uri),
         "SQLQUEUE_TEST_GRANTS": json.dumps(grants),
     }
-    saved = {key: os.environ.get(key) for key in settings}
-    os.environ.update(settings)
     from airflow.api_fastapi.app import create_app, purge_cached_app
     from airflow.models.connection import Connection
     from airflow.utils.session import create_session
     from sqlalchemy import delete
 
-    stored = [("stored_shop", "postgres"), ("stored_http", "http")]  # in the metadata database: one holds queues
-    with create_session() as session:
-        session.execute(delete(Connection).where(Connection.conn_id.in_([name for name, _ in stored])))
-        for name, conn_type in stored:
-            session.add(Connection(conn_id=name, conn_type=conn_type, host="localhost"))
-    purge_cached_app()
-    try:
-        with TestClient(create_app()) as http:
-            yield Api(http, schema, pg_uri)
-    finally:
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in settings.items():
+            patch.setenv(key, value)
+        stored = [("stored_shop", "postgres"), ("stored_http", "http")]  # in the metadata database: one holds queues
+        with create_session() as session:
+            session.execute(delete(Connection).where(Connection.conn_id.in_([name for name, _ in stored])))
+            for name, conn_type in stored:
+                session.add(Connection(conn_id=name, conn_type=conn_type, host="localhost"))
         purge_cached_app()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        with QueueClient.connect(pg_uri) as installer:
-            installer.session.connection.execute(f'DROP SCHEMA "{schema}" CASCADE')
+        try:
+            with TestClient(create_app()) as http:
+                yield Api(http, schema, pg_uri)
+        finally:
+            purge_cached_app()
+            with QueueClient.connect(pg_uri) as installer:
+                installer.session.connection.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
 def address(api: Api, name: str) -> str:

@@ -69,28 +69,23 @@ def api(airflow_db: str, pg_uri: str, tmp_path_factory: pytest.TempPathFactory) 
         "SQLQUEUE_TEST_GRANTS": json.dumps(GRANTS),
         "SQLQUEUE_TEST_VIEWS": json.dumps(VIEWS),
     }
-    saved = {key: os.environ.get(key) for key in settings}
-    saved_users = dict(plugin_tests.USERS)
-    os.environ.update(settings)
-    plugin_tests.USERS.clear()
-    plugin_tests.USERS.update(USERS)  # Api.token logs in with these
     from airflow.api_fastapi.app import create_app, purge_cached_app
 
-    purge_cached_app()
-    try:
-        with TestClient(create_app()) as http:
-            yield Api(http, schema, pg_uri)
-    finally:
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in settings.items():
+            patch.setenv(key, value)
+        for user in list(plugin_tests.USERS):  # Api.token logs in with these users
+            patch.delitem(plugin_tests.USERS, user)
+        for user, password in USERS.items():
+            patch.setitem(plugin_tests.USERS, user, password)
         purge_cached_app()
-        plugin_tests.USERS.clear()
-        plugin_tests.USERS.update(saved_users)
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        with QueueClient.connect(pg_uri) as installer:
-            installer.session.connection.execute(f'DROP SCHEMA "{schema}" CASCADE')
+        try:
+            with TestClient(create_app()) as http:
+                yield Api(http, schema, pg_uri)
+        finally:
+            purge_cached_app()
+            with QueueClient.connect(pg_uri) as installer:
+                installer.session.connection.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
 def refusal(answer: Any) -> str:
