@@ -9,6 +9,7 @@ yield are one kind of value everywhere.
 
 from __future__ import annotations
 
+import copy
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -61,6 +62,11 @@ def claim_holder(context: Any) -> str:
     return f"{ti.dag_id}/{ti.run_id}/{ti.task_id}#{ti.try_number}"
 
 
+def _check_callable(function: object) -> None:
+    if not callable(function):
+        raise ArgumentTypeError(f"function must be callable, got {type(function).__name__}")
+
+
 def claimed_messages(messages: Any, context: Any) -> list[Mapping[str, Any]]:
     """Message dicts to acknowledge or give back.
 
@@ -107,37 +113,46 @@ class HeldMessages:
 
         The others go on: their results are returned and only they remain held (and forwarded).
         The given-back message is delivered again, and after ``max_deliveries`` failures it moves to
-        the error queue with this exception and ``dag_id.task_id`` in its headers.
+        the error queue with this exception and ``dag_id.task_id`` in its headers. ``function``
+        gets a copy of each message dict, so what it changes cannot alter the claims forwarded.
         """
+        _check_callable(function)
         results, kept = [], []
         for message in self.messages:
             try:
-                results.append(function(message))
+                results.append(function(copy.deepcopy(message)))
             except Exception as exc:  # noqa: BLE001  # one message's failure is its own: recoverability, not a crashed batch
                 self.give_back([message], Failure.of(exc, self._source))
             else:
                 kept.append(message)
-        self.messages = kept
-        return results
+        return self._still_held(kept, results)
 
     def batch(self, function: Callable[[list[dict[str, Any]]], Sequence[Any]]) -> list[Any]:
         """``function`` of all the messages at once (one Spark job over all their inputs), returning
-        one result per message, in order; a message it fails on is still given back alone.
+        one result per message, in order, as a list or tuple; a message it fails on is still given
+        back alone.
 
-        When the call raises, the batch is split in halves and each half tried again, down to
-        single messages: a failing message is found in about ``2 log2(n)`` calls instead of ``n``,
-        the others keep their results, and only the failing one is given back with its exception.
+        When the call raises (or returns the wrong number of results), the batch is split in halves
+        and each half tried again, down to single messages: one call when all succeed, and a single
+        failing message is found in about ``2 log2(n)`` calls instead of ``n``; when every message
+        fails, each ends up tried alone (``2n - 1`` calls in all). The others keep their results,
+        and only the failing ones are given back with their exceptions. A result that is not a list
+        or tuple (a dict, a set, a string) is a mistake in ``function``, not in a message: it raises
+        at once, and the block gives every message back. ``function`` gets copies of the message
+        dicts.
         """
+        _check_callable(function)
         results: list[Any] = []
         kept: list[dict[str, Any]] = []
         pending = [self.messages] if self.messages else []
         while pending:
             part = pending.pop(0)
             try:
-                answer = list(function(list(part)))
-                if len(answer) != len(part):
+                answer = function(copy.deepcopy(part))
+                counted = len(answer) if isinstance(answer, (list, tuple)) else len(part)
+                if counted != len(part):
                     raise InvalidArgumentError(
-                        f"a batch function must return one result per message: {len(answer)} for {len(part)}"
+                        f"a batch function must return one result per message: {counted} for {len(part)}"
                     )
             except Exception as exc:  # noqa: BLE001  # narrowed down to the message it belongs to
                 if len(part) == 1:
@@ -153,10 +168,39 @@ class HeldMessages:
                     len(part) - middle,
                 )
                 continue
+            if not isinstance(answer, (list, tuple)):
+                raise ArgumentTypeError(
+                    "a batch function must return a list or tuple of results, one per message in order, "
+                    f"got {type(answer).__name__}"
+                )
             results.extend(answer)
             kept.extend(part)
-        self.messages = kept
-        return results
+        return self._still_held(kept, results)
+
+    def _still_held(self, kept: list[dict[str, Any]], results: list[Any]) -> list[Any]:
+        """Keep the messages (and their results) whose claims are still this task's after the work.
+
+        The lease is renewed once more now: a claim that lapsed while the work ran (a stalled
+        worker, a cut network) and that another consumer took is dropped with its result, so the
+        rest can still be forwarded (an atomic forward refuses the whole batch for one lost claim).
+        """
+        if kept:
+            with self._hook.client() as client:
+                self._keeper.renew(client)
+        lost = {(queue, token) for queue, tokens in self._keeper.lost.items() for token in tokens}
+        pairs = [
+            (message, result)
+            for message, result in zip(kept, results, strict=True)
+            if (str(message["queue"]), uuid.UUID(str(message["claim_token"]))) not in lost
+        ]
+        if len(pairs) < len(kept):
+            self._hook.log.error(
+                "%d message(s) were taken by another consumer while this task worked on them; "
+                "their results are dropped here",
+                len(kept) - len(pairs),
+            )
+        self.messages = [message for message, _ in pairs]
+        return [result for _, result in pairs]
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(self.messages)

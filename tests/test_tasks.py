@@ -116,3 +116,70 @@ def test_a_block_that_raises_gives_back_everything_it_held(
         raise RuntimeError("the task failed")
     again = client.claim(queue, 5)
     assert sorted(m.text for m in again) == ["one", "two"] and {m.deliveries for m in again} == {2}
+
+
+@pytest.mark.parametrize(
+    "answer", [{"a": 1, "b": 2}, {1, 2}, "ab", iter([1, 2])], ids=["dict", "set", "str", "iterator"]
+)
+def test_a_batch_result_that_is_no_list_raises_and_everything_is_given_back(
+    conn_id: str, client: QueueClient, queue: QueueAddress, schema: str, answer: Any
+) -> None:
+    """A dict keyed by id, a set or a string of the right length would pair results with the wrong messages."""
+    client.send(queue, [Message("a"), Message("b")])
+    claimed = [m.to_dict(f'orders@"{schema}"') for m in client.claim(queue, 2)]
+    calls = []
+    with (
+        pytest.raises(ArgumentTypeError, match="list or tuple of results"),
+        hold_messages(claimed, sqlqueue_conn_id=conn_id, context=context()) as held,
+    ):
+        held.batch(lambda messages: calls.append(messages) or answer)
+    assert len(calls) == 1  # a mistake of the function, not of a message: not bisected
+    again = client.claim(queue, 5)
+    assert sorted(m.text for m in again) == ["a", "b"] and {m.deliveries for m in again} == {2}
+
+
+def test_map_and_batch_refuse_what_is_not_a_function_and_hand_out_copies(
+    conn_id: str, client: QueueClient, queue: QueueAddress, schema: str
+) -> None:
+    client.send(queue, [Message("a"), Message("b")])
+    claimed = [m.to_dict(f'orders@"{schema}"') for m in client.claim(queue, 2)]
+
+    def meddle(messages: list[dict[str, Any]]) -> list[str]:
+        for message in messages:
+            message["claim_token"] = str(uuid.uuid4())
+            message["headers"]["NServiceBus.MessageId"] = "changed"
+        return [m["body"] for m in messages]
+
+    with hold_messages(claimed, sqlqueue_conn_id=conn_id, context=context()) as held:
+        with pytest.raises(ArgumentTypeError, match="function must be callable"):
+            held.batch(None)  # type: ignore[arg-type]
+        with pytest.raises(ArgumentTypeError, match="function must be callable"):
+            held.map("upper")  # type: ignore[arg-type]
+        assert held.batch(meddle) == ["a", "b"]
+        assert held.map(lambda m: meddle([m])[0]) == ["a", "b"]
+        assert held.messages == claimed  # the claims forwarded are the ones taken
+    assert client.claim(queue, 5) == []  # nothing was given back
+
+
+def test_a_claim_another_consumer_took_during_the_work_is_dropped_with_its_result(
+    conn_id: str, client: QueueClient, queue: QueueAddress, schema: str, pg_uri: str
+) -> None:
+    """A stalled worker's lease lapses and another consumer takes the message: the rest go on."""
+    client.send(queue, [Message("kept"), Message("taken")])
+    claimed = [m.to_dict(f'orders@"{schema}"') for m in client.claim(queue, 2)]
+    taken_id = next(m["id"] for m in claimed if m["body"] == "taken")
+    others: list[Any] = []
+
+    def stall(messages: list[dict[str, Any]]) -> list[str]:
+        client.connection.execute(  # the lease runs out while the work stalls ...
+            f"UPDATE \"{schema}\".sqlqueue_inflight SET LeaseUntil = LeaseUntil - interval '1 day' WHERE Id = %s",
+            (taken_id,),
+        )
+        with QueueClient.connect(pg_uri) as other:  # ... and another consumer takes the message
+            others.extend(other.claim(queue, 5))
+        return [str(m["body"]).upper() for m in messages]
+
+    with hold_messages(claimed, sqlqueue_conn_id=conn_id, context=context()) as held:
+        assert held.batch(stall) == ["KEPT"]
+        assert [m["body"] for m in held.messages] == ["kept"]
+    assert [m.text for m in others] == ["taken"]
