@@ -54,6 +54,27 @@ def test_no_operation_touches_a_table_that_is_not_a_queue(backend, raw, client, 
         assert _rows(backend, raw, schema, "customers") == before, name
 
 
+def test_a_table_whose_seq_is_not_generated_is_not_a_queue(backend, raw, client, schema):
+    """Every column of a queue, but Seq (RowVersion) without a default or identity: a send would
+    store rows no receive ever reads (Seq NULL), so it is refused like any other table that is no queue."""
+    table = backend.table(schema, "handmade")
+    if backend.name == "postgres":
+        columns = "Id uuid PRIMARY KEY, Expires timestamp, Headers text NOT NULL, Body bytea, Seq bigint UNIQUE"
+    else:
+        columns = (
+            "Id uniqueidentifier PRIMARY KEY, CorrelationId varchar(255), ReplyToAddress varchar(255), "
+            "Recoverable bit NOT NULL, Expires datetime, Headers nvarchar(max) NOT NULL, "
+            "Body varbinary(max), RowVersion bigint UNIQUE"
+        )
+    raw.execute(f"CREATE TABLE {table} ({columns})")
+    handmade = QueueAddress("handmade", schema)
+    for attempt in (lambda: client.send(handmade, Message("x")), lambda: client.receive(handmade)):
+        with pytest.raises(NotAQueueError, match=r"(seq|rowversion) is bigint without"):
+            attempt()
+    assert _rows(backend, raw, schema, "handmade") == []
+    assert QueueAddress("handmade", schema) not in client.queues()
+
+
 def test_the_claim_store_is_not_a_queue(client, queue, schema):
     client.send(queue, Message("held"))
     [claimed] = client.claim(queue)

@@ -109,6 +109,15 @@ def quote_literal(text: str) -> str:
     return "'" + text.replace("'", "''").replace("%", "%%") + "'"
 
 
+#: A column's type as the catalog queries report it. ``Seq`` without a default (a sequence or an
+#: identity) is reported as another type: rows sent to such a table get no Seq, and no receive,
+#: which reads in Seq order, would ever see them.
+_COLUMN_TYPE = (
+    "CASE WHEN a.attname = 'seq' AND NOT (a.atthasdef OR a.attidentity <> '') "
+    "THEN format_type(a.atttypid, NULL) || ' without a default' ELSE format_type(a.atttypid, NULL) END"
+)
+
+
 class PostgresDialect(Dialect):
     """NServiceBus-compatible queue tables on PostgreSQL, driven through psycopg 3."""
 
@@ -296,7 +305,7 @@ class PostgresDialect(Dialect):
     def queue_columns_sql(self, address: QueueAddress) -> str:
         return (
             # Exact names: NServiceBus's unquoted columns are folded to lower case, so a quoted "Id" is another column.
-            "SELECT a.attname, format_type(a.atttypid, NULL) "
+            f"SELECT a.attname, {_COLUMN_TYPE} "
             "FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
             "JOIN pg_namespace n ON n.oid = c.relnamespace "
             "WHERE n.nspname = %(schema)s AND c.relname = %(table)s AND a.attnum > 0 AND NOT a.attisdropped "
@@ -316,7 +325,7 @@ class PostgresDialect(Dialect):
             "AND strpos(lower(n.nspname || '.' || c.relname), lower(%(search)s)) > 0 "
             "AND has_table_privilege(c.oid, 'SELECT') "
             "AND (SELECT count(*) FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped "
-            f"AND (a.attname::text, format_type(a.atttypid, NULL)) IN ({pairs})) = {len(self.column_types)}) "
+            f"AND (a.attname::text, {_COLUMN_TYPE}) IN ({pairs})) = {len(self.column_types)}) "
             "SELECT t.total, p.nspname, p.relname FROM (SELECT count(*) AS total FROM q) AS t LEFT JOIN "
             "(SELECT nspname, relname FROM q ORDER BY nspname, relname OFFSET %(offset)s LIMIT %(limit)s) AS p ON true "
             "ORDER BY p.nspname, p.relname"

@@ -183,6 +183,15 @@ def _after_ms(expression: str, now: str) -> str:
     return f"DATEADD(millisecond, {expression} %% 86400000, DATEADD(day, {expression} / 86400000, {now}))"
 
 
+#: A column's type as the catalog queries report it. ``RowVersion`` that is no identity column is
+#: reported as another type: rows sent to such a table get no RowVersion, and no receive, which
+#: reads in RowVersion order, would ever see them.
+_COLUMN_TYPE = (
+    "CASE WHEN LOWER(col.name) = N'rowversion' AND col.is_identity = 0 "
+    "THEN typ.name + N' without identity' ELSE typ.name END"
+)
+
+
 class SqlServerDialect(Dialect):
     """NServiceBus-compatible queue tables on SQL Server, driven through pymssql or pyodbc."""
 
@@ -431,7 +440,7 @@ class SqlServerDialect(Dialect):
     def queue_columns_sql(self, address: QueueAddress) -> str:
         c = self._catalog_prefix(address)
         return (
-            f"SELECT LOWER(col.name), typ.name FROM {c}sys.columns AS col "
+            f"SELECT LOWER(col.name), {_COLUMN_TYPE} FROM {c}sys.columns AS col "
             f"JOIN {c}sys.types AS typ ON typ.user_type_id = col.user_type_id "
             f"JOIN {c}sys.tables AS tab ON tab.object_id = col.object_id "
             f"JOIN {c}sys.schemas AS sch ON sch.schema_id = tab.schema_id "
@@ -451,7 +460,7 @@ class SqlServerDialect(Dialect):
             "AND (%(search)s = N'' OR CHARINDEX(LOWER(%(search)s), LOWER(sch.name + N'.' + tab.name)) > 0) "
             "AND HAS_PERMS_BY_NAME(QUOTENAME(sch.name) + N'.' + QUOTENAME(tab.name), N'OBJECT', N'SELECT') = 1 "
             "AND (SELECT COUNT(*) FROM sys.columns AS col JOIN sys.types AS typ ON typ.user_type_id = col.user_type_id "
-            f"WHERE col.object_id = tab.object_id AND LOWER(col.name) + N':' + typ.name IN ({pairs})) = {len(self.column_types)}) "
+            f"WHERE col.object_id = tab.object_id AND LOWER(col.name) + N':' + {_COLUMN_TYPE} IN ({pairs})) = {len(self.column_types)}) "
             "SELECT t.total, p.schema_name, p.table_name FROM (SELECT COUNT(*) AS total FROM q) AS t LEFT JOIN "
             "(SELECT schema_name, table_name FROM q ORDER BY schema_name, table_name "
             "OFFSET %(offset)s ROWS FETCH NEXT %(limit)s ROWS ONLY) AS p ON 1 = 1 "
