@@ -128,3 +128,14 @@ def test_a_queue_is_browsed_in_ranges_that_together_hold_each_message_once(clien
 
 def test_an_empty_queue_has_no_range(client, queue):
     assert client.seq_range(queue) is None
+
+
+def test_a_message_that_expires_while_held_is_not_handed_out_again(client, queue):
+    client.send(queue, [Message("lasting"), Message("brief", time_to_be_received=1)])
+    client.claim(queue, 2, holder="batch")
+    assert sorted(m.text for m in client.held(queue, "batch")) == ["brief", "lasting"]
+    time.sleep(1.5)
+    assert [m.text for m in client.held(queue, "batch")] == ["lasting"]
+    assert client.held_columns(queue, "batch").bodies == [b"lasting"]
+    assert client.ack_held(queue, "batch") == 2  # the expired one is settled with the rest
+    assert client.in_flight(queue) == 0

@@ -134,7 +134,7 @@ DECLARE @delay_ms bigint = @p_delay_ms, @error nvarchar(max) = @p_error, @tokens
 DECLARE @lease_ms bigint = @p_lease_ms, @tokens nvarchar(max) = @p_tokens, @queue nvarchar(450) = @p_queue; WITH held AS (SELECT * FROM [dbo].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE held SET LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())) OUTPUT inserted.Token;
 
 -- plain: held
-SELECT Token, Id, Headers, Body, Deliveries, Seq FROM [dbo].[sqlqueue_inflight] WITH (READCOMMITTEDLOCK) WHERE Queue = @p_queue AND Holder = @p_holder AND Seq % @p_parts = @p_part ORDER BY Seq;
+SELECT Token, Id, Headers, Body, Deliveries, Seq FROM [dbo].[sqlqueue_inflight] WITH (READCOMMITTEDLOCK) WHERE Queue = @p_queue AND Holder = @p_holder AND Seq % @p_parts = @p_part AND (Expires IS NULL OR Expires > GETUTCDATE()) ORDER BY Seq;
 
 -- plain: ack_held
 DELETE FROM [dbo].[sqlqueue_inflight] WHERE Queue = @p_queue AND Holder = @p_holder;
@@ -332,7 +332,7 @@ DECLARE @delay_ms bigint = @p_delay_ms, @error nvarchar(max) = @p_error, @tokens
 DECLARE @lease_ms bigint = @p_lease_ms, @tokens nvarchar(max) = @p_tokens, @queue nvarchar(450) = @p_queue; WITH held AS (SELECT * FROM [sa]]les].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE held SET LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())) OUTPUT inserted.Token;
 
 -- escaping: held
-SELECT Token, Id, Headers, Body, Deliveries, Seq FROM [sa]]les].[sqlqueue_inflight] WITH (READCOMMITTEDLOCK) WHERE Queue = @p_queue AND Holder = @p_holder AND Seq % @p_parts = @p_part ORDER BY Seq;
+SELECT Token, Id, Headers, Body, Deliveries, Seq FROM [sa]]les].[sqlqueue_inflight] WITH (READCOMMITTEDLOCK) WHERE Queue = @p_queue AND Holder = @p_holder AND Seq % @p_parts = @p_part AND (Expires IS NULL OR Expires > GETUTCDATE()) ORDER BY Seq;
 
 -- escaping: ack_held
 DELETE FROM [sa]]les].[sqlqueue_inflight] WHERE Queue = @p_queue AND Holder = @p_holder;
@@ -530,7 +530,7 @@ DECLARE @delay_ms bigint = @p_delay_ms, @error nvarchar(max) = @p_error, @tokens
 DECLARE @lease_ms bigint = @p_lease_ms, @tokens nvarchar(max) = @p_tokens, @queue nvarchar(450) = @p_queue; WITH held AS (SELECT * FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE held SET LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())) OUTPUT inserted.Token;
 
 -- catalog: held
-SELECT Token, Id, Headers, Body, Deliveries, Seq FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (READCOMMITTEDLOCK) WHERE Queue = @p_queue AND Holder = @p_holder AND Seq % @p_parts = @p_part ORDER BY Seq;
+SELECT Token, Id, Headers, Body, Deliveries, Seq FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (READCOMMITTEDLOCK) WHERE Queue = @p_queue AND Holder = @p_holder AND Seq % @p_parts = @p_part AND (Expires IS NULL OR Expires > GETUTCDATE()) ORDER BY Seq;
 
 -- catalog: ack_held
 DELETE FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Queue = @p_queue AND Holder = @p_holder;
@@ -728,7 +728,7 @@ DECLARE @delay_ms bigint = @p_delay_ms, @error nvarchar(max) = @p_error, @tokens
 DECLARE @lease_ms bigint = @p_lease_ms, @tokens nvarchar(max) = @p_tokens, @queue nvarchar(450) = @p_queue; WITH held AS (SELECT * FROM [ünï].[sqlqueue_inflight] WHERE Queue = @queue AND Token IN (SELECT CONVERT(uniqueidentifier, j.value) FROM OPENJSON(@tokens) AS j)) UPDATE held SET LeaseUntil = DATEADD(millisecond, @lease_ms % 86400000, DATEADD(day, @lease_ms / 86400000, SYSUTCDATETIME())) OUTPUT inserted.Token;
 
 -- unicode: held
-SELECT Token, Id, Headers, Body, Deliveries, Seq FROM [ünï].[sqlqueue_inflight] WITH (READCOMMITTEDLOCK) WHERE Queue = @p_queue AND Holder = @p_holder AND Seq % @p_parts = @p_part ORDER BY Seq;
+SELECT Token, Id, Headers, Body, Deliveries, Seq FROM [ünï].[sqlqueue_inflight] WITH (READCOMMITTEDLOCK) WHERE Queue = @p_queue AND Holder = @p_holder AND Seq % @p_parts = @p_part AND (Expires IS NULL OR Expires > GETUTCDATE()) ORDER BY Seq;
 
 -- unicode: ack_held
 DELETE FROM [ünï].[sqlqueue_inflight] WHERE Queue = @p_queue AND Holder = @p_holder;

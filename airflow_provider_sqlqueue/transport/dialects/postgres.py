@@ -717,7 +717,9 @@ class PostgresDialect(Dialect):
         f = self.qualified_name(self.inflight_address(address))
         return (
             f"SELECT Token, Id, Headers, Body, Deliveries, Seq FROM {f} WHERE Queue = %(queue)s AND Holder = %(holder)s "
-            "AND mod(Seq, %(parts)s) = %(part)s ORDER BY Seq"
+            # A message whose time to be received passed while held is not handed out again; the
+            # holder's ack_held deletes it with the rest.
+            f"AND mod(Seq, %(parts)s) = %(part)s AND (Expires IS NULL OR Expires > {_UTC_NOW}) ORDER BY Seq"
         )
 
     def ack_held_sql(self, address: QueueAddress) -> str:

@@ -872,7 +872,10 @@ class SqlServerDialect(Dialect):
         f = self.qualified_name(self.inflight_address(address))
         return (
             f"SELECT Token, Id, Headers, Body, Deliveries, Seq FROM {f} WITH (READCOMMITTEDLOCK) "
-            "WHERE Queue = %(queue)s AND Holder = %(holder)s AND Seq %% %(parts)s = %(part)s ORDER BY Seq"
+            "WHERE Queue = %(queue)s AND Holder = %(holder)s AND Seq %% %(parts)s = %(part)s "
+            # A message whose time to be received passed while held is not handed out again; the
+            # holder's ack_held deletes it with the rest.
+            f"AND (Expires IS NULL OR Expires > {_UTC_NOW}) ORDER BY Seq"
         )
 
     def ack_held_sql(self, address: QueueAddress) -> str:
