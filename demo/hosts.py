@@ -15,9 +15,14 @@ Everything here needs root (``ip netns``, ``ip link``). Namespaces and links are
 from __future__ import annotations
 
 import ipaddress
+import os
 import secrets
 import shutil
+import signal
+import socket
 import subprocess
+import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,10 +42,21 @@ def ip(*args: str) -> str:
     return done.stdout
 
 
+def _kill_in(namespace: str) -> int:
+    """SIGKILL every process in network namespace ``namespace``; returns how many."""
+    done = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True, check=False)
+    killed = 0
+    for pid in done.stdout.split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+            killed += 1
+        except ProcessLookupError:
+            pass
+    return killed
+
+
 def available() -> str | None:
     """Why hosts cannot be made here (not root, no ``ip netns``), or None when they can."""
-    import os
-
     if os.geteuid() != 0:
         return "network namespaces need root"
     if shutil.which("ip") is None:
@@ -81,6 +97,21 @@ class Host:
     def command(self, argv: Sequence[str]) -> list[str]:
         """``argv`` run inside this host's namespace."""
         return ["ip", "netns", "exec", self.namespace, *argv]
+
+    def runs(self, pid: int) -> bool:
+        """Whether process ``pid`` runs on this host (in its network namespace).
+
+        What a process's environment or title says can change (Celery and Airflow rewrite the
+        memory both live in); the namespace it is in cannot.
+        """
+        try:
+            return os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat(f"/run/netns/{self.namespace}").st_ino
+        except OSError:
+            return False
+
+    def crash(self) -> int:
+        """SIGKILL every process on this host, as a machine that loses power; returns how many."""
+        return _kill_in(self.namespace)
 
 
 class Network:
@@ -148,8 +179,10 @@ class Network:
         ip("link", "set", host.link, "up")
 
     def delete(self) -> None:
-        """Delete every host's namespace and link, then the bridge (missing ones are skipped)."""
+        """Kill what still runs on the hosts, delete every host's namespace and link, then the bridge
+        (missing ones are skipped). A namespace deleted under a running process would live on with it."""
         for host in self.hosts.values():
+            host.crash()
             subprocess.run(["ip", "netns", "delete", host.namespace], capture_output=True, check=False)
             reaper.forget_namespace(host.namespace)
             subprocess.run(["ip", "link", "delete", host.link], capture_output=True, check=False)
@@ -166,7 +199,6 @@ class Network:
 
 def free_port(address: str) -> int:
     """A TCP port nothing listens on at ``address`` now."""
-    import socket
 
     with socket.socket() as probe:
         probe.bind((address, 0))
@@ -174,8 +206,6 @@ def free_port(address: str) -> int:
 
 
 def _wait_listening(address: str, port: int, process: subprocess.Popen[bytes], what: str, timeout: float) -> None:
-    import socket
-    import time
 
     deadline = time.monotonic() + timeout
     while True:
@@ -191,8 +221,6 @@ def _wait_listening(address: str, port: int, process: subprocess.Popen[bytes], w
 
 
 def _stop(process: subprocess.Popen[bytes], sig: int) -> None:
-    import os
-    import signal
 
     try:
         os.killpg(process.pid, sig)
@@ -214,9 +242,6 @@ def postgres_on(network: Network, *, bin_dir: str = "/usr/lib/postgresql/15/bin"
     reconfiguring them for a test would be a change to the machine. PostgreSQL refuses to run as
     root, so the server runs as the ``postgres`` user when this process is root.
     """
-    import os
-    import signal
-    import tempfile
 
     user = "postgres" if os.geteuid() == 0 else None
     data = Path(tempfile.mkdtemp(prefix="sqq-pg-"))
@@ -265,7 +290,6 @@ def redis_on(network: Network) -> Iterator[str]:
 
     Protected mode (loopback only unless a password is set) is off: the subnet is private to this run.
     """
-    import signal
 
     port = free_port(network.address)
     server = subprocess.Popen(

@@ -113,7 +113,11 @@ def kill_all() -> None:
         kill_marked(name, value)
     # Processes first: a namespace deleted under a running process lives on until the process ends.
     while _namespaces:
-        subprocess.run(["ip", "netns", "delete", _namespaces.pop()], capture_output=True, check=False)
+        namespace = _namespaces.pop()
+        inside = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True, check=False)
+        for pid in inside.stdout.split():
+            _kill(int(pid))
+        subprocess.run(["ip", "netns", "delete", namespace], capture_output=True, check=False)
     while _links:
         subprocess.run(["ip", "link", "delete", _links.pop()], capture_output=True, check=False)
 

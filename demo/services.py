@@ -124,8 +124,6 @@ class AirflowServices:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self._log_files: dict[str, IO[bytes]] = {}
-        #: Per service key, the mark (an environment variable) every process it started carries.
-        self._marks: dict[str, tuple[str, str]] = {}
         self.env = {
             **os.environ,
             "AIRFLOW_HOME": str(home),
@@ -190,10 +188,6 @@ class AirflowServices:
         command = [*prefix, sys.executable, "-m", "airflow", *name.split(), *args]
         if name == "api-server":
             command += ["--workers", "1"]
-        # Every process the service starts carries this mark, in its session or not: a kill reaches
-        # them all, as a host's crash would.
-        mark = ("SQLQUEUE_SERVICE", f"{self.home}:{key}")
-        self._marks[key] = mark
         log = self._log_files.get(key) or (self.logs / f"{key}.log").open("ab")
         self._log_files[key] = log
         log.write(f"\n===== starting {key} at {time.strftime('%H:%M:%S')} =====\n".encode())
@@ -201,7 +195,7 @@ class AirflowServices:
         # A session of its own: a kill reaches the service and what it started (LocalExecutor workers).
         process = subprocess.Popen(
             command,
-            env={**self.env, **(env or {}), mark[0]: mark[1]},
+            env={**self.env, **(env or {})},
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -238,18 +232,12 @@ class AirflowServices:
         return time.perf_counter() - started
 
     def kill(self, key: str, sig: int = signal.SIGKILL) -> None:
-        """Send ``sig`` to a service and everything it started, and wait for it to end.
-
-        A SIGKILL also reaches what left the service's session (a Celery worker's task processes
-        and their Spark drivers): the whole host's share of the work dies, as in a crash.
-        """
+        """Send ``sig`` to a service and everything it started, and wait for it to end."""
         process = self.processes[key]
         try:
             os.killpg(process.pid, sig)
         except ProcessLookupError:
             pass
-        if sig == signal.SIGKILL and key in self._marks:
-            reaper.kill_marked(*self._marks[key])
         try:
             process.wait(timeout=60)
         except subprocess.TimeoutExpired:
@@ -290,17 +278,6 @@ class AirflowServices:
                 return dict(json.load(answer))
         except (urllib.error.URLError, OSError, ValueError):
             return {}
-
-    def service_of(self, pid: int) -> str | None:
-        """The key of the service that started process ``pid`` (by its mark), None if none did."""
-        try:
-            environ = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
-        except OSError:
-            return None
-        for key, (name, value) in self._marks.items():
-            if f"{name}={value}".encode() in environ:
-                return key
-        return None
 
     def wait_healthy(self, timeout: float = 240) -> None:
         """Wait until the api-server answers and reports the scheduler, dag-processor and triggerer healthy."""

@@ -93,3 +93,20 @@ def test_servers_on_the_bridge_answer_hosts_on_the_subnet(network: hosts.Network
         ping = f"import psycopg, redis; psycopg.connect({uri!r}).close(); print(redis.Redis.from_url({url!r}).ping())"
         done = subprocess.run(host.command([sys.executable, "-c", ping]), capture_output=True, text=True)
         assert done.stdout.strip() == "True", done.stderr
+
+
+def test_a_host_knows_its_processes_and_a_crash_kills_them_all(network: hosts.Network) -> None:
+    one, two = network.add_host("a"), network.add_host("b")
+    # A process that leaves its session and rewrites its title, as Celery's and Airflow's do.
+    sleeper = subprocess.Popen(one.command(["setsid", "sleep", "300"]))
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not one.runs(sleeper.pid):
+            time.sleep(0.05)
+        assert one.runs(sleeper.pid) and not two.runs(sleeper.pid)
+        assert two.crash() == 0
+        assert one.crash() == 1
+        assert sleeper.wait(timeout=30) == -9
+    finally:
+        sleeper.kill()
+        sleeper.wait()
