@@ -250,7 +250,7 @@ def hold_messages(
     which is what the error queue's headers show if it ends there.
     """
     # Refused before anything is taken; a lease may be given in seconds, as everywhere.
-    lease = duration("lease", lease, maximum=defaults.MAX_LEASE)
+    lease = duration("lease", lease, maximum=defaults.MAX_LEASE, minimum=defaults.MIN_RENEWED_LEASE)
     check_positive("limit", limit)
     context = context or get_current_context()
     hook = SqlQueueHook(sqlqueue_conn_id)

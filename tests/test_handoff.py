@@ -173,17 +173,18 @@ def test_extend_and_settle_many_tokens_in_one_call(client, queue):
 
 def test_lease_keeper_keeps_claims_alive_and_reports_those_taken_by_others(backend, client, queue):
     client.send(queue, [Message("kept"), Message("dropped")])
-    kept, dropped = client.claim(queue, 2, lease=0.3)
+    kept, dropped = client.claim(queue, 2, lease=1)
     key = client.session.dialect.format_address(queue)
 
     def open_client() -> QueueClient:
         return QueueClient.connect(backend.uri)
 
-    with LeaseKeeper(open_client, {key: [kept.claim_token, dropped.claim_token]}, timedelta(seconds=0.3)) as keeper:
+    # The shortest lease a keeper takes (defaults.MIN_RENEWED_LEASE), renewed every third of it.
+    with LeaseKeeper(open_client, {key: [kept.claim_token, dropped.claim_token]}, timedelta(seconds=1)) as keeper:
         assert client.nack(queue, dropped.claim_token) is True  # given back: someone else takes it
         [retaken] = client.claim(queue)
         assert retaken.id == dropped.id
-        time.sleep(0.9)  # three leases: only the renewals keep "kept"
+        time.sleep(2.5)  # past two leases: only the renewals keep "kept"
         assert client.claim(queue) == []
     assert keeper.renewals >= 3
     assert keeper.held == {key: {kept.claim_token}} and keeper.lost == {key: {dropped.claim_token}}

@@ -37,6 +37,10 @@ def test_a_claim_someone_else_took_is_dropped_and_reported(
     assert again.id == message.id
 
 
-def test_a_keeper_refuses_a_lease_that_is_not_positive(pg_uri: str) -> None:
-    with pytest.raises(InvalidArgumentError):
-        LeaseKeeper(lambda: QueueClient.connect(pg_uri), {}, timedelta(0))
+@pytest.mark.parametrize("lease", [timedelta(0), timedelta(milliseconds=1), 0.999])
+def test_a_keeper_refuses_a_lease_too_short_to_renew(pg_uri: str, lease: timedelta | float) -> None:
+    """Renewing every third of a millisecond lease cannot keep up: another consumer would take the
+    claim while its holder still works (a pump, hold_messages and the triggers refuse it too)."""
+    with pytest.raises(InvalidArgumentError, match="lease must be"):
+        LeaseKeeper(lambda: QueueClient.connect(pg_uri), {}, lease)
+    assert LeaseKeeper(lambda: QueueClient.connect(pg_uri), {}, 1).lease == timedelta(seconds=1)

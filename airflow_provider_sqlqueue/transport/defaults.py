@@ -34,6 +34,12 @@ def renewal_interval(lease: timedelta) -> float:
 #: Longest lease or give-back delay accepted: claims are renewed, so a longer one only hides a dead holder.
 MAX_LEASE = timedelta(days=7)
 
+#: Shortest lease a holder that renews it accepts (a keeper, a pump, ``hold_messages``, the
+#: triggers' hand-off): renewing every third of a shorter one leaves no room for a round trip
+#: under load, and the claim lapses to another consumer while its holder still works. A single
+#: ``claim`` takes any positive lease: a claim nobody renews may be meant to lapse at once.
+MIN_RENEWED_LEASE = timedelta(seconds=1)
+
 #: Longest time-to-be-received accepted. ``Expires`` must stay a date that NServiceBus (.NET
 #: ``DateTime``), SQL Server's ``datetime`` and Python can all read (before the year 10000).
 MAX_TIME_TO_BE_RECEIVED = timedelta(days=365 * 1000)

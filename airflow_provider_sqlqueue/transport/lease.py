@@ -51,7 +51,7 @@ class LeaseKeeper:
         if not isinstance(claims, Mapping):
             raise ArgumentTypeError(f"claims must map queues to claim tokens, got {type(claims).__name__}")
         self._open_client = open_client
-        self.lease = duration("lease", lease, maximum=defaults.MAX_LEASE)
+        self.lease = duration("lease", lease, maximum=defaults.MAX_LEASE, minimum=defaults.MIN_RENEWED_LEASE)
         self.held: dict[str, set[uuid.UUID]] = {queue: set(as_tokens(tokens)) for queue, tokens in claims.items()}
         self.lost: dict[str, set[uuid.UUID]] = {}
         self.renewals = 0

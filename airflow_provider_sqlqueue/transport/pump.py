@@ -246,7 +246,9 @@ class MessagePump:
         self.peek_interval = peek_interval
         self.peek_batch_size = peek_batch_size
         self.receive_batch_size = receive_batch_size
-        self.lease = duration("lease", lease, maximum=defaults.MAX_LEASE)  # seconds too, as everywhere
+        self.lease = duration(
+            "lease", lease, maximum=defaults.MAX_LEASE, minimum=defaults.MIN_RENEWED_LEASE
+        )  # seconds too, as everywhere
         self.lease_ms = lease_ms(lease)
         self.holder = default_holder()
         self.max_deliveries = max_deliveries

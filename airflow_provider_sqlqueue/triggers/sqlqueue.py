@@ -130,7 +130,7 @@ async def _send_health(conn_id: str, interval: float) -> None:
 
 def lease_seconds(lease: timedelta | float) -> float:
     """A lease as seconds (what serialises into trigger kwargs), checked as the core checks leases."""
-    return duration("lease", lease, maximum=defaults.MAX_LEASE).total_seconds()
+    return duration("lease", lease, maximum=defaults.MAX_LEASE, minimum=defaults.MIN_RENEWED_LEASE).total_seconds()
 
 
 def receiving_mode(mode: TransactionMode | str) -> TransactionMode:
