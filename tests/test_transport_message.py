@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 from datetime import timedelta
 
 import pytest
@@ -83,3 +84,34 @@ def test_ascii_only_headers_are_the_same_json_in_ascii():
     text = encode_headers(headers, ascii_only=True)
     assert text.isascii() and decode_headers(text) == headers
     assert Message(b"", headers).wire_headers(ascii_only=True).isascii()
+
+
+def test_a_message_cannot_be_changed_once_built_and_travels_by_pickle():
+    """Sends trust the constructor's checks: a body, id or header changed afterwards would reach the table unchecked."""
+    message = Message(b"body", {"Shop.Note": "a"}, time_to_be_received=5)
+    for name, value in (("body", "text"), ("id", "abc"), ("time_to_be_received", -5), ("headers", {})):
+        with pytest.raises(AttributeError, match="cannot be changed once built"):
+            setattr(message, name, value)
+    with pytest.raises(TypeError):
+        message.headers["Shop.Note"] = 1  # type: ignore[index]
+    with pytest.raises(AttributeError, match="cannot be changed once built"):
+        del message.body
+    copied = pickle.loads(pickle.dumps(message))  # noqa: S301  # our own bytes, as Spark ships them
+    assert (copied.body, dict(copied.headers), copied.id, copied.time_to_be_received) == (
+        b"body",
+        {"Shop.Note": "a"},
+        message.id,
+        timedelta(seconds=5),
+    )
+    assert dict(Message("again", message.headers).headers) == {"Shop.Note": "a"}  # a view is taken as headers
+    assert "body" not in repr(Message(b"secret body")) and "secret" not in repr(Message(b"secret"))
+
+
+def test_a_default_header_given_as_none_is_filled_in():
+    message = Message("x", {"NServiceBus.MessageId": None, "NServiceBus.TimeSent": None, "Shop.Empty": None})
+    wire = json.loads(message.wire_headers("2026-01-01 00:00:00:000000 Z"))
+    assert wire == {
+        "Shop.Empty": None,
+        "NServiceBus.MessageId": str(message.id),
+        "NServiceBus.TimeSent": "2026-01-01 00:00:00:000000 Z",
+    }

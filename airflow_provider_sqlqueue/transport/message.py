@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from json.encoder import encode_basestring, encode_basestring_ascii
+from types import MappingProxyType
+from typing import Any
 
 import msgspec
 
@@ -130,7 +132,9 @@ def wire_timespan(span: timedelta) -> str:
 def validate_headers(headers: object) -> Headers:
     """Check that ``headers`` is a flat mapping of ``str`` to ``str | None`` and return it as a dict."""
     if not isinstance(headers, dict):
-        raise InvalidHeadersError(f"headers must be a JSON object, got {type(headers).__name__}")
+        if not isinstance(headers, Mapping):
+            raise InvalidHeadersError(f"headers must be a JSON object, got {type(headers).__name__}")
+        headers = dict(headers)  # a read-only view (another message's headers), an ordered mapping
     # Fast path for what nearly every message has: string keys, string values, all ASCII.
     values = headers.values()
     if {*map(type, headers), *map(type, values)} <= {str} and ("".join(headers) + "".join(values)).isascii():
@@ -365,11 +369,15 @@ class Message:
     message is never delivered.
 
     The constructor accepts what callers have (text bodies, string ids, seconds) and checks it; the
-    attributes hold the normalised values.
+    attributes hold the normalised values. A message cannot be changed once built (its attributes
+    are read-only and ``headers`` is a read-only view): sends trust the constructor's checks, so a
+    value changed afterwards would reach the table unchecked. Build a new message instead.
     """
 
+    __slots__ = ("_headers", "body", "id", "time_to_be_received")
+
+    _headers: Headers
     body: bytes
-    headers: Headers
     id: uuid.UUID
     time_to_be_received: timedelta | None
 
@@ -380,10 +388,33 @@ class Message:
         id: uuid.UUID | str | None = None,  # noqa: A002  # NServiceBus's name for a message's id
         time_to_be_received: timedelta | float | None = None,
     ) -> None:
-        self.body = coerce_body(body)
-        self.headers = validate_headers({} if headers is None else headers)
-        self.id = uuid.uuid4() if id is None else uuid_value("message id", id)
-        self.time_to_be_received = coerce_ttbr(time_to_be_received)
+        settle = object.__setattr__
+        settle(self, "body", coerce_body(body))
+        checked = validate_headers({} if headers is None else headers)
+        for default in (MESSAGE_ID, TIME_SENT):  # None asks for the default, as leaving it out does
+            if default in checked and checked[default] is None:
+                del checked[default]
+        settle(self, "_headers", checked)
+        settle(self, "id", uuid.uuid4() if id is None else uuid_value("message id", id))
+        settle(self, "time_to_be_received", coerce_ttbr(time_to_be_received))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"a Message cannot be changed once built (setting {name}): build a new Message")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"a Message cannot be changed once built (deleting {name}): build a new Message")
+
+    @property
+    def headers(self) -> Mapping[str, str | None]:
+        """The headers given (a read-only view; NServiceBus's defaults are added when the message is sent)."""
+        return MappingProxyType(self._headers)
+
+    def __reduce__(self) -> tuple[type[Message], tuple[Any, ...]]:
+        """Pickled (to Spark's executors, to a process pool) as its constructor's arguments."""
+        return (Message, (self.body, self._headers, self.id, self.time_to_be_received))
+
+    def __repr__(self) -> str:  # never the body or the headers' values: a repr ends up in logs
+        return f"Message(id={self.id}, {len(self.body)} byte(s), {len(self._headers)} header(s))"
 
     @classmethod
     def of(
@@ -407,7 +438,7 @@ class Message:
         """
         # The defaults are appended as JSON members (their names and values are ASCII needing no
         # escapes), in the order a dict's setdefault would have put them.
-        given = self.headers
+        given = self._headers
         appended: list[str] = []
         if MESSAGE_ID not in given:
             appended.append(f'"{MESSAGE_ID}":"{self.id}"')
