@@ -131,3 +131,18 @@ def test_retry_errors_by_queue_leaves_a_message_whose_id_already_waits(client, q
         assert sorted(m.text for m in client.receive(queue, 10)) == ["first again", "second"]
     else:  # NServiceBus's SQL Server tables let two rows share an id
         assert (retried, client.depth(error)) == (2, 0)
+
+
+def test_a_missing_claim_store_is_named_as_such_not_as_a_missing_queue(backend, raw, client, queue, schema):
+    """A queue NServiceBus (or plain SQL) created has no claim store beside it: claim mode says so."""
+    client.send(queue, Message("waiting"))
+    raw.execute(f"DROP TABLE {backend.table(schema, 'sqlqueue_inflight')}")
+    with backend.client(schema) as other:  # a session that has not met the store yet
+        for attempt in (lambda: other.claim(queue), lambda: other.held(queue, "h")):
+            with pytest.raises(
+                QueueNotFoundError, match=r"claim store .*sqlqueue_inflight.* does not exist: run create_queue"
+            ):
+                attempt()
+        assert other.depth(queue) == 1  # the queue itself is there and untouched
+        other.create_queue(queue)  # adds the store, leaves the queue as it is
+        assert [m.text for m in other.claim(queue)] == ["waiting"]

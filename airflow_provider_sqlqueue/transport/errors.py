@@ -31,9 +31,15 @@ class InvalidHeadersError(InvalidArgumentError):
 class QueueNotFoundError(SqlQueueError):
     """The queue's table does not exist (create it with the installer first)."""
 
-    def __init__(self, address: str, detail: str = "") -> None:
+    def __init__(self, address: str, detail: str = "", *, claim_store: str | None = None) -> None:
         self.address = address
         message = f"queue table {address} does not exist; create it first (create_queue / CreateQueueOperator)"
+        if claim_store is not None:  # the queue is there; claim mode's store beside it is not
+            message = (
+                f"the claim store {claim_store} that claim mode keeps beside {address} does not exist: run "
+                "create_queue (CreateQueueOperator, `sqlqueue create`) for the queue, which adds it and leaves an "
+                "existing queue as it is"
+            )
         if detail:
             message = f"{message}: {detail}"
         super().__init__(message)
@@ -67,6 +73,9 @@ class ClientClosedError(SqlQueueError):
     A closed client does not open its connection again by itself, as it does when the server
     dropped it.
     """
+
+    def __init__(self) -> None:
+        super().__init__("the client is closed (its with block ended, or close() was called): open a new one")
 
 
 class StatementRejectedError(SqlQueueError):

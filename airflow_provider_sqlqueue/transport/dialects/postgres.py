@@ -789,8 +789,9 @@ class PostgresDialect(Dialect):
             )
         if sqlstate in ("42P07", "42710"):  # duplicate_table / duplicate_object: another installer won a race
             return ObjectExistsError(f"another installer created part of {address} at the same time: {detail}")
-        if sqlstate == "42P01":  # undefined_table
-            return QueueNotFoundError(address, str(exc).strip())
+        if sqlstate == "42P01":  # undefined_table: the queue's, or the claim store beside it
+            store = re.search(rf'relation "((?:[^"]+\.)?{re.escape(self.inflight_table)})" does not exist', detail)
+            return QueueNotFoundError(address, detail, claim_store=store.group(1) if store else None)
         if sqlstate == "3F000":  # invalid_schema_name
             return QueueNotFoundError(address, str(exc).strip())
         if sqlstate == "42501":  # insufficient_privilege

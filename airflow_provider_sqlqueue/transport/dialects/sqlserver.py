@@ -954,8 +954,9 @@ class SqlServerDialect(Dialect):
         number, sqlstate, text = error.number, error.sqlstate, error.text
         if error.connection_lost:
             return TransportUnavailableError(f"database connection lost or unreachable ({address}): {text}")
-        if number == 208 or sqlstate == "42S02":  # invalid object name
-            return QueueNotFoundError(address, text)
+        if number == 208 or sqlstate == "42S02":  # invalid object name: the queue's, or the claim store beside it
+            store = re.search(rf"Invalid object name '((?:[^']+\.)?{re.escape(self.inflight_table)})'", text)
+            return QueueNotFoundError(address, text, claim_store=store.group(1) if store else None)
         if number == 2760:  # the schema does not exist (or is not visible to this login)
             return QueueNotFoundError(address, text)
         if number in (2627, 2601):  # duplicate key: the message id is the queue's key
