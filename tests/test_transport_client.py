@@ -17,7 +17,7 @@ import pytest
 from airflow_provider_sqlqueue.transport import AsyncQueueClient, Message, QueueAddress, QueueClient
 from airflow_provider_sqlqueue.transport.client import TaskLock, same_table
 from airflow_provider_sqlqueue.transport.dialects import get_dialect
-from airflow_provider_sqlqueue.transport.errors import ArgumentTypeError
+from airflow_provider_sqlqueue.transport.errors import ArgumentTypeError, ClientClosedError
 
 #: What only one of the two clients has, and why: the context manager protocols differ, and only
 #: asyncio callers (the shared poller, the pump) wait for send notifications between peeks.
@@ -124,3 +124,15 @@ def test_a_notified_send_wakes_listeners_once_at_commit_and_a_plain_one_not_at_a
         "batch-2",
         "in a block",
     ]
+
+
+async def test_a_closed_client_refuses_even_an_empty_send(pg_uri: str, queue: QueueAddress) -> None:
+    with QueueClient.connect(pg_uri) as client:
+        pass
+    for call in (lambda: client.send(queue, []), lambda: client.send_copied(queue, [])):
+        with pytest.raises(ClientClosedError, match="the client is closed"):
+            call()
+    closed = await AsyncQueueClient.connect(pg_uri)
+    await closed.close()
+    with pytest.raises(ClientClosedError):
+        await closed.send(queue, [])

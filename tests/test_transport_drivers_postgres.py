@@ -7,9 +7,13 @@ from typing import Any
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from airflow_provider_sqlqueue.transport import Message, QueueAddress, QueueClient
+from airflow_provider_sqlqueue.transport import AsyncPsycopgPool, Message, QueueAddress, QueueClient
 from airflow_provider_sqlqueue.transport.drivers import PsycopgSession, finish
-from airflow_provider_sqlqueue.transport.errors import TransportMisconfiguredError, TransportUnavailableError
+from airflow_provider_sqlqueue.transport.errors import (
+    InvalidArgumentError,
+    TransportMisconfiguredError,
+    TransportUnavailableError,
+)
 
 
 def test_connections_autocommit_and_bound_their_connect_wait(pg_uri: str) -> None:
@@ -60,3 +64,13 @@ def test_startup_settings_the_server_refuses_are_a_setting_to_fix(pg_uri: str, r
     for change in changes:
         with pytest.raises(TransportMisconfiguredError, match="retrying will not help"):
             finish(PsycopgSession.connect(make_conninfo(pg_uri, **change), blocking=True))
+
+
+@pytest.mark.parametrize("given", [{"autocommit": False}, {"row_factory": dict}, {"cursor_factory": object}])
+async def test_connection_arguments_the_session_sets_itself_are_refused(pg_uri: str, given: dict[str, Any]) -> None:
+    """A pool built with autocommit=False used to fail at its first session with a raw TypeError."""
+    [name] = given
+    with pytest.raises(InvalidArgumentError, match=f"{name} cannot be given"):
+        AsyncPsycopgPool(pg_uri, 2, **given)
+    with pytest.raises(InvalidArgumentError, match=f"{name} cannot be given"):
+        await PsycopgSession.connect(pg_uri, **given)

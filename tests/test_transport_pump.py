@@ -412,6 +412,8 @@ def test_a_batch_handler_needs_native_mode_and_no_single_handler():
         MessagePump(never_used, QueueAddress("orders"), None, batch_handler=batch_handler, transaction_mode="claim")
     with pytest.raises(ValueError, match="not both"):
         MessagePump(never_used, QueueAddress("orders"), lambda m, c: None, batch_handler=batch_handler)
+    with pytest.raises(ValueError, match="got neither"):
+        MessagePump(never_used, QueueAddress("orders"), None)
 
 
 @pytest.fixture

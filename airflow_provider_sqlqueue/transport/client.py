@@ -422,6 +422,11 @@ class AsyncQueueClient(Addressing):
     def _counted(self, event: Event, queue: QueueAddress, n: int) -> None:
         self._reporter.count(event, queue, n)
 
+    def _refuse_closed(self) -> None:
+        """For calls that send no statement (nothing to send): a closed client is closed all the same."""
+        if self.session.closed:
+            raise ClientClosedError()
+
     async def _run(self, op: ops.Operation[T]) -> T:
         """Run an operation in its own transaction, or in the caller's (:meth:`transaction`), one caller at a time."""
         async with self._lock:
@@ -545,6 +550,7 @@ class AsyncQueueClient(Addressing):
         flag("notify", notify)
         wait = delivery_delay(delay, due)
         if not batch:
+            self._refuse_closed()
             return 0
         if wait is None:
             sent = await self._run(ops.send(self.dialect, address, batch, notify))
@@ -561,6 +567,7 @@ class AsyncQueueClient(Addressing):
         batch = as_messages(messages)
         address = self.address(queue)
         if not batch:
+            self._refuse_closed()
             return 0
         sent = await self._run(ops.send_copied(self.dialect, address, batch))
         self._counted("sent", address, sent)

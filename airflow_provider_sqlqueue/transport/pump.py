@@ -200,7 +200,8 @@ class MessagePump:
     ) -> None:
         if (handler is None) == (batch_handler is None):
             raise InvalidArgumentError(
-                "give a handler (one message at a time) or a batch_handler (native mode), not both"
+                "give a handler (one message at a time) or a batch_handler (native mode), "
+                + ("not both" if handler is not None else "got neither")
             )
         if batch_handler is not None and TransactionMode(transaction_mode) is not TransactionMode.NATIVE:
             raise InvalidArgumentError(

@@ -116,6 +116,22 @@ def redact(text: str, conninfo: str) -> str:
     return text
 
 
+#: psycopg connection arguments the session sets itself: it commits by itself outside an
+#: operation's transaction, and reads rows as tuples through its own cursors.
+_SESSION_OWNED = ("autocommit", "row_factory", "cursor_factory", "context")
+
+
+def checked_connect_options(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Refuse connection arguments the session sets itself, before a connection is opened."""
+    owned = sorted(set(kwargs) & set(_SESSION_OWNED))
+    if owned:
+        raise InvalidArgumentError(
+            f"{', '.join(owned)} cannot be given: the session sets it itself (autocommit outside its "
+            "transactions, rows as tuples); give libpq settings such as connect_timeout or application_name"
+        )
+    return kwargs
+
+
 def with_connect_timeout(conninfo: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     """Connection arguments with ``connect_timeout`` set unless the caller set it.
 
@@ -248,9 +264,7 @@ class PsycopgSession(Session):
         """Open again an owned connection the server dropped: the call that met the loss said "retry"
         (TransportUnavailableError), and the retry must be able to succeed. A new connection listens afresh."""
         if self.closed:  # closed by its caller, not lost: nothing is opened again
-            raise ClientClosedError(
-                "the client is closed (its with block ended, or close() was called): open a new one"
-            )
+            raise ClientClosedError()
         lost = self.connection.closed or self.connection.broken
         if lost and self._blocks:
             # Inside a transaction block the transaction died with its connection: a new connection
@@ -274,7 +288,10 @@ class PsycopgSession(Session):
         """Open an autocommit connection (outside an operation's transaction nothing stays open):
         a blocking one, or an asyncio one."""
         try:
-            target, options = checked_conninfo(conninfo), with_connect_timeout(conninfo, kwargs)
+            target, options = (
+                checked_conninfo(conninfo),
+                with_connect_timeout(conninfo, checked_connect_options(kwargs)),
+            )
             connection: Any
             if blocking:
                 connection = psycopg.connect(target, autocommit=True, **options)
@@ -431,7 +448,7 @@ class AsyncPsycopgPool(SessionPool):
             raise InvalidArgumentError(f"min_size must be between 0 and max_size ({max_size}), got {min_size}")
         self.dialect = get_dialect("postgres")
         self._conninfo = checked_conninfo(conninfo)
-        self._kwargs = kwargs
+        self._kwargs = checked_connect_options(kwargs)
         self._min_size = min_size
         self._slots = asyncio.Semaphore(max_size)
         self._idle: list[Any] = []
