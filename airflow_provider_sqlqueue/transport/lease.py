@@ -33,7 +33,9 @@ class LeaseKeeper:
     from :attr:`held` and logged; the work on it must not be passed on (an atomic forward refuses
     it anyway). A database outage is logged and retried at the next renewal.
 
-    :param open_client: opens the keeper's own connection (a client is not shared across threads).
+    :param open_client: opens a new client for the keeper each time it is called (a client is not
+        shared across threads); the keeper closes what it returns, so it must not hand back a
+        client its caller goes on using.
     :param claims: the tokens to renew, by queue.
     :param lease: the lease each renewal grants.
     """
@@ -69,8 +71,8 @@ class LeaseKeeper:
                 gone = tokens - still
                 if gone:
                     log.error(
-                        "Queue %s: %d claim(s) were taken by another consumer after their lease ran out; "
-                        "their work here will not be passed on",
+                        "Queue %s: %d claim(s) are no longer held here (their lease ran out and another consumer "
+                        "took them, or they were settled or never existed); their work here will not be passed on",
                         queue,
                         len(gone),
                     )
