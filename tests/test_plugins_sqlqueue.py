@@ -14,6 +14,7 @@ import json
 import secrets
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
@@ -47,9 +48,30 @@ class Api:
         return self.http.post(f"/sqlqueue/api{path}", json=body, headers=headers)
 
 
+@contextmanager
+def served(settings: dict[str, str], schema: str, pg_uri: str, patch: pytest.MonkeyPatch) -> Iterator[Api]:
+    """The api-server's app under ``settings`` (set in the environment through ``patch``, which
+    restores it), over the queues of ``schema``, which is dropped afterwards."""
+    from airflow.api_fastapi.app import create_app, purge_cached_app
+    from fastapi.testclient import TestClient
+
+    for key, value in settings.items():
+        patch.setenv(key, value)
+    purge_cached_app()
+    try:
+        with TestClient(create_app()) as http:
+            yield Api(http, schema, pg_uri)
+    finally:
+        purge_cached_app()
+        with QueueClient.connect(pg_uri) as installer:
+            installer.session.connection.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
 @pytest.fixture(scope="module")
 def api(airflow_db: str, pg_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
-    from fastapi.testclient import TestClient
+    from airflow.models.connection import Connection
+    from airflow.utils.session import create_session
+    from sqlalchemy import delete
 
     schema = f"api_{uuid.uuid4().hex[:8]}"
     with QueueClient.connect(pg_uri) as installer:
@@ -73,27 +95,13 @@ def api(airflow_db: str, pg_uri: str, tmp_path_factory: pytest.TempPathFactory) 
         "AIRFLOW_CONN_OTHER": airflow_connection(pg_uri),
         "SQLQUEUE_TEST_GRANTS": json.dumps(grants),
     }
-    from airflow.api_fastapi.app import create_app, purge_cached_app
-    from airflow.models.connection import Connection
-    from airflow.utils.session import create_session
-    from sqlalchemy import delete
-
-    with pytest.MonkeyPatch.context() as patch:
-        for key, value in settings.items():
-            patch.setenv(key, value)
-        stored = [("stored_shop", "postgres"), ("stored_http", "http")]  # in the metadata database: one holds queues
-        with create_session() as session:
-            session.execute(delete(Connection).where(Connection.conn_id.in_([name for name, _ in stored])))
-            for name, conn_type in stored:
-                session.add(Connection(conn_id=name, conn_type=conn_type, host="localhost"))
-        purge_cached_app()
-        try:
-            with TestClient(create_app()) as http:
-                yield Api(http, schema, pg_uri)
-        finally:
-            purge_cached_app()
-            with QueueClient.connect(pg_uri) as installer:
-                installer.session.connection.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    stored = [("stored_shop", "postgres"), ("stored_http", "http")]  # in the metadata database: one holds queues
+    with create_session() as session:
+        session.execute(delete(Connection).where(Connection.conn_id.in_([name for name, _ in stored])))
+        for name, conn_type in stored:
+            session.add(Connection(conn_id=name, conn_type=conn_type, host="localhost"))
+    with pytest.MonkeyPatch.context() as patch, served(settings, schema, pg_uri, patch) as api:
+        yield api
 
 
 def address(api: Api, name: str) -> str:

@@ -47,8 +47,6 @@ class ViewGrantingAuthManager(PerConnectionAuthManager):
 
 @pytest.fixture(scope="module")
 def api(airflow_db: str, pg_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
-    from fastapi.testclient import TestClient
-
     import tests.test_plugins_sqlqueue as plugin_tests
 
     schema = f"access_{uuid.uuid4().hex[:8]}"
@@ -69,23 +67,13 @@ def api(airflow_db: str, pg_uri: str, tmp_path_factory: pytest.TempPathFactory) 
         "SQLQUEUE_TEST_GRANTS": json.dumps(GRANTS),
         "SQLQUEUE_TEST_VIEWS": json.dumps(VIEWS),
     }
-    from airflow.api_fastapi.app import create_app, purge_cached_app
-
     with pytest.MonkeyPatch.context() as patch:
-        for key, value in settings.items():
-            patch.setenv(key, value)
         for user in list(plugin_tests.USERS):  # Api.token logs in with these users
             patch.delitem(plugin_tests.USERS, user)
         for user, password in USERS.items():
             patch.setitem(plugin_tests.USERS, user, password)
-        purge_cached_app()
-        try:
-            with TestClient(create_app()) as http:
-                yield Api(http, schema, pg_uri)
-        finally:
-            purge_cached_app()
-            with QueueClient.connect(pg_uri) as installer:
-                installer.session.connection.execute(f'DROP SCHEMA "{schema}" CASCADE')
+        with plugin_tests.served(settings, schema, pg_uri, patch) as api:
+            yield api
 
 
 def refusal(answer: Any) -> str:
