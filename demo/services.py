@@ -5,7 +5,9 @@ LocalExecutor scheduler whose task processes are its children, a triggerer runni
 and watchers' triggers, a dag-processor parsing ``example_dags/``, an api-server serving the UI
 and the execution API the tasks talk to, all on a PostgreSQL metadata database of their own.
 Each process logs to its own file; :class:`AirflowServices` starts, kills (SIGKILL, to prove
-recovery), restarts and stops them.
+recovery), restarts and stops them. The distributed test runs them with the CeleryExecutor
+instead: several schedulers and triggerers, Celery workers started on other hosts (network
+namespaces, demo/hosts.py), the api-server bound to an address those hosts reach.
 """
 
 from __future__ import annotations

@@ -126,6 +126,22 @@ class Distributed:
             time.sleep(0.5)
         raise AssertionError("no Spark task ran on a Celery worker's host")
 
+    def state_of(self, task: str, held: dict[uuid.UUID, tuple[uuid.UUID, str | None, bool]]) -> str:
+        """The state of task ``dag_id.task_id`` in the run whose claims ``held`` are (their holder
+        is ``dag_id/run_id/task_id#try``)."""
+        dag_id, task_id = task.split(".")
+        holder = next(h for _, h, _ in held.values() if h)
+        run_id = holder.split("/", 1)[1].rsplit("/", 1)[0]
+        rows = self.services.metadata(
+            "SELECT state FROM task_instance WHERE dag_id = %s AND run_id = %s AND task_id = %s",
+            (dag_id, run_id, task_id),
+        )
+        return str(rows[0][0])
+
+    def succeeded(self, worker: str) -> int:
+        """How many Celery tasks the worker's log says it finished (every start of it)."""
+        return len(self.services.log_lines(f"celery-worker-{worker}", "succeeded in"))
+
     def in_flight(self) -> int:
         return len(inflight_rows(self.pipeline))
 
@@ -246,6 +262,7 @@ def test_a_worker_sigkilled_mid_job_loses_nothing(distributed: Distributed) -> N
     distributed.start_worker(worker)
     distributed.wait_worker_ready(worker, runs=2)
     distributed.settle(f"worker {worker} killed")
+    assert distributed.state_of(task, held) == "failed"  # the dead run forwarded nothing: others did
 
 
 def test_a_triggerer_sigkilled_after_reserving_is_replaced_by_the_other(distributed: Distributed) -> None:
@@ -270,10 +287,19 @@ def test_a_scheduler_sigkilled_leaves_the_other_to_go_on(distributed: Distribute
     distributed.worker_running()  # messages in the chain, a task on a worker
     reports_before = len(distributed.pipeline.reports())
     services.kill("scheduler")
+    [(killed_at,)] = services.metadata("SELECT now()")
     distributed.pipeline.wait_until(
         lambda: len(distributed.pipeline.reports()) > reports_before, 600, "a report after a scheduler was killed"
     )
     distributed.settle("a scheduler killed")
+    # Every task queued since was queued by the scheduler left: one scheduler job, still heartbeating.
+    queued_by = services.metadata(
+        "SELECT j.id, count(*), max(j.latest_heartbeat) > now() - interval '60 seconds' FROM task_instance t "
+        "JOIN job j ON j.id = t.queued_by_job_id WHERE t.queued_dttm > %s GROUP BY j.id",
+        (killed_at,),
+    )
+    print(f"tasks queued after the kill, per scheduler job (id, tasks, alive): {queued_by}")
+    assert len(queued_by) == 1 and queued_by[0][1] > 0 and queued_by[0][2]
 
 
 def test_a_worker_cut_off_for_longer_than_the_lease_sends_nothing_twice(distributed: Distributed) -> None:
@@ -281,6 +307,7 @@ def test_a_worker_cut_off_for_longer_than_the_lease_sends_nothing_twice(distribu
     distributed.send(2)
     worker, task, held = distributed.worker_running()
     host = network.hosts[worker]
+    finished = distributed.succeeded(worker)
     network.cut(host)
     cut_at = time.monotonic()
     try:
@@ -291,3 +318,7 @@ def test_a_worker_cut_off_for_longer_than_the_lease_sends_nothing_twice(distribu
         network.restore(host)
     print(f"worker {worker} cut off for {time.monotonic() - cut_at:.0f}s")
     distributed.settle(f"worker {worker} cut off")
+    print(
+        f"the cut-off {task} ended {distributed.state_of(task, held)}; "
+        f"worker {worker} finished {distributed.succeeded(worker) - finished} task(s) since the cut"
+    )
