@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -109,7 +109,8 @@ MESSAGE_SCHEMA = StructType(
         StructField("deliveries", IntegerType(), True),
     ]
 )
-#: Columns a written row may carry besides its content.
+#: Columns a written row may carry besides its content, recognised whatever the case of their names
+#: (as Spark resolves column names by default: a ``Headers`` column is the ``headers`` one).
 BODY_COLUMN, HEADERS_COLUMN, TTBR_COLUMN = "body", "headers", "ttbr"
 #: Defaults of the options README lists (the lease and deliveries are the transport's).
 PARTITIONS = 2
@@ -139,6 +140,19 @@ OPTION_NAMES = (
     "ledger",
     "writeId",
 )
+#: Options only a write reads, and options only a read (batch or streaming) reads; ``url``,
+#: ``password`` and ``queue`` serve both. Spark hands a read and a write the same kind of options,
+#: so an option given to the direction that ignores it would be dropped without a word (a
+#: ``timeToBeReceived`` on a read, a ``lease`` on a write): it is refused instead.
+WRITE_OPTIONS = frozenset({"batchSize", "messageType", "contentType", "timeToBeReceived", "ledger", "writeId"})
+READ_OPTIONS = frozenset(
+    {"mode", "holder", "numPartitions", "fetchSize", "lease", "maxDeliveries", "maxMessagesPerBatch", "errorQueue"}
+)
+#: What the options every direction needs hold, for the message refusing one given empty.
+_REQUIRED = {
+    "url": "a postgresql:// URI, a libpq or ODBC string",
+    "queue": 'the queue\'s address, e.g. orders or orders@"sales"',
+}
 
 
 class InvalidOptionError(SqlQueueError, ValueError):
@@ -184,7 +198,13 @@ def _count(options: Mapping[str, str], name: str, default: int, maximum: int = d
 
 def _known(options: Mapping[str, str]) -> dict[str, str]:
     """The options keyed by their README names, whatever case they came in; an unknown (misspelt)
-    option is refused, naming the nearest known one, rather than silently left at its default."""
+    option is refused, naming the nearest known one, rather than silently left at its default.
+
+    So is an option given with no value (empty or blank), whichever it is: an empty
+    ``option("ledger", os.environ.get(...))`` more likely lost its value than meant the default,
+    and reading it as the default would write somewhere the caller did not name. An option meant
+    to be left at its default is left out.
+    """
     names = {name.lower(): name for name in OPTION_NAMES}
     known: dict[str, str] = {}
     for key, value in options.items():
@@ -199,6 +219,17 @@ def _known(options: Mapping[str, str]) -> dict[str, str]:
             near = difflib.get_close_matches(key.lower(), list(names), n=1, cutoff=0.6)
             hint = f": did you mean {names[near[0]]!r}?" if near else f"; known options: {', '.join(OPTION_NAMES)}"
             raise InvalidOptionError(f"unknown option {key[:60]!r}{hint}")
+        if value is None or (isinstance(value, str) and not value.strip()):
+            need = _REQUIRED.get(name)
+            raise InvalidOptionError(
+                f"option {name!r} is empty: give {need}"
+                if need
+                else f"option {name!r} is empty: give it a value, or leave the option out to use its default"
+            )
+        if not isinstance(value, str):
+            raise ArgumentTypeError(
+                f"option {name!r} must be text, as Spark passes options, got {type(value).__name__}"
+            )
         if name in known and known[name] != value:  # two spellings of one option (a plain dict)
             raise InvalidOptionError(f"option {name!r} is given twice, with different values")
         known[name] = value
@@ -228,6 +259,8 @@ class Options:
     time_to_be_received: timedelta | None
     ledger: str
     write_id: str | None
+    #: The options given, by their documented names: what :meth:`check_use` holds against a direction.
+    given: frozenset[str] = field(default=frozenset(), compare=False)
 
     @classmethod
     def parse(cls, given: Mapping[str, str]) -> Options:
@@ -235,7 +268,7 @@ class Options:
         url = options.get("url")
         if not url:
             raise InvalidOptionError("option 'url' is required: a postgresql:// URI, a libpq or ODBC string")
-        if options.get("password"):
+        if options.get("password") is not None:
             url = _with_password(url, options["password"])
         queue = options.get("queue")
         if not queue:
@@ -243,7 +276,7 @@ class Options:
         mode = options.get("mode", "browse").lower()
         if mode not in ("browse", "claim"):
             raise InvalidOptionError(f"option 'mode' must be browse or claim, got {mode!r}")
-        holder = options.get("holder") or None
+        holder = options.get("holder")
         if mode == "claim" and holder is None:
             raise InvalidOptionError(
                 "mode 'claim' needs option 'holder': the name the claims are taken under, which ack_held "
@@ -255,8 +288,8 @@ class Options:
         except ValueError as exc:
             raise InvalidOptionError(f"option 'url': {exc}") from None
         address = addressing.address(queue)
-        ledger = addressing.beside(options.get("ledger") or defaults.WRITE_LEDGER, address)
-        error_queue = options.get("errorQueue") or None
+        ledger = addressing.beside(options.get("ledger", defaults.WRITE_LEDGER), address)
+        error_queue = options.get("errorQueue")
         if error_queue is not None:
             _not_its_own_error_queue(addressing, address, addressing.beside(error_queue, address))
         return cls(
@@ -273,14 +306,30 @@ class Options:
                 options, "maxMessagesPerBatch", MAX_MESSAGES_PER_BATCH, maximum=10 * defaults.MAX_BATCH
             ),
             batch_size=_count(options, "batchSize", BATCH_SIZE),
-            message_type=options.get("messageType") or None,
-            content_type=options.get("contentType") or None,
+            message_type=options.get("messageType"),
+            content_type=options.get("contentType"),
             time_to_be_received=None
             if ttbr is None
             else _span(options, "timeToBeReceived", None, defaults.MAX_TIME_TO_BE_RECEIVED),
             ledger=addressing.dialect.format_address(ledger),
-            write_id=None if not options.get("writeId") else _text(options, "writeId"),
+            write_id=None if options.get("writeId") is None else _text(options, "writeId"),
+            given=frozenset(options),
         )
+
+    def check_use(self, use: Literal["read", "write"]) -> None:
+        """Refuse an option that ``use`` ignores, before the database is touched: the data source
+        parses its options before Spark says whether it reads or writes, and an option given to the
+        direction that does not read it would be dropped without a word."""
+        if use == "read":
+            ignored, applies_to = WRITE_OPTIONS, "writes (df.write)"
+        else:
+            ignored, applies_to = READ_OPTIONS, "reads (spark.read, spark.readStream)"
+        for name in OPTION_NAMES:  # in the documented order, so the option named is the same every time
+            if name in self.given and name in ignored:
+                raise InvalidOptionError(
+                    f"option {name!r} applies only to {applies_to}, and this is a {use}: leave it out of the "
+                    f"{use}'s options"
+                )
 
     def connect(self) -> QueueClient:
         return QueueClient.connect(self.url, error_queue=self.error_queue)
@@ -465,32 +514,64 @@ class RowLayout:
 
     @classmethod
     def of(cls, schema: StructType) -> RowLayout:
+        """The layout of ``schema``, refusing on the driver what a task could only get wrong.
+
+        The ``body``, ``headers`` and ``ttbr`` columns are found whatever their case: Spark resolves
+        column names case-insensitively by default, and a ``Headers`` column sent as content would
+        lose the headers without a word. The data source cannot see the session's setting, so two
+        columns whose names differ only in case are refused whatever it is, as is a column named
+        like a special one, in any case, whose type is not that column's.
+        """
         if not schema.fields:
             raise InvalidArgumentError(
                 "the DataFrame has no columns, so its rows would be no messages: select the columns to send "
                 "(a 'body' column, or columns sent as a JSON object)"
             )
         _unique_names(schema, "the DataFrame")
+        by_case: dict[str, list[str]] = {}
+        for name in schema.fieldNames():
+            by_case.setdefault(name.lower(), []).append(name)
+        for names in by_case.values():
+            if len(names) > 1:
+                raise InvalidArgumentError(
+                    f"the DataFrame has columns {' and '.join(map(repr, names))}, whose names differ only in case: "
+                    "Spark takes them for one column unless spark.sql.caseSensitive is set, and the message "
+                    "columns (body, headers, ttbr) are found whatever the case; rename or drop all but one"
+                )
         for column in schema.fields:
-            kind = column.dataType
-            if column.name == BODY_COLUMN and not isinstance(kind, (BinaryType, *_TEXT_TYPES)):
-                raise ArgumentTypeError(f"column 'body' must be binary or string, got {kind.simpleString()}")
-            if column.name == HEADERS_COLUMN and not (
+            kind, role = column.dataType, column.name.lower()
+            # A differently cased name is said to be taken for the special column, and how to avoid it.
+            taken = "" if column.name == role else f" (it is taken as column {role!r}: rename it if it is not)"
+            if role == BODY_COLUMN and not isinstance(kind, (BinaryType, *_TEXT_TYPES)):
+                raise ArgumentTypeError(
+                    f"column {column.name!r} must be binary or string, got {kind.simpleString()}{taken}"
+                )
+            if role == HEADERS_COLUMN and not (
                 isinstance(kind, MapType)
                 and isinstance(kind.keyType, _TEXT_TYPES)
                 and isinstance(kind.valueType, _TEXT_TYPES)
             ):
                 raise ArgumentTypeError(
-                    f"column 'headers' must be a map<string,string> of header names to values, got {kind.simpleString()}"
+                    f"column {column.name!r} must be a map<string,string> of header names to values, got "
+                    f"{kind.simpleString()}{taken}"
                 )
-            if column.name == TTBR_COLUMN and not isinstance(kind, (*_NUMBER_TYPES, DayTimeIntervalType)):
+            if role == TTBR_COLUMN and not isinstance(kind, (*_NUMBER_TYPES, DayTimeIntervalType)):
                 raise ArgumentTypeError(
-                    f"column 'ttbr' (the time to be received) must be a number of seconds or a day-time interval, "
-                    f"got {kind.simpleString()}"  # booleans too, as the core refuses them: True is not a duration
+                    f"column {column.name!r} (the time to be received) must be a number of seconds or a day-time "
+                    f"interval, got {kind.simpleString()}{taken}"  # booleans too, as the core refuses them
                 )
         layout = cls(schema)
         layout.encoder()  # refuses a column JSON cannot carry
         return layout
+
+    def special(self) -> dict[str, int]:
+        """Where the ``body``, ``headers`` and ``ttbr`` columns are, by their lower-case names: the one
+        place they are looked up, so the row path, the Arrow path and the JSON content agree."""
+        return {
+            name.lower(): n
+            for n, name in enumerate(self.schema.fieldNames())
+            if name.lower() in (BODY_COLUMN, HEADERS_COLUMN, TTBR_COLUMN)
+        }
 
     def messages(self, rows: Iterable[Row | tuple[Any, ...]], options: Options) -> Iterator[Message]:
         """The message of each written row: its ``body`` column, or the row as JSON (``application/json``).
@@ -500,8 +581,9 @@ class RowLayout:
         found once per partition and rows read as plain tuples: a Row's own item access and
         ``asDict`` cost more per row than building its message.
         """
-        at = {name: n for n, name in enumerate(self.schema.fieldNames())}
+        at = self.special()
         body_at, headers_at, ttbr_at = at.get(BODY_COLUMN), at.get(HEADERS_COLUMN), at.get(TTBR_COLUMN)
+        names = {role: self.schema.names[n] for role, n in at.items()}  # as the DataFrame spells them
         encode = self.encoder() if body_at is None else None
         headers = _option_headers(options)
         if encode is not None:
@@ -513,15 +595,19 @@ class RowLayout:
             else:
                 body = values[body_at]  # type: ignore[index]  # body_at is set when there is no encoder
                 if body is not None and not isinstance(body, (bytes, bytearray, str)):
-                    raise InvalidOptionError(f"column 'body' must be binary or string, got {type(body).__name__}")
+                    raise ArgumentTypeError(
+                        f"column {names[BODY_COLUMN]!r} must be binary or string, got {type(body).__name__}"
+                    )
             merged: Mapping[str, str | None] = headers
             row_headers = None if headers_at is None else values[headers_at]
             if row_headers:
                 if not isinstance(row_headers, Mapping):
-                    raise ArgumentTypeError(f"column 'headers' must be a map, got {type(row_headers).__name__}")
+                    raise ArgumentTypeError(
+                        f"column {names[HEADERS_COLUMN]!r} must be a map, got {type(row_headers).__name__}"
+                    )
                 merged = {**headers, **row_headers}
             ttbr = None if ttbr_at is None else values[ttbr_at]
-            time_to_be_received = options.time_to_be_received if ttbr is None else _row_ttbr(ttbr)
+            time_to_be_received = options.time_to_be_received if ttbr is None else _row_ttbr(ttbr, names[TTBR_COLUMN])
             yield Message(body, merged, time_to_be_received=time_to_be_received)
 
     def takes_arrow(self) -> bool:
@@ -529,10 +615,10 @@ class RowLayout:
         text, numbers, decimals, booleans, dates and binary (and a text headers map, a ttbr in seconds);
         not timestamps, which a row holds in the session's time zone, nor nested types."""
         for column in self.schema.fields:
-            kind = column.dataType
-            if column.name == HEADERS_COLUMN or (column.name == BODY_COLUMN and isinstance(kind, BinaryType)):
+            kind, role = column.dataType, column.name.lower()
+            if role == HEADERS_COLUMN or (role == BODY_COLUMN and isinstance(kind, BinaryType)):
                 continue
-            if column.name == TTBR_COLUMN:
+            if role == TTBR_COLUMN:
                 if not isinstance(kind, _NUMBER_TYPES):
                     return False
             elif not isinstance(kind, _ARROW_TYPES) or isinstance(kind, NullType):
@@ -543,7 +629,7 @@ class RowLayout:
         """The rows of Arrow batches as the tuples :meth:`messages` reads, column by column in C:
         no Spark ``Row`` built per row, which costs a write more than its message. Only for a layout
         that :meth:`takes_arrow`; a headers map comes from Arrow as pairs, made a dict here."""
-        headers_at = self.schema.fieldNames().index(HEADERS_COLUMN) if HEADERS_COLUMN in self.schema.names else None
+        headers_at = self.special().get(HEADERS_COLUMN)
         for batch in batches:
             if not isinstance(batch, pa.RecordBatch):  # a row, from a caller that is not Spark's Arrow writer
                 yield tuple(batch)
@@ -554,11 +640,14 @@ class RowLayout:
             yield from zip(*columns, strict=True)
 
     def encoder(self) -> Callable[[Sequence[Any]], dict[str, Any]]:
-        """A row's content columns (every column but ``headers`` and ``ttbr``, by position) as a JSON object."""
+        """A row's content columns (every column but ``headers`` and ``ttbr``, by position) as a JSON
+        object whose keys are the columns' own names, as the DataFrame spells them."""
+        at = self.special()
+        skipped = {at.get(HEADERS_COLUMN), at.get(TTBR_COLUMN)}
         columns = [
             (n, f.name, _json_encoder(f.dataType, f"column {f.name!r}"))
             for n, f in enumerate(self.schema.fields)
-            if f.name not in (HEADERS_COLUMN, TTBR_COLUMN)
+            if n not in skipped
         ]
 
         def encode(row: Sequence[Any]) -> dict[str, Any]:
@@ -567,10 +656,10 @@ class RowLayout:
         return encode
 
 
-def _row_ttbr(value: object) -> timedelta:
+def _row_ttbr(value: object, column: str) -> timedelta:
     if isinstance(value, Decimal):
         value = float(value)
-    return duration("column 'ttbr'", value, maximum=defaults.MAX_TIME_TO_BE_RECEIVED)
+    return duration(f"column {column!r}", value, maximum=defaults.MAX_TIME_TO_BE_RECEIVED)
 
 
 #: One encoder for every row: ``json.dumps`` with these arguments builds a new one per call. JSON has
@@ -656,17 +745,20 @@ class SqlQueueDataSource(DataSource):
         return MESSAGE_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        self.parsed.check_use("read")
         return QueueReader(self.parsed)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         if overwrite:
             raise InvalidOptionError("a queue is only appended to: use mode('append')")
+        self.parsed.check_use("write")
         layout = RowLayout.of(schema)
         if layout.takes_arrow():
             return QueueArrowWriter(self.parsed, layout)
         return QueueWriter(self.parsed, layout)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        self.parsed.check_use("read")
         return QueueStreamReader(self.parsed)
 
 
@@ -1102,6 +1194,7 @@ def batch_writer(options: Mapping[str, str], checkpoint: str) -> Callable[[DataF
     except SqlQueueError as exc:
         raise InvalidOptionError(f"batch_writer: {exc}") from None
     checked = Options.parse(options)
+    checked.check_use("write")
     with checked.connect() as client:  # a wrong sink is refused now, before the query claims its first batch
         checked.check_sink(client)
     query: dict[str, str] = {}

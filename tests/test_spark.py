@@ -609,6 +609,14 @@ def test_every_documented_option_works_through_spark_and_a_typo_or_a_bad_column_
     assert len(relayed_names) == 3 and taken | set(relayed_names) == {f"o{n}" for n in range(5)}
     with pytest.raises(AnalysisException, match="did you mean 'maxMessagesPerBatch'"):
         spark.read.format("sqlqueue").options(**claim).option("maxMessagePerBatch", "1").load().collect()
+    with pytest.raises(AnalysisException, match="option 'batchSize' applies only to writes"):
+        spark.read.format("sqlqueue").options(**read).option("batchSize", "2").load().collect()
+    # The message columns are found whatever their case, as Spark finds the DataFrame's own.
+    cased = spark.createDataFrame([("cased", {"Shop.K": "v"}, 60)], "Body string, Headers map<string,string>, TTBR int")
+    cased.write.format("sqlqueue").option("url", pg_uri).option("queue", relayed).mode("append").save()
+    with QueueClient.connect(pg_uri) as client:
+        (message,) = [m for m in client.browse(relayed, 10) if m.body == b"cased"]
+    assert message.headers["Shop.K"] == "v" and message.headers["NServiceBus.TimeToBeReceived"] == "00:01:00"
     with pytest.raises(AnalysisException, match="column 'ttbr'"):
         spark.createDataFrame([("b", True)], "body string, ttbr boolean").write.format("sqlqueue").option(
             "url", pg_uri

@@ -16,9 +16,11 @@ import traceback
 import uuid
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import psycopg
+import pyarrow as pa
 import pytest
 from psycopg import sql
 from pyspark.sql import Row
@@ -55,32 +57,36 @@ from tests.test_contract import SECRET, checksums, with_password
 
 pytestmark = pytest.mark.postgres_only
 
-#: Every option of the data source, with hostile values ({schema}: the test's schema).
+#: A value given to an option that is not one: refused for every option, never read as its default.
+EMPTY = ["", " \t"]
+
+#: Every option of the data source, with hostile values ({schema}: the test's schema), EMPTY added below.
 OPTIONS: dict[str, list[str]] = {
     "url": [
         f"postgresql://app:{SECRET}@[::1/test",
         f"postgresql://app:{SECRET}%zz@127.0.0.1/test",
         f"postgresql://app:{SECRET}@127.0.0.1:99999/test",
         "mysql://app@127.0.0.1/test",
-        "",
     ],
-    "password": [],  # any text is a password; it must only never be shown (checked with every url above)
-    "queue": ['customers@"{schema}"', 'pg_authid@"pg_catalog"', 'missing@"{schema}"', "\udcff", "q" * 200, ""],
+    "password": [],  # any other text is a password; it must only never be shown (checked with every url above)
+    "queue": ['customers@"{schema}"', 'pg_authid@"pg_catalog"', 'missing@"{schema}"', "\udcff", "q" * 200],
     "errorQueue": ['customers@"{schema}"', "\x00", "q" * 200],
     "mode": ["sometimes", "CLAIM\x00"],
-    "holder": [],  # free text naming the claims; checked by the core when it is used
+    "holder": [],  # free text naming the claims (checked by the core when it is used), not empty
     "numPartitions": ["0", "-1", "many", "1e999", "100000000"],
     "fetchSize": ["0", "-3", "nan", str(2**63)],
     "lease": ["0", "-1", "nan", "inf", "forever", "1e12"],
     "maxDeliveries": ["0", "x"],
     "maxMessagesPerBatch": ["0", "-1", "1e9", "lots"],
     "batchSize": ["0", "2.5", str(2**63)],
-    "messageType": [],  # free text, sent as a header
-    "contentType": [],  # free text, sent as a header
+    "messageType": [],  # free text, sent as a header, not empty
+    "contentType": [],  # free text, sent as a header, not empty
     "timeToBeReceived": ["0", "-1", "nan", "1e20", "soon"],
     "ledger": ['customers@"{schema}"', 'orders@"{schema}"', "\x00"],
     "writeId": ["\udcff", "w" * 1_000, "\x00"],  # text, hashed into the ledger's key
 }
+for _values in OPTIONS.values():
+    _values += EMPTY
 
 
 def options_read_by_the_code() -> set[str]:
@@ -92,6 +98,18 @@ def options_read_by_the_code() -> set[str]:
 
 def test_every_option_is_registered() -> None:
     assert options_read_by_the_code() == set(OPTIONS) == set(spark.OPTION_NAMES)
+    both = set(spark.OPTION_NAMES) - spark.WRITE_OPTIONS - spark.READ_OPTIONS
+    assert both == {"url", "password", "queue"} and not spark.WRITE_OPTIONS & spark.READ_OPTIONS
+
+
+def test_the_guide_lists_each_option_for_the_direction_the_code_reads_it_in() -> None:
+    """docs/guides/spark.md's option table says what each option is "for": ``all``, ``write``, or
+    a kind of read (``batch read``, ``claim, stream``...); the code refuses it in the other direction."""
+    guide = (Path(__file__).parents[1] / "docs" / "guides" / "spark.md").read_text()
+    rows = dict(re.findall(r"^\| `(\w+)` \| ([^|]+?) \|", guide, re.MULTILINE))
+    assert set(rows) == set(spark.OPTION_NAMES)
+    assert {name for name, use in rows.items() if use == "write"} == spark.WRITE_OPTIONS
+    assert {name for name, use in rows.items() if use not in ("all", "write")} == spark.READ_OPTIONS
 
 
 @pytest.fixture
@@ -119,17 +137,22 @@ def raw_pg(pg_uri: str):
 
 
 def open_everything(options: dict[str, str]) -> None:
-    """What Spark does with the options on the driver: the source, then each of its readers and writers."""
+    """What Spark does with the options on the driver: the source, then each of its readers and its
+    writer that the options are for (an option of one direction is refused in the other)."""
     source = spark.SqlQueueDataSource(options)
-    source.reader(source.schema())
-    source.writer(source.schema(), False)
-    source.streamReader(source.schema())
+    if not options.keys() & spark.WRITE_OPTIONS:
+        source.reader(source.schema())
+        source.streamReader(source.schema())
+    if not options.keys() & spark.READ_OPTIONS:
+        source.writer(source.schema(), False)
 
 
-@pytest.mark.parametrize("option", sorted(name for name, values in OPTIONS.items() if values))
+@pytest.mark.parametrize("option", sorted(OPTIONS))
 def test_a_hostile_option_is_refused_before_anything_changes(option: str, shop, raw_pg) -> None:
     schema, uri = shop
-    good = {"url": uri, "queue": f'orders@"{schema}"', "mode": "claim", "holder": "contract"}
+    good = {"url": uri, "queue": f'orders@"{schema}"'}
+    if option in spark.READ_OPTIONS:
+        good |= {"mode": "claim", "holder": "contract"}
     open_everything(good)
     failures = []
     for value in OPTIONS[option]:
@@ -225,6 +248,73 @@ def test_options_are_known_in_any_case() -> None:
     assert spark.Options.parse({**given, "lease": "30", "LEASE": "30"}).lease == timedelta(seconds=30)
 
 
+# -- an option given empty, or to the direction that does not read it ------------------------------
+
+
+@pytest.mark.parametrize("option", spark.OPTION_NAMES)
+def test_an_option_given_empty_is_refused_naming_it(option: str) -> None:
+    """An empty ``ledger``, ``writeId`` or ``messageType`` used to mean the default while an empty
+    ``queue`` was refused: empty is now refused for every option, as Spark passes it too."""
+    from pyspark.sql.datasource import CaseInsensitiveDict
+
+    good = {"url": "postgresql://db/x", "queue": "orders"}
+    for value in EMPTY:
+        for options in ({**good, option: value}, CaseInsensitiveDict({**good, option.lower(): value})):
+            with pytest.raises(spark.InvalidOptionError, match=f"option '{option}' is empty: give "):
+                spark.Options.parse(options)
+
+
+def test_an_option_that_is_not_text_is_refused_naming_it() -> None:
+    """Spark passes text; a plain dict of numbers would otherwise fail somewhere inside parsing."""
+    with pytest.raises(ArgumentTypeError, match="option 'lease' must be text"):
+        spark.Options.parse({"url": "postgresql://db/x", "queue": "orders", "lease": 30})  # type: ignore[dict-item]
+
+
+#: A good value of each option that only one direction reads ({schema}: the test's schema).
+ONE_WAY = {
+    "batchSize": "5",
+    "messageType": "Shop.OrderPlaced",
+    "contentType": "text/plain",
+    "timeToBeReceived": "60",
+    "ledger": "sqlqueue_writes",
+    "writeId": "nightly",
+    "mode": "browse",
+    "holder": "nightly",
+    "numPartitions": "3",
+    "fetchSize": "10",
+    "lease": "30",
+    "maxDeliveries": "3",
+    "maxMessagesPerBatch": "10",
+    "errorQueue": 'billing@"{schema}"',
+}
+
+
+def test_every_one_way_option_has_a_good_value() -> None:
+    assert set(ONE_WAY) == spark.WRITE_OPTIONS | spark.READ_OPTIONS
+
+
+@pytest.mark.parametrize("option", sorted(ONE_WAY))
+def test_an_option_of_one_direction_is_refused_in_the_other_before_anything_changes(option: str, shop, raw_pg) -> None:
+    """A ``timeToBeReceived`` on a read or a ``lease`` on a write was ignored without a word."""
+    from pyspark.sql.datasource import CaseInsensitiveDict
+
+    schema, uri = shop
+    before = checksums(raw_pg, schema)
+    given = {"url": uri, "queue": f'orders@"{schema}"', option: ONE_WAY[option].replace("{schema}", schema)}
+    source = spark.SqlQueueDataSource(CaseInsensitiveDict(given))  # as Spark passes them: lower-cased
+    if option in spark.WRITE_OPTIONS:
+        refused = [lambda: source.reader(source.schema()), lambda: source.streamReader(source.schema())]
+        message = f"option '{option}' applies only to writes (df.write), and this is a read"
+    else:
+        refused = [lambda: source.writer(source.schema(), False), lambda: spark.batch_writer(given, "/tmp/ck")]
+        message = f"option '{option}' applies only to reads (spark.read, spark.readStream), and this is a write"
+    for open_it in refused:
+        with pytest.raises(spark.InvalidOptionError, match=re.escape(message)):
+            open_it()
+    assert checksums(raw_pg, schema) == before  # refused before the ledger was created or a claim taken
+    open_everything(given)  # the direction it is for takes it
+
+
 # -- a queue as its own error queue ---------------------------------------------------------------
 
 
@@ -278,6 +368,17 @@ def test_a_claim_on_the_error_queue_needs_another_error_queue(shop) -> None:
             "more than one column named 'n'",
         ),
         (columns(n=YearMonthIntervalType()), ArgumentTypeError, "column 'n' is interval"),
+        # The message columns are found whatever their case, so a differently cased one meets their types...
+        (
+            columns(BODY=IntegerType()),
+            ArgumentTypeError,
+            "column 'BODY' must be binary or string.*taken as column 'body'",
+        ),
+        (columns(body=StringType(), Headers=StringType()), ArgumentTypeError, "column 'Headers' must be a map"),
+        (columns(body=StringType(), TTBR=BooleanType()), ArgumentTypeError, "column 'TTBR'.*got boolean"),
+        # ... and two names Spark would take for one column are refused, special or not.
+        (columns(body=StringType(), Body=StringType()), InvalidArgumentError, "'body' and 'Body'.*differ only in case"),
+        (columns(name=StringType(), NAME=LongType()), InvalidArgumentError, "'name' and 'NAME'.*differ only in case"),
         (columns(n=ArrayType(YearMonthIntervalType())), ArgumentTypeError, r"column 'n' \(its elements\)"),
         (columns(n=MapType(ArrayType(StringType()), StringType())), ArgumentTypeError, "a map's keys must be scalars"),
     ],
@@ -291,6 +392,51 @@ def test_a_written_column_that_cannot_be_sent_is_refused_before_anything_changes
     with pytest.raises(error, match=message):
         source.writer(schema, False)
     assert checksums(raw_pg, dataset) == before  # nothing sent, and no ledger created
+
+
+def test_message_columns_are_found_whatever_their_case_by_rows_and_by_arrow(shop) -> None:
+    """A ``Headers`` or ``TTBR`` column was sent as content (headers and expiry lost), and a lone
+    ``BODY`` column as the JSON object ``{"BODY": ...}``; JSON content keeps its columns' names."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    schema, uri = shop
+    text_map = MapType(StringType(), StringType())
+    cases = [
+        (columns(Body=StringType(), Headers=text_map, TTBR=IntegerType()), ("b", {"a": "1"}, 60)),
+        (columns(BODY=BinaryType(), headers=text_map), (b"\x00b", {"a": "2"})),
+        (columns(Name=StringType(), HEADERS=text_map, tTbR=DoubleType()), ("ada", {"a": "3"}, 1.5)),
+    ]
+    sent = []
+    for row_schema, values in cases:
+        layout = spark.RowLayout.of(row_schema)
+        assert layout.takes_arrow()  # both paths apply: each must find the same columns
+        assert set(layout.special()) == {name.lower() for name in row_schema.names} - {"name"}
+        for arrow in (False, True):
+            source = spark.SqlQueueDataSource({"url": uri, "queue": f'orders@"{schema}"'})
+            writer = source.writer(row_schema, False)
+            assert isinstance(writer, spark.QueueArrowWriter)
+            if arrow:
+                batch = pa.RecordBatch.from_pylist(
+                    [dict(zip(row_schema.names, values, strict=True))], schema=to_arrow_schema(row_schema)
+                )
+                writer.commit([writer.write(iter([batch]))])
+            else:
+                writer.commit([writer.write(iter([Row(*values)]))])
+            with QueueClient.connect(uri) as client:
+                (message,) = client.receive(QueueAddress("orders", schema), 10)
+            sent.append(
+                (
+                    message.body,
+                    message.headers.get("a"),
+                    message.headers.get("NServiceBus.TimeToBeReceived"),
+                    message.headers.get("NServiceBus.ContentType"),
+                )
+            )
+    assert sent == [
+        *[(b"b", "1", "00:01:00", None)] * 2,
+        *[(b"\x00b", "2", None, None)] * 2,
+        *[(b'{"Name":"ada"}', "3", "00:00:01.5000000", "application/json")] * 2,
+    ]
 
 
 def test_a_ttbr_column_of_seconds_or_an_interval_sets_each_message(shop) -> None:
@@ -387,6 +533,18 @@ def test_intervals_are_iso_8601_durations(span: timedelta, text: str) -> None:
             "/ck",
             spark.InvalidOptionError,
             "drop option 'writeId'",
+        ),
+        (
+            {"url": "postgresql://db/x", "queue": "q", "lease": "30"},
+            "/ck",
+            spark.InvalidOptionError,
+            "option 'lease' applies only to reads",
+        ),
+        (
+            {"url": "postgresql://db/x", "queue": "q", "ledger": " "},
+            "/ck",
+            spark.InvalidOptionError,
+            "option 'ledger' is empty",
         ),
         (
             {"url": "postgresql://db/x", "queue": "q", "batchsise": "5"},
