@@ -8,12 +8,16 @@ and the subscription commands work on a database named by ``--conn`` (a URI, as 
 The same commands are the console script ``sqlqueue`` for hosts without Airflow and, through
 the provider's ``cli`` entry, ``airflow sqlqueue ...``. Arguments are declared once and handed to
 argparse or to Airflow's CLI, so the two never differ. Errors of the library end the command
-with its message and exit status 1; no credentials are printed.
+with its message and exit status 1; no credentials are printed. A command interrupted (Ctrl-C) says
+so in one line and exits with status 130, as shells report a command ended by SIGINT; a command
+that connects waits at most ``--lock-timeout`` seconds for a lock another session holds (a
+migration, ``VACUUM FULL``), then names the locked table and exits with status 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -23,11 +27,13 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from . import __version__
 from .transport import QueueClient, defaults
+from .transport import operations as ops
+from .transport.addressing import QueueAddress
 from .transport.client import Addressing
 from .transport.dialects import Dialect, get_dialect
-from .transport.drivers import dialect_for
-from .transport.errors import SqlQueueError, one_line
-from .transport.install import Installation
+from .transport.drivers import dialect_for, finish
+from .transport.errors import InvalidArgumentError, SqlQueueError, one_line
+from .transport.install import Installation, TableKind
 from .transport.message import check_positive
 
 if TYPE_CHECKING:
@@ -84,6 +90,38 @@ LIMIT: ArgSpec = (
 )
 RETRY_LIMIT: ArgSpec = (("--limit",), {"type": int, "default": 1000, "help": "most error messages retried"})
 
+#: The longest lock wait either database takes: PostgreSQL's lock_timeout and SQL Server's LOCK_TIMEOUT
+#: are milliseconds in a 32-bit integer.
+LONGEST_LOCK_WAIT = (2**31 - 1) // 1000
+
+
+def lock_wait_seconds(text: str) -> float:
+    """``--lock-timeout``: seconds, more than none (0 would mean "wait for ever" to the database) and at
+    most what the database can hold; anything else is a usage error naming the option."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (math.isfinite(seconds) and 0.001 <= seconds <= LONGEST_LOCK_WAIT):
+        raise argparse.ArgumentTypeError(f"give between 0.001 and {LONGEST_LOCK_WAIT:,} seconds, got {text!r}")
+    return seconds
+
+
+#: How long a command waits for a lock by default: long enough for a busy queue's short row locks,
+#: short enough that a table locked by a migration is reported rather than waited on without end.
+DEFAULT_LOCK_WAIT = 10.0
+LOCK_TIMEOUT: ArgSpec = (
+    ("--lock-timeout",),
+    {
+        "type": lock_wait_seconds,
+        "default": DEFAULT_LOCK_WAIT,
+        "metavar": "SECONDS",
+        "help": f"wait at most this long for a lock another session holds, then name the locked table and "
+        f"exit 1 (default {DEFAULT_LOCK_WAIT:g}; the figures of depths and health wait at most "
+        f"{defaults.WATCH_LOCK_TIMEOUT.total_seconds():g})",
+    },
+)
+
 PLAN_ARGS = [QUEUES, DIALECT, ERROR_QUEUE, AUDIT, AUDIT_QUEUE, SECONDARY, NO_DELAYED, BODY_STRING, SUBSCRIPTIONS]
 PLAN_ARGS += [SUBSCRIPTION_TABLE, WRITE_LEDGER, WRITE_LEDGER_TABLE, CONN, CONN_ID]
 
@@ -109,20 +147,58 @@ def _dialect(args: argparse.Namespace) -> Dialect:
 
 
 def _installation(args: argparse.Namespace) -> Installation:
-    audit: str | bool | None = args.audit_queue or (True if args.audit else None)
+    """The plan for the queues named, refused (as the runtime would refuse it) when a queue is its own
+    error queue, its audit queue is the queue or its error queue, or one table is planned as two kinds."""
+    # A name given empty is refused as a name, not taken for "not given".
+    audit: str | bool | None = args.audit_queue if args.audit_queue is not None else (True if args.audit else None)
     addressing = Addressing(_dialect(args), args.error_queue, audit)
-    plan = Installation.combine(
-        addressing.installation(
-            queue, secondary=args.secondary, body_string=args.body_string, delayed=not args.no_delayed
+    plans = []
+    for queue in args.queues:
+        address = addressing.address(queue)
+        addressing.error_address(args.error_queue, address)  # the runtime's rules, so the script is one it can use
+        addressing.audit_address(address)
+        plans.append(
+            addressing.installation(
+                address, secondary=args.secondary, body_string=args.body_string, delayed=not args.no_delayed
+            )
         )
-        for queue in args.queues
-    )
-    if args.subscriptions or args.subscription_table:
-        plan = plan.with_subscriptions(addressing.address(args.subscription_table or defaults.SUBSCRIPTION_TABLE))
-    if args.write_ledger or args.write_ledger_table:
-        ledger = args.write_ledger_table or defaults.WRITE_LEDGER
-        plan = plan.with_write_ledgers(addressing.beside(ledger, addressing.address(queue)) for queue in args.queues)
+    plan = Installation.combine(plans)
+    extra: list[tuple[TableKind, QueueAddress]] = []
+    if args.subscriptions or args.subscription_table is not None:
+        table = addressing.address(
+            defaults.SUBSCRIPTION_TABLE if args.subscription_table is None else args.subscription_table
+        )
+        extra.append((TableKind.SUBSCRIPTIONS, table))
+        plan = plan.with_subscriptions(table)
+    if args.write_ledger or args.write_ledger_table is not None:
+        ledger = defaults.WRITE_LEDGER if args.write_ledger_table is None else args.write_ledger_table
+        ledgers = [addressing.beside(ledger, addressing.address(queue)) for queue in args.queues]
+        extra += [(TableKind.WRITES, address) for address in ledgers]
+        plan = plan.with_write_ledgers(ledgers)
+    _one_kind_each([*(table for part in plans for table in part.tables), *extra], addressing)
     return plan
+
+
+def _one_kind_each(tables: Sequence[tuple[TableKind, QueueAddress]], addressing: Addressing) -> None:
+    """Refuse a table planned as two kinds (a write ledger or subscription table named as a queue): a
+    plan keeps the first of a name, so the script would leave the other out without a word, and the
+    runtime refuses a table that exists as another kind."""
+    kinds: dict[str, TableKind] = {}
+    for kind, address in tables:
+        name = addressing.dialect.qualified_name(address)
+        first = kinds.setdefault(name, kind)
+        if first is not kind:
+            raise InvalidArgumentError(f"{name} cannot be both {_ROLES[first]} and {_ROLES[kind]}: name another table")
+
+
+#: What each kind of table is, as a refusal names it.
+_ROLES = {
+    TableKind.QUEUE: "a queue",
+    TableKind.INFLIGHT: "the claim store",
+    TableKind.DELAYED: "a delayed-message table",
+    TableKind.SUBSCRIPTIONS: "the subscription table",
+    TableKind.WRITES: "the write ledger",
+}
 
 
 def run_ddl(args: argparse.Namespace, out: TextIO) -> None:
@@ -164,12 +240,33 @@ def _hook(args: argparse.Namespace) -> SqlQueueHook:
 
 
 def _client(args: argparse.Namespace) -> QueueClient:
+    """The client of ``--conn`` or ``--conn-id``, its session's lock waits bounded by ``--lock-timeout``."""
     if args.conn_id:
-        return _hook(args).get_conn()
-    uri = args.conn or os.environ.get("SQLQUEUE_CONN")
-    if not uri:
-        raise SqlQueueError("say which database to use: --conn URI, $SQLQUEUE_CONN or --conn-id")
-    return QueueClient.connect(uri, error_queue=getattr(args, "error_queue", None))
+        client = _hook(args).get_conn()
+    else:
+        uri = args.conn or os.environ.get("SQLQUEUE_CONN")
+        if not uri:
+            raise SqlQueueError("say which database to use: --conn URI, $SQLQUEUE_CONN or --conn-id")
+        client = QueueClient.connect(uri, error_queue=getattr(args, "error_queue", None))
+    try:
+        _bound_lock_waits(client, args.lock_timeout)
+    except BaseException:
+        client.close()
+        raise
+    return client
+
+
+def _bound_lock_waits(client: QueueClient, seconds: float) -> None:
+    """Make every later statement of the client's session wait at most ``seconds`` for a lock (the
+    dialect's statement; where it has none, waits stay unbounded)."""
+    statement = client.dialect.session_lock_timeout_sql(max(1, round(seconds * 1000)))
+    if statement is not None:
+        finish(client.session.run(_alone(ops.Step(statement, {}, ops.Fetch.NONE, "the session"))))
+
+
+@ops.autocommitted
+def _alone(step: ops.Step) -> ops.Operation[None]:
+    yield step
 
 
 def _table(out: TextIO, header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
@@ -331,7 +428,7 @@ def run_subscribers(args: argparse.Namespace, out: TextIO) -> None:
 SUBSCRIBER: ArgSpec = (("queue",), {"help": "the subscribing queue"})
 TOPICS: ArgSpec = (("topics",), {"nargs": "+", "metavar": "TOPIC", "help": "event type names"})
 ENDPOINT: ArgSpec = (("--endpoint",), {"help": "the subscriber's endpoint name (default: the queue's table name)"})
-SUBSCRIBE_ARGS = [SUBSCRIBER, TOPICS, ENDPOINT, SUBSCRIPTION_TABLE, CONN, CONN_ID]
+SUBSCRIBE_ARGS = [SUBSCRIBER, TOPICS, ENDPOINT, SUBSCRIPTION_TABLE, CONN, CONN_ID, LOCK_TIMEOUT]
 
 COMMANDS = [
     Command("ddl", "print the installer's DDL for queues (no connection needed)", run_ddl, PLAN_ARGS),
@@ -340,32 +437,32 @@ COMMANDS = [
         "depths",
         "waiting, in-flight and failed messages of queues",
         run_depths,
-        [SOME_QUEUES, CONN, CONN_ID, ERROR_QUEUE],
+        [SOME_QUEUES, CONN, CONN_ID, ERROR_QUEUE, LOCK_TIMEOUT],
     ),
     Command(
         "health",
         "figures and problems of queues and their database (xmin horizon, lapsed claims, unmoved delayed "
         "messages, dead rows, failures); exit status 3 when a problem is found",
         run_health,
-        [ALL_QUEUES, CONN, CONN_ID, ERROR_QUEUE],
+        [ALL_QUEUES, CONN, CONN_ID, ERROR_QUEUE, LOCK_TIMEOUT],
     ),
     Command(
         "errors",
         "the error queue grouped by source queue and exception type",
         run_errors,
-        [CONN, CONN_ID, ERROR_QUEUE, QUEUE_FILTER, LIMIT],
+        [CONN, CONN_ID, ERROR_QUEUE, QUEUE_FILTER, LIMIT, LOCK_TIMEOUT],
     ),
     Command(
         "retry",
         "send error messages back to the queues they failed in",
         run_retry,
-        [CONN, CONN_ID, ERROR_QUEUE, QUEUE_FILTER, RETRY_LIMIT],
+        [CONN, CONN_ID, ERROR_QUEUE, QUEUE_FILTER, RETRY_LIMIT, LOCK_TIMEOUT],
     ),
     Command(
         "move-due",
         "move due delayed messages into their queues (where no pump runs the mover: cron, a maintenance DAG)",
         run_move_due,
-        [SOME_QUEUES, CONN, CONN_ID],
+        [SOME_QUEUES, CONN, CONN_ID, LOCK_TIMEOUT],
     ),
     Command("subscribe", "subscribe a queue to event types", run_subscribe, SUBSCRIBE_ARGS),
     Command("unsubscribe", "end a queue's subscriptions to event types", run_unsubscribe, SUBSCRIBE_ARGS),
@@ -373,15 +470,22 @@ COMMANDS = [
         "subscribers",
         "the queues subscribed to any of the event types",
         run_subscribers,
-        [TOPICS, SUBSCRIPTION_TABLE, CONN, CONN_ID],
+        [TOPICS, SUBSCRIPTION_TABLE, CONN, CONN_ID, LOCK_TIMEOUT],
     ),
 ]
+
+
+#: The exit status of a command ended by Ctrl-C: 128 + SIGINT, what shells report for it.
+INTERRUPTED = 130
 
 
 def _run(command: Command, args: argparse.Namespace) -> int:
     """Run a command, turning the library's own errors into a message and exit status 1."""
     try:
         status = command.run(args, sys.stdout)
+    except KeyboardInterrupt:  # Ctrl-C: the user knows why it stopped; a traceback tells them nothing
+        print(f"sqlqueue {command.name}: interrupted", file=sys.stderr)
+        return INTERRUPTED
     except (SqlQueueError, ValueError) as exc:
         print(f"sqlqueue {command.name}: {one_line(exc)}", file=sys.stderr)
         return 1

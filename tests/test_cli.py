@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -409,3 +410,115 @@ def test_help_is_plain_text_and_version_is_the_packages() -> None:
         timeout=120,
     )
     assert (run.returncode, run.stdout.strip()) == (0, f"sqlqueue {__version__}")
+
+
+def _locked(pg_uri: str, table: str) -> psycopg.Connection[tuple[object, ...]]:
+    """A second session holding ``table`` (a quoted name) as a migration would: locked, transaction open."""
+    holder = psycopg.connect(pg_uri)
+    holder.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+    return holder
+
+
+def test_a_command_waits_for_a_locked_table_no_longer_than_lock_timeout(pg_uri, schema, queue):
+    error = f'"{schema}"."error"'
+    holder = _locked(pg_uri, error)
+    try:
+        started = time.monotonic()
+        errors = sqlqueue("errors", "--error-queue", f'error@"{schema}"', "--lock-timeout", "0.5", "--conn", pg_uri)
+        waited = time.monotonic() - started
+        assert errors.returncode == 1 and errors.stdout == ""
+        assert errors.stderr.count("\n") == 1 and "Traceback" not in errors.stderr
+        assert errors.stderr.startswith(f"sqlqueue errors: {error} is locked by another session")
+        assert waited < 4, f"waited {waited:.1f}s for a lock bounded at 0.5s"
+    finally:
+        holder.close()
+    holder = _locked(pg_uri, f'"{schema}"."orders"')
+    try:
+        depths = sqlqueue("depths", f'orders@"{schema}"', "--conn", pg_uri)  # the default bound, not for ever
+        assert depths.returncode == 1 and depths.stderr.count("\n") == 1
+        assert f'"{schema}"."orders" is locked by another session' in depths.stderr
+    finally:
+        holder.close()
+    assert sqlqueue("depths", f'orders@"{schema}"', "--conn", pg_uri).returncode == 0  # the lock gone, it answers
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "ten", "3000000"])
+def test_lock_timeout_takes_a_number_of_seconds_the_database_can_hold(value: str, pg_uri: str) -> None:
+    refused = sqlqueue("depths", "orders", "--conn", pg_uri, "--lock-timeout", value)
+    assert refused.returncode == 2 and "--lock-timeout" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_ctrl_c_ends_a_command_in_one_line_with_status_130(pg_uri, schema, queue):
+    holder = _locked(pg_uri, f'"{schema}"."error"')
+    try:
+        command = subprocess.Popen(
+            [*SQLQUEUE, "errors", "--error-queue", f'error@"{schema}"', "--lock-timeout", "60", "--conn", pg_uri],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        with psycopg.connect(pg_uri, autocommit=True) as watcher:
+            deadline = time.monotonic() + 30
+            while not watcher.execute(  # the command is waiting for the lock: interrupt it there
+                "SELECT count(*) FROM pg_locks WHERE relation = %s::regclass AND NOT granted",
+                (f'"{schema}"."error"',),
+            ).fetchone()[0]:
+                assert time.monotonic() < deadline and command.poll() is None, "the command never waited"
+                time.sleep(0.05)
+        command.send_signal(signal.SIGINT)
+        out, err = command.communicate(timeout=30)
+    finally:
+        holder.close()
+    assert command.returncode == 130
+    assert err == "sqlqueue errors: interrupted\n" and out == ""
+
+
+@pytest.mark.parametrize(
+    ("layout", "refusal"),
+    [
+        (["--error-queue", "orders"], 'the error queue of "public"."orders" cannot be that queue itself'),
+        (["--audit-queue", "error"], "the audit queue of orders cannot be error: it is the queue or its error queue"),
+        (["--audit-queue", "orders"], "the audit queue of orders cannot be orders"),
+        (["--error-queue", "dead", "--audit-queue", "dead"], "cannot be dead: it is the queue or its error queue"),
+        (["--write-ledger-table", "orders"], '"public"."orders" cannot be both a queue and the write ledger'),
+        (["--subscription-table", "error"], '"public"."error" cannot be both a queue and the subscription table'),
+        (["--write-ledger-table", "sqlqueue_inflight"], "cannot be both the claim store and the write ledger"),
+        (["--write-ledger-table", '"orders.Delayed"'], "cannot be both a delayed-message table and the write ledger"),
+    ],
+)
+def test_ddl_refuses_a_layout_the_runtime_refuses(layout: list[str], refusal: str) -> None:
+    for command in (["ddl"], ["grants", "--role", "app"]):
+        refused = sqlqueue(*command, "orders", "--dialect", "postgres", *layout)
+        assert refused.returncode == 1 and refused.stdout == "", refused.stdout
+        assert refused.stderr.count("\n") == 1 and refusal in refused.stderr, refused.stderr
+
+
+def test_ddl_plans_the_layouts_the_runtime_takes() -> None:
+    """An error queue's own script (its error queue is itself, as the client drains it), a shared
+    error queue, and a ledger named apart are printed whole."""
+    for layout in (["error"], ["orders", "billing", "--error-queue", "dead", "--audit"], ["orders", "--write-ledger"]):
+        planned = sqlqueue("ddl", *layout, "--dialect", "postgres")
+        assert planned.returncode == 0, planned.stderr
+    ledger = sqlqueue("ddl", "orders", "--dialect", "postgres", "--write-ledger-table", "ledger")
+    assert '"public"."ledger"' in ledger.stdout
+
+
+def test_the_longest_postgres_names_are_made_whole(pg_uri, schema, client):
+    """At the limits (47 bytes with a delayed table, 55 without) every name PostgreSQL derives fits
+    in its 63 bytes: nothing is cut short, so the tables are the ones named."""
+    with_delayed, without = "é" * 23 + "q", "€" * 18 + "q"
+    assert sqlqueue("ddl", f'{with_delayed}@"{schema}"', "--dialect", "postgres").returncode == 0
+    refused = sqlqueue("ddl", f'{with_delayed}q@"{schema}"', "--dialect", "postgres")
+    assert refused.returncode == 1 and "at most 47 bytes" in refused.stderr
+    client.create_queue(QueueAddress(with_delayed, schema))
+    client.create_queue(QueueAddress(without, schema), delayed=False)
+    made = {
+        name
+        for (name,) in client.session.connection.execute(
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s",
+            (schema,),
+        )
+    }
+    for table in (with_delayed, f"{with_delayed}.Delayed", without):
+        assert {table, f"{table}_Expires"} <= made or {table, f"{table}_Due"} <= made, table
+    assert {f"{with_delayed}_seq_seq", f"{without}_seq_seq"} <= made

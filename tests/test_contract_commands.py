@@ -33,9 +33,9 @@ from tests.test_plugins_sqlqueue import Api, api  # noqa: F401 - the api-server 
 #: Every command, with the argument vector of a good call ({q}: a queue, {e}: its error queue,
 #: {s}: the subscription table, {uri}: the database). Hostile values replace one argument at a time.
 COMMANDS: dict[str, list[str]] = {
-    "ddl": ["ddl", "{q}", "--dialect", "postgres"],
+    "ddl": ["ddl", "{q}", "--dialect", "postgres", "--write-ledger-table", "{ledger}"],
     "grants": ["grants", "{q}", "--dialect", "postgres", "--role", "app"],
-    "depths": ["depths", "{q}", "--conn", "{uri}"],
+    "depths": ["depths", "{q}", "--conn", "{uri}", "--lock-timeout", "{wait}"],
     "health": ["health", "{q}", "--conn", "{uri}"],
     "errors": ["errors", "--conn", "{uri}", "--error-queue", "{e}"],
     "retry": ["retry", "--conn", "{uri}", "--error-queue", "{e}"],
@@ -77,6 +77,14 @@ HOSTILE_ARGS: dict[str, list[tuple[str, str]]] = {
     "app": [("empty", ""), ("blank", "  "), ("lone surrogate", LONE_SURROGATE)],
     "Contract.Topic": [("lone surrogate", LONE_SURROGATE), ("empty", ""), ("megabyte", MEGABYTE)],
     "--limit": [("zero", "0"), ("negative", "-1"), ("past bigint", str(2**63)), ("text", "many")],
+    "{ledger}": [("the queue", "{q}"), ("claim store", 'sqlqueue_inflight@"{schema}"'), ("empty", "")],
+    "{wait}": [
+        ("zero", "0"),
+        ("negative", "-1"),
+        ("not a number", "nan"),
+        ("past int32 ms", str(2**31)),
+        ("text", "x"),
+    ],
 }
 
 
@@ -165,6 +173,8 @@ def shop(pg_uri: str) -> Iterator[dict[str, str]]:
             "{uri}": uri,
             "{uri_base}": uri.rsplit("/", 1)[0],
             "{schema}": schema,
+            "{wait}": "10",
+            "{ledger}": f'sqlqueue_writes@"{schema}"',
         }
     finally:
         with psycopg.connect(pg_uri, autocommit=True) as raw:

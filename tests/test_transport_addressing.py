@@ -102,3 +102,42 @@ def test_transport_imports_without_airflow():
 def test_a_listed_table_is_told_apart_as_queue_error_or_audit(error_queue, audit_queue, table, kind):
     addressing = Addressing(pg, error_queue, audit_queue)
     assert addressing.kind(QueueAddress(table, "sales")) == kind
+
+
+@pytest.mark.parametrize(
+    ("longest", "shortest_refused"),
+    [
+        ("q" * 55, "q" * 56),
+        ("é" * 27, "é" * 28),  # two bytes a character: 54 bytes fit, 56 do not
+        ("€" * 18 + "q", "€" * 18 + "qq"),  # three bytes a character: 55 bytes fit, 56 do not
+        ("q" * 51 + "€", "q" * 53 + "€"),  # 54 and 56 bytes
+    ],
+)
+def test_a_postgres_table_name_fits_in_55_bytes(longest: str, shortest_refused: str) -> None:
+    """55 bytes of UTF-8, counted in bytes, not characters: what leaves room for the 8 bytes the
+    names derived from a table add (``<table>_seq_seq``, ``<table>_Expires``) in PostgreSQL's 63."""
+    pg.validate_address(QueueAddress(longest))
+    with pytest.raises(InvalidQueueNameError) as refused:
+        pg.validate_address(QueueAddress(shortest_refused))
+    message = str(refused.value)
+    size = len(shortest_refused.encode("utf-8"))
+    assert f"is {size} bytes in UTF-8" in message and "limited to 55 bytes" in message
+    assert "63-byte identifiers" in message
+
+
+@pytest.mark.parametrize(
+    ("longest", "shortest_refused"),
+    [("q" * 47, "q" * 48), ("é" * 23 + "q", "é" * 24), ("€" * 15 + "qq", "€" * 16)],  # 47 bytes fit, 48 do not
+)
+def test_a_postgres_queue_with_a_delayed_table_fits_in_47_bytes(longest: str, shortest_refused: str) -> None:
+    """A queue's delayed table is ``<queue>.Delayed``, 8 bytes longer, and must fit in 55 bytes itself:
+    a queue made with one has a name of at most 47 bytes; made without one, 55. The refusal says both."""
+    addressing = Addressing(pg)
+    addressing.installation(QueueAddress(longest))
+    addressing.installation(QueueAddress("q" * 55), delayed=False)
+    with pytest.raises(InvalidQueueNameError) as refused:
+        addressing.installation(QueueAddress(shortest_refused))
+    message = str(refused.value)
+    assert "leaves no room for its delayed-message table" in message
+    assert "at most 47 bytes" in message and "delayed=False" in message
+    assert "queue names are limited to 55" not in message  # the delayed table's own limit, not the queue's

@@ -385,6 +385,15 @@ class Dialect(ABC):
         run first, so that a dashboard or a monitoring check never hangs behind a migration's lock."""
         return None
 
+    def session_lock_timeout_sql(self, ms: int) -> str | None:
+        """No params, no rows: for the rest of the session, wait at most ``ms`` for a lock (then
+        :class:`~..errors.LockTimeoutError`, as with :meth:`lock_timeout_sql`); None where the dialect
+        does not bound waits. :meth:`lock_timeout_sql`'s bound for every statement of a short-lived
+        session (the command line) instead of one transaction, so that no command hangs behind a lock.
+        The bound is written into the statement, a whole number: SQL Server keeps a ``SET`` made in a
+        parameterised batch only until that batch ends."""
+        return None
+
     def horizon_sql(self) -> str | None:
         """Params limit -> :class:`HorizonRow` rows, the ``limit`` oldest holders first (one row with holder
         NULL when nothing holds it), or None where the database keeps no

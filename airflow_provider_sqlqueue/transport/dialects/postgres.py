@@ -34,9 +34,13 @@ from ..errors import (
 )
 from . import Dialect, SendRow, TableShape
 
-#: NServiceBus refuses longer table names so that derived names (``<table>_seq_seq``) fit in 63 bytes.
-MAX_TABLE_BYTES = 55
+#: PostgreSQL's identifiers are at most 63 bytes (longer ones are cut short without a word).
 MAX_IDENTIFIER_BYTES = 63
+#: The longest name of a queue's table (a queue, its delayed table): the names derived from it, its Seq
+#: column's sequence ``<table>_seq_seq`` and its index ``<table>_Expires``, are 8 bytes longer and must
+#: still fit in 63. NServiceBus's PostgreSQL transport keeps the same limit. A queue with a delayed table
+#: (``<queue>.Delayed``, 8 bytes more) may therefore have a name of at most 47 bytes.
+MAX_TABLE_BYTES = 55
 
 _UTC_NOW = "(now() AT TIME ZONE 'UTC')"
 #: A queue's claims whose lease ended within the last %(lapsed_ms)s (see transport/heads.py: the
@@ -143,8 +147,9 @@ class PostgresDialect(Dialect):
         size = len(address.table.encode("utf-8"))
         if size > MAX_TABLE_BYTES:
             raise InvalidQueueNameError(
-                f"queue table name {address.table!r} is {size} bytes; PostgreSQL queue names are limited to "
-                f"{MAX_TABLE_BYTES} bytes so that the names derived from it fit in {MAX_IDENTIFIER_BYTES}"
+                f"table name {address.table!r} is {size} bytes in UTF-8; a PostgreSQL queue's table names are "
+                f"limited to {MAX_TABLE_BYTES} bytes so that the names derived from them ('<table>_seq_seq', "
+                f"'<table>_Expires') fit in PostgreSQL's {MAX_IDENTIFIER_BYTES}-byte identifiers"
             )
         if address.schema is not None and len(address.schema.encode("utf-8")) > MAX_IDENTIFIER_BYTES:
             raise InvalidQueueNameError(f"schema name {address.schema!r} is over {MAX_IDENTIFIER_BYTES} bytes")
@@ -357,6 +362,9 @@ class PostgresDialect(Dialect):
 
     def lock_timeout_sql(self) -> str:
         return "SELECT set_config('lock_timeout', %(ms)s, true)"
+
+    def session_lock_timeout_sql(self, ms: int) -> str:
+        return f"SET lock_timeout = {int(ms)}"
 
     def horizon_sql(self) -> str:
         # What vacuum of this database's tables waits for: a session of this database with a snapshot

@@ -492,6 +492,9 @@ class SqlServerDialect(Dialect):
             f"WHERE Due < {_UTC_NOW})"
         )
 
+    def session_lock_timeout_sql(self, ms: int) -> str:
+        return f"SET LOCK_TIMEOUT {int(ms)}"
+
     def has_expires_index_sql(self, address: QueueAddress) -> str:
         c = self._catalog_prefix(address)
         return (
