@@ -172,11 +172,17 @@ def _number(options: Mapping[str, str], name: str, default: float, *, whole: boo
     return value
 
 
-def _span(options: Mapping[str, str], name: str, default: timedelta | None, maximum: timedelta) -> timedelta:
+def _span(
+    options: Mapping[str, str],
+    name: str,
+    default: timedelta | None,
+    maximum: timedelta,
+    minimum: timedelta = timedelta(milliseconds=1),
+) -> timedelta:
     """A duration option in seconds, within what the core accepts (a lease up to ``MAX_LEASE``...)."""
     seconds = _number(options, name, 0 if default is None else default.total_seconds())
     try:
-        return duration(name, seconds, maximum=maximum)
+        return duration(name, seconds, maximum=maximum, minimum=minimum)
     except SqlQueueError as exc:
         raise InvalidOptionError(f"option {name!r}: {exc}") from None
 
@@ -300,7 +306,7 @@ class Options:
             holder=holder,
             partitions=_count(options, "numPartitions", PARTITIONS, maximum=10_000),
             fetch_size=_count(options, "fetchSize", FETCH_SIZE),
-            lease=_span(options, "lease", defaults.LEASE, defaults.MAX_LEASE),
+            lease=_span(options, "lease", defaults.LEASE, defaults.MAX_LEASE, defaults.MIN_RENEWED_LEASE),  # renewed
             max_deliveries=_count(options, "maxDeliveries", defaults.MAX_DELIVERIES),
             max_messages_per_batch=_count(
                 options, "maxMessagesPerBatch", MAX_MESSAGES_PER_BATCH, maximum=10 * defaults.MAX_BATCH

@@ -75,7 +75,7 @@ OPTIONS: dict[str, list[str]] = {
     "holder": [],  # free text naming the claims (checked by the core when it is used), not empty
     "numPartitions": ["0", "-1", "many", "1e999", "100000000"],
     "fetchSize": ["0", "-3", "nan", str(2**63)],
-    "lease": ["0", "-1", "nan", "inf", "forever", "1e12"],
+    "lease": ["0", "0.5", "-1", "nan", "inf", "forever", "1e12"],
     "maxDeliveries": ["0", "x"],
     "maxMessagesPerBatch": ["0", "-1", "1e9", "lots"],
     "batchSize": ["0", "2.5", str(2**63)],
