@@ -37,6 +37,7 @@ from demo.services import AirflowServices, metadata_database
 from demo.spark_cluster import SparkCluster
 from tests.conftest import EXAMPLE_DAGS
 from tests.test_airflow_services import (
+    LEASE_SECONDS,
     QUEUES,
     Pipeline,
     inflight_rows,
@@ -44,18 +45,12 @@ from tests.test_airflow_services import (
     running_holder,
     wait_recovered,
 )
+from tests.test_airflow_services import SETTINGS as SERVICES_SETTINGS
 
 pytestmark = pytest.mark.timeout(2400)
 
-#: The hand-off lease, and how soon Airflow notices a dead task, triggerer or scheduler, shortened
-#: as in the services test so that recoveries fit a CI run.
-LEASE_SECONDS = 20.0
-SETTINGS = {
-    "SQLQUEUE_LEASE_SECONDS": str(LEASE_SECONDS),
-    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "30",
-    "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "15",
-    "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "15",
-    "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "20",
+#: The services test's shortened lease and failure detection, so that recoveries fit a CI run.
+SETTINGS = SERVICES_SETTINGS | {
     # Sending a task to the broker on a loaded machine can take longer than Celery's 1 s default.
     "AIRFLOW__CELERY__OPERATION_TIMEOUT": "15",
 }
