@@ -17,7 +17,6 @@ migration, ``VACUUM FULL``), then names the locked table and exits with status 1
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -29,7 +28,7 @@ from . import __version__
 from .transport import QueueClient, defaults
 from .transport import operations as ops
 from .transport.addressing import QueueAddress
-from .transport.client import Addressing
+from .transport.client import Addressing, lock_wait_span
 from .transport.dialects import Dialect, get_dialect
 from .transport.drivers import dialect_for, finish
 from .transport.errors import InvalidArgumentError, SqlQueueError, one_line
@@ -90,35 +89,25 @@ LIMIT: ArgSpec = (
 )
 RETRY_LIMIT: ArgSpec = (("--limit",), {"type": int, "default": 1000, "help": "most error messages retried"})
 
-#: The longest lock wait either database takes: PostgreSQL's lock_timeout and SQL Server's LOCK_TIMEOUT
-#: are milliseconds in a 32-bit integer.
-LONGEST_LOCK_WAIT = (2**31 - 1) // 1000
 
-
-def lock_wait_seconds(text: str) -> float:
-    """``--lock-timeout``: seconds, more than none (0 would mean "wait for ever" to the database) and at
-    most what the database can hold; anything else is a usage error naming the option."""
+def lock_wait_seconds(text: str) -> timedelta:
+    """``--lock-timeout``: seconds, as the client's ``lock_wait`` takes them (more than none: 0 would
+    mean "wait for ever" to the database); anything else is a usage error naming the option."""
     try:
-        seconds = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not (math.isfinite(seconds) and 0.001 <= seconds <= LONGEST_LOCK_WAIT):
-        raise argparse.ArgumentTypeError(f"give between 0.001 and {LONGEST_LOCK_WAIT:,} seconds, got {text!r}")
-    return seconds
+        return lock_wait_span(float(text))
+    except (ValueError, SqlQueueError):
+        longest = defaults.LONGEST_LOCK_WAIT.total_seconds()
+        raise argparse.ArgumentTypeError(f"give between 0.001 and {longest:,.0f} seconds, got {text!r}") from None
 
 
-#: How long a command waits for a lock by default: long enough for a busy queue's short row locks,
-#: short enough that a table locked by a migration is reported rather than waited on without end.
-DEFAULT_LOCK_WAIT = 10.0
 LOCK_TIMEOUT: ArgSpec = (
     ("--lock-timeout",),
     {
         "type": lock_wait_seconds,
-        "default": DEFAULT_LOCK_WAIT,
+        "default": defaults.COMMAND_LOCK_TIMEOUT,
         "metavar": "SECONDS",
         "help": f"wait at most this long for a lock another session holds, then name the locked table and "
-        f"exit 1 (default {DEFAULT_LOCK_WAIT:g}; the figures of depths and health wait at most "
-        f"{defaults.WATCH_LOCK_TIMEOUT.total_seconds():g})",
+        f"exit 1 (default {defaults.COMMAND_LOCK_TIMEOUT.total_seconds():g})",
     },
 )
 
@@ -256,10 +245,10 @@ def _client(args: argparse.Namespace) -> QueueClient:
     return client
 
 
-def _bound_lock_waits(client: QueueClient, seconds: float) -> None:
-    """Make every later statement of the client's session wait at most ``seconds`` for a lock (the
+def _bound_lock_waits(client: QueueClient, lock_wait: timedelta) -> None:
+    """Make every later statement of the client's session wait at most ``lock_wait`` for a lock (the
     dialect's statement; where it has none, waits stay unbounded)."""
-    statement = client.dialect.session_lock_timeout_sql(max(1, round(seconds * 1000)))
+    statement = client.dialect.session_lock_timeout_sql(max(1, round(lock_wait / timedelta(milliseconds=1))))
     if statement is not None:
         finish(client.session.run(_alone(ops.Step(statement, {}, ops.Fetch.NONE, "the session"))))
 
@@ -284,7 +273,7 @@ def run_depths(args: argparse.Namespace, out: TextIO) -> None:
     with _client(args) as client:
         for name in args.queues:
             queue = client.address(name)
-            [stats] = client.queue_stats(queue)
+            [stats] = client.queue_stats(queue, lock_wait=args.lock_timeout)
             canonical = client.canonical_address(queue)
             failed = sum(g.count for g in client.error_summary(queue=queue) if g.source == canonical)
             rows.append(
@@ -319,7 +308,7 @@ def run_health(args: argparse.Namespace, out: TextIO) -> int:
     reported as problems) and of their database's xmin horizon, then the problems found
     (:mod:`~.transport.health`). Exit status 3 when there are any, for cron or a monitoring check."""
     with _client(args) as client:
-        health = client.health(args.queues or None, report_unreadable=not args.queues)
+        health = client.health(args.queues or None, report_unreadable=not args.queues, lock_wait=args.lock_timeout)
         queues = [s.queue for s in health.queues] + [p.queue for p in health.problems if p.queue is not None]
         names = {queue: _printable(client.canonical_address(queue)) for queue in queues}
     horizon = health.horizon

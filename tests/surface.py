@@ -86,6 +86,7 @@ KINDS: dict[str, Kind] = {
     "lease": Kind.DURATION,
     "delay": Kind.DURATION,
     "timeout": Kind.DURATION,
+    "lock_wait": Kind.DURATION,
     "due": Kind.DUE,
     "tokens": Kind.TOKENS,
     "seqs": Kind.SEQS,

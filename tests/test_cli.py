@@ -440,6 +440,37 @@ def test_a_command_waits_for_a_locked_table_no_longer_than_lock_timeout(pg_uri, 
     assert sqlqueue("depths", f'orders@"{schema}"', "--conn", pg_uri).returncode == 0  # the lock gone, it answers
 
 
+def test_the_figures_of_depths_wait_as_long_as_lock_timeout_says(pg_uri, schema, queue):
+    holder = _locked(pg_uri, f'"{schema}"."orders"')
+    try:
+        depths = subprocess.Popen(
+            [*SQLQUEUE, "depths", f'orders@"{schema}"', "--lock-timeout", "120", "--conn", pg_uri],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        _wait_until_blocked(pg_uri, f'"{schema}"."orders"', depths)
+        # Past the 5 s a watcher waits by default, the command still waits: --lock-timeout is its bound.
+        time.sleep(7)
+        assert depths.poll() is None, depths.communicate()
+    finally:
+        holder.close()
+    out, err = depths.communicate(timeout=120)
+    assert depths.returncode == 0, err
+    assert out.splitlines()[1].split()[:2] == [f'orders@"{schema}"', "0"]
+
+
+def _wait_until_blocked(pg_uri: str, table: str, command: subprocess.Popen[str]) -> None:
+    """Until ``command`` waits for the lock on ``table`` (a session of it asks and is not granted)."""
+    with psycopg.connect(pg_uri, autocommit=True) as watcher:
+        deadline = time.monotonic() + 60
+        while not watcher.execute(
+            "SELECT count(*) FROM pg_locks WHERE relation = %s::regclass AND NOT granted", (table,)
+        ).fetchone()[0]:
+            assert time.monotonic() < deadline and command.poll() is None, "the command never waited"
+            time.sleep(0.05)
+
+
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "ten", "3000000"])
 def test_lock_timeout_takes_a_number_of_seconds_the_database_can_hold(value: str, pg_uri: str) -> None:
     refused = sqlqueue("depths", "orders", "--conn", pg_uri, "--lock-timeout", value)
@@ -455,14 +486,7 @@ def test_ctrl_c_ends_a_command_in_one_line_with_status_130(pg_uri, schema, queue
             stderr=subprocess.PIPE,
             text=True,
         )
-        with psycopg.connect(pg_uri, autocommit=True) as watcher:
-            deadline = time.monotonic() + 30
-            while not watcher.execute(  # the command is waiting for the lock: interrupt it there
-                "SELECT count(*) FROM pg_locks WHERE relation = %s::regclass AND NOT granted",
-                (f'"{schema}"."error"',),
-            ).fetchone()[0]:
-                assert time.monotonic() < deadline and command.poll() is None, "the command never waited"
-                time.sleep(0.05)
+        _wait_until_blocked(pg_uri, f'"{schema}"."error"', command)  # waiting for the lock: interrupt it there
         command.send_signal(signal.SIGINT)
         out, err = command.communicate(timeout=30)
     finally:

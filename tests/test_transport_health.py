@@ -7,6 +7,7 @@ in ``QueueClient.health`` with the figures the tables hold; a healthy queue show
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -310,3 +311,35 @@ def test_a_survey_waits_for_one_lock_not_one_per_queue(client: QueueClient, sche
     assert all("locked by another session" in p.message and "\n" not in p.message for p in health.problems)
     # One 5 s wait, then 50 ms each: far below the 100 s that twenty full waits took (a bound load cannot reach).
     assert waited < 60
+
+
+def test_lock_wait_sets_how_long_the_figures_wait_for_a_locked_table(
+    client: QueueClient, queue: QueueAddress, schema: str, pg_uri: str
+) -> None:
+    from airflow_provider_sqlqueue.transport import LockTimeoutError
+
+    client.send(queue, Message("one"))
+    with psycopg.connect(pg_uri) as migration:
+        migration.execute(f'LOCK TABLE "{schema}"."orders" IN ACCESS EXCLUSIVE MODE')
+        with pytest.raises(LockTimeoutError, match="locked by another session"):
+            client.queue_stats(queue, lock_wait=timedelta(milliseconds=200))
+        # Longer than the default wait: the lock goes 7 s in (after the default 5 s would have given
+        # up) and the figures come, because the call was told to wait up to a minute.
+        release = threading.Timer(7, migration.rollback)
+        release.start()
+        try:
+            [stats] = client.queue_stats(queue, lock_wait=60)
+            health = client.health(queue, lock_wait=timedelta(minutes=1))
+        finally:
+            release.join()
+    assert stats.waiting == 1 and [s.queue for s in health.queues] == [queue]
+
+
+@pytest.mark.parametrize("lock_wait", [0, -1, float("nan"), timedelta(days=30), "5", True])
+def test_lock_wait_is_a_duration_either_database_can_hold(client: QueueClient, queue: QueueAddress, lock_wait) -> None:
+    from airflow_provider_sqlqueue.transport import SqlQueueError
+
+    with pytest.raises(SqlQueueError, match="lock_wait"):
+        client.queue_stats(queue, lock_wait=lock_wait)
+    with pytest.raises(SqlQueueError, match="lock_wait"):
+        client.health(queue, lock_wait=lock_wait)

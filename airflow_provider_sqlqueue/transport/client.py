@@ -75,6 +75,13 @@ def lease_ms(lease: timedelta | float) -> int:
     return max(1, round(duration("lease", lease, maximum=defaults.MAX_LEASE) / timedelta(milliseconds=1)))
 
 
+def lock_wait_span(lock_wait: timedelta | float) -> timedelta:
+    """How long a watcher waits for a locked table: positive, at most what either database holds
+    (``defaults.LONGEST_LOCK_WAIT``), at least a millisecond (no database waits less; 0 would mean
+    "for ever" to both)."""
+    return duration("lock_wait", lock_wait, maximum=defaults.LONGEST_LOCK_WAIT)
+
+
 def delay_ms(delay: timedelta | float) -> int:
     """A give-back delay in whole milliseconds; zero means at once."""
     return round(duration("delay", delay, minimum=timedelta(0), maximum=defaults.MAX_LEASE) / timedelta(milliseconds=1))
@@ -1223,11 +1230,16 @@ class AsyncQueueClient(Addressing):
         queues: str | QueueAddress | Iterable[str | QueueAddress],
         *,
         expired_limit: int = defaults.EXPIRED_COUNT_LIMIT,
+        lock_wait: timedelta | float = defaults.WATCH_LOCK_TIMEOUT,
     ) -> list[ops.QueueStats]:
         """Waiting (estimated), age of the oldest, expired (counted up to ``expired_limit``), in flight
-        and lapsed, per queue: indexed reads whose cost does not grow with the queues' length."""
+        and lapsed, per queue: indexed reads whose cost does not grow with the queues' length.
+
+        A table another session holds locked (a migration, ``VACUUM FULL``) is waited for at most
+        ``lock_wait``, then :class:`~.errors.LockTimeoutError` names it: a watcher never hangs."""
         check_positive("expired_limit", expired_limit)
-        return await self._run(ops.queue_stats(self.dialect, self._addresses(queues), expired_limit))
+        wait = lock_wait_span(lock_wait)
+        return await self._run(ops.queue_stats(self.dialect, self._addresses(queues), expired_limit, wait))
 
     def _addresses(self, queues: str | QueueAddress | Iterable[str | QueueAddress]) -> list[QueueAddress]:
         """One queue or many, as checked addresses."""
@@ -1249,6 +1261,7 @@ class AsyncQueueClient(Addressing):
         *,
         expired_limit: int = defaults.EXPIRED_COUNT_LIMIT,
         report_unreadable: bool = False,
+        lock_wait: timedelta | float = defaults.WATCH_LOCK_TIMEOUT,
     ) -> Health:
         """:meth:`queue_stats` of ``queues`` (None: every queue the connection may read) and the database's
         :meth:`horizon`, with what is wrong with them (:func:`~.health.problems`: a horizon held long,
@@ -1259,20 +1272,24 @@ class AsyncQueueClient(Addressing):
         longer a queue, its claim store or delayed table broken, no rights on it -- is reported as an
         ``unreadable`` problem and the others are measured, instead of the call failing: what a survey
         of many queues (a dashboard, a monitoring check) wants. A lost connection still fails it.
+
+        ``lock_wait``: how long the first locked table is waited for, as in :meth:`queue_stats`; once
+        one was found locked, the survey's other tables are waited for at most
+        ``defaults.WATCH_LOCK_TIMEOUT_AFTER_ONE`` each.
         """
         check_positive("expired_limit", expired_limit)
         flag("report_unreadable", report_unreadable)
+        wait = lock_wait_span(lock_wait)  # one wait per call: after a lock timed out, locked tables fail at once
         addresses = await self.queues() if queues is None else self._addresses(queues)
         stats: list[ops.QueueStats] = []
         unreadable: list[Problem] = []
-        wait = defaults.WATCH_LOCK_TIMEOUT  # one wait per call: after a lock timed out, locked tables fail at once
         for address in addresses:  # one at a time: a queue that fails leaves the others measured
             try:
                 stats += await self._run(ops.queue_stats(self.dialect, [address], expired_limit, wait))
             except LockTimeoutError as exc:  # a migration's lock: this queue waits, the others do not
                 if not report_unreadable:
                     raise
-                wait = defaults.WATCH_LOCK_TIMEOUT_AFTER_ONE
+                wait = min(wait, defaults.WATCH_LOCK_TIMEOUT_AFTER_ONE)
                 unreadable.append(Problem("unreadable", address, f"cannot be measured now: {one_line(exc)}"))
             except (TransportUnavailableError, TransactionAbortedError, ClientClosedError):
                 raise

@@ -177,6 +177,12 @@ WATCH_LOCK_TIMEOUT = timedelta(seconds=5)
 #: The same for the rest of a survey once one table was found locked (a schema's claim store,
 #: locked, would otherwise cost every queue of the schema the whole wait).
 WATCH_LOCK_TIMEOUT_AFTER_ONE = timedelta(milliseconds=50)
+#: The longest lock wait either database takes: PostgreSQL's lock_timeout and SQL Server's
+#: LOCK_TIMEOUT are milliseconds in a 32-bit integer.
+LONGEST_LOCK_WAIT = timedelta(milliseconds=2**31 - 1)
+#: How long a ``sqlqueue`` command waits for a locked table (``--lock-timeout``): long enough for a
+#: busy queue's short row locks, short enough that a migration's lock is reported, not hung on.
+COMMAND_LOCK_TIMEOUT = timedelta(seconds=10)
 #: Seconds between the queue gauges a triggerer sends for each connection its triggers wait on
 #: (``[sqlqueue] health_metrics_interval``; 0: none), so the gauges flow while nothing is scheduled.
 HEALTH_METRICS_INTERVAL = 60.0
