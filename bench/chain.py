@@ -11,7 +11,8 @@ cost), into ``ingest`` (the sensor-driven chain ``sqlqueue_spark_clean`` ->
 ``reports``. The other example DAGs stay paused (DAGs are paused at creation; only the chains'
 four are unpaused), so no other Spark job shares the machine.
 
-Two phases, one after the other, each fed to both chains at once:
+Two phases, one after the other, each fed to the chains of ``--chains`` (both by default; a chain
+not named stays paused) at once:
 
 * ``steady``: ``--rate`` messages a second *per chain* for ``--minutes``;
 * ``burst``: ``--burst`` messages *per chain* inserted at once.
@@ -122,8 +123,11 @@ class LoadSampler(threading.Thread):
 
 
 class Bench:
-    def __init__(self, services: AirflowServices, pg_uri: str, schema: str, data: Path, rows: int) -> None:
+    def __init__(
+        self, services: AirflowServices, pg_uri: str, schema: str, data: Path, rows: int, chains: list[str]
+    ) -> None:
         self.services = services
+        self.chains = chains
         self.pg_uri = pg_uri
         self.schema = schema
         self.data = data
@@ -210,8 +214,8 @@ class Bench:
             due = started + n * period
             if due - started >= seconds:
                 break
-            for k, chain in enumerate(CHAINS):  # the chains fed half a period apart
-                at = due + k * period / 2
+            for k, chain in enumerate(self.chains):  # the chains fed a share of a period apart
+                at = due + k * period / len(self.chains)
                 while time.monotonic() < at:
                     if time.monotonic() - last_poll > 5:
                         self.reports()  # note when reports appear (the TimeSent header is preferred)
@@ -222,7 +226,7 @@ class Bench:
 
     def feed_burst(self, count: int) -> None:
         for n in range(count):
-            for chain in CHAINS:
+            for chain in self.chains:
                 self.insert("burst", chain, n)
 
     def drain(self, phase: str, timeout: float, settle: float) -> tuple[float, bool]:
@@ -245,7 +249,8 @@ class Bench:
         reports = self.reports()
         left = self.left()
         result: dict[str, Any] = {}
-        for chain, spec in CHAINS.items():
+        for chain in self.chains:
+            spec = CHAINS[chain]
             expected = {d: e for d, e in self.expected.items() if e["phase"] == phase and e["chain"] == chain}
             mine = [r for r in reports if r["dataset"] in expected]
             counts = Counter(r["dataset"] for r in mine)
@@ -324,7 +329,7 @@ def print_table(result: dict[str, Any]) -> None:
     print(header)
     print("-" * len(header))
     for phase, chains in result["phases"].items():
-        for chain in CHAINS:
+        for chain in result["chains"]:
             f = chains[chain]
             lat = f["latency_s"]
             print(
@@ -347,6 +352,7 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=5.0, help="steady phase: how long it feeds")
     parser.add_argument("--burst", type=int, default=40, help="burst phase: messages per chain inserted at once")
     parser.add_argument("--phases", default="steady,burst", help="which phases, in order")
+    parser.add_argument("--chains", default="sensor,events", help="which chains are fed (the others stay paused)")
     parser.add_argument("--rows", type=int, default=200, help="rows of each message's CSV")
     parser.add_argument("--spark", choices=("local", "cluster", "connect"), default="local")
     parser.add_argument("--spark-cores", type=int, default=2, help="cluster/connect: the worker's cores")
@@ -393,10 +399,10 @@ def main() -> None:
             admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
-def start_chains(services: AirflowServices, timeout: float = 300) -> float:
-    """Migrate, start the services with DAGs paused at creation, and unpause only the chains' four
-    DAGs as the dag-processor stores them (the other examples -- the streaming relay's Spark job,
-    the fan-out -- never run); returns the seconds until all is healthy."""
+def start_chains(services: AirflowServices, dags: list[str], timeout: float = 300) -> float:
+    """Migrate, start the services with DAGs paused at creation, and unpause only the benched
+    chains' DAGs as the dag-processor stores them (the other examples -- the streaming relay's Spark
+    job, the fan-out, a chain not benched -- never run); returns the seconds until all is healthy."""
     started = time.perf_counter()
     services.migrate()
     for name in SERVICES:
@@ -404,13 +410,13 @@ def start_chains(services: AirflowServices, timeout: float = 300) -> float:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         services.metadata(
-            "UPDATE dag SET is_paused = false WHERE dag_id = ANY(%s) AND is_paused RETURNING dag_id", (CHAIN_DAGS,)
+            "UPDATE dag SET is_paused = false WHERE dag_id = ANY(%s) AND is_paused RETURNING dag_id", (dags,)
         )
-        if len(services.metadata("SELECT 1 FROM dag WHERE dag_id = ANY(%s) AND NOT is_paused", (CHAIN_DAGS,))) == 4:
+        if len(services.metadata("SELECT 1 FROM dag WHERE dag_id = ANY(%s) AND NOT is_paused", (dags,))) == len(dags):
             break
         time.sleep(1)
     services.wait_healthy()
-    services.wait_for_dags(CHAIN_DAGS)
+    services.wait_for_dags(dags)
     return time.perf_counter() - started
 
 
@@ -423,9 +429,13 @@ def run(
     phases: list[str],
     load: LoadSampler,
 ) -> None:
-    startup = start_chains(services)
+    chains = [c for c in args.chains.split(",") if c]
+    unknown = sorted(set(chains) - set(CHAINS))
+    if unknown or not chains:
+        raise SystemExit(f"--chains: choose from {', '.join(CHAINS)} (got {args.chains!r})")
+    startup = start_chains(services, [dag for chain in chains for dag in CHAINS[chain]["dags"]])
     print(f"Airflow services up in {startup:.0f}s (logs: {services.logs}); Spark: {spark_label}", flush=True)
-    bench = Bench(services, args.pg_uri, schema, workdir / "data", args.rows)
+    bench = Bench(services, args.pg_uri, schema, workdir / "data", args.rows, chains)
     result: dict[str, Any] = {
         "command": "python -m bench.chain " + " ".join(sys.argv[1:]),
         "commit": subprocess.run(
@@ -434,6 +444,7 @@ def run(
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "cpus": os.cpu_count(),
         "spark": spark_label,
+        "chains": chains,
         "settings": {
             "rate_per_chain": args.rate,
             "minutes": args.minutes,
