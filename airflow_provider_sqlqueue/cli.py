@@ -27,12 +27,11 @@ from typing import TYPE_CHECKING, Any, TextIO
 from . import __version__
 from .transport import QueueClient, defaults
 from .transport import operations as ops
-from .transport.addressing import QueueAddress
 from .transport.client import Addressing, lock_wait_span
 from .transport.dialects import Dialect, get_dialect
 from .transport.drivers import dialect_for, finish
-from .transport.errors import InvalidArgumentError, SqlQueueError, one_line
-from .transport.install import Installation, TableKind
+from .transport.errors import SqlQueueError, one_line
+from .transport.install import Installation
 from .transport.message import check_positive
 
 if TYPE_CHECKING:
@@ -152,42 +151,13 @@ def _installation(args: argparse.Namespace) -> Installation:
             )
         )
     plan = Installation.combine(plans)
-    extra: list[tuple[TableKind, QueueAddress]] = []
     if args.subscriptions or args.subscription_table is not None:
-        table = addressing.address(
-            defaults.SUBSCRIPTION_TABLE if args.subscription_table is None else args.subscription_table
-        )
-        extra.append((TableKind.SUBSCRIPTIONS, table))
-        plan = plan.with_subscriptions(table)
+        table = defaults.SUBSCRIPTION_TABLE if args.subscription_table is None else args.subscription_table
+        plan = plan.with_subscriptions(addressing.address(table))
     if args.write_ledger or args.write_ledger_table is not None:
         ledger = defaults.WRITE_LEDGER if args.write_ledger_table is None else args.write_ledger_table
-        ledgers = [addressing.beside(ledger, addressing.address(queue)) for queue in args.queues]
-        extra += [(TableKind.WRITES, address) for address in ledgers]
-        plan = plan.with_write_ledgers(ledgers)
-    _one_kind_each([*(table for part in plans for table in part.tables), *extra], addressing)
+        plan = plan.with_write_ledgers([addressing.beside(ledger, addressing.address(queue)) for queue in args.queues])
     return plan
-
-
-def _one_kind_each(tables: Sequence[tuple[TableKind, QueueAddress]], addressing: Addressing) -> None:
-    """Refuse a table planned as two kinds (a write ledger or subscription table named as a queue): a
-    plan keeps the first of a name, so the script would leave the other out without a word, and the
-    runtime refuses a table that exists as another kind."""
-    kinds: dict[str, TableKind] = {}
-    for kind, address in tables:
-        name = addressing.dialect.qualified_name(address)
-        first = kinds.setdefault(name, kind)
-        if first is not kind:
-            raise InvalidArgumentError(f"{name} cannot be both {_ROLES[first]} and {_ROLES[kind]}: name another table")
-
-
-#: What each kind of table is, as a refusal names it.
-_ROLES = {
-    TableKind.QUEUE: "a queue",
-    TableKind.INFLIGHT: "the claim store",
-    TableKind.DELAYED: "a delayed-message table",
-    TableKind.SUBSCRIPTIONS: "the subscription table",
-    TableKind.WRITES: "the write ledger",
-}
 
 
 def run_ddl(args: argparse.Namespace, out: TextIO) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -35,3 +36,35 @@ def test_a_plan_naming_a_business_table_creates_none_of_its_tables(client: Queue
         "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", [schema]
     ).fetchall()
     assert tables == [("invoices",)]
+
+
+@pytest.mark.parametrize(
+    ("queue", "error_queue", "refusal"),
+    [
+        ("orders", "orders.Delayed", '"{schema}"."orders.Delayed" cannot be both a queue and a delayed-message table'),
+        ("orders", "sqlqueue_inflight", "sqlqueue_inflight"),  # the claim store: refused as a name already
+    ],
+)
+def test_a_queue_whose_tables_would_be_one_table_twice_creates_nothing(
+    client: QueueClient, raw: Any, schema: str, queue: str, error_queue: str, refusal: str
+) -> None:
+    from airflow_provider_sqlqueue.transport import SqlQueueError
+
+    with pytest.raises(SqlQueueError, match=re.escape(refusal.format(schema=schema))):
+        client.create_queue(QueueAddress(queue, schema), error_queue=QueueAddress(error_queue, schema))
+    tables = raw.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = %s", [schema])
+    assert tables.fetchall() == []
+
+
+def test_plans_combined_refuse_one_table_as_two_kinds() -> None:
+    from airflow_provider_sqlqueue.transport.errors import InvalidArgumentError
+    from airflow_provider_sqlqueue.transport.install import Installation
+
+    addressing = Addressing(get_dialect("postgres"))
+    orders, delayed_name = addressing.installation('orders@"shop"'), addressing.installation('orders.Delayed@"shop"')
+    with pytest.raises(InvalidArgumentError, match="cannot be both a delayed-message table and a queue"):
+        Installation.combine([orders, delayed_name])
+    with pytest.raises(InvalidArgumentError, match="cannot be both a queue and the write ledger"):
+        orders.with_write_ledgers([QueueAddress("orders", "shop")])
+    both = Installation.combine([orders, addressing.installation('invoices@"shop"')])  # shared tables once
+    assert [a.table for a in both.queue_tables()] == ["orders", "error", "invoices"]

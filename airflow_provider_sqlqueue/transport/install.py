@@ -38,6 +38,9 @@ class Installation:
     tables: tuple[tuple[TableKind, QueueAddress], ...]
     body_string: bool = False
 
+    def __post_init__(self) -> None:
+        _one_kind_each(self.dialect, self.tables)
+
     @classmethod
     def combine(cls, installations: Iterable[Installation]) -> Installation:
         """One plan for several queues: tables they share (an error queue, the claim store) appear once."""
@@ -45,10 +48,11 @@ class Installation:
         if not plans:
             raise InvalidArgumentError("nothing to install: name at least one queue")
         dialect = plans[0].dialect
+        tables = [table for plan in plans for table in plan.tables]
+        _one_kind_each(dialect, tables)
         seen: dict[str, tuple[TableKind, QueueAddress]] = {}
-        for plan in plans:
-            for kind, address in plan.tables:
-                seen.setdefault(dialect.qualified_name(address), (kind, address))
+        for kind, address in tables:
+            seen.setdefault(dialect.qualified_name(address), (kind, address))
         return cls(dialect, tuple(seen.values()), any(plan.body_string for plan in plans))
 
     def with_subscriptions(self, table: QueueAddress) -> Installation:
@@ -117,6 +121,28 @@ class Installation:
         for kind, address in self.tables:
             statements += d.grant_runtime_sql(address, role, sequence=kind is TableKind.QUEUE)
         return statements
+
+
+def _one_kind_each(d: Dialect, tables: Iterable[tuple[TableKind, QueueAddress]]) -> None:
+    """Refuse a table planned as two kinds (a queue named as another queue's delayed table, a write
+    ledger or subscription table named as a queue): one table cannot be both, the installer would
+    make only the first, and the runtime refuses a table that exists as another kind."""
+    kinds: dict[str, TableKind] = {}
+    for kind, address in tables:
+        name = d.qualified_name(address)
+        first = kinds.setdefault(name, kind)
+        if first is not kind:
+            raise InvalidArgumentError(f"{name} cannot be both {_ROLES[first]} and {_ROLES[kind]}: name another table")
+
+
+#: What each kind of table is, as a refusal names it.
+_ROLES = {
+    TableKind.QUEUE: "a queue",
+    TableKind.INFLIGHT: "the claim store",
+    TableKind.DELAYED: "a delayed-message table",
+    TableKind.SUBSCRIPTIONS: "the subscription table",
+    TableKind.WRITES: "the write ledger",
+}
 
 
 def _distinct_schemas(d: Dialect, addresses: Sequence[QueueAddress]) -> list[QueueAddress]:
