@@ -7,7 +7,11 @@ No sensor and no continuously running DAG: the triggerer watches each queue
 into an asset event. Airflow folds events that arrive together into one run (and attaches some to
 later runs), so a run does not rely on its own events: its task takes every reservation waiting
 on the queue (``hold_messages()``) before any Spark session exists, and starts Spark only if that
-took something (a run whose messages an earlier run already took has nothing to do). The claims
+took something (a run whose messages an earlier run already took has nothing to do). At most
+``MAX_ACTIVE_RUNS`` runs of a stage are queued or running: while they are, the scheduler creates
+no run for new events and folds them into the next one, so a steady stream of messages becomes a
+stream of batches -- not a run, a worker slot and a task process per message, most of them taking
+nothing, which on a busy machine is what made the chain fall behind. The claims
 are renewed from then on, while the session starts and the job runs; results are forwarded and
 the messages acknowledged in one transaction; a failed job gives its messages back with the
 exception, and the reservation that follows starts a new run.
@@ -26,6 +30,9 @@ from airflow_provider_sqlqueue.operators.sqlqueue import ForwardMessagesOperator
 from airflow_provider_sqlqueue.tasks import hold_messages
 
 INGEST, CLEANED, REPORTS = queue("ingest_events"), queue("cleaned_events"), queue("reports")
+#: Runs of a stage at once: two, so that one starts (a worker slot, the task's process) while the
+#: other's Spark job runs; each takes every reservation waiting when its task starts.
+MAX_ACTIVE_RUNS = 2
 
 
 def watched(queue_name: str, name: str) -> Asset:
@@ -51,6 +58,7 @@ def stage(dag_id: str, task_id: str, source: Asset, target: str, job) -> DAG:
         schedule=[source],
         start_date=datetime(2026, 1, 1, tzinfo=UTC),
         catchup=False,
+        max_active_runs=MAX_ACTIVE_RUNS,
         tags=["sqlqueue", "spark", "event-driven"],
         doc_md=__doc__,
     ) as dag:

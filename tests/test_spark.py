@@ -134,6 +134,33 @@ def test_a_partition_run_again_after_it_committed_sends_nothing(space, pg_uri):
     assert len(bodies(pg_uri, orders)) == 500
 
 
+def test_the_example_jobs_give_each_message_the_rows_of_its_own_input(spark, tmp_path):
+    """A batch is read as one relation and its rows handed back per message: names with spaces, ``%``
+    and non-ASCII letters, two messages naming one file, an input without rows and a ``file:`` path
+    each get exactly their own rows, through both stages."""
+    from spark_jobs import clean_batch, summarise_batch
+
+    from demo.data import write_orders
+
+    inputs = tmp_path / "in put"
+    paths = [inputs / name for name in ["plain.csv", "with space.csv", "per%20cent.csv", "ünï cödé.csv"]]
+    valid = [write_orders(path, rows=50 + n, seed=n)["valid_orders"] for n, path in enumerate(paths)]
+    empty = inputs / "empty.csv"
+    empty.write_text(paths[0].read_text().splitlines(keepends=True)[0])
+    named = [*map(str, paths), str(paths[0]), str(empty), f"file:{paths[1]}"]
+    expected = [*valid, valid[0], 0, valid[1]]
+    out = str(tmp_path / "out")
+    batch = [
+        {"id": uuid.uuid4(), "body": {"dataset": f"d{n}", "path": p, "output_root": out}} for n, p in enumerate(named)
+    ]
+
+    cleaned = clean_batch(spark, batch)
+    assert [result["rows"] for result in cleaned] == expected
+    assert [result["dataset"] for result in cleaned] == [f"d{n}" for n in range(len(named))]
+    reports = summarise_batch(spark, [{"id": uuid.uuid4(), "body": r} for r in cleaned if r["rows"]])
+    assert [report["orders"] for report in reports] == [n for n in expected if n]
+
+
 STREAM_DRIVER = """
 import sys
 sys.path.insert(0, {dags!r})
