@@ -30,7 +30,7 @@ from .transport import operations as ops
 from .transport.client import Addressing, lock_wait_span
 from .transport.dialects import Dialect, get_dialect
 from .transport.drivers import dialect_for, finish
-from .transport.errors import SqlQueueError, one_line
+from .transport.errors import InvalidArgumentError, SqlQueueError, one_line
 from .transport.install import Installation
 from .transport.message import check_positive
 
@@ -96,7 +96,7 @@ def lock_wait_seconds(text: str) -> timedelta:
         return lock_wait_span(float(text))
     except (ValueError, SqlQueueError):
         longest = defaults.LONGEST_LOCK_WAIT.total_seconds()
-        raise argparse.ArgumentTypeError(f"give between 0.001 and {longest:,.0f} seconds, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"give between 0.001 and {longest:,} seconds, got {text!r}") from None
 
 
 LOCK_TIMEOUT: ArgSpec = (
@@ -200,6 +200,8 @@ def _hook(args: argparse.Namespace) -> SqlQueueHook:
 
 def _client(args: argparse.Namespace) -> QueueClient:
     """The client of ``--conn`` or ``--conn-id``, its session's lock waits bounded by ``--lock-timeout``."""
+    if not isinstance(args.lock_timeout, timedelta):  # argparse passes "--lock-timeout=--" on unconverted
+        raise InvalidArgumentError(f"--lock-timeout takes a number of seconds, got {args.lock_timeout!r}")
     if args.conn_id:
         client = _hook(args).get_conn()
     else:
@@ -438,6 +440,10 @@ COMMANDS = [
 INTERRUPTED = 130
 
 
+#: The exit status of a command whose output's reader closed the pipe: a shell's for SIGPIPE.
+PIPE_CLOSED = 128 + 13
+
+
 def _run(command: Command, args: argparse.Namespace) -> int:
     """Run a command, turning the library's own errors into a message and exit status 1."""
     try:
@@ -445,6 +451,9 @@ def _run(command: Command, args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # Ctrl-C: the user knows why it stopped; a traceback tells them nothing
         print(f"sqlqueue {command.name}: interrupted", file=sys.stderr)
         return INTERRUPTED
+    except BrokenPipeError:  # the reader went away (| head): no error of the command's, nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush cannot fail again
+        return PIPE_CLOSED
     except (SqlQueueError, ValueError) as exc:
         print(f"sqlqueue {command.name}: {one_line(exc)}", file=sys.stderr)
         return 1

@@ -477,6 +477,26 @@ def test_lock_timeout_takes_a_number_of_seconds_the_database_can_hold(value: str
     assert refused.returncode == 2 and "--lock-timeout" in refused.stderr and "Traceback" not in refused.stderr
 
 
+def test_lock_timeout_says_its_bound_truly_and_a_dash_dash_value_is_one_line(pg_uri: str) -> None:
+    refused = sqlqueue("depths", "orders", "--conn", pg_uri, "--lock-timeout", "2147484")
+    assert refused.returncode == 2 and "2,147,483.647 seconds" in refused.stderr  # the bound shown is the one held
+    dashes = sqlqueue("depths", "orders", "--conn", pg_uri, "--lock-timeout=--")
+    assert dashes.returncode == 1 and dashes.stderr.count("\n") == 1 and "--lock-timeout takes" in dashes.stderr
+
+
+def test_a_reader_that_closes_the_pipe_ends_the_command_quietly() -> None:
+    command = subprocess.Popen(
+        [*SQLQUEUE, "ddl", *[f"q{n}" for n in range(300)], "--dialect", "postgres"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert command.stdout is not None and command.stdout.readline().startswith("--")
+    command.stdout.close()  # as `| head -1` does
+    _, err = command.communicate(timeout=120)
+    assert command.returncode == 141 and err == ""
+
+
 def test_ctrl_c_ends_a_command_in_one_line_with_status_130(pg_uri, schema, queue):
     holder = _locked(pg_uri, f'"{schema}"."error"')
     try:

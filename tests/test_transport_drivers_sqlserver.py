@@ -20,6 +20,7 @@ from airflow_provider_sqlqueue.transport.dialects import sqlserver as tsql
 from airflow_provider_sqlqueue.transport.drivers import PymssqlSession, PyodbcSession
 from airflow_provider_sqlqueue.transport.errors import (
     DuplicateMessageError,
+    LockTimeoutError,
     ObjectExistsError,
     PermissionDeniedError,
     QueueNotFoundError,
@@ -84,7 +85,7 @@ CASES = [
         pymssql_error(1205, "Transaction was deadlocked on lock resources with another process."),
         TransportUnavailableError,
     ),
-    (pymssql_error(1222, "Lock request time out period exceeded."), TransportUnavailableError),
+    (pymssql_error(1222, "Lock request time out period exceeded."), LockTimeoutError),
     (pymssql_error(3960, "Snapshot isolation transaction aborted due to update conflict."), TransportUnavailableError),
     (pymssql_error(40613, "Database 'queues' on server 'x' is not currently available."), TransportUnavailableError),
     (pymssql_error(tsql.ROLLED_BACK_NUMBER, tsql.ROLLED_BACK_TEXT), StatementRejectedError),
@@ -152,6 +153,7 @@ CASES = [
         TransportUnavailableError,
     ),
     (pyodbc_error(pyodbc.OperationalError, "HYT00", "Query timeout expired", 0), TransportUnavailableError),
+    (pyodbc_error(pyodbc.Error, "HY000", "Lock request time out period exceeded.", 1222), LockTimeoutError),
     (
         pyodbc_error(pyodbc.Error, "40001", "Transaction (Process ID 52) was deadlocked on lock resources (7).", 1205),
         TransportUnavailableError,

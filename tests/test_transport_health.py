@@ -343,3 +343,31 @@ def test_lock_wait_is_a_duration_either_database_can_hold(client: QueueClient, q
         client.queue_stats(queue, lock_wait=lock_wait)
     with pytest.raises(SqlQueueError, match="lock_wait"):
         client.health(queue, lock_wait=lock_wait)
+
+
+def test_figures_read_in_the_callers_transaction_leave_its_lock_waits_as_they_were(
+    client: QueueClient, queue: QueueAddress, schema: str, pg_uri: str
+) -> None:
+    error = QueueAddress("error", schema)
+    with psycopg.connect(pg_uri) as other:
+        other.execute(f'LOCK TABLE "{schema}"."error" IN ACCESS EXCLUSIVE MODE')
+        release = threading.Timer(3, other.rollback)
+        release.start()
+        try:
+            with client.transaction():
+                client.queue_stats(queue, lock_wait=0.05)  # its own bound, for its own statements only
+                client.send(error, Message("waits for the lock, as the caller's transaction would"))
+        finally:
+            release.join()
+    assert client.depth(error) == 1
+
+
+def test_a_locked_claim_store_is_named_as_the_table_locked(
+    client: QueueClient, queue: QueueAddress, schema: str, pg_uri: str
+) -> None:
+    from airflow_provider_sqlqueue.transport import LockTimeoutError
+
+    with psycopg.connect(pg_uri) as migration:
+        migration.execute(f'LOCK TABLE "{schema}"."sqlqueue_inflight" IN ACCESS EXCLUSIVE MODE')
+        with pytest.raises(LockTimeoutError, match=f'^"{schema}"."sqlqueue_inflight" is locked'):
+            client.queue_stats(queue, lock_wait=0.2)

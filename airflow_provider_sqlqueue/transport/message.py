@@ -305,16 +305,17 @@ def duration(
         )
     if isinstance(value, float) and not math.isfinite(value):
         raise InvalidArgumentError(f"{name} must be a finite number of seconds, got {value}")
+    given = f"{value.total_seconds() if isinstance(value, timedelta) else value:g} seconds"
     try:
         span = value if isinstance(value, timedelta) else timedelta(seconds=value)
     except OverflowError:
-        raise InvalidArgumentError(f"{name} must be at most {maximum}, got {value} seconds") from None
-    if span <= timedelta(0) < minimum:
-        raise InvalidArgumentError(f"{name} must be positive, got {span}")
+        raise InvalidArgumentError(f"{name} must be at most {maximum}, got {given}") from None
+    if (value <= timedelta(0) if isinstance(value, timedelta) else value <= 0) and minimum > timedelta(0):
+        raise InvalidArgumentError(f"{name} must be positive, got {given}")
     if span < minimum:
-        raise InvalidArgumentError(f"{name} must be at least {minimum}, got {span}")
+        raise InvalidArgumentError(f"{name} must be at least {minimum}, got {given}")
     if span > maximum:
-        raise InvalidArgumentError(f"{name} must be at most {maximum}, got {span}")
+        raise InvalidArgumentError(f"{name} must be at most {maximum}, got {given}")
     return span
 
 

@@ -1662,10 +1662,22 @@ def queue_stats(
     instead of a dashboard that hangs. A schema without a claim store (tables an NServiceBus
     endpoint created) reports no claims instead of failing.
     """
-    bound = d.lock_timeout_sql()
-    if bound is not None:
+    bound, current = d.lock_timeout_sql(), d.current_lock_timeout_sql()
+    previous = None
+    if bound is not None and current is not None:
+        # The caller's own bound comes back at the end: inside the caller's transaction (transaction())
+        # the bound would otherwise last, and cut short the waits of the caller's later statements.
+        [previous] = yield Step(current, {}, Fetch.ONE, "the session")
         ms = str(max(1, round(lock_wait / timedelta(milliseconds=1))))
         yield Step(bound, {"ms": ms}, Fetch.ONE, "the session")
+    stats = yield from _queue_figures(d, addresses, expired_limit)
+    if bound is not None and previous is not None:
+        yield Step(bound, {"ms": str(previous)}, Fetch.ONE, "the session")
+    return stats
+
+
+def _queue_figures(d: Dialect, addresses: Sequence[QueueAddress], expired_limit: int) -> Operation[list[QueueStats]]:
+    """The figures of :func:`queue_stats`, queue by queue."""
     stores: dict[QueueAddress, bool] = {}
     stats = []
     for address in addresses:
@@ -1679,7 +1691,9 @@ def queue_stats(
             stores[store] = bool(columns)
         in_flight = lapsed = None
         if stores[store]:
-            claimed = yield Step(d.claim_figures_sql(address), {"queue": d.claim_key(address)}, Fetch.ONE, target)
+            claimed = yield Step(
+                d.claim_figures_sql(address), {"queue": d.claim_key(address)}, Fetch.ONE, d.qualified_name(store)
+            )
             in_flight, lapsed = int(claimed[0]), int(claimed[1] or 0)
         due_delayed = overdue = None
         delayed = address.delayed()

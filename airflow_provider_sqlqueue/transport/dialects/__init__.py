@@ -385,6 +385,12 @@ class Dialect(ABC):
         run first, so that a dashboard or a monitoring check never hangs behind a migration's lock."""
         return None
 
+    def current_lock_timeout_sql(self) -> str | None:
+        """No params -> one row: the lock wait bound in force now, in the form :meth:`lock_timeout_sql`
+        takes back as ``ms`` (what a watcher restores when it is done); None where the dialect does
+        not bound waits."""
+        return None
+
     def session_lock_timeout_sql(self, ms: int) -> str | None:
         """No params, no rows: for the rest of the session, wait at most ``ms`` for a lock (then
         :class:`~..errors.LockTimeoutError`, as with :meth:`lock_timeout_sql`); None where the dialect

@@ -363,6 +363,9 @@ class PostgresDialect(Dialect):
     def lock_timeout_sql(self) -> str:
         return "SELECT set_config('lock_timeout', %(ms)s, true)"
 
+    def current_lock_timeout_sql(self) -> str:
+        return "SELECT current_setting('lock_timeout')"
+
     def session_lock_timeout_sql(self, ms: int) -> str:
         return f"SET lock_timeout = {int(ms)}"
 

@@ -31,6 +31,7 @@ from ..errors import (
     DuplicateMessageError,
     InvalidArgumentError,
     InvalidQueueNameError,
+    LockTimeoutError,
     ObjectExistsError,
     PermissionDeniedError,
     QueueNotFoundError,
@@ -110,11 +111,12 @@ _ODBC_CONNECTION_STATES = ("08", "HYT00", "HYT01", "01002")
 #: (20020), DBPROCESS dead (20047), closing the connection failed (20056).
 _DBLIB_CONNECTION_NUMBERS = {20002, 20003, 20004, 20006, 20008, 20009, 20017, 20020, 20047, 20056}
 _PERMISSION_NUMBERS = {229, 230, 262, 297, 300, 1088}  # object/statement permission denied
+#: The server's error when a lock wait outlasts SET LOCK_TIMEOUT.
+LOCK_TIMEOUT_NUMBER = 1222
 #: Server errors a retry can get past (the list Microsoft's SqlClient retries, plus lock waits).
 _RETRYABLE_NUMBERS = {
     1204,  # the server ran out of locks
     1205,  # chosen as deadlock victim
-    1222,  # lock request timed out (SET LOCK_TIMEOUT)
     3960,  # snapshot isolation update conflict (a concurrent writer changed the row)
     -2,  # client timeout
     20,
@@ -978,6 +980,10 @@ class SqlServerDialect(Dialect):
             return TransportMisconfiguredError(
                 f"the database refused the connection ({reason}, error {number}): {text}; fix the connection's "
                 "settings (or the address's catalog), retrying will not help"
+            )
+        if number == LOCK_TIMEOUT_NUMBER:  # SET LOCK_TIMEOUT ran out: a lock held elsewhere, named like PostgreSQL's
+            return LockTimeoutError(
+                f"{address} is locked by another session (a migration, ALTER TABLE, an open transaction): {text}"
             )
         if number in _RETRYABLE_NUMBERS or (sqlstate is not None and sqlstate.startswith("40")):
             return TransportUnavailableError(f"database busy or failing over while working on {address}: {text}")
