@@ -68,3 +68,36 @@ def test_plans_combined_refuse_one_table_as_two_kinds() -> None:
         orders.with_write_ledgers([QueueAddress("orders", "shop")])
     both = Installation.combine([orders, addressing.installation('invoices@"shop"')])  # shared tables once
     assert [a.table for a in both.queue_tables()] == ["orders", "error", "invoices"]
+
+
+@pytest.mark.parametrize(
+    ("queue", "index_of"),
+    [
+        ("sqlqueue_inflight_holder", "sqlqueue_inflight"),  # the claim store's index dropped by name
+        ("sqlqueue_inflight_lease", "sqlqueue_inflight"),
+    ],
+)
+def test_a_queue_named_like_an_index_of_its_plan_creates_nothing(
+    client: QueueClient, raw: Any, schema: str, queue: str, index_of: str
+) -> None:
+    from airflow_provider_sqlqueue.transport import SqlQueueError
+
+    with pytest.raises(SqlQueueError, match=re.escape(f'it is the name of an index on "{schema}"."{index_of}"')):
+        client.create_queue(QueueAddress(queue, schema), error_queue=QueueAddress("orders", schema))
+    tables = raw.execute(
+        "SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE nspname = %s", [schema]
+    )
+    assert tables.fetchall() == []
+
+
+def test_plans_combined_refuse_a_table_named_like_another_tables_index() -> None:
+    from airflow_provider_sqlqueue.transport.errors import InvalidArgumentError
+    from airflow_provider_sqlqueue.transport.install import Installation
+
+    addressing = Addressing(get_dialect("postgres"))
+    with pytest.raises(
+        InvalidArgumentError, match=re.escape('"shop"."x_Expires" cannot be a table: it is the name of an index')
+    ):
+        Installation.combine([addressing.installation('x@"shop"'), addressing.installation('x_Expires@"shop"')])
+    sqlserver = Addressing(get_dialect("sqlserver"))  # index names are per table there: no clash
+    Installation.combine([sqlserver.installation("x@dbo"), sqlserver.installation("x_Expires@dbo")])

@@ -128,11 +128,18 @@ def _one_kind_each(d: Dialect, tables: Iterable[tuple[TableKind, QueueAddress]])
     ledger or subscription table named as a queue): one table cannot be both, the installer would
     make only the first, and the runtime refuses a table that exists as another kind."""
     kinds: dict[str, TableKind] = {}
+    indexes: dict[str, str] = {}  # an index name the plan creates -> the table it is on
     for kind, address in tables:
         name = d.qualified_name(address)
         first = kinds.setdefault(name, kind)
         if first is not kind:
             raise InvalidArgumentError(f"{name} cannot be both {_ROLES[first]} and {_ROLES[kind]}: name another table")
+        indexes.update((d.qualified_name(index), name) for index in d.named_indexes(kind.value, address))
+    for name in kinds.keys() & indexes.keys():
+        raise InvalidArgumentError(
+            f"{name} cannot be a table: it is the name of an index on {indexes[name]}, and tables and indexes "
+            "share a schema's names; name another table"
+        )
 
 
 #: What each kind of table is, as a refusal names it.

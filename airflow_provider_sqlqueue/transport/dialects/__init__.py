@@ -319,6 +319,14 @@ class Dialect(ABC):
         """Statements that create the queue table with its indexes, run after :meth:`install_lock_sql`
         and only when the table does not exist yet: indexes are never built on a live queue."""
 
+    def named_indexes(self, kind: str, table: QueueAddress) -> list[QueueAddress]:
+        """The indexes the statements of a table of ``kind`` (``queue``, ``inflight``, ``delayed``,
+        ``subscriptions``, ``writes``) create or drop by a name of their own, where index names share
+        the schema's namespace with tables (PostgreSQL): an installation plan refuses a table named
+        like one of them, which would make the index be skipped or the statement fail. None where
+        index names are per table (SQL Server)."""
+        return []
+
     @abstractmethod
     def add_body_string_sql(self, address: QueueAddress) -> str:
         """Add the optional human-readable BodyString column if absent."""

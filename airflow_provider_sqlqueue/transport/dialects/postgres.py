@@ -248,6 +248,12 @@ class PostgresDialect(Dialect):
             f"DROP INDEX IF EXISTS {self.qualified_name(QueueAddress(inflight.table + '_holder', inflight.schema))}",
         ]
 
+    def named_indexes(self, kind: str, table: QueueAddress) -> list[QueueAddress]:
+        # What the create statements name (the implicit _pkey, _seq_seq and _seq_key names PostgreSQL
+        # chooses itself, around any name already taken); the claim store's _holder is dropped by name.
+        suffixes = {"queue": ["_Expires"], "inflight": ["_lease", "_held", "_reserved", "_holder"], "delayed": ["_Due"]}
+        return [table.sibling(table.table + suffix) for suffix in suffixes.get(kind, [])]
+
     def create_delayed_sql(self, delayed: QueueAddress) -> Sequence[str]:
         d = self.qualified_name(delayed)
         # NServiceBus's columns and types; its index on Due is UNIQUE, which makes two messages
