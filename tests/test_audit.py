@@ -381,8 +381,11 @@ def test_an_audit_queue_that_is_the_queue_or_its_error_queue_is_refused(backend,
     from airflow_provider_sqlqueue.transport import InvalidArgumentError
 
     queue = QueueAddress("orders", schema)
+    with QueueClient.connect(backend.uri) as installer:
+        installer.create_queue(queue)
     with QueueClient.connect(backend.uri, audit_queue=QueueAddress(audit, schema)) as client:
-        client.create_queue(queue)
+        with pytest.raises(InvalidArgumentError, match="audit queue"):
+            client.create_queue(queue)  # refused at once, as every acknowledgement would be
         client.send(queue, Message("once"))
         [claimed] = client.claim(queue)
         with pytest.raises(InvalidArgumentError, match="audit queue"):

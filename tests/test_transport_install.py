@@ -101,3 +101,61 @@ def test_plans_combined_refuse_a_table_named_like_another_tables_index() -> None
         Installation.combine([addressing.installation('x@"shop"'), addressing.installation('x_Expires@"shop"')])
     sqlserver = Addressing(get_dialect("sqlserver"))  # index names are per table there: no clash
     Installation.combine([sqlserver.installation("x@dbo"), sqlserver.installation("x_Expires@dbo")])
+
+
+def test_a_business_table_named_like_the_claim_store_is_refused_before_any_queue_is_made(
+    client: QueueClient, raw: Any, schema: str
+) -> None:
+    raw.execute(f'CREATE TABLE "{schema}".sqlqueue_inflight (id int PRIMARY KEY, note text)')
+    with pytest.raises(NotAQueueError, match="exists but is not a claim store"):
+        client.create_queue(QueueAddress("orders", schema))
+    tables = raw.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = %s", [schema])
+    assert tables.fetchall() == [("sqlqueue_inflight",)]
+    columns = raw.execute(
+        "SELECT column_name FROM information_schema.columns WHERE table_schema = %s ORDER BY 1", [schema]
+    )
+    assert columns.fetchall() == [("id",), ("note",)]  # not altered either
+
+
+@pytest.mark.parametrize("make", ["create_subscription_table", "create_writes"])
+def test_no_other_table_takes_the_claim_stores_name(client: QueueClient, raw: Any, schema: str, make: str) -> None:
+    from airflow_provider_sqlqueue.transport import SqlQueueError
+
+    with pytest.raises(SqlQueueError, match="the name of each schema's claim store"):
+        getattr(client, make)(QueueAddress("sqlqueue_inflight", schema))
+    assert raw.execute(
+        "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE nspname = %s", [schema]
+    ).fetchone() == (0,)
+
+
+def test_a_queue_whose_index_name_another_table_holds_is_refused_before_anything_is_made(
+    client: QueueClient, raw: Any, schema: str
+) -> None:
+    from airflow_provider_sqlqueue.transport import SqlQueueError
+
+    client.create_queue(QueueAddress("y_Expires", schema), delayed=False)
+    before = raw.execute(
+        "SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE nspname = %s ORDER BY 1",
+        [schema],
+    ).fetchall()
+    refusal = re.escape(f'\'y_Expires\', the name of an index on "{schema}"."y", is already a table')
+    with pytest.raises(SqlQueueError, match=refusal):
+        client.create_queue(QueueAddress("y", schema))
+    after = raw.execute(
+        "SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE nspname = %s ORDER BY 1",
+        [schema],
+    ).fetchall()
+    assert after == before
+
+
+@pytest.mark.parametrize("audit", ["orders", "error"])
+def test_an_audit_queue_that_is_the_queue_or_its_error_queue_creates_nothing(
+    pg_uri: str, raw: Any, schema: str, audit: str
+) -> None:
+    from airflow_provider_sqlqueue.transport import SqlQueueError
+
+    auditing = QueueClient.connect(pg_uri, audit_queue=QueueAddress(audit, schema))
+    with auditing, pytest.raises(SqlQueueError, match="it is the queue or its error queue"):
+        auditing.create_queue(QueueAddress("orders", schema), error_queue=QueueAddress("error", schema))
+    tables = raw.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = %s", [schema])
+    assert tables.fetchall() == []

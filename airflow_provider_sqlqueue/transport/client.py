@@ -329,7 +329,12 @@ class Addressing:
         error_address = self.error_address(error_queue, address)
         tables: list[tuple[TableKind, QueueAddress]] = [(TableKind.QUEUE, address), (TableKind.QUEUE, error_address)]
         audit_address = self._audit_of(address)
-        if audit_address is not None and audit_address != address:
+        if audit_address is not None:
+            if any(same_table(self.dialect, audit_address, table) for table in (address, error_address)):
+                # What every acknowledgement would refuse later (audit_address()): refused before any table is made.
+                raise InvalidArgumentError(
+                    f"the audit queue of {address} cannot be {audit_address}: it is the queue or its error queue"
+                )
             tables.append((TableKind.QUEUE, audit_address))
         if secondary is not None:
             tables.append((TableKind.QUEUE, address.secondary(label("secondary", secondary))))
@@ -509,10 +514,14 @@ class AsyncQueueClient(Addressing):
         installation = self.installation(
             queue, error_queue=error_queue, secondary=secondary, body_string=body_string, delayed=delayed
         )
-        await self._run(installation.check())
-        for make in installation.operations():
-            await self._install(make)
+        await self._install_plan(installation)
         return installation.queue_tables()
+
+    async def _install_plan(self, plan: Installation) -> None:
+        """Check every table of the plan, then create them: a refused plan creates nothing."""
+        await self._run(plan.check())
+        for make in plan.operations():
+            await self._install(make)
 
     async def _install(self, make: Callable[[], ops.Operation[None]]) -> None:
         """Run an installer; run it once more if another installer, one that does not take the same
@@ -622,7 +631,7 @@ class AsyncQueueClient(Addressing):
     async def create_subscription_table(self, table: str | QueueAddress | None = None) -> QueueAddress:
         """Create NServiceBus's subscription table (``SubscriptionRouting``) if missing; returns its address."""
         where = self.subscription_table(table)
-        await self._install(partial(ops.create_subscriptions, self.dialect, where))
+        await self._install_plan(Installation(self.dialect, ((TableKind.SUBSCRIPTIONS, where),)))
         return where
 
     async def subscribe(
@@ -1195,7 +1204,7 @@ class AsyncQueueClient(Addressing):
     async def create_writes(self, ledger: str | QueueAddress) -> QueueAddress:
         """Create a write ledger (idempotent, safe concurrently; needs CREATE on the schema); returns its address."""
         address = self.address(ledger)
-        await self._install(partial(ops.create_writes, self.dialect, address))
+        await self._install_plan(Installation(self.dialect, ((TableKind.WRITES, address),)))
         return address
 
     async def record_write(self, ledger: str | QueueAddress, write: uuid.UUID, part: int) -> bool:

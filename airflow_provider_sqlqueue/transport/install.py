@@ -83,9 +83,9 @@ class Installation:
         ]
 
     def check(self) -> ops.Operation[None]:
-        """Refuse the plan, before anything is created, when one of its tables exists as something else."""
-        checked = [(kind.value, address) for kind, address in self.tables if kind is not TableKind.INFLIGHT]
-        return ops.check_existing(self.dialect, checked)
+        """Refuse the plan, before anything is created, when one of its tables exists as something else
+        (the claim store too: a business table of that name would be refused only after the queues)."""
+        return ops.check_existing(self.dialect, [(kind.value, address) for kind, address in self.tables])
 
     def ddl(self) -> list[str]:
         """The statements that create every table and index (each one idempotent), as the operations run them."""
@@ -128,18 +128,27 @@ def _one_kind_each(d: Dialect, tables: Iterable[tuple[TableKind, QueueAddress]])
     ledger or subscription table named as a queue): one table cannot be both, the installer would
     make only the first, and the runtime refuses a table that exists as another kind."""
     kinds: dict[str, TableKind] = {}
-    indexes: dict[str, str] = {}  # an index name the plan creates -> the table it is on
+    names: dict[tuple[str, str], str] = {}  # (schema, table) -> the table's qualified name
+    indexes: dict[tuple[str, str], str] = {}  # (schema, index) -> the qualified name of the table it is on
     for kind, address in tables:
         name = d.qualified_name(address)
+        if address.table == d.inflight_table and kind is not TableKind.INFLIGHT:
+            raise InvalidArgumentError(f"{name} is the name of each schema's claim store; name the table otherwise")
         first = kinds.setdefault(name, kind)
         if first is not kind:
             raise InvalidArgumentError(f"{name} cannot be both {_ROLES[first]} and {_ROLES[kind]}: name another table")
-        indexes.update((d.qualified_name(index), name) for index in d.named_indexes(kind.value, address))
-    for name in kinds.keys() & indexes.keys():
+        names[_in_schema(d, address)] = name
+        indexes.update((_in_schema(d, index), name) for index in d.named_indexes(kind.value, address))
+    for key in names.keys() & indexes.keys():
         raise InvalidArgumentError(
-            f"{name} cannot be a table: it is the name of an index on {indexes[name]}, and tables and indexes "
-            "share a schema's names; name another table"
+            f"{names[key]} cannot be a table: it is the name of an index on {indexes[key]}, and tables and "
+            "indexes share a schema's names; name another table"
         )
+
+
+def _in_schema(d: Dialect, address: QueueAddress) -> tuple[str, str]:
+    """Where a name lives, as a key: index names may be longer than a queue's table may (no check here)."""
+    return (address.schema or d.default_schema, address.table)
 
 
 #: What each kind of table is, as a refusal names it.

@@ -227,6 +227,7 @@ def check_existing(d: Dialect, tables: Sequence[tuple[str, QueueAddress]]) -> Op
     """Refuse, before an installer creates anything, a plan naming a table that exists as something
     else (a business table given as the error or audit queue): a refused installation leaves no
     table behind. ``tables``: (kind, address), kind ``queue`` or one of :attr:`Dialect.kind_columns`."""
+    holder_sql = d.index_name_holder_sql()
     for kind, address in tables:
         d.forget_table(address)
         target = d.qualified_name(address)
@@ -235,6 +236,15 @@ def check_existing(d: Dialect, tables: Sequence[tuple[str, QueueAddress]]) -> Op
             d.learn_table_shape(address, columns)
         elif columns:
             d.learn_table_of(kind, address, columns)
+        for index in d.named_indexes(kind, address):
+            if holder_sql is None:
+                break
+            held = yield Step(holder_sql, {**_table_key(d, index), "on": address.table}, Fetch.ONE, target)
+            if held is not None and not held[0]:  # "IF NOT EXISTS" would skip the index without a word
+                raise InvalidArgumentError(
+                    f"{index.table!r}, the name of an index on {target}, is already {held[1]} in its schema; "
+                    "rename one of the two tables"
+                )
 
 
 def table_of(d: Dialect, address: QueueAddress, kind: str) -> Operation[None]:

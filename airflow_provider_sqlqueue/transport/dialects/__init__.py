@@ -156,6 +156,15 @@ class TableShape:
     ascii_headers: bool = False
 
 
+#: Each kind of :attr:`Dialect.kind_columns` as a refusal names it.
+_KIND_NAMES = {
+    "inflight": "a claim store",
+    "delayed": "a delayed-message table",
+    "subscriptions": "a subscription table",
+    "writes": "a write ledger",
+}
+
+
 class Dialect(ABC):
     """What differs between databases: SQL text, identifier quoting, address syntax, error codes."""
 
@@ -170,6 +179,7 @@ class Dialect(ABC):
     #: Lower-cased columns each other kind of table has, as NServiceBus (or this library) makes it:
     #: a queue's delayed messages, the subscription table, the Spark data source's write ledger.
     kind_columns: ClassVar[Mapping[str, tuple[str, ...]]] = {
+        "inflight": ("token", "queue", "id", "headers", "body", "seq", "deliveries", "leaseuntil"),
         "delayed": ("headers", "body", "due"),
         "subscriptions": ("queueaddress", "endpoint", "topic"),
         "writes": ("writeid", "part"),
@@ -290,7 +300,7 @@ class Dialect(ABC):
         missing = set(self.kind_columns[kind]) - {name.lower() for name, _ in columns}
         if missing:
             raise NotAQueueError(
-                f"table {target} exists but is not a {kind} table: it lacks column(s) {', '.join(sorted(missing))}"
+                f"table {target} exists but is not {_KIND_NAMES[kind]}: it lacks column(s) {', '.join(sorted(missing))}"
             )
         self._kinds[target] = kind
 
@@ -326,6 +336,12 @@ class Dialect(ABC):
         like one of them, which would make the index be skipped or the statement fail. None where
         index names are per table (SQL Server)."""
         return []
+
+    def index_name_holder_sql(self) -> str | None:
+        """Params schema, table (an index name), on -> at most one row: (is it an index on table ``on``,
+        what holds the name), for a name of :meth:`named_indexes` another relation may hold already;
+        None where the dialect names no index that way."""
+        return None
 
     @abstractmethod
     def add_body_string_sql(self, address: QueueAddress) -> str:

@@ -254,6 +254,15 @@ class PostgresDialect(Dialect):
         suffixes = {"queue": ["_Expires"], "inflight": ["_lease", "_held", "_reserved", "_holder"], "delayed": ["_Due"]}
         return [table.sibling(table.table + suffix) for suffix in suffixes.get(kind, [])]
 
+    def index_name_holder_sql(self) -> str:
+        return (
+            "SELECT t.relname IS NOT DISTINCT FROM %(on)s AND c.relkind = 'i', "
+            "CASE WHEN c.relkind = 'i' THEN 'an index on ' || quote_ident(t.relname) ELSE 'a table' END "
+            "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "LEFT JOIN pg_index i ON i.indexrelid = c.oid LEFT JOIN pg_class t ON t.oid = i.indrelid "
+            "WHERE n.nspname = %(schema)s AND c.relname = %(table)s"
+        )
+
     def create_delayed_sql(self, delayed: QueueAddress) -> Sequence[str]:
         d = self.qualified_name(delayed)
         # NServiceBus's columns and types; its index on Due is UNIQUE, which makes two messages
