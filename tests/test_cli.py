@@ -524,7 +524,7 @@ def test_ctrl_c_ends_a_command_in_one_line_with_status_130(pg_uri, schema, queue
         (["--error-queue", "dead", "--audit-queue", "dead"], "cannot be dead: it is the queue or its error queue"),
         (["--write-ledger-table", "orders"], '"public"."orders" cannot be both a queue and the write ledger'),
         (["--subscription-table", "error"], '"public"."error" cannot be both a queue and the subscription table'),
-        (["--write-ledger-table", "sqlqueue_inflight"], "cannot be both the claim store and the write ledger"),
+        (["--write-ledger-table", "sqlqueue_inflight"], "is the name of each schema's claim store"),
         (["--write-ledger-table", '"orders.Delayed"'], "cannot be both a delayed-message table and the write ledger"),
     ],
 )

@@ -159,3 +159,30 @@ def test_an_audit_queue_that_is_the_queue_or_its_error_queue_creates_nothing(
         auditing.create_queue(QueueAddress("orders", schema), error_queue=QueueAddress("error", schema))
     tables = raw.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = %s", [schema])
     assert tables.fetchall() == []
+
+
+def test_sql_server_plans_compare_names_as_its_default_collation_does() -> None:
+    from airflow_provider_sqlqueue.transport.errors import InvalidArgumentError
+    from airflow_provider_sqlqueue.transport.install import Installation
+
+    addressing = Addressing(get_dialect("sqlserver"))
+    with pytest.raises(InvalidArgumentError, match="cannot be that queue itself"):
+        addressing.installation("orders@dbo", error_queue="ORDERS@dbo")
+    with pytest.raises(InvalidArgumentError, match="cannot be both a delayed-message table and a queue"):
+        Installation.combine([addressing.installation("x@dbo"), addressing.installation("X.DELAYED@dbo")])
+    with pytest.raises(InvalidArgumentError, match="the name of each schema's claim store"):
+        addressing.installation("SQLQUEUE_INFLIGHT@dbo")
+    one = Installation.combine([addressing.installation("orders@dbo"), addressing.installation("ORDERS@dbo")])
+    assert [a.table for a in one.queue_tables()] == ["orders", "error"]  # one table, planned once
+
+
+def test_a_queues_delayed_table_name_is_kept_for_it_even_when_no_delayed_table_is_made(
+    client: QueueClient, raw: Any, schema: str
+) -> None:
+    from airflow_provider_sqlqueue.transport import SqlQueueError
+
+    refusal = re.escape(f'"{schema}"."p.Delayed" is the name of the delayed-message table of "{schema}"."p"')
+    with pytest.raises(SqlQueueError, match=refusal):
+        client.create_queue(QueueAddress("p", schema), error_queue=QueueAddress("p.Delayed", schema), delayed=False)
+    tables = raw.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = %s", [schema])
+    assert tables.fetchall() == []

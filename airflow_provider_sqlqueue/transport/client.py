@@ -177,7 +177,7 @@ def _seqs(seqs: Iterable[int]) -> list[int]:
 
 def same_table(dialect: Dialect, one: QueueAddress, other: QueueAddress) -> bool:
     """Whether two addresses reach one table (``orders`` and ``orders@"public"`` do)."""
-    return dialect.qualified_name(one) == dialect.qualified_name(other)
+    return dialect.table_key(one) == dialect.table_key(other)
 
 
 class Addressing:

@@ -285,6 +285,11 @@ class SqlServerDialect(Dialect):
             text += "@" + _bracket(address.catalog)
         return text
 
+    def table_key(self, address: QueueAddress) -> str:
+        # Case-insensitive collations are SQL Server's default: a clash there is one table, refused
+        # even where a database's collation would tell the two apart.
+        return self.qualified_name(address).casefold()
+
     def qualified_name(self, address: QueueAddress) -> str:
         self.validate_address(address)
         parts = [address.schema or self.default_schema, address.table]
