@@ -186,3 +186,13 @@ def test_a_queues_delayed_table_name_is_kept_for_it_even_when_no_delayed_table_i
         client.create_queue(QueueAddress("p", schema), error_queue=QueueAddress("p.Delayed", schema), delayed=False)
     tables = raw.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = %s", [schema])
     assert tables.fetchall() == []
+
+
+@pytest.mark.parametrize("role", ["error_queue", "audit_queue"])
+def test_a_queues_secondary_cannot_be_its_error_or_audit_queue(role: str) -> None:
+    from airflow_provider_sqlqueue.transport.errors import InvalidArgumentError
+
+    addressing = Addressing(get_dialect("postgres"), **({"audit_queue": 'b.m@"shop"'} if role == "audit_queue" else {}))
+    chosen = {"error_queue": 'b.m@"shop"'} if role == "error_queue" else {}
+    with pytest.raises(InvalidArgumentError, match="cannot be its error or audit queue"):
+        addressing.installation('b@"shop"', secondary="m", **chosen)

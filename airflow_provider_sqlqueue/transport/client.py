@@ -337,7 +337,13 @@ class Addressing:
                 )
             tables.append((TableKind.QUEUE, audit_address))
         if secondary is not None:
-            tables.append((TableKind.QUEUE, address.secondary(label("secondary", secondary))))
+            instance = address.secondary(label("secondary", secondary))
+            if any(same_table(self.dialect, instance, t) for t in (error_address, audit_address) if t is not None):
+                # The instance receives from its own queue: failures or audited copies sent there come back to it.
+                raise InvalidArgumentError(
+                    f"the secondary queue {instance} of {address} cannot be its error or audit queue: name another"
+                )
+            tables.append((TableKind.QUEUE, instance))
         tables.append((TableKind.INFLIGHT, self.dialect.inflight_address(address)))
         if delayed:
             delayed_table = address.delayed()
