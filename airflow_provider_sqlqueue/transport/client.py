@@ -754,7 +754,7 @@ class AsyncQueueClient(Addressing):
         """
         receive = self._receive_op(queue, 1, error_queue, atomic=True)
         audit = self.audit_address(self.address(queue))  # refused before the handler runs, not after
-        async with self._lock, self.session.transaction():
+        async with self._lock, self.session.transaction(begun_by_first_statement=True):
             received = await ops.drive(receive, self.session.execute)
             self._reporter.taken(self.address(queue), received)
             started = datetime.now(UTC)

@@ -755,7 +755,7 @@ class MessagePump:
         try:
             async with self.pool.session() as session:
                 try:
-                    async with session.transaction():
+                    async with session.transaction(begun_by_first_statement=True):
                         received = await ops.drive(
                             ops.receive(self.dialect, self.queue, self.error_queue, wanted), session.execute
                         )
@@ -894,7 +894,7 @@ class MessagePump:
         try:
             async with self.pool.session() as session:
                 try:
-                    async with session.transaction():
+                    async with session.transaction(begun_by_first_statement=True):
                         received = await ops.drive(
                             ops.receive(self.dialect, self.queue, self.error_queue, 1), session.execute
                         )

@@ -124,8 +124,14 @@ class Session(ABC):
         return True
 
     @abstractmethod
-    def transaction(self) -> AbstractAsyncContextManager[None]:
-        """Commit on success, roll back on error (inside an open transaction: join it, or a savepoint)."""
+    def transaction(self, *, begun_by_first_statement: bool = False) -> AbstractAsyncContextManager[None]:
+        """Commit on success, roll back on error (inside an open transaction: join it, or a savepoint).
+
+        ``begun_by_first_statement``: the block's first statement goes through :meth:`execute`
+        before anything else touches the connection (a receive, before its message is handed out),
+        so a driver may send BEGIN with that statement -- a round trip less per transaction, what
+        a native-mode receive of one message costs most. Drivers that cannot ignore it.
+        """
 
     @abstractmethod
     async def execute(self, step: Step) -> Any:

@@ -207,7 +207,9 @@ class _SqlServerSession(Session):
         """The driver's exception classes, which :meth:`execute` translates."""
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[None]:
+    async def transaction(self, *, begun_by_first_statement: bool = False) -> AsyncIterator[None]:
+        # begun_by_first_statement: BEGIN TRANSACTION is not sent apart here anyway (it joins the
+        # batch of the first statement), so there is nothing to save.
         if self._depth:
             # An inner block joins the outer transaction. SQL Server has no savepoint that survives
             # XACT_ABORT, so an inner block that raises dooms the whole transaction: nothing more

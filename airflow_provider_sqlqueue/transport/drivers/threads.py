@@ -45,8 +45,8 @@ class ThreadSession(Session):
         return await asyncio.get_running_loop().run_in_executor(self._executor, finish, coroutine)
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[None]:
-        manager = self._session.transaction()
+    async def transaction(self, *, begun_by_first_statement: bool = False) -> AsyncIterator[None]:
+        manager = self._session.transaction(begun_by_first_statement=begun_by_first_statement)
         await self._call(manager.__aenter__())
         try:
             yield
