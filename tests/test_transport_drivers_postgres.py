@@ -74,3 +74,39 @@ async def test_connection_arguments_the_session_sets_itself_are_refused(pg_uri: 
         AsyncPsycopgPool(pg_uri, 2, **given)
     with pytest.raises(InvalidArgumentError, match=f"{name} cannot be given"):
         await PsycopgSession.connect(pg_uri, **given)
+
+
+def test_a_native_receive_begun_with_its_statement_is_guarded_as_psycopgs_own_blocks(
+    pg_uri: str, queue: QueueAddress, raw: Any
+) -> None:
+    """BEGIN travels with the receive (no block of psycopg's is open), and the block is still
+    guarded as psycopg guards its own."""
+    import psycopg
+
+    from airflow_provider_sqlqueue.transport.errors import StatementRejectedError
+
+    with QueueClient.connect(pg_uri) as client:
+        client.send(queue, [Message(str(n)) for n in range(5)])
+        sent: list[str] = []
+        client.connection.add_notice_handler(lambda notice: sent.append(notice.message_primary))
+        # The handler may not end the transaction itself: psycopg refuses, and the message stays.
+        for end in ("commit", "rollback"):
+            with pytest.raises(StatementRejectedError), client.receive_native(queue) as message:  # noqa: PT012 - the handler's own call
+                assert message is not None
+                getattr(client.connection, end)()
+        assert client.depth(queue) == 5
+        # psycopg's quiet rollback of a block: no error, the message stays.
+        with client.receive_native(queue) as message:
+            assert message is not None
+            raise psycopg.Rollback()
+        assert client.depth(queue) == 5
+        # A block opened inside, and a call inside, nest as savepoints; the whole commits once.
+        with client.receive_native(queue) as message, client.connection.transaction():
+            client.connection.execute("SELECT 1")
+        assert client.depth(queue) == 4
+        # Its own SQL's errors are the library's.
+        with pytest.raises(TransportUnavailableError), client.receive_native(queue) as message:  # noqa: PT012 - the connection dies in the handler
+            raw.execute("SELECT pg_terminate_backend(%s)", [client.connection.info.backend_pid])
+            client.connection.execute("SELECT 1")
+        assert client.depth(queue) == 4
+        assert sent == []  # no "there is already a transaction in progress", no "no transaction in progress"

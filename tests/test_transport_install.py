@@ -148,10 +148,16 @@ def test_a_queue_whose_index_name_another_table_holds_is_refused_before_anything
     assert after == before
 
 
-@pytest.mark.parametrize("audit", ["orders", "error"])
-def test_an_audit_queue_that_is_the_queue_or_its_error_queue_creates_nothing(
-    pg_uri: str, raw: Any, schema: str, audit: str
-) -> None:
+def test_an_auditing_client_makes_its_audit_queue_as_one_table(pg_uri: str, raw: Any, schema: str) -> None:
+    with QueueClient.connect(pg_uri, audit_queue=True) as auditing:
+        assert auditing.create_queue(QueueAddress("audit", schema)) == [
+            QueueAddress("audit", schema),
+            QueueAddress("error", schema),
+        ]
+
+
+@pytest.mark.parametrize("audit", ["error"])
+def test_an_audit_queue_that_is_the_error_queue_creates_nothing(pg_uri: str, raw: Any, schema: str, audit: str) -> None:
     from airflow_provider_sqlqueue.transport import SqlQueueError
 
     auditing = QueueClient.connect(pg_uri, audit_queue=QueueAddress(audit, schema))
@@ -172,6 +178,8 @@ def test_sql_server_plans_compare_names_as_its_default_collation_does() -> None:
         Installation.combine([addressing.installation("x@dbo"), addressing.installation("X.DELAYED@dbo")])
     with pytest.raises(InvalidArgumentError, match="the name of each schema's claim store"):
         addressing.installation("SQLQUEUE_INFLIGHT@dbo")
+    with pytest.raises(InvalidArgumentError, match="is the name of the delayed-message table of"):
+        addressing.installation("x@dbo", error_queue="X.DELAYED@dbo", delayed=False)
     one = Installation.combine([addressing.installation("orders@dbo"), addressing.installation("ORDERS@dbo")])
     assert [a.table for a in one.queue_tables()] == ["orders", "error"]  # one table, planned once
 
@@ -196,3 +204,16 @@ def test_a_queues_secondary_cannot_be_its_error_or_audit_queue(role: str) -> Non
     chosen = {"error_queue": 'b.m@"shop"'} if role == "error_queue" else {}
     with pytest.raises(InvalidArgumentError, match="cannot be its error or audit queue"):
         addressing.installation('b@"shop"', secondary="m", **chosen)
+
+
+def test_an_existing_queue_without_its_index_is_created_again_with_a_warning(
+    client: QueueClient, raw: Any, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What an earlier version made (queue y_Expires, then y, whose index was skipped) still works:
+    create_queue over it warns instead of refusing."""
+    client.create_queue(QueueAddress("y_Expires", schema), delayed=False)
+    for statement in client.dialect.create_queue_sql(QueueAddress("y", schema)):
+        raw.execute(statement)
+    with caplog.at_level("WARNING", logger="airflow_provider_sqlqueue.transport"):
+        client.create_queue(QueueAddress("y", schema), delayed=False)
+    assert "lacks that index" in caplog.text

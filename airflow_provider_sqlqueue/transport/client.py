@@ -177,7 +177,7 @@ def _seqs(seqs: Iterable[int]) -> list[int]:
 
 def same_table(dialect: Dialect, one: QueueAddress, other: QueueAddress) -> bool:
     """Whether two addresses reach one table (``orders`` and ``orders@"public"`` do)."""
-    return dialect.table_key(one) == dialect.table_key(other)
+    return dialect.name_key(one) == dialect.name_key(other)
 
 
 class Addressing:
@@ -329,8 +329,10 @@ class Addressing:
         error_address = self.error_address(error_queue, address)
         tables: list[tuple[TableKind, QueueAddress]] = [(TableKind.QUEUE, address), (TableKind.QUEUE, error_address)]
         audit_address = self._audit_of(address)
+        if audit_address is not None and same_table(self.dialect, audit_address, address):
+            audit_address = None  # the audit queue itself, made by an auditing client: one table
         if audit_address is not None:
-            if any(same_table(self.dialect, audit_address, table) for table in (address, error_address)):
+            if same_table(self.dialect, audit_address, error_address):
                 # What every acknowledgement would refuse later (audit_address()): refused before any table is made.
                 raise InvalidArgumentError(
                     f"the audit queue of {address} cannot be {audit_address}: it is the queue or its error queue"

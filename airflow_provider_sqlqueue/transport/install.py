@@ -50,9 +50,9 @@ class Installation:
         dialect = plans[0].dialect
         tables = [table for plan in plans for table in plan.tables]
         _one_kind_each(dialect, tables)
-        seen: dict[str, tuple[TableKind, QueueAddress]] = {}
+        seen: dict[tuple[str | None, str, str], tuple[TableKind, QueueAddress]] = {}
         for kind, address in tables:
-            seen.setdefault(dialect.table_key(address), (kind, address))
+            seen.setdefault(dialect.name_key(address), (kind, address))
         return cls(dialect, tuple(seen.values()), any(plan.body_string for plan in plans))
 
     def with_subscriptions(self, table: QueueAddress) -> Installation:
@@ -127,38 +127,32 @@ def _one_kind_each(d: Dialect, tables: Iterable[tuple[TableKind, QueueAddress]])
     """Refuse a table planned as two kinds (a queue named as another queue's delayed table, a write
     ledger or subscription table named as a queue): one table cannot be both, the installer would
     make only the first, and the runtime refuses a table that exists as another kind."""
-    kinds: dict[str, TableKind] = {}  # table_key -> kind
-    names: dict[tuple[str, str], str] = {}  # (schema, table) -> the table's qualified name
-    indexes: dict[tuple[str, str], str] = {}  # (schema, index) -> the qualified name of the table it is on
+    kinds: dict[tuple[str | None, str, str], TableKind] = {}  # name_key -> kind
+    names: dict[tuple[str | None, str, str], str] = {}  # name_key -> the table's qualified name
+    indexes: dict[tuple[str | None, str, str], str] = {}  # name_key of an index -> the table it is on
     for kind, address in tables:
         name = d.qualified_name(address)
-        if d.table_key(address) == d.table_key(d.inflight_address(address)) and kind is not TableKind.INFLIGHT:
+        if d.name_key(address) == d.name_key(d.inflight_address(address)) and kind is not TableKind.INFLIGHT:
             raise InvalidArgumentError(f"{name} is the name of each schema's claim store; name the table otherwise")
-        first = kinds.setdefault(d.table_key(address), kind)
+        first = kinds.setdefault(d.name_key(address), kind)
         if first is not kind:
             raise InvalidArgumentError(f"{name} cannot be both {_ROLES[first]} and {_ROLES[kind]}: name another table")
-        names[_in_schema(d, address)] = name
-        indexes.update((_in_schema(d, index), name) for index in d.named_indexes(kind.value, address))
-    delayed_of = {_in_schema(d, a.delayed()): names[_in_schema(d, a)] for kind, a in tables if kind is TableKind.QUEUE}
+        names[d.name_key(address)] = name
+        indexes.update((d.name_key(index), name) for index in d.named_indexes(kind.value, address))
+    delayed_of = {d.name_key(a.delayed()): names[d.name_key(a)] for kind, a in tables if kind is TableKind.QUEUE}
     for kind, address in tables:
-        queue = delayed_of.get(_in_schema(d, address))
+        queue = delayed_of.get(d.name_key(address))
         if queue is not None and kind is not TableKind.DELAYED:
             # Even when the plan leaves the delayed table out: the runtime takes that name for the
             # queue's delayed messages (a delayed send, drop_queue) and would refuse the other table.
             raise InvalidArgumentError(
-                f"{names[_in_schema(d, address)]} is the name of the delayed-message table of {queue}; "
-                "name another table"
+                f"{names[d.name_key(address)]} is the name of the delayed-message table of {queue}; name another table"
             )
     for key in names.keys() & indexes.keys():
         raise InvalidArgumentError(
             f"{names[key]} cannot be a table: it is the name of an index on {indexes[key]}, and tables and "
             "indexes share a schema's names; name another table"
         )
-
-
-def _in_schema(d: Dialect, address: QueueAddress) -> tuple[str, str]:
-    """Where a name lives, as a key: index names may be longer than a queue's table may (no check here)."""
-    return (address.schema or d.default_schema, address.table)
 
 
 #: What each kind of table is, as a refusal names it.

@@ -240,11 +240,13 @@ def check_existing(d: Dialect, tables: Sequence[tuple[str, QueueAddress]]) -> Op
             if holder_sql is None:
                 break
             held = yield Step(holder_sql, {**_table_key(d, index), "on": address.table}, Fetch.ONE, target)
-            if held is not None and not held[0]:  # "IF NOT EXISTS" would skip the index without a word
-                raise InvalidArgumentError(
-                    f"{index.table!r}, the name of an index on {target}, is already {held[1]} in its schema; "
-                    "rename one of the two tables"
-                )
+            if held is None or held[0]:
+                continue
+            clash = f"{index.table!r}, the name of an index on {target}, is already {held[1]} in its schema"
+            if not columns:  # "IF NOT EXISTS" would skip the new table's index without a word
+                raise InvalidArgumentError(f"{clash}; rename one of the two tables")
+            # A table made so by an earlier version works without that index; it only goes slower.
+            log.warning("%s: %s lacks that index; rename one of the two tables to have it", clash, target)
 
 
 def table_of(d: Dialect, address: QueueAddress, kind: str) -> Operation[None]:

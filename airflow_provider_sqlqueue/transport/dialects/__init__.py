@@ -214,11 +214,11 @@ class Dialect(ABC):
     def qualified_name(self, address: QueueAddress) -> str:
         """The quoted, schema-qualified table name as it appears in SQL."""
 
-    def table_key(self, address: QueueAddress) -> str:
-        """One text per table the database tells apart: two addresses with one key reach one table
-        (``orders`` and ``orders@"public"``; on SQL Server, whose default collation ignores case,
-        ``orders`` and ``ORDERS`` too)."""
-        return self.qualified_name(address)
+    def name_key(self, address: QueueAddress) -> tuple[str | None, str, str]:
+        """One key per name the database tells apart, for a table or an index (unchecked): two
+        addresses with one key reach one table (``orders`` and ``orders@"public"``; on SQL Server,
+        whose default collation ignores case, ``orders`` and ``ORDERS`` too)."""
+        return (address.catalog, address.schema or self.default_schema, address.table)
 
     def inflight_address(self, address: QueueAddress) -> QueueAddress:
         """Where claims on ``address`` are kept: the in-flight table of the queue's schema."""

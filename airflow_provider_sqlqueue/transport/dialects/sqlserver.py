@@ -285,10 +285,11 @@ class SqlServerDialect(Dialect):
             text += "@" + _bracket(address.catalog)
         return text
 
-    def table_key(self, address: QueueAddress) -> str:
-        # Case-insensitive collations are SQL Server's default: a clash there is one table, refused
-        # even where a database's collation would tell the two apart.
-        return self.qualified_name(address).casefold()
+    def name_key(self, address: QueueAddress) -> tuple[str | None, str, str]:
+        # Case-insensitive collations are SQL Server's default: names that differ only by case are
+        # one table, refused as such even where a database's collation would tell them apart.
+        catalog, schema, table = super().name_key(address)
+        return (None if catalog is None else catalog.casefold(), schema.casefold(), table.casefold())
 
     def qualified_name(self, address: QueueAddress) -> str:
         self.validate_address(address)

@@ -310,7 +310,13 @@ class PsycopgSession(Session):
         raise error
 
     def autocommits(self) -> bool:
-        return _psycopg_autocommits(self.connection)
+        return not self._begin_pending and _psycopg_autocommits(self.connection)
+
+    async def _begin_now(self) -> None:
+        """Send a block's pending BEGIN before anything else opens a transaction on the connection:
+        a block or an operation started inside it, before its first statement, is then nested in it."""
+        if self._send_pending_begin():
+            await self._command(self.dialect.begin_sql)
 
     async def wait_for_notification(self, channels: list[str], timeout: float) -> list[str]:
         """LISTEN on first use of each channel, then wait for a NOTIFY; a burst already received is
@@ -341,6 +347,7 @@ class PsycopgSession(Session):
         leaves two.
         """
         await self._revive()
+        await self._begin_now()
         if not self.autocommits():
             return await super().run(op)
         if needs_no_transaction(op):  # each statement commits by itself: what it took stays taken
@@ -390,10 +397,11 @@ class PsycopgSession(Session):
     @asynccontextmanager
     async def transaction(self, *, begun_by_first_statement: bool = False) -> AsyncIterator[None]:
         await self._revive()
-        if begun_by_first_statement and self.autocommits() and not self._begin_pending:
+        if begun_by_first_statement and self.autocommits():
             async with self._begun_by_first_statement():
                 yield
             return
+        await self._begin_now()
         with translated(self.dialect, psycopg.Error):
             since, finished, committed = time.monotonic(), False, False
             try:
@@ -413,31 +421,64 @@ class PsycopgSession(Session):
     @asynccontextmanager
     async def _begun_by_first_statement(self) -> AsyncIterator[None]:
         """A transaction block whose BEGIN travels with its first statement (as :meth:`run` sends it):
-        two round trips for a native receive (BEGIN with the DELETE, COMMIT) instead of three."""
-        since = time.monotonic()
-        self._begin_pending = True
-        self._blocks += 1
+        two round trips for a native receive (BEGIN with the DELETE, then COMMIT) instead of three.
+
+        What psycopg's own transaction block does, it does too: the code inside cannot call the
+        connection's ``commit()`` or ``rollback()`` (psycopg refuses them while a block is open),
+        its database errors are the library's, and ``raise psycopg.Rollback()`` rolls it back quietly.
+        """
+        since, begun = time.monotonic(), False
         try:
-            yield
-            if not self._begin_pending:  # a statement ran, so BEGIN went: the block commits
-                refuse_aborted(self)
-                await self._command(self.dialect.commit_sql)
+            self._blocks += 1
+            self._begin_pending = True
+            with translated(self.dialect, psycopg.Error):
+                try:
+                    yield
+                finally:
+                    begun = self._end_pending()
+                if begun:
+                    refuse_aborted(self)
+                    await self._command(self.dialect.commit_sql)
+        except psycopg.Rollback as exc:
+            await self._roll_back(begun, since)
+            if exc.transaction is not None:  # aimed at a block of psycopg's own, further out
+                raise
         except BaseException:
             # Also after a failed COMMIT: the session must not stay in an aborted transaction.
-            if not self._begin_pending:
-                await self._command(self.dialect.rollback_sql, quietly=True)
-            self.dialect.rolled_back(since)
+            await self._roll_back(begun, since)
             raise
         finally:
-            self._begin_pending = False
             self._blocks -= 1
+
+    def _send_pending_begin(self) -> bool:
+        """Mark the pending BEGIN as going out now; True when one was pending. While the block is
+        open psycopg counts it as one of its own, which makes it refuse ``commit()`` and ``rollback()``
+        on the connection and nest blocks inside it as savepoints, as in its own transaction blocks."""
+        if not self._begin_pending:
+            return False
+        self._begin_pending = False
+        # psycopg's count of its open blocks (the version is locked; a test checks the guard holds).
+        self.connection._num_transactions += 1  # noqa: SLF001
+        return True
+
+    def _end_pending(self) -> bool:
+        """End the block's claim on the connection; whether its BEGIN went out."""
+        if self._begin_pending:
+            self._begin_pending = False
+            return False
+        self.connection._num_transactions -= 1  # noqa: SLF001
+        return True
+
+    async def _roll_back(self, begun: bool, since: float) -> None:
+        if begun:
+            await self._command(self.dialect.rollback_sql, quietly=True)
+        self.dialect.rolled_back(since)
 
     def transaction_failed(self) -> bool:
         return transaction_broken(self.connection)
 
     async def execute(self, step: Step) -> Any:
-        if self._begin_pending:
-            self._begin_pending = False
+        if self._send_pending_begin():
             return await self._begin_with(step)
         with translated(self.dialect, STATEMENT_ERRORS, step):
             async with self._db.cursor() as cursor:
