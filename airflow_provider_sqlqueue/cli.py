@@ -86,7 +86,10 @@ LIMIT: ArgSpec = (
     ("--limit",),
     {"type": int, "default": defaults.ERROR_SUMMARY_ROWS, "help": "most error messages read (newest first)"},
 )
-RETRY_LIMIT: ArgSpec = (("--limit",), {"type": int, "default": 1000, "help": "most error messages retried"})
+RETRY_LIMIT: ArgSpec = (
+    ("--limit",),
+    {"type": int, "default": defaults.RETRY_LIMIT, "help": "most error messages retried"},
+)
 
 
 def lock_wait_seconds(text: str) -> timedelta:
