@@ -145,7 +145,9 @@ class Session(ABC):
         """
         if needs_no_transaction(op) and self.autocommits():
             return await drive(op, self.execute)
-        async with self.transaction():
+        # Its first statement goes through execute() before anything else uses the connection, so a
+        # driver may send BEGIN with it: a receive is then two round trips (BEGIN + DELETE, COMMIT).
+        async with self.transaction(begun_by_first_statement=True):
             return await drive(op, self.execute)
 
     @abstractmethod

@@ -28,7 +28,7 @@ from ..errors import (
     TransportUnavailableError,
 )
 from ..message import check_positive
-from ..operations import Fetch, Operation, Step, drive, needs_no_transaction
+from ..operations import Fetch, Operation, Step
 from .base import (
     ANY_STEP,
     Session,
@@ -339,40 +339,8 @@ class PsycopgSession(Session):
             return payloads
 
     async def run(self, op: Operation[T]) -> T:
-        """Run an operation in one transaction, with BEGIN sent together with its first statement.
-
-        A receive is BEGIN, DELETE ... RETURNING, COMMIT; sent one by one that is three round
-        trips, and on a fast network the round trips are the cost. BEGIN travels in the first
-        statement's message (its parameters inlined by psycopg's own client-side quoting), which
-        leaves two.
-        """
         await self._revive()
-        await self._begin_now()
-        if not self.autocommits():
-            return await super().run(op)
-        if needs_no_transaction(op):  # each statement commits by itself: what it took stays taken
-            return await drive(op, self.execute)
-        began = False
-        since = time.monotonic()
-
-        async def execute(step: Step) -> Any:
-            nonlocal began
-            if began:
-                return await self.execute(step)
-            began = True
-            return await self._begin_with(step)
-
-        try:
-            result = await drive(op, execute)
-            if began:
-                await self._command(self.dialect.commit_sql)
-        except BaseException:
-            # Also after a failed COMMIT: the session must not stay in an aborted transaction.
-            if began:
-                await self._command(self.dialect.rollback_sql, quietly=True)
-            self.dialect.rolled_back(since)
-            raise
-        return result
+        return await super().run(op)
 
     async def _begin_with(self, step: Step) -> Any:
         if not _fusable(step):
