@@ -25,6 +25,7 @@ from datetime import UTC, timedelta
 from typing import TYPE_CHECKING, Any, TextIO
 
 from . import __version__
+from .console import INTERRUPTED
 from .transport import QueueClient, defaults
 from .transport import operations as ops
 from .transport.client import Addressing, lock_wait_span
@@ -439,10 +440,6 @@ COMMANDS = [
 ]
 
 
-#: The exit status of a command ended by Ctrl-C: 128 + SIGINT, what shells report for it.
-INTERRUPTED = 130
-
-
 #: The exit status of a command whose output's reader closed the pipe: a shell's for SIGPIPE.
 PIPE_CLOSED = 128 + 13
 
@@ -517,7 +514,3 @@ def airflow_commands() -> list[Any]:
             subcommands=[action(c) for c in COMMANDS],
         )
     ]
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -30,7 +30,7 @@ from airflow_provider_sqlqueue.transport.dialects import get_dialect
 from airflow_provider_sqlqueue.transport.install import Installation
 from airflow_provider_sqlqueue.transport.message import FAILED_QUEUE, MESSAGE_ID
 
-SQLQUEUE = [sys.executable, "-m", "airflow_provider_sqlqueue.cli"]
+SQLQUEUE = [sys.executable, "-m", "airflow_provider_sqlqueue.console"]
 
 
 def sqlqueue(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -400,11 +400,11 @@ def test_help_is_plain_text_and_version_is_the_packages() -> None:
     from airflow_provider_sqlqueue import __version__
 
     run = subprocess.run(
-        [sys.executable, "-m", "airflow_provider_sqlqueue.cli", "--help"], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "airflow_provider_sqlqueue.console", "--help"], capture_output=True, text=True, timeout=120
     )
     assert run.returncode == 0 and "``" not in run.stdout and ":mod:" not in run.stdout
     run = subprocess.run(
-        [sys.executable, "-m", "airflow_provider_sqlqueue.cli", "--version"],
+        [sys.executable, "-m", "airflow_provider_sqlqueue.console", "--version"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -135,7 +135,7 @@ def test_a_spark_write_id_that_is_not_text_is_refused() -> None:
 
 def test_sqlqueue_subscribe_refuses_a_misspelt_subscription_table(pg_uri, client, queue, schema, raw) -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "airflow_provider_sqlqueue.cli", "subscribe", f'orders@"{schema}"', "Shop.Placed",
+        [sys.executable, "-m", "airflow_provider_sqlqueue.console", "subscribe", f'orders@"{schema}"', "Shop.Placed",
          "--subscription-table", f'SubscriptonRouting@"{schema}"', "--conn", pg_uri],
         capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.getcwd()},
     )  # fmt: skip
@@ -247,7 +247,7 @@ async def test_a_queue_cannot_be_its_own_error_queue(pg_uri, client, queue, sche
 )
 def test_sqlqueue_grants_refuses_a_role_a_grant_must_not_name(role) -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "airflow_provider_sqlqueue.cli", "grants", "orders", "--dialect", "postgres", "--role", role],
+        [sys.executable, "-m", "airflow_provider_sqlqueue.console", "grants", "orders", "--dialect", "postgres", "--role", role],
         capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.getcwd()},
     )  # fmt: skip
     assert run.returncode == 1 and len(run.stderr.strip().splitlines()) == 1, run.stderr
