@@ -400,7 +400,10 @@ def test_help_is_plain_text_and_version_is_the_packages() -> None:
     from airflow_provider_sqlqueue import __version__
 
     run = subprocess.run(
-        [sys.executable, "-m", "airflow_provider_sqlqueue.console", "--help"], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "airflow_provider_sqlqueue.console", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert run.returncode == 0 and "``" not in run.stdout and ":mod:" not in run.stdout
     run = subprocess.run(
