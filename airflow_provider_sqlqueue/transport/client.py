@@ -1253,7 +1253,10 @@ class AsyncQueueClient(Addressing):
         and lapsed, per queue: indexed reads whose cost does not grow with the queues' length.
 
         A table another session holds locked (a migration, ``VACUUM FULL``) is waited for at most
-        ``lock_wait``, then :class:`~.errors.LockTimeoutError` names it: a watcher never hangs."""
+        ``lock_wait``, then :class:`~.errors.LockTimeoutError` names it: a watcher never hangs.
+        On SQL Server the figures read past locked rows, and a table locked whole (a schema change) is
+        waited for as the session's ``LOCK_TIMEOUT`` says: there a ``SET`` outlives the transaction, so
+        ``lock_wait`` is not applied (the ``sqlqueue`` commands bound their session by ``--lock-timeout``)."""
         check_positive("expired_limit", expired_limit)
         wait = lock_wait_span(lock_wait)
         return await self._run(ops.queue_stats(self.dialect, self._addresses(queues), expired_limit, wait))
