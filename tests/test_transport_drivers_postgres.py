@@ -83,15 +83,13 @@ def test_a_native_receive_begun_with_its_statement_is_guarded_as_psycopgs_own_bl
     guarded as psycopg guards its own."""
     import psycopg
 
-    from airflow_provider_sqlqueue.transport.errors import StatementRejectedError
-
     with QueueClient.connect(pg_uri) as client:
         client.send(queue, [Message(str(n)) for n in range(5)])
         sent: list[str] = []
         client.connection.add_notice_handler(lambda notice: sent.append(notice.message_primary))
         # The handler may not end the transaction itself: psycopg refuses, and the message stays.
         for end in ("commit", "rollback"):
-            with pytest.raises(StatementRejectedError), client.receive_native(queue) as message:  # noqa: PT012 - the handler's own call
+            with pytest.raises(psycopg.ProgrammingError, match="forbidden"), client.receive_native(queue) as message:  # noqa: PT012 - the handler's own call
                 assert message is not None
                 getattr(client.connection, end)()
         assert client.depth(queue) == 5
@@ -104,9 +102,135 @@ def test_a_native_receive_begun_with_its_statement_is_guarded_as_psycopgs_own_bl
         with client.receive_native(queue) as message, client.connection.transaction():
             client.connection.execute("SELECT 1")
         assert client.depth(queue) == 4
-        # Its own SQL's errors are the library's.
-        with pytest.raises(TransportUnavailableError), client.receive_native(queue) as message:  # noqa: PT012 - the connection dies in the handler
+        # Errors of the handler's own statements reach it as they are.
+        with pytest.raises(psycopg.OperationalError), client.receive_native(queue) as message:  # noqa: PT012 - the connection dies in the handler
             raw.execute("SELECT pg_terminate_backend(%s)", [client.connection.info.backend_pid])
             client.connection.execute("SELECT 1")
         assert client.depth(queue) == 4
         assert sent == []  # no "there is already a transaction in progress", no "no transaction in progress"
+
+
+@pytest.mark.parametrize(
+    "again", ["ROLLBACK; BEGIN", "COMMIT; BEGIN", "ABORT; START TRANSACTION ISOLATION LEVEL SERIALIZABLE"]
+)
+def test_a_handler_that_ends_the_receive_and_begins_another_transaction_is_refused_at_commit(
+    pg_uri: str, queue: QueueAddress, raw: Any, again: str
+) -> None:
+    """The block commits only the transaction it began: one the handler began in its place is rolled
+    back, with its work, and the block says so -- not a silent commit of work whose message comes back."""
+    import psycopg
+
+    from airflow_provider_sqlqueue.transport.errors import TransactionAbortedError
+
+    raw.execute(f'CREATE TABLE "{queue.schema}".work (body text)')
+    with QueueClient.connect(pg_uri) as client:
+        client.send(queue, Message("order-1"))
+        with pytest.raises(TransactionAbortedError, match="began another"), client.receive_native(queue) as message:  # noqa: PT012 - the handler's own statements
+            assert message is not None
+            client.connection.execute(again)
+            client.connection.execute(f'INSERT INTO "{queue.schema}".work VALUES (%s)', [message.text])
+        assert raw.execute(f'SELECT count(*) FROM "{queue.schema}".work').fetchone()[0] == 0
+        assert client.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        expected = 0 if again.startswith("COMMIT") else 1  # what the handler's own COMMIT or ROLLBACK did
+        assert client.depth(queue) == expected
+        with client.receive_native(queue) as message:  # the session goes on as before
+            assert (message is None) == (expected == 0)
+
+
+def test_a_handler_that_ends_the_receive_is_told_what_became_of_it(pg_uri: str, queue: QueueAddress, raw: Any) -> None:
+    from airflow_provider_sqlqueue.transport.errors import TransactionAbortedError
+
+    with QueueClient.connect(pg_uri) as client:
+        client.send(queue, [Message("a"), Message("b")])
+        with (
+            pytest.raises(TransactionAbortedError, match="committed or rolled back with it"),
+            client.receive_native(queue),
+        ):
+            client.connection.execute("COMMIT")
+        assert client.depth(queue) == 1  # the handler's COMMIT took the message
+        with pytest.raises(TransactionAbortedError, match="its error was caught"), client.receive_native(queue):  # noqa: PT012
+            try:
+                client.connection.execute("SELECT 1/0")
+            except Exception:  # swallowed, as the careless handler does
+                pass
+        assert client.depth(queue) == 1
+
+
+def test_errors_of_the_callers_own_statements_in_a_block_are_its_own(
+    pg_uri: str, queue: QueueAddress, raw: Any
+) -> None:
+    """A duplicate key in the caller's table is not a duplicate message, a table it misspelt is not a
+    missing queue, its statement timeout is not the database being unavailable."""
+    import psycopg
+
+    raw.execute(
+        f'CREATE TABLE "{queue.schema}".invoices (id int PRIMARY KEY); INSERT INTO "{queue.schema}".invoices VALUES (1)'
+    )
+    own = [
+        (f'INSERT INTO "{queue.schema}".invoices VALUES (1)', psycopg.errors.UniqueViolation),
+        (f'SELECT * FROM "{queue.schema}".invoicez', psycopg.errors.UndefinedTable),
+        ("SET LOCAL statement_timeout = '50ms'; SELECT pg_sleep(1)", psycopg.errors.QueryCanceled),
+    ]
+    with QueueClient.connect(pg_uri) as client:
+        client.send(queue, Message("m"))
+        for sql, error in own:
+            with pytest.raises(error), client.receive_native(queue):
+                client.connection.execute(sql)
+            with pytest.raises(error), client.transaction():  # noqa: PT012 - the caller's own statement after a send
+                client.send(queue, Message("rolled back"))
+                client.connection.execute(sql)
+            assert client.depth(queue) == 1
+
+
+def test_prepared_statements_forced_on_a_connection_still_receive_natively(pg_uri: str, queue: QueueAddress) -> None:
+    """prepare_threshold=0 prepares every statement psycopg sends, which PostgreSQL refuses for text
+    of several statements: BEGIN sent with the receive, COMMIT with its check."""
+    import psycopg
+
+    with psycopg.connect(pg_uri, autocommit=True, prepare_threshold=0) as connection:
+        client = QueueClient.connect(connection)
+        client.create_queue(QueueAddress("other", queue.schema))
+        client.send(queue, [Message("a"), Message("b")])
+        with client.receive_native(queue) as message:
+            assert message is not None and message.text == "a"
+        assert client.depth(queue) == 1
+        assert client.queue_stats([queue])[0].waiting >= 0
+        assert client.move_due(queue) == 0
+
+
+def test_an_owned_connection_left_mid_command_by_an_interrupted_call_is_opened_again(
+    pg_uri: str, queue: QueueAddress, raw: Any
+) -> None:
+    """An exception from a signal handler (a task timeout) can leave the connection waiting for a
+    result nobody reads; the next call opens a new connection instead of failing for ever, and the
+    old session's transaction (holding the received row) goes with it."""
+    import signal
+
+    class TimedOut(Exception):
+        pass
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise TimedOut
+
+    with QueueClient.connect(pg_uri) as client:
+        client.send(queue, [Message("a"), Message("b")])
+        import psycopg
+
+        with psycopg.connect(pg_uri) as blocker:
+            blocker.execute(f'LOCK TABLE "{queue.schema}"."orders" IN ACCESS EXCLUSIVE MODE')
+            previous = signal.signal(signal.SIGALRM, interrupt)
+            try:
+                signal.setitimer(signal.ITIMER_REAL, 0.5)
+                with pytest.raises(TimedOut), client.receive_native(queue):
+                    pass
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, previous)
+            # Left waiting for the receive's result: every command on it would fail from here on.
+            assert client.connection.info.transaction_status == psycopg.pq.TransactionStatus.ACTIVE
+            stuck = client.connection.info.backend_pid
+            blocker.rollback()
+        with client.receive_native(queue) as message:
+            assert message is not None
+        assert client.connection.info.backend_pid != stuck
+        assert client.depth(queue) == 1

@@ -239,6 +239,46 @@ async def test_native_pump_moves_repeatedly_failing_message_to_error_queue(pool,
     assert client.depth(queue) == 0
 
 
+@pytest.mark.postgres_only
+@pytest.mark.parametrize("batch", [False, True])
+async def test_a_native_handler_that_ends_the_receive_and_begins_another_fails_its_delivery(
+    pool, client, queue, raw, schema, batch
+):
+    """ROLLBACK then BEGIN in the handler: its work in the second transaction is not committed, each
+    such delivery counts as failed, and the messages reach the error queue after max_deliveries
+    instead of being handled again and again."""
+    client.send(queue, [Message(f"m{n}") for n in range(3)])
+    raw.execute(f'CREATE TABLE "{schema}".work (body text)')
+    calls: Counter[str] = Counter()
+
+    async def careless(messages, connection):
+        for message in messages:
+            calls[message.text] += 1
+        await connection.execute("ROLLBACK; BEGIN")
+        for message in messages:
+            await connection.execute(f'INSERT INTO "{schema}".work VALUES (%s)', (message.text,))
+
+    async def handler(message, connection):
+        await careless([message], connection)
+
+    pump = MessagePump(
+        pool,
+        queue,
+        None if batch else handler,
+        batch_handler=careless if batch else None,
+        receive_batch_size=3 if batch else 1,
+        transaction_mode="native",
+        error_queue=QueueAddress("error", schema),
+        max_deliveries=2,
+        peek_interval=0.05,
+    )
+    error_count = lambda: raw.execute(f'SELECT count(*) FROM "{schema}"."error"').fetchone()[0]  # noqa: E731
+    await run_until(pump, lambda: error_count() == 3)
+    assert raw.execute(f'SELECT count(*) FROM "{schema}".work').fetchone()[0] == 0
+    assert client.depth(queue) == 0
+    assert all(n <= 3 for n in calls.values()), calls  # a batch's, then each alone: not again and again
+
+
 async def test_claim_pump_redelivers_failures_then_dead_letters(pool, client, queue, raw, schema):
     client.send(queue, [Message("flaky"), Message("broken")])
     calls: Counter[str] = Counter()

@@ -146,15 +146,9 @@ def handler_failure(exc: BaseException) -> None:
 def aborted(session: Session) -> TransactionAbortedError | None:
     """The failure of a native handler that returned normally from a transaction that is no longer
     whole: an error aborted it (the handler caught a database error), or the handler ended it with
-    COMMIT or ROLLBACK. Its work did not commit with the receive, so the delivery failed."""
-    if not session.transaction_failed():
-        return None
-    return TransactionAbortedError(
-        "the handler returned normally, but the receive's transaction is no longer whole: a statement it ran "
-        "failed and aborted it (everything it did was rolled back), or it ended the transaction itself with "
-        "COMMIT or ROLLBACK; a native-mode handler must let database errors propagate and leave the "
-        "transaction to the pump"
-    )
+    COMMIT or ROLLBACK. The pump cannot commit the receive with the work, so the delivery failed."""
+    failure = session.transaction_failure()
+    return None if failure is None else TransactionAbortedError(f"the handler returned normally, but {failure}")
 
 
 #: Errors that say the setup is wrong, not the message: a native delivery they interrupt is not
@@ -802,7 +796,7 @@ class MessagePump:
         else:
             self.failed += len(batch)
             log.warning(
-                "Queue %s: batch handler failed for %d message(s), all received again: %s: %s",
+                "Queue %s: batch handler failed for %d message(s): %s: %s",
                 self.name,
                 len(batch),
                 type(outcome).__name__,

@@ -95,6 +95,36 @@ _MISCONFIGURED_TEXT = (
 _CANONICAL = re.compile(r'^(?P<table>.+)@(?P<schema>"(?:[^"]|"")+")$', re.DOTALL)
 
 
+#: The setting a transaction block begun with its first statement carries (see :func:`mark_block_sql`).
+_BLOCK_MARK = "sqlqueue.block"
+_MARK = re.compile(r"[0-9a-f]{32}")
+
+
+def mark_block_sql(mark: str) -> str:
+    """Label the transaction just begun with ``mark`` (32 hex digits, inlined: it travels with BEGIN
+    in one message without parameters). The label lasts until the transaction ends, so code inside
+    that ends it and begins another (``ROLLBACK; BEGIN``) leaves a transaction without it."""
+    if not _MARK.fullmatch(mark):
+        raise ValueError("a block mark is 32 hex digits")
+    return f"SELECT set_config('{_BLOCK_MARK}', '{mark}', true)"
+
+
+def commit_marked_sql(mark: str) -> str:
+    """COMMIT, but only the transaction :func:`mark_block_sql` labelled ``mark``: in another, the first
+    statement fails (division by zero, SQLSTATE 22012), so the COMMIT after it in the same message
+    is not run and the transaction is left aborted, to be rolled back."""
+    if not _MARK.fullmatch(mark):
+        raise ValueError("a block mark is 32 hex digits")
+    return (
+        f"SELECT 1 / (coalesce(current_setting('{_BLOCK_MARK}', true), '') = '{mark}')::int; "
+        f"{PostgresDialect.commit_sql}"
+    )
+
+
+#: SQLSTATE of the failed check of :func:`commit_marked_sql`.
+NOT_THE_MARKED_TRANSACTION = "22012"
+
+
 def quote_ident(name: str) -> str:
     """A PostgreSQL quoted identifier (``"`` doubled), with ``%`` doubled for psycopg's placeholder parser."""
     return '"' + name.replace('"', '""').replace("%", "%%") + '"'

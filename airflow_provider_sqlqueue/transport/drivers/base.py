@@ -154,11 +154,11 @@ class Session(ABC):
     def autocommits(self) -> bool:
         """Whether a statement run now commits by itself (autocommit and no transaction open)."""
 
-    def transaction_failed(self) -> bool:
-        """Whether the open transaction can no longer commit as one: an error aborted it and its caller
-        caught the error (committing would only roll it back), or the code inside ended it itself.
-        False where the database does not keep such a state (SQL Server's COMMIT reports it instead)."""
-        return False
+    def transaction_failure(self) -> str | None:
+        """Why the open transaction can no longer commit as one (None: it can): an error aborted it and
+        its caller caught the error (committing would only roll it back), or the code inside ended it
+        itself. None where the database does not keep such a state (SQL Server's COMMIT reports it)."""
+        return None
 
     async def wait_for_notification(self, channels: list[str], timeout: float) -> list[str]:
         """Wait up to ``timeout`` for notifications on any of ``channels`` and return their payloads

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import re
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -18,6 +19,7 @@ from psycopg.types.string import TextLoader
 
 from .. import defaults
 from ..dialects import Dialect, get_dialect
+from ..dialects.postgres import NOT_THE_MARKED_TRANSACTION, commit_marked_sql, mark_block_sql
 from ..errors import (
     ArgumentTypeError,
     ClientClosedError,
@@ -57,20 +59,38 @@ def refuse_aborted(session: Session) -> None:
     """Raise instead of committing a transaction that is no longer whole: one an error aborted
     (PostgreSQL answers its COMMIT with a silent ROLLBACK, which a caller would take for success),
     or one the code inside ended itself (its COMMIT would find no transaction, and say nothing)."""
-    if session.transaction_failed():
-        raise TransactionAbortedError(
-            "the transaction is no longer whole: a statement inside it failed and the error was caught (PostgreSQL "
-            "rolled the whole transaction back), or the code inside ended it with COMMIT or ROLLBACK on the "
-            "connection; so the receive and the work did not commit together (a native-mode handler must neither "
-            "swallow database errors nor end the transaction)"
-        )
+    failure = session.transaction_failure()
+    if failure is not None:
+        raise TransactionAbortedError(failure)
 
 
-def transaction_broken(connection: Any) -> bool:
-    """Inside a transaction block: whether the transaction can no longer commit as one. INERROR: an
-    error aborted it. IDLE: the code inside sent COMMIT or ROLLBACK itself, so the block's own
-    COMMIT would find no transaction -- and PostgreSQL would only warn."""
-    return bool(connection.info.transaction_status in (TransactionStatus.INERROR, TransactionStatus.IDLE))
+#: Why a block's transaction cannot commit as one, by the connection's state inside the block.
+_BROKEN = {
+    TransactionStatus.INERROR: (
+        "a statement inside the transaction failed and its error was caught: PostgreSQL aborted the "
+        "transaction, so nothing done in it, the receive included, can commit; it is rolled back (let "
+        "database errors propagate, or put the statement in a savepoint: connection.transaction())"
+    ),
+    TransactionStatus.IDLE: (
+        "the code inside ended the transaction itself (COMMIT or ROLLBACK on the connection): what it did "
+        "up to there, the receive included, was committed or rolled back with it, and what it did after "
+        "ran on its own; leave ending the transaction to the block"
+    ),
+}
+
+#: Why a block begun with its first statement cannot commit: the transaction open at its end is another.
+_ANOTHER_TRANSACTION = (
+    "the code inside ended the transaction and began another (COMMIT or ROLLBACK, then BEGIN): what it did "
+    "up to there, the receive included, was committed or rolled back with the first, and the transaction "
+    "open now, which is not the receive's, is rolled back; leave ending the transaction to the block"
+)
+
+
+def transaction_broken(connection: Any) -> str | None:
+    """Inside a transaction block: why the transaction can no longer commit as one (None: it can).
+    INERROR: an error aborted it. IDLE: the code inside sent COMMIT or ROLLBACK itself, so the
+    block's own COMMIT would find no transaction -- and PostgreSQL would only warn."""
+    return _BROKEN.get(connection.info.transaction_status)
 
 
 #: What opening a connection can raise: the driver's errors, and Python's refusal to encode a
@@ -176,8 +196,8 @@ class _BlockingCursor:
     def nextset(self) -> bool | None:
         return self._cursor.nextset()  # type: ignore[no-any-return]
 
-    async def execute(self, query: str, params: Any = None) -> None:
-        self._cursor.execute(query, params)
+    async def execute(self, query: str, params: Any = None, *, prepare: bool | None = None) -> None:
+        self._cursor.execute(query, params, prepare=prepare)
 
     async def fetchall(self) -> list[Any]:
         return self._cursor.fetchall()  # type: ignore[no-any-return]
@@ -215,8 +235,8 @@ class _Blocking:
     def __init__(self, connection: Any) -> None:
         self._connection = connection
 
-    async def execute(self, query: str) -> None:
-        self._connection.execute(query)
+    async def execute(self, query: str, *, prepare: bool | None = None) -> None:
+        self._connection.execute(query, prepare=prepare)
 
     @asynccontextmanager
     async def cursor(self) -> AsyncIterator[_BlockingCursor]:
@@ -252,6 +272,8 @@ class PsycopgSession(Session):
         self._blocks = 0
         #: A transaction block whose BEGIN waits for its first statement (see :meth:`transaction`).
         self._begin_pending = False
+        #: The label of the transaction such a block began (see :func:`~..dialects.postgres.mark_block_sql`).
+        self._mark = ""
 
     @property
     def blocking(self) -> bool:
@@ -267,7 +289,19 @@ class PsycopgSession(Session):
         (TransportUnavailableError), and the retry must be able to succeed. A new connection listens afresh."""
         if self.closed:  # closed by its caller, not lost: nothing is opened again
             raise ClientClosedError()
-        lost = self.connection.closed or self.connection.broken
+        # A command still in progress between calls: a call was interrupted while it waited for the server
+        # (a signal handler's exception, a task timeout). The connection refuses every command until that
+        # one's result is read; the server session may hold a transaction and its locks meanwhile.
+        stuck = not self.connection.closed and self.connection.info.transaction_status == TransactionStatus.ACTIVE
+        if stuck and not self._blocks and self._reopen is not None:
+            log.warning("The database connection was left in the middle of an interrupted command; opening a new one")
+            await close_quietly(self.connection)
+        elif stuck and not self._blocks:
+            raise TransportMisconfiguredError(
+                "the connection given to the client is still in the middle of a command an interrupted call "
+                "left: close it and give the client a new connection"
+            )
+        lost = self.connection.closed or self.connection.broken or stuck
         if lost and self._blocks:
             # Inside a transaction block the transaction died with its connection: a new connection
             # would commit the block's later calls on their own. The block must fail and start again.
@@ -316,7 +350,7 @@ class PsycopgSession(Session):
         """Send a block's pending BEGIN before anything else opens a transaction on the connection:
         a block or an operation started inside it, before its first statement, is then nested in it."""
         if self._send_pending_begin():
-            await self._command(self.dialect.begin_sql)
+            await self._command(f"{self.dialect.begin_sql}; {mark_block_sql(self._mark)}")
 
     async def wait_for_notification(self, channels: list[str], timeout: float) -> list[str]:
         """LISTEN on first use of each channel, then wait for a NOTIFY; a burst already received is
@@ -343,24 +377,39 @@ class PsycopgSession(Session):
         return await super().run(op)
 
     async def _begin_with(self, step: Step) -> Any:
+        """Send the pending BEGIN, labelled, with ``step`` when its parameters can be inlined."""
+        begin = f"{self.dialect.begin_sql}; {mark_block_sql(self._mark)}"
         if not _fusable(step):
-            await self._command(self.dialect.begin_sql)
+            await self._command(begin)
             return await self.execute(step)
         with translated(self.dialect, STATEMENT_ERRORS, step):
             client_cursor = psycopg.ClientCursor if self.blocking else psycopg.AsyncClientCursor
             text = client_cursor(self.connection).mogrify(step.sql, step.params)
             async with self._db.cursor() as cursor:
-                await cursor.execute(self.dialect.begin_sql + "; " + text)  # no parameters: one simple-protocol message
+                # No parameters and never prepared (prepare_threshold=0 would try): one simple-protocol message.
+                await cursor.execute(f"{begin}; {text}", prepare=False)
+                cursor.nextset()
                 cursor.nextset()
                 return await fetch(cursor, step)
 
     async def _command(self, command: str, quietly: bool = False) -> None:
-        """BEGIN, COMMIT or ROLLBACK; ``quietly`` for a ROLLBACK on a connection that may be gone."""
+        """BEGIN, COMMIT or ROLLBACK (with what travels with them); ``quietly`` for a ROLLBACK on a
+        connection that may be gone."""
         try:
-            await self._db.execute(command)
+            await self._db.execute(command, prepare=False)
         except psycopg.Error as exc:
             if not quietly:  # a broken connection's transaction is rolled back by the server anyway
                 raise_translated(self.dialect, exc, ANY_STEP)
+
+    async def _commit_marked(self) -> None:
+        """COMMIT the transaction the pending BEGIN began -- and no other: the code inside may have
+        ended it and begun another, which must not commit in its place."""
+        try:
+            await self._db.execute(commit_marked_sql(self._mark), prepare=False)
+        except psycopg.Error as exc:
+            if exc.sqlstate == NOT_THE_MARKED_TRANSACTION:
+                raise TransactionAbortedError(_ANOTHER_TRANSACTION) from None
+            raise_translated(self.dialect, exc, ANY_STEP)
 
     @asynccontextmanager
     async def transaction(self, *, begun_by_first_statement: bool = False) -> AsyncIterator[None]:
@@ -370,21 +419,28 @@ class PsycopgSession(Session):
                 yield
             return
         await self._begin_now()
-        with translated(self.dialect, psycopg.Error):
-            since, finished, committed = time.monotonic(), False, False
-            try:
-                async with self._db.transaction():
-                    self._blocks += 1
-                    try:
-                        yield
-                    finally:
-                        self._blocks -= 1
-                    refuse_aborted(self)
-                    finished = True  # not reached when the block raised (psycopg's Rollback included)
-                committed = finished  # and not when the commit itself failed
-            finally:
-                if not committed:
-                    self.dialect.rolled_back(since)
+        since, finished, committed = time.monotonic(), False, False
+        raised: BaseException | None = None
+        try:
+            async with self._db.transaction():
+                self._blocks += 1
+                try:
+                    yield
+                except BaseException as exc:
+                    raised = exc
+                    raise
+                finally:
+                    self._blocks -= 1
+                refuse_aborted(self)
+                finished = True  # not reached when the block raised (psycopg's Rollback included)
+            committed = finished  # and not when the commit itself failed
+        except psycopg.Error as exc:
+            if exc is raised:  # the code inside ran a statement of its own: its error is its own
+                raise
+            raise_translated(self.dialect, exc, ANY_STEP)  # BEGIN, SAVEPOINT, COMMIT, ROLLBACK
+        finally:
+            if not committed:
+                self.dialect.rolled_back(since)
 
     @asynccontextmanager
     async def _begun_by_first_statement(self) -> AsyncIterator[None]:
@@ -393,20 +449,21 @@ class PsycopgSession(Session):
 
         What psycopg's own transaction block does, it does too: the code inside cannot call the
         connection's ``commit()`` or ``rollback()`` (psycopg refuses them while a block is open),
-        its database errors are the library's, and ``raise psycopg.Rollback()`` rolls it back quietly.
+        errors of its own statements reach the caller as they are, and ``raise psycopg.Rollback()``
+        rolls it back quietly. And where psycopg would commit whatever transaction is open at the
+        end, this commits only the one it began (see :meth:`_commit_marked`).
         """
         since, begun = time.monotonic(), False
         try:
             self._blocks += 1
             self._begin_pending = True
-            with translated(self.dialect, psycopg.Error):
-                try:
-                    yield
-                finally:
-                    begun = self._end_pending()
-                if begun:
-                    refuse_aborted(self)
-                    await self._command(self.dialect.commit_sql)
+            try:
+                yield
+            finally:
+                begun = self._end_pending()
+            if begun:
+                refuse_aborted(self)
+                await self._commit_marked()
         except psycopg.Rollback as exc:
             await self._roll_back(begun, since)
             if exc.transaction is not None:  # aimed at a block of psycopg's own, further out
@@ -424,7 +481,7 @@ class PsycopgSession(Session):
         on the connection and nest blocks inside it as savepoints, as in its own transaction blocks."""
         if not self._begin_pending:
             return False
-        self._begin_pending = False
+        self._begin_pending, self._mark = False, uuid.uuid4().hex
         # psycopg's count of its open blocks (the version is locked; a test checks the guard holds).
         self.connection._num_transactions += 1  # noqa: SLF001
         return True
@@ -442,7 +499,7 @@ class PsycopgSession(Session):
             await self._command(self.dialect.rollback_sql, quietly=True)
         self.dialect.rolled_back(since)
 
-    def transaction_failed(self) -> bool:
+    def transaction_failure(self) -> str | None:
         return transaction_broken(self.connection)
 
     async def execute(self, step: Step) -> Any:

@@ -150,6 +150,13 @@ def execute_pyodbc(cursor: Any, sql: str, params: Params) -> None:
     cursor.execute(*pyodbc_statement(sql, params))
 
 
+#: Why a transaction a call inside failed cannot commit (SQL Server has no savepoint that survives XACT_ABORT).
+_DOOMED = (
+    "a call inside the transaction failed, and SQL Server cannot undo part of a transaction: "
+    "the whole transaction was rolled back"
+)
+
+
 class _SqlServerSession(Session):
     """One SQL Server connection kept in autocommit mode; transactions are explicit T-SQL.
 
@@ -229,10 +236,7 @@ class _SqlServerSession(Session):
         try:
             yield
             if self._doomed:
-                raise TransactionAbortedError(
-                    "a call inside the transaction failed, and SQL Server cannot undo part of a transaction: "
-                    "the whole transaction was rolled back"
-                )
+                raise TransactionAbortedError(_DOOMED)
         except BaseException:
             self._depth, self._doomed = 0, False
             try:
@@ -243,8 +247,8 @@ class _SqlServerSession(Session):
         self._depth = 0
         await self.execute(Step(self.dialect.commit_sql, {}, Fetch.NONE, "the database"))
 
-    def transaction_failed(self) -> bool:
-        return self._doomed
+    def transaction_failure(self) -> str | None:
+        return _DOOMED if self._doomed else None
 
     async def execute(self, step: Step) -> Any:
         """Run the step by blocking on the driver (the coroutine never suspends: see :class:`~.base.Session`)."""
