@@ -234,3 +234,57 @@ def test_an_owned_connection_left_mid_command_by_an_interrupted_call_is_opened_a
             assert message is not None
         assert client.connection.info.backend_pid != stuck
         assert client.depth(queue) == 1
+
+
+def test_a_block_nested_in_the_callers_transaction_whose_code_ends_that_transaction_is_aborted(
+    pg_uri: str, queue: QueueAddress, raw: Any
+) -> None:
+    """Inside the caller's transaction the block is a savepoint; ROLLBACK; BEGIN inside it takes the
+    savepoint away: not "database unavailable, retry", but the transaction no longer whole."""
+    import psycopg
+
+    from airflow_provider_sqlqueue.transport.errors import TransactionAbortedError
+
+    with psycopg.connect(pg_uri) as connection:  # not autocommit: the caller's transaction is open
+        client = QueueClient.connect(connection)
+        client.send(queue, Message("m"))
+        connection.commit()
+        connection.execute("SELECT 1")  # the caller's transaction
+        with pytest.raises(TransactionAbortedError, match="savepoint"), client.receive_native(queue) as message:  # noqa: PT012
+            assert message is not None
+            connection.execute("ROLLBACK; BEGIN")
+        connection.rollback()
+        assert client.depth(queue) == 1
+
+
+@pytest.mark.parametrize("autocommit", [True, False])
+@pytest.mark.parametrize("block", ["receive_native", "transaction"])
+def test_every_outermost_block_commits_only_the_transaction_it_began(
+    pg_uri: str, queue: QueueAddress, raw: Any, autocommit: bool, block: str
+) -> None:
+    """A block the library begins -- on a connection in autocommit or not, a native receive or a
+    caller's transaction() -- refuses to commit a transaction the code inside began in its place."""
+    import psycopg
+
+    from airflow_provider_sqlqueue.transport.errors import TransactionAbortedError
+
+    raw.execute(f'CREATE TABLE "{queue.schema}".work (body text)')
+    with psycopg.connect(pg_uri, autocommit=autocommit) as connection:
+        client = QueueClient.connect(connection)
+        client.send(queue, Message("m"))
+        if not autocommit:
+            connection.commit()
+        opened = client.receive_native(queue) if block == "receive_native" else client.transaction()
+        with pytest.raises(TransactionAbortedError, match="began another"), opened:  # noqa: PT012
+            client.send(queue, Message("sent in the block"))
+            connection.execute("ROLLBACK; BEGIN")
+            connection.execute(f'INSERT INTO "{queue.schema}".work VALUES (%s)', ["after"])
+        if not autocommit:
+            connection.rollback()
+        assert raw.execute(f'SELECT count(*) FROM "{queue.schema}".work').fetchone()[0] == 0
+        assert client.depth(queue) == 1  # the receive, or the send, rolled back with the first transaction
+        with client.transaction():  # and the next block commits as usual
+            client.send(queue, Message("next"))
+        if not autocommit:
+            connection.commit()
+        assert client.depth(queue) == 2

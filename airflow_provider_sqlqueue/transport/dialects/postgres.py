@@ -29,6 +29,7 @@ from ..errors import (
     QueueNotFoundError,
     SqlQueueError,
     StatementRejectedError,
+    TransactionAbortedError,
     TransportMisconfiguredError,
     TransportUnavailableError,
 )
@@ -109,19 +110,16 @@ def mark_block_sql(mark: str) -> str:
     return f"SELECT set_config('{_BLOCK_MARK}', '{mark}', true)"
 
 
-def commit_marked_sql(mark: str) -> str:
-    """COMMIT, but only the transaction :func:`mark_block_sql` labelled ``mark``: in another, the first
-    statement fails (division by zero, SQLSTATE 22012), so the COMMIT after it in the same message
-    is not run and the transaction is left aborted, to be rolled back."""
+def check_mark_sql(mark: str) -> str:
+    """Fail (division by zero, SQLSTATE 22012) unless the open transaction is the one
+    :func:`mark_block_sql` labelled ``mark``. Sent with COMMIT in one message, a failure leaves the
+    COMMIT after it unrun and the transaction aborted, to be rolled back."""
     if not _MARK.fullmatch(mark):
         raise ValueError("a block mark is 32 hex digits")
-    return (
-        f"SELECT 1 / (coalesce(current_setting('{_BLOCK_MARK}', true), '') = '{mark}')::int; "
-        f"{PostgresDialect.commit_sql}"
-    )
+    return f"SELECT 1 / (coalesce(current_setting('{_BLOCK_MARK}', true), '') = '{mark}')::int"
 
 
-#: SQLSTATE of the failed check of :func:`commit_marked_sql`.
+#: SQLSTATE of the failed check of :func:`check_mark_sql`.
 NOT_THE_MARKED_TRANSACTION = "22012"
 
 
@@ -860,6 +858,12 @@ class PostgresDialect(Dialect):
             return LockTimeoutError(
                 f"{address} is locked by another session (a migration, VACUUM FULL, LOCK TABLE): "
                 f"{detail.splitlines()[0] if detail else 'lock timeout'}"
+            )
+        if sqlstate == "3B001":  # invalid_savepoint_specification: a nested block's savepoint went with its transaction
+            return TransactionAbortedError(
+                "the code inside a nested transaction block ended the transaction it was nested in (COMMIT or "
+                "ROLLBACK on the connection), and the block's savepoint with it: the block's work cannot be kept "
+                f"or undone on its own; leave ending the transaction to the outermost block ({detail})"
             )
         if sqlstate in _MISCONFIGURED:
             return TransportMisconfiguredError(

@@ -19,7 +19,7 @@ from psycopg.types.string import TextLoader
 
 from .. import defaults
 from ..dialects import Dialect, get_dialect
-from ..dialects.postgres import NOT_THE_MARKED_TRANSACTION, commit_marked_sql, mark_block_sql
+from ..dialects.postgres import NOT_THE_MARKED_TRANSACTION, check_mark_sql, mark_block_sql
 from ..errors import (
     ArgumentTypeError,
     ClientClosedError,
@@ -401,11 +401,13 @@ class PsycopgSession(Session):
             if not quietly:  # a broken connection's transaction is rolled back by the server anyway
                 raise_translated(self.dialect, exc, ANY_STEP)
 
-    async def _commit_marked(self) -> None:
-        """COMMIT the transaction the pending BEGIN began -- and no other: the code inside may have
-        ended it and begun another, which must not commit in its place."""
+    async def _check_mark(self, mark: str, *, commit: bool) -> None:
+        """Check that the open transaction is the one labelled ``mark`` (and COMMIT it, in the same
+        message): the code inside a block may have ended the block's transaction and begun another,
+        which must not commit in its place."""
+        check = check_mark_sql(mark)
         try:
-            await self._db.execute(commit_marked_sql(self._mark), prepare=False)
+            await self._db.execute(f"{check}; {self.dialect.commit_sql}" if commit else check, prepare=False)
         except psycopg.Error as exc:
             if exc.sqlstate == NOT_THE_MARKED_TRANSACTION:
                 raise TransactionAbortedError(_ANOTHER_TRANSACTION) from None
@@ -414,15 +416,20 @@ class PsycopgSession(Session):
     @asynccontextmanager
     async def transaction(self, *, begun_by_first_statement: bool = False) -> AsyncIterator[None]:
         await self._revive()
-        if begun_by_first_statement and self.autocommits():
-            async with self._begun_by_first_statement():
+        if self.autocommits():
+            async with self._own_transaction(begin_now=not begun_by_first_statement):
                 yield
             return
         await self._begin_now()
+        # Not in a transaction on a connection that is not in autocommit: psycopg's block begins one.
+        outermost = self.connection.info.transaction_status == TransactionStatus.IDLE
         since, finished, committed = time.monotonic(), False, False
         raised: BaseException | None = None
         try:
             async with self._db.transaction():
+                mark = uuid.uuid4().hex
+                if outermost:  # one round trip more (and one at the end): connections in autocommit save them
+                    await self._command(mark_block_sql(mark))
                 self._blocks += 1
                 try:
                     yield
@@ -432,6 +439,8 @@ class PsycopgSession(Session):
                 finally:
                     self._blocks -= 1
                 refuse_aborted(self)
+                if outermost:
+                    await self._check_mark(mark, commit=False)  # psycopg's COMMIT follows
                 finished = True  # not reached when the block raised (psycopg's Rollback included)
             committed = finished  # and not when the commit itself failed
         except psycopg.Error as exc:
@@ -443,27 +452,31 @@ class PsycopgSession(Session):
                 self.dialect.rolled_back(since)
 
     @asynccontextmanager
-    async def _begun_by_first_statement(self) -> AsyncIterator[None]:
-        """A transaction block whose BEGIN travels with its first statement (as :meth:`run` sends it):
-        two round trips for a native receive (BEGIN with the DELETE, then COMMIT) instead of three.
+    async def _own_transaction(self, *, begin_now: bool) -> AsyncIterator[None]:
+        """The outermost transaction block of a connection in autocommit. Its BEGIN goes out with a
+        label (:func:`~..dialects.postgres.mark_block_sql`) at once, or, unless ``begin_now``, with its
+        first statement (as :meth:`run` sends it): two round trips for a native receive (BEGIN with
+        the DELETE, then COMMIT with its check) instead of three.
 
         What psycopg's own transaction block does, it does too: the code inside cannot call the
         connection's ``commit()`` or ``rollback()`` (psycopg refuses them while a block is open),
         errors of its own statements reach the caller as they are, and ``raise psycopg.Rollback()``
         rolls it back quietly. And where psycopg would commit whatever transaction is open at the
-        end, this commits only the one it began (see :meth:`_commit_marked`).
+        end, this commits only the one it began (see :meth:`_check_mark`).
         """
         since, begun = time.monotonic(), False
         try:
             self._blocks += 1
             self._begin_pending = True
             try:
+                if begin_now:
+                    await self._begin_now()
                 yield
             finally:
                 begun = self._end_pending()
             if begun:
                 refuse_aborted(self)
-                await self._commit_marked()
+                await self._check_mark(self._mark, commit=True)
         except psycopg.Rollback as exc:
             await self._roll_back(begun, since)
             if exc.transaction is not None:  # aimed at a block of psycopg's own, further out
