@@ -272,8 +272,11 @@ class PsycopgSession(Session):
         self._blocks = 0
         #: A transaction block whose BEGIN waits for its first statement (see :meth:`transaction`).
         self._begin_pending = False
-        #: The label of the transaction such a block began (see :func:`~..dialects.postgres.mark_block_sql`).
+        #: The label of the transaction such a block began ("": none, see :func:`~..dialects.postgres.mark_block_sql`).
         self._mark = ""
+        #: An operation is running (:meth:`run`): its block runs no code but its own statements, so its
+        #: transaction needs no label -- nothing inside can end it and begin another.
+        self._running_op = False
 
     @property
     def blocking(self) -> bool:
@@ -350,7 +353,7 @@ class PsycopgSession(Session):
         """Send a block's pending BEGIN before anything else opens a transaction on the connection:
         a block or an operation started inside it, before its first statement, is then nested in it."""
         if self._send_pending_begin():
-            await self._command(f"{self.dialect.begin_sql}; {mark_block_sql(self._mark)}")
+            await self._command(self._begin_text())
 
     async def wait_for_notification(self, channels: list[str], timeout: float) -> list[str]:
         """LISTEN on first use of each channel, then wait for a NOTIFY; a burst already received is
@@ -374,11 +377,15 @@ class PsycopgSession(Session):
 
     async def run(self, op: Operation[T]) -> T:
         await self._revive()
-        return await super().run(op)
+        running, self._running_op = self._running_op, True
+        try:
+            return await super().run(op)
+        finally:
+            self._running_op = running
 
     async def _begin_with(self, step: Step) -> Any:
         """Send the pending BEGIN, labelled, with ``step`` when its parameters can be inlined."""
-        begin = f"{self.dialect.begin_sql}; {mark_block_sql(self._mark)}"
+        begin = self._begin_text()
         if not _fusable(step):
             await self._command(begin)
             return await self.execute(step)
@@ -388,9 +395,15 @@ class PsycopgSession(Session):
             async with self._db.cursor() as cursor:
                 # No parameters and never prepared (prepare_threshold=0 would try): one simple-protocol message.
                 await cursor.execute(f"{begin}; {text}", prepare=False)
-                cursor.nextset()
-                cursor.nextset()
+                for _ in range(begin.count(";") + 1):  # past BEGIN's result (and the label's)
+                    cursor.nextset()
                 return await fetch(cursor, step)
+
+    def _begin_text(self) -> str:
+        """BEGIN, with the block's label when it has one."""
+        if not self._mark:
+            return self.dialect.begin_sql
+        return f"{self.dialect.begin_sql}; {mark_block_sql(self._mark)}"
 
     async def _command(self, command: str, quietly: bool = False) -> None:
         """BEGIN, COMMIT or ROLLBACK (with what travels with them); ``quietly`` for a ROLLBACK on a
@@ -428,6 +441,7 @@ class PsycopgSession(Session):
         try:
             async with self._db.transaction():
                 mark = uuid.uuid4().hex
+                outermost = outermost and not self._running_op
                 if outermost:  # one round trip more (and one at the end): connections in autocommit save them
                     await self._command(mark_block_sql(mark))
                 self._blocks += 1
@@ -467,7 +481,7 @@ class PsycopgSession(Session):
         since, begun = time.monotonic(), False
         try:
             self._blocks += 1
-            self._begin_pending = True
+            self._begin_pending, self._mark = True, "" if self._running_op else uuid.uuid4().hex
             try:
                 if begin_now:
                     await self._begin_now()
@@ -476,7 +490,10 @@ class PsycopgSession(Session):
                 begun = self._end_pending()
             if begun:
                 refuse_aborted(self)
-                await self._check_mark(self._mark, commit=True)
+                if self._mark:
+                    await self._check_mark(self._mark, commit=True)
+                else:
+                    await self._command(self.dialect.commit_sql)
         except psycopg.Rollback as exc:
             await self._roll_back(begun, since)
             if exc.transaction is not None:  # aimed at a block of psycopg's own, further out
@@ -494,7 +511,7 @@ class PsycopgSession(Session):
         on the connection and nest blocks inside it as savepoints, as in its own transaction blocks."""
         if not self._begin_pending:
             return False
-        self._begin_pending, self._mark = False, uuid.uuid4().hex
+        self._begin_pending = False
         # psycopg's count of its open blocks (the version is locked; a test checks the guard holds).
         self.connection._num_transactions += 1  # noqa: SLF001
         return True
