@@ -288,3 +288,16 @@ def test_every_outermost_block_commits_only_the_transaction_it_began(
         if not autocommit:
             connection.commit()
         assert client.depth(queue) == 2
+
+
+def test_a_block_whose_code_resets_every_setting_is_rolled_back_and_says_why(pg_uri: str, queue: QueueAddress) -> None:
+    """RESET ALL also resets the label the block checks before it commits: the block cannot tell its
+    transaction from another, so it rolls back (never a commit of a transaction it did not begin)."""
+    from airflow_provider_sqlqueue.transport.errors import TransactionAbortedError
+
+    with QueueClient.connect(pg_uri) as client:
+        client.send(queue, Message("m"))
+        with pytest.raises(TransactionAbortedError, match="RESET ALL"), client.receive_native(queue) as message:  # noqa: PT012
+            assert message is not None
+            client.connection.execute("RESET ALL")
+        assert client.depth(queue) == 1

@@ -82,7 +82,9 @@ _BROKEN = {
 _ANOTHER_TRANSACTION = (
     "the code inside ended the transaction and began another (COMMIT or ROLLBACK, then BEGIN): what it did "
     "up to there, the receive included, was committed or rolled back with the first, and the transaction "
-    "open now, which is not the receive's, is rolled back; leave ending the transaction to the block"
+    "open now, which is not the receive's, is rolled back; leave ending the transaction to the block (or it "
+    "reset the setting sqlqueue.block that labels the block's transaction, with RESET ALL: then all of it "
+    "is rolled back)"
 )
 
 
