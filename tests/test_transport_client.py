@@ -136,3 +136,37 @@ async def test_a_closed_client_refuses_even_an_empty_send(pg_uri: str, queue: Qu
     await closed.close()
     with pytest.raises(ClientClosedError):
         await closed.send(queue, [])
+
+
+def test_close_from_another_thread_waits_for_an_open_native_block(pg_uri: str, queue: QueueAddress) -> None:
+    """Calls take turns on the client's connection, close() too: the block another thread has open
+    commits its receive, then the connection closes."""
+    client = QueueClient.connect(pg_uri)
+    client.send(queue, [Message("a"), Message("b")])
+    inside, closing = threading.Event(), threading.Event()
+    outcome: list[object] = []
+
+    def handle() -> None:
+        try:
+            with client.receive_native(queue) as message:
+                inside.set()
+                closing.wait(30)
+                outcome.append(message.text if message is not None else None)
+        except Exception as exc:  # reported to the test below
+            outcome.append(exc)
+
+    worker = threading.Thread(target=handle)
+    worker.start()
+    assert inside.wait(30)
+    closer = threading.Thread(target=client.close)
+    closer.start()
+    closer.join(0.5)
+    assert closer.is_alive()  # waiting for the block, however long it takes
+    closing.set()
+    worker.join(30)
+    closer.join(30)
+    assert outcome == ["a"]
+    with QueueClient.connect(pg_uri) as other:
+        assert other.depth(queue) == 1  # the block's receive committed before the close
+    with pytest.raises(ClientClosedError):
+        client.depth(queue)

@@ -290,14 +290,48 @@ def test_every_outermost_block_commits_only_the_transaction_it_began(
         assert client.depth(queue) == 2
 
 
-def test_a_block_whose_code_resets_every_setting_is_rolled_back_and_says_why(pg_uri: str, queue: QueueAddress) -> None:
-    """RESET ALL also resets the label the block checks before it commits: the block cannot tell its
-    transaction from another, so it rolls back (never a commit of a transaction it did not begin)."""
-    from airflow_provider_sqlqueue.transport.errors import TransactionAbortedError
-
+def test_a_block_whose_code_resets_every_setting_commits(pg_uri: str, queue: QueueAddress) -> None:
+    """The block knows its transaction by when it started, which no statement changes: RESET ALL inside
+    is no reason to roll back."""
     with QueueClient.connect(pg_uri) as client:
-        client.send(queue, Message("m"))
-        with pytest.raises(TransactionAbortedError, match="RESET ALL"), client.receive_native(queue) as message:  # noqa: PT012
+        client.send(queue, [Message("a"), Message("b")])
+        with client.receive_native(queue) as message:
             assert message is not None
             client.connection.execute("RESET ALL")
         assert client.depth(queue) == 1
+
+
+def test_a_statement_an_interrupted_call_left_running_is_cancelled(pg_uri: str, queue: QueueAddress, raw: Any) -> None:
+    """A receive interrupted while it waits for a lock (a task timeout) must not go on to take a message
+    for nobody once the lock is released: the statement is cancelled when the wait is interrupted."""
+    import signal
+    import time
+
+    import psycopg
+
+    class TimedOut(Exception):
+        pass
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise TimedOut
+
+    with QueueClient.connect(pg_uri) as client:
+        client.send(queue, [Message("a"), Message("b"), Message("c")])
+        with psycopg.connect(pg_uri) as blocker:
+            blocker.execute(f'LOCK TABLE "{queue.schema}"."orders" IN ACCESS EXCLUSIVE MODE')
+            previous = signal.signal(signal.SIGALRM, interrupt)
+            try:
+                signal.setitimer(signal.ITIMER_REAL, 0.5)
+                with pytest.raises(TimedOut):
+                    client.receive(queue, 1)
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, previous)
+            pid = client.connection.info.backend_pid
+            deadline = time.monotonic() + 60  # a bound on the wait, not a speed claim
+            while raw.execute("SELECT state FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone() == ("active",):
+                assert time.monotonic() < deadline, "the interrupted receive is still waiting for the lock"
+                time.sleep(0.05)
+            blocker.rollback()
+        got = client.receive(queue, 3)  # on a new connection: the interrupted one took none of them
+        assert sorted(m.text for m in got) == ["a", "b", "c"]

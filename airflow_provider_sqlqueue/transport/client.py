@@ -482,8 +482,11 @@ class AsyncQueueClient(Addressing):
         return self.session.connection
 
     async def close(self) -> None:
-        """Close the connection if the client opened it."""
-        await self.session.close()
+        """Close the connection if the client opened it: after the calls of other callers (threads, tasks)
+        that hold the connection, as every call takes its turn -- a native receive block another thread
+        has open commits first, rather than losing its connection under it."""
+        async with self._lock:
+            await self.session.close()
 
     async def __aenter__(self) -> AsyncQueueClient:
         return self

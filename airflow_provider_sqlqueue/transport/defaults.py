@@ -110,6 +110,9 @@ ADOPT_LIMIT = 100
 #: Seconds a PostgreSQL connection attempt may take before the database counts as unreachable
 #: (when the connection string does not set ``connect_timeout``).
 CONNECT_TIMEOUT_SECONDS = 10
+#: How long a blocking call that was interrupted (an exception from a signal handler) waits for the
+#: server to accept the cancel of the statement it left running.
+CANCEL_TIMEOUT_SECONDS = 5
 
 #: Longest holder or machine name accepted (claims show who holds them; a name is no place for data).
 MAX_LABEL = 255

@@ -96,31 +96,30 @@ _MISCONFIGURED_TEXT = (
 _CANONICAL = re.compile(r'^(?P<table>.+)@(?P<schema>"(?:[^"]|"")+")$', re.DOTALL)
 
 
-#: The setting a transaction block begun with its first statement carries (see :func:`mark_block_sql`).
-_BLOCK_MARK = "sqlqueue.block"
-_MARK = re.compile(r"[0-9a-f]{32}")
+#: The open transaction's start, in whole microseconds since the epoch: what identifies a block's
+#: transaction on its session (see :func:`check_started_sql`).
+_STARTED = "(extract(epoch FROM transaction_timestamp()) * 1000000)::bigint"
+
+#: No params -> one row: when the open transaction started (read with BEGIN, in the same message).
+TRANSACTION_STARTED_SQL = f"SELECT {_STARTED}"
 
 
-def mark_block_sql(mark: str) -> str:
-    """Label the transaction just begun with ``mark`` (32 hex digits, inlined: it travels with BEGIN
-    in one message without parameters). The label lasts until the transaction ends, so code inside
-    that ends it and begins another (``ROLLBACK; BEGIN``) leaves a transaction without it."""
-    if not _MARK.fullmatch(mark):
-        raise ValueError("a block mark is 32 hex digits")
-    return f"SELECT set_config('{_BLOCK_MARK}', '{mark}', true)"
+def check_started_sql(started: int) -> str:
+    """Fail (division by zero, SQLSTATE 22012) unless the open transaction is the one that started at
+    ``started`` (:data:`TRANSACTION_STARTED_SQL`). Sent with COMMIT in one message, a failure leaves
+    the COMMIT after it unrun and the transaction aborted, to be rolled back.
+
+    A transaction's start is the time of its first statement and no statement can change it
+    (``RESET ALL`` included); one the code inside a block begins after ending the block's own
+    (``ROLLBACK; BEGIN``) starts at least a round trip to the client later. Inlined (a whole
+    number): the check travels with COMMIT in a message without parameters."""
+    if isinstance(started, bool) or not isinstance(started, int):
+        raise TypeError("a transaction's start is a whole number of microseconds")
+    return f"SELECT 1 / ({_STARTED} = {started})::int"
 
 
-def check_mark_sql(mark: str) -> str:
-    """Fail (division by zero, SQLSTATE 22012) unless the open transaction is the one
-    :func:`mark_block_sql` labelled ``mark``. Sent with COMMIT in one message, a failure leaves the
-    COMMIT after it unrun and the transaction aborted, to be rolled back."""
-    if not _MARK.fullmatch(mark):
-        raise ValueError("a block mark is 32 hex digits")
-    return f"SELECT 1 / (coalesce(current_setting('{_BLOCK_MARK}', true), '') = '{mark}')::int"
-
-
-#: SQLSTATE of the failed check of :func:`check_mark_sql`.
-NOT_THE_MARKED_TRANSACTION = "22012"
+#: SQLSTATE of the failed check of :func:`check_started_sql`.
+NOT_THE_SAME_TRANSACTION = "22012"
 
 
 def quote_ident(name: str) -> str:

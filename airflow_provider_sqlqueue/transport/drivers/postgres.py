@@ -6,9 +6,8 @@ import asyncio
 import logging
 import re
 import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 from urllib.parse import unquote
 
@@ -19,7 +18,7 @@ from psycopg.types.string import TextLoader
 
 from .. import defaults
 from ..dialects import Dialect, get_dialect
-from ..dialects.postgres import NOT_THE_MARKED_TRANSACTION, check_mark_sql, mark_block_sql
+from ..dialects.postgres import NOT_THE_SAME_TRANSACTION, TRANSACTION_STARTED_SQL, check_started_sql
 from ..errors import (
     ArgumentTypeError,
     ClientClosedError,
@@ -82,9 +81,7 @@ _BROKEN = {
 _ANOTHER_TRANSACTION = (
     "the code inside ended the transaction and began another (COMMIT or ROLLBACK, then BEGIN): what it did "
     "up to there, the receive included, was committed or rolled back with the first, and the transaction "
-    "open now, which is not the receive's, is rolled back; leave ending the transaction to the block (or it "
-    "reset the setting sqlqueue.block that labels the block's transaction, with RESET ALL: then all of it "
-    "is rolled back)"
+    "open now, which is not the receive's, is rolled back; leave ending the transaction to the block"
 )
 
 
@@ -185,6 +182,25 @@ def _fusable(step: Step) -> bool:
     return size <= _FUSE_LIMIT
 
 
+@contextmanager
+def _cancelled_if_interrupted(connection: Any) -> Iterator[None]:
+    """Cancel the statement a blocking wait leaves running when something other than the database
+    interrupts it: an exception from a signal handler (a task timeout) ends the wait, not the
+    statement -- a receive waiting for a lock would go on to take its message for nobody. psycopg
+    does this itself for KeyboardInterrupt. The connection is then replaced by the next call."""
+    try:
+        yield
+    except psycopg.Error:
+        raise
+    except BaseException:
+        if not connection.closed and connection.info.transaction_status == TransactionStatus.ACTIVE:
+            try:
+                connection.cancel_safe(timeout=defaults.CANCEL_TIMEOUT_SECONDS)
+            except Exception as exc:  # noqa: BLE001  # the interruption is what the caller must see
+                log.warning("Could not cancel the statement an interrupted call left running: %s", exc)
+        raise
+
+
 class _BlockingCursor:
     """A blocking psycopg cursor behind the asyncio cursor's interface (see :class:`_Blocking`)."""
 
@@ -199,7 +215,8 @@ class _BlockingCursor:
         return self._cursor.nextset()  # type: ignore[no-any-return]
 
     async def execute(self, query: str, params: Any = None, *, prepare: bool | None = None) -> None:
-        self._cursor.execute(query, params, prepare=prepare)
+        with _cancelled_if_interrupted(self._cursor.connection):
+            self._cursor.execute(query, params, prepare=prepare)
 
     async def fetchall(self) -> list[Any]:
         return self._cursor.fetchall()  # type: ignore[no-any-return]
@@ -238,7 +255,8 @@ class _Blocking:
         self._connection = connection
 
     async def execute(self, query: str, *, prepare: bool | None = None) -> None:
-        self._connection.execute(query, prepare=prepare)
+        with _cancelled_if_interrupted(self._connection):
+            self._connection.execute(query, prepare=prepare)
 
     @asynccontextmanager
     async def cursor(self) -> AsyncIterator[_BlockingCursor]:
@@ -274,10 +292,11 @@ class PsycopgSession(Session):
         self._blocks = 0
         #: A transaction block whose BEGIN waits for its first statement (see :meth:`transaction`).
         self._begin_pending = False
-        #: The label of the transaction such a block began ("": none, see :func:`~..dialects.postgres.mark_block_sql`).
-        self._mark = ""
+        #: Whether that block checks, before it commits, that the transaction is still the one it began
+        #: (:func:`~..dialects.postgres.check_started_sql`), and when that one started.
+        self._checked, self._started = False, 0
         #: An operation is running (:meth:`run`): its block runs no code but its own statements, so its
-        #: transaction needs no label -- nothing inside can end it and begin another.
+        #: transaction needs no check -- nothing inside can end it and begin another.
         self._running_op = False
 
     @property
@@ -355,7 +374,7 @@ class PsycopgSession(Session):
         """Send a block's pending BEGIN before anything else opens a transaction on the connection:
         a block or an operation started inside it, before its first statement, is then nested in it."""
         if self._send_pending_begin():
-            await self._command(self._begin_text())
+            await self._begin_with(None)
 
     async def wait_for_notification(self, channels: list[str], timeout: float) -> list[str]:
         """LISTEN on first use of each channel, then wait for a NOTIFY; a burst already received is
@@ -385,27 +404,27 @@ class PsycopgSession(Session):
         finally:
             self._running_op = running
 
-    async def _begin_with(self, step: Step) -> Any:
-        """Send the pending BEGIN, labelled, with ``step`` when its parameters can be inlined."""
-        begin = self._begin_text()
-        if not _fusable(step):
-            await self._command(begin)
-            return await self.execute(step)
-        with translated(self.dialect, STATEMENT_ERRORS, step):
-            client_cursor = psycopg.ClientCursor if self.blocking else psycopg.AsyncClientCursor
-            text = client_cursor(self.connection).mogrify(step.sql, step.params)
+    async def _begin_with(self, step: Step | None) -> Any:
+        """Send the pending BEGIN -- with the query of its transaction's start when the block checks
+        it, and with ``step`` when its parameters can be inlined -- and return ``step``'s result."""
+        texts = [self.dialect.begin_sql]
+        if self._checked:
+            texts.append(TRANSACTION_STARTED_SQL)
+        fused = step if step is not None and _fusable(step) else None
+        with translated(self.dialect, STATEMENT_ERRORS, step or ANY_STEP):
+            if fused is not None:
+                client_cursor = psycopg.ClientCursor if self.blocking else psycopg.AsyncClientCursor
+                texts.append(client_cursor(self.connection).mogrify(fused.sql, fused.params))
             async with self._db.cursor() as cursor:
                 # No parameters and never prepared (prepare_threshold=0 would try): one simple-protocol message.
-                await cursor.execute(f"{begin}; {text}", prepare=False)
-                for _ in range(begin.count(";") + 1):  # past BEGIN's result (and the label's)
+                await cursor.execute("; ".join(texts), prepare=False)
+                if self._checked:
                     cursor.nextset()
-                return await fetch(cursor, step)
-
-    def _begin_text(self) -> str:
-        """BEGIN, with the block's label when it has one."""
-        if not self._mark:
-            return self.dialect.begin_sql
-        return f"{self.dialect.begin_sql}; {mark_block_sql(self._mark)}"
+                    self._started = int((await cursor.fetchone())[0])
+                if fused is not None:
+                    cursor.nextset()
+                    return await fetch(cursor, fused)
+        return None if step is None else await self.execute(step)
 
     async def _command(self, command: str, quietly: bool = False) -> None:
         """BEGIN, COMMIT or ROLLBACK (with what travels with them); ``quietly`` for a ROLLBACK on a
@@ -416,15 +435,22 @@ class PsycopgSession(Session):
             if not quietly:  # a broken connection's transaction is rolled back by the server anyway
                 raise_translated(self.dialect, exc, ANY_STEP)
 
-    async def _check_mark(self, mark: str, *, commit: bool) -> None:
-        """Check that the open transaction is the one labelled ``mark`` (and COMMIT it, in the same
-        message): the code inside a block may have ended the block's transaction and begun another,
-        which must not commit in its place."""
-        check = check_mark_sql(mark)
+    async def _transaction_started(self) -> int:
+        """When the open transaction started (see :meth:`_check_started`)."""
+        with translated(self.dialect, STATEMENT_ERRORS):
+            async with self._db.cursor() as cursor:
+                await cursor.execute(TRANSACTION_STARTED_SQL, prepare=False)
+                return int((await cursor.fetchone())[0])
+
+    async def _check_started(self, started: int, *, commit: bool) -> None:
+        """Check that the open transaction is the one that started at ``started`` (and COMMIT it, in
+        the same message): the code inside a block may have ended the block's transaction and begun
+        another, which must not commit in its place."""
+        check = check_started_sql(started)
         try:
             await self._db.execute(f"{check}; {self.dialect.commit_sql}" if commit else check, prepare=False)
         except psycopg.Error as exc:
-            if exc.sqlstate == NOT_THE_MARKED_TRANSACTION:
+            if exc.sqlstate == NOT_THE_SAME_TRANSACTION:
                 raise TransactionAbortedError(_ANOTHER_TRANSACTION) from None
             raise_translated(self.dialect, exc, ANY_STEP)
 
@@ -442,10 +468,9 @@ class PsycopgSession(Session):
         raised: BaseException | None = None
         try:
             async with self._db.transaction():
-                mark = uuid.uuid4().hex
-                outermost = outermost and not self._running_op
+                started, outermost = 0, outermost and not self._running_op
                 if outermost:  # one round trip more (and one at the end): connections in autocommit save them
-                    await self._command(mark_block_sql(mark))
+                    started = await self._transaction_started()
                 self._blocks += 1
                 try:
                     yield
@@ -456,7 +481,7 @@ class PsycopgSession(Session):
                     self._blocks -= 1
                 refuse_aborted(self)
                 if outermost:
-                    await self._check_mark(mark, commit=False)  # psycopg's COMMIT follows
+                    await self._check_started(started, commit=False)  # psycopg's COMMIT follows
                 finished = True  # not reached when the block raised (psycopg's Rollback included)
             committed = finished  # and not when the commit itself failed
         except psycopg.Error as exc:
@@ -469,21 +494,21 @@ class PsycopgSession(Session):
 
     @asynccontextmanager
     async def _own_transaction(self, *, begin_now: bool) -> AsyncIterator[None]:
-        """The outermost transaction block of a connection in autocommit. Its BEGIN goes out with a
-        label (:func:`~..dialects.postgres.mark_block_sql`) at once, or, unless ``begin_now``, with its
-        first statement (as :meth:`run` sends it): two round trips for a native receive (BEGIN with
-        the DELETE, then COMMIT with its check) instead of three.
+        """The outermost transaction block of a connection in autocommit. Its BEGIN goes out at once
+        with ``begin_now``, else with its first statement (as :meth:`run` sends it): two round trips
+        for a native receive (BEGIN with the DELETE, then COMMIT) instead of three.
 
         What psycopg's own transaction block does, it does too: the code inside cannot call the
         connection's ``commit()`` or ``rollback()`` (psycopg refuses them while a block is open),
         errors of its own statements reach the caller as they are, and ``raise psycopg.Rollback()``
         rolls it back quietly. And where psycopg would commit whatever transaction is open at the
-        end, this commits only the one it began (see :meth:`_check_mark`).
+        end, this commits only the one it began (see :meth:`_check_started`): its BEGIN reads when
+        its transaction started, and its COMMIT travels with a check of it.
         """
         since, begun = time.monotonic(), False
         try:
             self._blocks += 1
-            self._begin_pending, self._mark = True, "" if self._running_op else uuid.uuid4().hex
+            self._begin_pending, self._checked = True, not self._running_op
             try:
                 if begin_now:
                     await self._begin_now()
@@ -492,8 +517,8 @@ class PsycopgSession(Session):
                 begun = self._end_pending()
             if begun:
                 refuse_aborted(self)
-                if self._mark:
-                    await self._check_mark(self._mark, commit=True)
+                if self._checked:
+                    await self._check_started(self._started, commit=True)
                 else:
                     await self._command(self.dialect.commit_sql)
         except psycopg.Rollback as exc:
