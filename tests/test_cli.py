@@ -31,6 +31,16 @@ from airflow_provider_sqlqueue.transport.install import Installation
 from airflow_provider_sqlqueue.transport.message import FAILED_QUEUE, MESSAGE_ID
 
 SQLQUEUE = [sys.executable, "-m", "airflow_provider_sqlqueue.console"]
+#: The command as a terminal starts it, Ctrl-C acting on it: a process started in the background of a
+#: shell without job control (a CI runner's) inherits SIGINT ignored, and Python then keeps ignoring it.
+SQLQUEUE_IN_A_TERMINAL = [
+    sys.executable,
+    "-c",
+    (
+        "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "runpy.run_module('airflow_provider_sqlqueue.console', run_name='__main__')"
+    ),
+]
 
 
 def sqlqueue(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -504,7 +514,16 @@ def test_ctrl_c_ends_a_command_in_one_line_with_status_130(pg_uri, schema, queue
     holder = _locked(pg_uri, f'"{schema}"."error"')
     try:
         command = subprocess.Popen(
-            [*SQLQUEUE, "errors", "--error-queue", f'error@"{schema}"', "--lock-timeout", "60", "--conn", pg_uri],
+            [
+                *SQLQUEUE_IN_A_TERMINAL,
+                "errors",
+                "--error-queue",
+                f'error@"{schema}"',
+                "--lock-timeout",
+                "60",
+                "--conn",
+                pg_uri,
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

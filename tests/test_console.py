@@ -15,6 +15,7 @@ from airflow_provider_sqlqueue.console import INTERRUPTED
 INTERRUPTED_DURING_IMPORT = textwrap.dedent(
     """
     import os, signal, sys
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, even if started with it ignored
     from airflow_provider_sqlqueue.console import main
 
     class Interrupting:
