@@ -8,6 +8,7 @@ runtime role holding only the printed grants can do everything the transport doe
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -498,16 +499,23 @@ def test_lock_timeout_says_its_bound_truly_and_a_dash_dash_value_is_one_line(pg_
 
 
 def test_a_reader_that_closes_the_pipe_ends_the_command_quietly() -> None:
+    # The pipe is shrunk to one page, so the command cannot have written all its output before the reader goes,
+    # whatever size the system gives a pipe (else the command may finish first and rightly say nothing).
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)
     command = subprocess.Popen(
         [*SQLQUEUE, "ddl", *[f"q{n}" for n in range(300)], "--dialect", "postgres"],
-        stdout=subprocess.PIPE,
+        stdout=write_end,
         stderr=subprocess.PIPE,
         text=True,
     )
-    assert command.stdout is not None and command.stdout.readline().startswith("--")
-    command.stdout.close()  # as `| head -1` does
+    os.close(write_end)
+    with open(read_end, encoding="utf-8") as reader:
+        first = reader.readline()
+    # as `| head -1` does: the reader has gone with one line of the ~160 KB the command writes
+    assert first.startswith("--")
     _, err = command.communicate(timeout=120)
-    assert command.returncode == 141 and err == ""
+    assert (command.returncode, err) == (141, "")
 
 
 def test_ctrl_c_ends_a_command_in_one_line_with_status_130(pg_uri, schema, queue):
