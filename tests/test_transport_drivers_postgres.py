@@ -290,6 +290,46 @@ def test_every_outermost_block_commits_only_the_transaction_it_began(
         assert client.depth(queue) == 2
 
 
+@pytest.mark.parametrize("autocommit", [True, False])
+@pytest.mark.parametrize("block", ["receive_native", "transaction"])
+def test_a_block_whose_work_cannot_commit_says_so_and_not_that_it_began_another(
+    pg_uri: str, queue: QueueAddress, raw: Any, autocommit: bool, block: str
+) -> None:
+    """A deferred trigger of the caller's that fails at COMMIT -- its own SQLSTATE the same as any
+    check's could be -- is the work's failure to commit, not another transaction: the error says so,
+    and the receive and the work were rolled back."""
+    import psycopg
+
+    from airflow_provider_sqlqueue.transport.errors import TransactionAbortedError
+
+    work = f'"{queue.schema}".work'
+    raw.execute(f"CREATE TABLE {work} (body text)")
+    raw.execute(
+        f'CREATE FUNCTION "{queue.schema}".refuse() RETURNS trigger LANGUAGE plpgsql '
+        "AS $$ BEGIN PERFORM 1 / 0; RETURN NULL; END $$"
+    )
+    raw.execute(
+        f"CREATE CONSTRAINT TRIGGER refuse AFTER INSERT ON {work} DEFERRABLE INITIALLY DEFERRED "
+        f'FOR EACH ROW EXECUTE FUNCTION "{queue.schema}".refuse()'
+    )
+    with psycopg.connect(pg_uri, autocommit=autocommit) as connection:
+        client = QueueClient.connect(connection)
+        client.send(queue, Message("m"))
+        if not autocommit:
+            connection.commit()
+        opened = client.receive_native(queue) if block == "receive_native" else client.transaction()
+        with pytest.raises(TransactionAbortedError, match="could not commit") as refused, opened:  # noqa: PT012
+            client.send(queue, Message("sent in the block"))
+            connection.execute(f"INSERT INTO {work} VALUES (%s)", ["refused at COMMIT"])
+        assert "division by zero" in str(refused.value) and "began another" not in str(refused.value)
+        assert isinstance(refused.value.__cause__, psycopg.errors.DivisionByZero)
+        assert connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        assert raw.execute(f"SELECT count(*) FROM {work}").fetchone()[0] == 0
+        assert client.depth(queue) == 1  # the receive, or the send, rolled back with the work
+        if not autocommit:
+            connection.commit()
+
+
 def test_a_block_whose_code_resets_every_setting_commits(pg_uri: str, queue: QueueAddress) -> None:
     """The block knows its transaction by when it started, which no statement changes: RESET ALL inside
     is no reason to roll back."""

@@ -105,21 +105,28 @@ TRANSACTION_STARTED_SQL = f"SELECT {_STARTED}"
 
 
 def check_started_sql(started: int) -> str:
-    """Fail (division by zero, SQLSTATE 22012) unless the open transaction is the one that started at
-    ``started`` (:data:`TRANSACTION_STARTED_SQL`). Sent with COMMIT in one message, a failure leaves
-    the COMMIT after it unrun and the transaction aborted, to be rolled back.
+    """Fail unless the open transaction is the one that started at ``started``
+    (:data:`TRANSACTION_STARTED_SQL`), with :data:`NOT_THE_SAME_TRANSACTION` in the error's text (no
+    error of the caller's own work, such as a deferred trigger's at COMMIT, carries it). Sent with
+    COMMIT in one message, a failure leaves the COMMIT after it unrun and the transaction aborted, to
+    be rolled back.
 
     A transaction's start is the time of its first statement and no statement can change it
     (``RESET ALL`` included); one the code inside a block begins after ending the block's own
     (``ROLLBACK; BEGIN``) starts at least a round trip to the client later. Inlined (a whole
-    number): the check travels with COMMIT in a message without parameters."""
+    number): the check travels with COMMIT in a message without parameters. The failing branch is
+    not a constant, so the planner cannot fold it into an error of every check."""
     if isinstance(started, bool) or not isinstance(started, int):
         raise TypeError("a transaction's start is a whole number of microseconds")
-    return f"SELECT 1 / ({_STARTED} = {started})::int"
+    return (
+        f"SELECT CASE WHEN {_STARTED} = {started} THEN 1 "
+        f"ELSE ('{NOT_THE_SAME_TRANSACTION}, started at ' || {_STARTED})::int END"
+    )
 
 
-#: SQLSTATE of the failed check of :func:`check_started_sql`.
-NOT_THE_SAME_TRANSACTION = "22012"
+#: In the text of the error of a failed check of :func:`check_started_sql` (SQLSTATE 22P02, as the
+#: integer it could not read).
+NOT_THE_SAME_TRANSACTION = "sqlqueue: the open transaction is not the one the block began"
 
 
 def quote_ident(name: str) -> str:

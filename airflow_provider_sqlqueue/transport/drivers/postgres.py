@@ -8,7 +8,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import unquote
 
 import psycopg
@@ -80,8 +80,8 @@ _BROKEN = {
 #: Why a block begun with its first statement cannot commit: the transaction open at its end is another.
 _ANOTHER_TRANSACTION = (
     "the code inside ended the transaction and began another (COMMIT or ROLLBACK, then BEGIN): what it did "
-    "up to there, the receive included, was committed or rolled back with the first, and the transaction "
-    "open now, which is not the receive's, is rolled back; leave ending the transaction to the block"
+    "up to there (a receive included) was committed or rolled back with the first, and the transaction "
+    "open now, which is not the block's, is rolled back; leave ending the transaction to the block"
 )
 
 
@@ -436,23 +436,36 @@ class PsycopgSession(Session):
                 raise_translated(self.dialect, exc, ANY_STEP)
 
     async def _transaction_started(self) -> int:
-        """When the open transaction started (see :meth:`_check_started`)."""
+        """When the open transaction started (see :meth:`_commit_checked`)."""
         with translated(self.dialect, STATEMENT_ERRORS):
             async with self._db.cursor() as cursor:
                 await cursor.execute(TRANSACTION_STARTED_SQL, prepare=False)
                 return int((await cursor.fetchone())[0])
 
-    async def _check_started(self, started: int, *, commit: bool) -> None:
-        """Check that the open transaction is the one that started at ``started`` (and COMMIT it, in
-        the same message): the code inside a block may have ended the block's transaction and begun
-        another, which must not commit in its place."""
+    async def _commit_checked(self, started: int, *, commit: bool) -> None:
+        """Commit only the transaction that started at ``started``: the check of
+        :func:`check_started_sql` with COMMIT, in one message (without ``commit``, the check alone:
+        psycopg's COMMIT follows). The code inside a block may have ended the block's transaction
+        and begun another, which must not commit in its place."""
         check = check_started_sql(started)
         try:
             await self._db.execute(f"{check}; {self.dialect.commit_sql}" if commit else check, prepare=False)
         except psycopg.Error as exc:
-            if exc.sqlstate == NOT_THE_SAME_TRANSACTION:
-                raise TransactionAbortedError(_ANOTHER_TRANSACTION) from None
-            raise_translated(self.dialect, exc, ANY_STEP)
+            self._commit_failed(exc)
+
+    def _commit_failed(self, exc: psycopg.Error) -> NoReturn:
+        """Raise what a failed commit of a block that ran the caller's code means. The block's check
+        failed: another transaction was open. The connection failed: unavailable, as anywhere. Else the
+        work itself could not commit (a deferred constraint or trigger, a serialization failure), which
+        the caller's code caused: the block's transaction was rolled back, with everything done in it."""
+        if NOT_THE_SAME_TRANSACTION in (exc.diag.message_primary or ""):
+            raise TransactionAbortedError(_ANOTHER_TRANSACTION) from None
+        error = self.dialect.translate_error(exc, ANY_STEP.target)
+        if isinstance(error, (TransportUnavailableError, TransportMisconfiguredError)):
+            raise error from exc
+        raise TransactionAbortedError(
+            f"the transaction could not commit and was rolled back, with everything done in it: {str(exc).strip()}"
+        ) from exc
 
     @asynccontextmanager
     async def transaction(self, *, begun_by_first_statement: bool = False) -> AsyncIterator[None]:
@@ -462,14 +475,15 @@ class PsycopgSession(Session):
                 yield
             return
         await self._begin_now()
-        # Not in a transaction on a connection that is not in autocommit: psycopg's block begins one.
-        outermost = self.connection.info.transaction_status == TransactionStatus.IDLE
+        # Not in a transaction on a connection that is not in autocommit: psycopg's block begins one,
+        # which runs the caller's code unless an operation opens it.
+        checked = self.connection.info.transaction_status == TransactionStatus.IDLE and not self._running_op
         since, finished, committed = time.monotonic(), False, False
         raised: BaseException | None = None
         try:
             async with self._db.transaction():
-                started, outermost = 0, outermost and not self._running_op
-                if outermost:  # one round trip more (and one at the end): connections in autocommit save them
+                started = 0
+                if checked:  # one round trip more (and one at the end): connections in autocommit save them
                     started = await self._transaction_started()
                 self._blocks += 1
                 try:
@@ -480,13 +494,15 @@ class PsycopgSession(Session):
                 finally:
                     self._blocks -= 1
                 refuse_aborted(self)
-                if outermost:
-                    await self._check_started(started, commit=False)  # psycopg's COMMIT follows
+                if checked:
+                    await self._commit_checked(started, commit=False)  # psycopg's COMMIT follows
                 finished = True  # not reached when the block raised (psycopg's Rollback included)
             committed = finished  # and not when the commit itself failed
         except psycopg.Error as exc:
             if exc is raised:  # the code inside ran a statement of its own: its error is its own
                 raise
+            if finished and checked:  # psycopg's COMMIT of the caller's work
+                self._commit_failed(exc)
             raise_translated(self.dialect, exc, ANY_STEP)  # BEGIN, SAVEPOINT, COMMIT, ROLLBACK
         finally:
             if not committed:
@@ -502,7 +518,7 @@ class PsycopgSession(Session):
         connection's ``commit()`` or ``rollback()`` (psycopg refuses them while a block is open),
         errors of its own statements reach the caller as they are, and ``raise psycopg.Rollback()``
         rolls it back quietly. And where psycopg would commit whatever transaction is open at the
-        end, this commits only the one it began (see :meth:`_check_started`): its BEGIN reads when
+        end, this commits only the one it began (see :meth:`_commit_checked`): its BEGIN reads when
         its transaction started, and its COMMIT travels with a check of it.
         """
         since, begun = time.monotonic(), False
@@ -518,7 +534,7 @@ class PsycopgSession(Session):
             if begun:
                 refuse_aborted(self)
                 if self._checked:
-                    await self._check_started(self._started, commit=True)
+                    await self._commit_checked(self._started, commit=True)
                 else:
                     await self._command(self.dialect.commit_sql)
         except psycopg.Rollback as exc:
