@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -14,6 +17,27 @@ from airflow_provider_sqlqueue.transport.errors import (
     TransportMisconfiguredError,
     TransportUnavailableError,
 )
+
+
+class TimedOut(Exception):
+    """What :func:`interrupted_after` raises from its signal handler, as a task timeout does."""
+
+
+@contextmanager
+def interrupted_after(seconds: float) -> Iterator[None]:
+    """Raise :class:`TimedOut` from a SIGALRM handler ``seconds`` into the block (expected inside it)."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise TimedOut
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        with pytest.raises(TimedOut):
+            yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def test_connections_autocommit_and_bound_their_connect_wait(pg_uri: str) -> None:
@@ -204,28 +228,14 @@ def test_an_owned_connection_left_mid_command_by_an_interrupted_call_is_opened_a
     """An exception from a signal handler (a task timeout) can leave the connection waiting for a
     result nobody reads; the next call opens a new connection instead of failing for ever, and the
     old session's transaction (holding the received row) goes with it."""
-    import signal
-
-    class TimedOut(Exception):
-        pass
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise TimedOut
+    import psycopg
 
     with QueueClient.connect(pg_uri) as client:
         client.send(queue, [Message("a"), Message("b")])
-        import psycopg
-
         with psycopg.connect(pg_uri) as blocker:
             blocker.execute(f'LOCK TABLE "{queue.schema}"."orders" IN ACCESS EXCLUSIVE MODE')
-            previous = signal.signal(signal.SIGALRM, interrupt)
-            try:
-                signal.setitimer(signal.ITIMER_REAL, 0.5)
-                with pytest.raises(TimedOut), client.receive_native(queue):
-                    pass
-            finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-                signal.signal(signal.SIGALRM, previous)
+            with interrupted_after(0.5), client.receive_native(queue):
+                pass
             # Left waiting for the receive's result: every command on it would fail from here on.
             assert client.connection.info.transaction_status == psycopg.pq.TransactionStatus.ACTIVE
             stuck = client.connection.info.backend_pid
@@ -344,29 +354,16 @@ def test_a_block_whose_code_resets_every_setting_commits(pg_uri: str, queue: Que
 def test_a_statement_an_interrupted_call_left_running_is_cancelled(pg_uri: str, queue: QueueAddress, raw: Any) -> None:
     """A receive interrupted while it waits for a lock (a task timeout) must not go on to take a message
     for nobody once the lock is released: the statement is cancelled when the wait is interrupted."""
-    import signal
     import time
 
     import psycopg
-
-    class TimedOut(Exception):
-        pass
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise TimedOut
 
     with QueueClient.connect(pg_uri) as client:
         client.send(queue, [Message("a"), Message("b"), Message("c")])
         with psycopg.connect(pg_uri) as blocker:
             blocker.execute(f'LOCK TABLE "{queue.schema}"."orders" IN ACCESS EXCLUSIVE MODE')
-            previous = signal.signal(signal.SIGALRM, interrupt)
-            try:
-                signal.setitimer(signal.ITIMER_REAL, 0.5)
-                with pytest.raises(TimedOut):
-                    client.receive(queue, 1)
-            finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-                signal.signal(signal.SIGALRM, previous)
+            with interrupted_after(0.5):
+                client.receive(queue, 1)
             pid = client.connection.info.backend_pid
             deadline = time.monotonic() + 60  # a bound on the wait, not a speed claim
             while raw.execute("SELECT state FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone() == ("active",):
