@@ -279,6 +279,55 @@ async def test_a_native_handler_that_ends_the_receive_and_begins_another_fails_i
     assert all(n <= 3 for n in calls.values()), calls  # a batch's, then each alone: not again and again
 
 
+@pytest.mark.parametrize("batch", [False, True], ids=["handler", "batch_handler"])
+async def test_a_cancelled_native_pump_rolls_back_every_receive_in_flight_before_it_returns(
+    pool, client, queue, schema, batch
+):
+    """Cancelling the pump's task (a service shutting down, a trigger cancelled) cancels the handlers
+    in flight, also while the pump waits for a free slot, and their receives roll back before the
+    task ends: none is left holding its message in an open transaction."""
+    client.send(queue, [Message(str(n)) for n in range(5)])
+    entered, cancelled = 0, 0
+
+    async def wait_for_ever() -> None:
+        nonlocal entered, cancelled
+        entered += 1
+        try:
+            await asyncio.sleep(600)
+        except asyncio.CancelledError:
+            cancelled += 1
+            raise
+
+    async def handler(message, connection):
+        await wait_for_ever()
+
+    async def batch_handler(messages, connection):
+        await wait_for_ever()
+
+    pump = MessagePump(
+        pool,
+        queue,
+        None if batch else handler,
+        batch_handler=batch_handler if batch else None,
+        transaction_mode="native",
+        error_queue=QueueAddress("error", schema),
+        max_concurrency=2,
+        receive_batch_size=2 if batch else 1,
+        peek_interval=0.05,
+    )
+    task = asyncio.create_task(pump.run())
+    deadline = asyncio.get_running_loop().time() + 60  # a bound on the wait, not a speed claim
+    while entered < (1 if batch else 2):
+        assert asyncio.get_running_loop().time() < deadline and not task.done()
+        await asyncio.sleep(0.02)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert cancelled == entered
+    got = client.receive(queue, 5)  # none is still locked by a receive left open
+    assert sorted(m.text for m in got) == [str(n) for n in range(5)]
+
+
 async def test_claim_pump_redelivers_failures_then_dead_letters(pool, client, queue, raw, schema):
     client.send(queue, [Message("flaky"), Message("broken")])
     calls: Counter[str] = Counter()

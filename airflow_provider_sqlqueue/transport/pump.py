@@ -703,8 +703,7 @@ class MessagePump:
         """Run up to ``budget`` native receives, at most ``max_concurrency`` at once; stop at the first empty one."""
         slots = asyncio.Semaphore(self.max_concurrency)
         exhausted = asyncio.Event()
-        tasks: set[asyncio.Task[bool]] = set()
-        received = 0
+        tasks: list[asyncio.Task[bool]] = []
 
         async def one() -> bool:
             try:
@@ -720,15 +719,16 @@ class MessagePump:
                 exhausted.set()
             return got
 
-        for _ in range(budget):
-            await slots.acquire()
-            if exhausted.is_set() or self._stop.is_set():
-                slots.release()
-                break
-            tasks.add(asyncio.create_task(one()))
-        for result in await asyncio.gather(*tasks):
-            received += int(result)
-        return received
+        # A group: when the pump's task is cancelled (while it waits for a slot, too), so is every
+        # receive in flight, and each rolls back and gives its connection back before run() returns.
+        async with asyncio.TaskGroup() as group:
+            for _ in range(budget):
+                await slots.acquire()
+                if exhausted.is_set() or self._stop.is_set():
+                    slots.release()
+                    break
+                tasks.append(group.create_task(one()))
+        return sum(task.result() for task in tasks)
 
     async def _receive_native_batch(self, wanted: int, batch_handler: BatchHandler) -> int:
         """Receive up to ``wanted`` messages and run ``batch_handler`` on them in one transaction.
