@@ -269,45 +269,18 @@ def test_a_block_nested_in_the_callers_transaction_whose_code_ends_that_transact
 
 @pytest.mark.parametrize("autocommit", [True, False])
 @pytest.mark.parametrize("block", ["receive_native", "transaction"])
-def test_every_outermost_block_commits_only_the_transaction_it_began(
-    pg_uri: str, queue: QueueAddress, raw: Any, autocommit: bool, block: str
+@pytest.mark.parametrize(
+    ("wrong", "said"),
+    [("ROLLBACK; BEGIN", "began another"), ("", "could not commit")],
+    ids=["code-begins-another", "work-fails-at-commit"],
+)
+def test_every_outermost_block_commits_only_its_own_transaction_and_says_why_not(
+    pg_uri: str, queue: QueueAddress, raw: Any, autocommit: bool, block: str, wrong: str, said: str
 ) -> None:
     """A block the library begins -- on a connection in autocommit or not, a native receive or a
-    caller's transaction() -- refuses to commit a transaction the code inside began in its place."""
-    import psycopg
-
-    from airflow_provider_sqlqueue.transport.errors import TransactionAbortedError
-
-    raw.execute(f'CREATE TABLE "{queue.schema}".work (body text)')
-    with psycopg.connect(pg_uri, autocommit=autocommit) as connection:
-        client = QueueClient.connect(connection)
-        client.send(queue, Message("m"))
-        if not autocommit:
-            connection.commit()
-        opened = client.receive_native(queue) if block == "receive_native" else client.transaction()
-        with pytest.raises(TransactionAbortedError, match="began another"), opened:  # noqa: PT012
-            client.send(queue, Message("sent in the block"))
-            connection.execute("ROLLBACK; BEGIN")
-            connection.execute(f'INSERT INTO "{queue.schema}".work VALUES (%s)', ["after"])
-        if not autocommit:
-            connection.rollback()
-        assert raw.execute(f'SELECT count(*) FROM "{queue.schema}".work').fetchone()[0] == 0
-        assert client.depth(queue) == 1  # the receive, or the send, rolled back with the first transaction
-        with client.transaction():  # and the next block commits as usual
-            client.send(queue, Message("next"))
-        if not autocommit:
-            connection.commit()
-        assert client.depth(queue) == 2
-
-
-@pytest.mark.parametrize("autocommit", [True, False])
-@pytest.mark.parametrize("block", ["receive_native", "transaction"])
-def test_a_block_whose_work_cannot_commit_says_so_and_not_that_it_began_another(
-    pg_uri: str, queue: QueueAddress, raw: Any, autocommit: bool, block: str
-) -> None:
-    """A deferred trigger of the caller's that fails at COMMIT -- its own SQLSTATE the same as any
-    check's could be -- is the work's failure to commit, not another transaction: the error says so,
-    and the receive and the work were rolled back."""
+    caller's transaction() -- refuses to commit a transaction the code inside began in its place.
+    A deferred trigger of the caller's that fails at COMMIT is the work's failure, not another
+    transaction: the error says which, and the receive (or send) is rolled back with the work."""
     import psycopg
 
     from airflow_provider_sqlqueue.transport.errors import TransactionAbortedError
@@ -316,7 +289,7 @@ def test_a_block_whose_work_cannot_commit_says_so_and_not_that_it_began_another(
     raw.execute(f"CREATE TABLE {work} (body text)")
     raw.execute(
         f'CREATE FUNCTION "{queue.schema}".refuse() RETURNS trigger LANGUAGE plpgsql '
-        "AS $$ BEGIN PERFORM 1 / 0; RETURN NULL; END $$"
+        "AS $$ BEGIN IF NEW.body = 'refused' THEN PERFORM 1 / 0; END IF; RETURN NULL; END $$"
     )
     raw.execute(
         f"CREATE CONSTRAINT TRIGGER refuse AFTER INSERT ON {work} DEFERRABLE INITIALLY DEFERRED "
@@ -328,16 +301,23 @@ def test_a_block_whose_work_cannot_commit_says_so_and_not_that_it_began_another(
         if not autocommit:
             connection.commit()
         opened = client.receive_native(queue) if block == "receive_native" else client.transaction()
-        with pytest.raises(TransactionAbortedError, match="could not commit") as refused, opened:  # noqa: PT012
+        with pytest.raises(TransactionAbortedError, match=said) as refused, opened:  # noqa: PT012
             client.send(queue, Message("sent in the block"))
-            connection.execute(f"INSERT INTO {work} VALUES (%s)", ["refused at COMMIT"])
-        assert "division by zero" in str(refused.value) and "began another" not in str(refused.value)
-        assert isinstance(refused.value.__cause__, psycopg.errors.DivisionByZero)
-        assert connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            if wrong:
+                connection.execute(wrong)
+            connection.execute(f"INSERT INTO {work} VALUES (%s)", ["after" if wrong else "refused"])
+        if not wrong:
+            assert "division by zero" in str(refused.value)
+            assert isinstance(refused.value.__cause__, psycopg.errors.DivisionByZero)
+        if not autocommit:
+            connection.rollback()
         assert raw.execute(f"SELECT count(*) FROM {work}").fetchone()[0] == 0
-        assert client.depth(queue) == 1  # the receive, or the send, rolled back with the work
+        assert client.depth(queue) == 1  # the receive, or the send, rolled back
+        with client.transaction():  # and the next block commits as usual
+            client.send(queue, Message("next"))
         if not autocommit:
             connection.commit()
+        assert client.depth(queue) == 2
 
 
 def test_a_block_whose_code_resets_every_setting_commits(pg_uri: str, queue: QueueAddress) -> None:
