@@ -21,6 +21,7 @@ from airflow_provider_sqlqueue.transport import (
     QueueAddress,
     QueueClient,
     SqlQueueError,
+    TransactionAbortedError,
     TransportMisconfiguredError,
     TransportUnavailableError,
     defaults,
@@ -151,6 +152,17 @@ def test_unknown_role_or_database_is_a_configuration_error_not_retry_later(pg_ur
     with pytest.raises(TransportMisconfiguredError, match="retrying will not help") as caught:
         QueueClient.connect(uri)
     assert not isinstance(caught.value, TransportUnavailableError)
+
+
+@pytest.mark.postgres_only
+def test_a_role_that_may_not_log_in_is_a_configuration_error_not_retry_later(pg_uri, raw):
+    role = f"nologin_{uuid.uuid4().hex[:8]}"
+    raw.execute(f'CREATE ROLE "{role}" NOLOGIN')
+    try:
+        with pytest.raises(TransportMisconfiguredError, match="retrying will not help"):
+            QueueClient.connect(make_conninfo(pg_uri, user=role))
+    finally:
+        raw.execute(f'DROP ROLE "{role}"')
 
 
 @pytest.mark.parametrize(
@@ -308,7 +320,7 @@ def test_a_native_handler_outliving_the_idle_transaction_timeout_gets_a_clear_er
     with QueueClient.connect(uri) as client:
         client.send(queue, Message("slow work"))
         with (
-            pytest.raises(TransportUnavailableError, match="idle_in_transaction_session_timeout"),
+            pytest.raises(TransactionAbortedError, match="idle_in_transaction_session_timeout"),
             client.receive_native(queue) as message,
         ):
             time.sleep(0.6)  # the handler takes longer than the server allows an idle transaction

@@ -271,16 +271,23 @@ def test_a_block_nested_in_the_callers_transaction_whose_code_ends_that_transact
 @pytest.mark.parametrize("block", ["receive_native", "transaction"])
 @pytest.mark.parametrize(
     ("wrong", "said"),
-    [("ROLLBACK; BEGIN", "began another"), ("", "could not commit")],
-    ids=["code-begins-another", "work-fails-at-commit"],
+    [
+        ("ROLLBACK; BEGIN", "began another"),
+        ("22012", "could not commit"),  # division by zero: the SQLSTATE a check could fail with
+        ("40001", "could not commit"),  # serialization failure: a conflict lost, not an outage
+        ("40P01", "could not commit"),  # deadlock
+        ("55P03", "could not commit"),  # lock timeout, naming no table of the library's
+    ],
+    ids=["code-begins-another", "division-by-zero", "serialization", "deadlock", "lock-timeout"],
 )
 def test_every_outermost_block_commits_only_its_own_transaction_and_says_why_not(
     pg_uri: str, queue: QueueAddress, raw: Any, autocommit: bool, block: str, wrong: str, said: str
 ) -> None:
     """A block the library begins -- on a connection in autocommit or not, a native receive or a
     caller's transaction() -- refuses to commit a transaction the code inside began in its place.
-    A deferred trigger of the caller's that fails at COMMIT is the work's failure, not another
-    transaction: the error says which, and the receive (or send) is rolled back with the work."""
+    A deferred trigger of the caller's that fails at COMMIT is the work's failure, neither another
+    transaction nor an outage: the error says which, and the receive (or send) is rolled back with
+    the work."""
     import psycopg
 
     from airflow_provider_sqlqueue.transport.errors import TransactionAbortedError
@@ -288,8 +295,9 @@ def test_every_outermost_block_commits_only_its_own_transaction_and_says_why_not
     work = f'"{queue.schema}".work'
     raw.execute(f"CREATE TABLE {work} (body text)")
     raw.execute(
-        f'CREATE FUNCTION "{queue.schema}".refuse() RETURNS trigger LANGUAGE plpgsql '
-        "AS $$ BEGIN IF NEW.body = 'refused' THEN PERFORM 1 / 0; END IF; RETURN NULL; END $$"
+        f'CREATE FUNCTION "{queue.schema}".refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN '
+        "IF NEW.body <> 'after' THEN RAISE EXCEPTION 'refused at COMMIT' USING ERRCODE = NEW.body; END IF; "
+        "RETURN NULL; END $$"
     )
     raw.execute(
         f"CREATE CONSTRAINT TRIGGER refuse AFTER INSERT ON {work} DEFERRABLE INITIALLY DEFERRED "
@@ -301,14 +309,15 @@ def test_every_outermost_block_commits_only_its_own_transaction_and_says_why_not
         if not autocommit:
             connection.commit()
         opened = client.receive_native(queue) if block == "receive_native" else client.transaction()
+        begins_another = " " in wrong
         with pytest.raises(TransactionAbortedError, match=said) as refused, opened:  # noqa: PT012
             client.send(queue, Message("sent in the block"))
-            if wrong:
+            if begins_another:
                 connection.execute(wrong)
-            connection.execute(f"INSERT INTO {work} VALUES (%s)", ["after" if wrong else "refused"])
-        if not wrong:
-            assert "division by zero" in str(refused.value)
-            assert isinstance(refused.value.__cause__, psycopg.errors.DivisionByZero)
+            connection.execute(f"INSERT INTO {work} VALUES (%s)", ["after" if begins_another else wrong])
+        if not begins_another:
+            assert "refused at COMMIT" in str(refused.value)
+            assert isinstance(refused.value.__cause__, psycopg.Error) and refused.value.__cause__.sqlstate == wrong
         if not autocommit:
             connection.rollback()
         assert raw.execute(f"SELECT count(*) FROM {work}").fetchone()[0] == 0

@@ -29,9 +29,11 @@ if TYPE_CHECKING:  # the same names, for type checkers (re-exported)
     from .errors import LeaseLostError as LeaseLostError
     from .errors import LockTimeoutError as LockTimeoutError
     from .errors import NotAQueueError as NotAQueueError
+    from .errors import ObjectExistsError as ObjectExistsError
     from .errors import PermissionDeniedError as PermissionDeniedError
     from .errors import QueueNotFoundError as QueueNotFoundError
     from .errors import SqlQueueError as SqlQueueError
+    from .errors import StatementRejectedError as StatementRejectedError
     from .errors import TransactionAbortedError as TransactionAbortedError
     from .errors import TransportMisconfiguredError as TransportMisconfiguredError
     from .errors import TransportUnavailableError as TransportUnavailableError
@@ -56,9 +58,11 @@ _HOMES = {
     "LeaseLostError": ".errors",
     "LockTimeoutError": ".errors",
     "NotAQueueError": ".errors",
+    "ObjectExistsError": ".errors",
     "PermissionDeniedError": ".errors",
     "QueueNotFoundError": ".errors",
     "SqlQueueError": ".errors",
+    "StatementRejectedError": ".errors",
     "TransactionAbortedError": ".errors",
     "TransportMisconfiguredError": ".errors",
     "ClientClosedError": ".errors",

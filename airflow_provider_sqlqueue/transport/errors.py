@@ -90,11 +90,13 @@ class StatementRejectedError(SqlQueueError):
 
 
 class TransactionAbortedError(StatementRejectedError):
-    """A statement inside a transaction failed and the code around it went on: the database has
-    rolled the transaction back, so what it did is undone. Also raised when the code inside ended the
-    transaction itself (COMMIT or ROLLBACK on the connection), so that the receive and its work did
-    not commit together. In native mode this is a failed delivery
-    (counted, backed off, moved to the error queue after ``max_deliveries``), never a success."""
+    """A block's transaction did not commit, and what was done in it is undone: a statement inside
+    failed and the code around it went on; the code inside ended the transaction itself (COMMIT or
+    ROLLBACK on the connection), so that the receive and its work did not commit together; or the
+    work could not commit (a deferred constraint or trigger, a serialization failure, a session the
+    server ended for idling in the transaction). In native mode this is a failed delivery (counted,
+    moved to the error queue after ``max_deliveries``), never a success, and not an outage: the
+    pump does not back off for it."""
 
 
 class ObjectExistsError(StatementRejectedError):

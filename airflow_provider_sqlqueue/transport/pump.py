@@ -782,9 +782,12 @@ class MessagePump:
         except SETUP_ERRORS:
             raise
         except Exception as exc:  # the handler had the batch, yet its transaction did not commit
-            if handled:
-                self._not_committed(batch, exc)
-            raise
+            if not handled:
+                raise
+            self._not_committed(batch, exc)
+            if not isinstance(exc, TransactionAbortedError):  # the database failed: the loop backs off
+                raise
+            return len(received)  # the handler's work could not commit: a failed delivery, not an outage
         self._reporter.count("moved_to_error", self.queue, moved)
         if self._isolating:
             self._isolating -= 1
@@ -917,10 +920,13 @@ class MessagePump:
             raise
         except Exception as exc:  # the handler had the message, yet its transaction did not commit
             moved = 0
-            if message is not None and handled:
-                self.handled -= 1
-                self._not_committed([message], exc)
-            raise
+            if message is None or not handled:
+                raise
+            self.handled -= 1
+            self._not_committed([message], exc)
+            if not isinstance(exc, TransactionAbortedError):  # the database failed: the loop backs off
+                raise
+            return True  # the handler's work could not commit: a failed delivery, not an outage
         finally:  # also after a return inside the transaction, once it committed
             self._reporter.count("moved_to_error", self.queue, moved)
         if message is not None:

@@ -68,6 +68,7 @@ _MISCONFIGURED = {
 #: "unavailable" (retried), as before.
 _MISCONFIGURED_TEXT = (
     (re.compile(r'FATAL:\s+role "[^"]*" does not exist'), "28000"),
+    (re.compile(r'FATAL:\s+role "[^"]*" is not permitted to log in'), "28000"),
     (re.compile(r"FATAL:\s+no pg_hba\.conf entry"), "28000"),
     (re.compile(r"FATAL:\s+password authentication failed"), "28P01"),
     (re.compile(r'FATAL:\s+database "[^"]*" does not exist'), "3D000"),
@@ -127,6 +128,12 @@ def check_started_sql(started: int) -> str:
 #: In the text of the error of a failed check of :func:`check_started_sql` (SQLSTATE 22P02, as the
 #: integer it could not read).
 NOT_THE_SAME_TRANSACTION = "sqlqueue: the open transaction is not the one the block began"
+
+
+def connection_lost(sqlstate: str | None) -> bool:
+    """Whether an error's SQLSTATE says the connection is gone (class 08) or the server is shutting
+    down: an outage, whatever statement was running."""
+    return sqlstate is not None and (sqlstate.startswith("08") or sqlstate in ("57P01", "57P02", "57P03"))
 
 
 def quote_ident(name: str) -> str:
@@ -841,8 +848,8 @@ class PostgresDialect(Dialect):
                 f"a message with this id is already in {address}: ids are unique per queue; send a new Message "
                 f"(a new id) unless it is the same message resent ({str(exc).strip()})"
             )
-        if sqlstate == "25P03":  # idle_in_transaction_session_timeout: the server ended the session
-            return TransportUnavailableError(
+        if sqlstate == "25P03":  # idle_in_transaction_session_timeout: the server ended the session the code idled in
+            return TransactionAbortedError(
                 f"the server ended the session working on {address}: its transaction stayed idle longer than "
                 "idle_in_transaction_session_timeout; a native-mode handler must finish within it (or the role's "
                 f"setting must be raised). The transaction was rolled back ({detail})"
@@ -876,8 +883,13 @@ class PostgresDialect(Dialect):
                 f"the database refused the connection ({_MISCONFIGURED[sqlstate]}): {detail}; fix the connection's "
                 "settings, retrying will not help"
             )
-        if sqlstate is not None and (sqlstate.startswith("08") or sqlstate in ("57P01", "57P02", "57P03")):
+        if connection_lost(sqlstate):
             return TransportUnavailableError(f"database connection lost while working on {address}: {detail}")
+        if sqlstate in ("40001", "40P01"):  # serialization_failure, deadlock_detected: a conflict lost, not an outage
+            return TransportUnavailableError(
+                f"the transaction working on {address} lost a conflict with another and was rolled back: {detail}; "
+                "retry"
+            )
         try:
             import psycopg
         except ImportError:  # pragma: no cover - psycopg is a dependency

@@ -18,7 +18,12 @@ from psycopg.types.string import TextLoader
 
 from .. import defaults
 from ..dialects import Dialect, get_dialect
-from ..dialects.postgres import NOT_THE_SAME_TRANSACTION, TRANSACTION_STARTED_SQL, check_started_sql
+from ..dialects.postgres import (
+    NOT_THE_SAME_TRANSACTION,
+    TRANSACTION_STARTED_SQL,
+    check_started_sql,
+    connection_lost,
+)
 from ..errors import (
     ArgumentTypeError,
     ClientClosedError,
@@ -455,13 +460,16 @@ class PsycopgSession(Session):
 
     def _commit_failed(self, exc: psycopg.Error) -> NoReturn:
         """Raise what a failed commit of a block that ran the caller's code means. The block's check
-        failed: another transaction was open. The connection failed: unavailable, as anywhere. Else the
-        work itself could not commit (a deferred constraint or trigger, a serialization failure), which
-        the caller's code caused: the block's transaction was rolled back, with everything done in it."""
+        failed: another transaction was open. The connection was lost: unavailable, as anywhere. Else
+        the work itself could not commit -- a deferred constraint or trigger, a serialization failure
+        or deadlock, a session the server ended for idling in the transaction -- which the caller's
+        code caused: the block's transaction was rolled back, with everything done in it."""
         if NOT_THE_SAME_TRANSACTION in (exc.diag.message_primary or ""):
             raise TransactionAbortedError(_ANOTHER_TRANSACTION) from None
+        if exc.sqlstate is None or connection_lost(exc.sqlstate):
+            raise_translated(self.dialect, exc, ANY_STEP)
         error = self.dialect.translate_error(exc, ANY_STEP.target)
-        if isinstance(error, (TransportUnavailableError, TransportMisconfiguredError)):
+        if isinstance(error, TransactionAbortedError):  # with its own words (the session idled too long)
             raise error from exc
         raise TransactionAbortedError(
             f"the transaction could not commit and was rolled back, with everything done in it: {str(exc).strip()}"
