@@ -60,7 +60,9 @@ async def run_native(
     return pump
 
 
-async def test_a_native_handler_that_ends_the_receive_transaction_itself_has_failed(backend, client, queue, schema):
+async def test_a_native_handler_that_ends_the_receive_transaction_itself_has_failed(
+    backend, client, queue, schema, caplog
+):
     client.send(queue, [Message("rolled back"), Message("fine")])
     attempts: dict[str, int] = {}
 

@@ -329,6 +329,33 @@ def test_every_outermost_block_commits_only_its_own_transaction_and_says_why_not
         assert client.depth(queue) == 2
 
 
+@pytest.mark.parametrize("level", ["SERIALIZABLE", "REPEATABLE_READ", "READ_UNCOMMITTED"])
+def test_a_borrowed_connection_in_autocommit_keeps_its_transaction_characteristics_in_every_block(
+    pg_uri: str, queue: QueueAddress, level: str
+) -> None:
+    """psycopg's own blocks begin with the connection's isolation level (and read only, deferrable):
+    so do the library's, or a borrowed connection set to SERIALIZABLE would run write skews it rules out."""
+    import psycopg
+
+    show = "SELECT current_setting('transaction_isolation'), current_setting('transaction_read_only')"
+    expected = (level.replace("_", " ").lower(), "off")
+    with psycopg.connect(pg_uri, autocommit=True) as connection:
+        connection.isolation_level = psycopg.IsolationLevel[level]
+        connection.read_only = False
+        client = QueueClient.connect(connection)
+        client.send(queue, Message("m"))
+        with client.receive_native(queue) as message:
+            assert message is not None
+            assert connection.execute(show).fetchone() == expected
+        with client.transaction():
+            assert connection.execute(show).fetchone() == expected
+        connection.read_only = True
+        connection.deferrable = True
+        with client.transaction():
+            assert connection.execute(show).fetchone() == (expected[0], "on")
+            assert connection.execute("SHOW transaction_deferrable").fetchone() == ("on",)
+
+
 def test_a_block_whose_code_resets_every_setting_commits(pg_uri: str, queue: QueueAddress) -> None:
     """The block knows its transaction by when it started, which no statement changes: RESET ALL inside
     is no reason to roll back."""

@@ -130,6 +130,27 @@ def check_started_sql(started: int) -> str:
 NOT_THE_SAME_TRANSACTION = "sqlqueue: the open transaction is not the one the block began"
 
 
+#: psycopg's ``IsolationLevel`` values (the DB-API's numbers), as PostgreSQL names the levels.
+_ISOLATION_LEVELS = {1: "READ UNCOMMITTED", 2: "READ COMMITTED", 3: "REPEATABLE READ", 4: "SERIALIZABLE"}
+
+
+def transaction_characteristics_sql(
+    isolation_level: int | None, read_only: bool | None, deferrable: bool | None
+) -> str:
+    """What follows BEGIN for a connection's ``isolation_level``, ``read_only`` and ``deferrable``
+    (psycopg's attributes; None: the session's default), as psycopg's own blocks begin: a borrowed
+    connection set to SERIALIZABLE runs the library's blocks SERIALIZABLE too. Only these fixed
+    words are written, whatever the values are."""
+    words = []
+    if isolation_level is not None:
+        words.append(f" ISOLATION LEVEL {_ISOLATION_LEVELS[int(isolation_level)]}")
+    if read_only is not None:
+        words.append(" READ ONLY" if read_only else " READ WRITE")
+    if deferrable is not None:
+        words.append(" DEFERRABLE" if deferrable else " NOT DEFERRABLE")
+    return "".join(words)
+
+
 def connection_lost(sqlstate: str | None) -> bool:
     """Whether an error's SQLSTATE says the connection is gone (class 08) or the server is shutting
     down: an outage, whatever statement was running."""

@@ -23,6 +23,7 @@ from ..dialects.postgres import (
     TRANSACTION_STARTED_SQL,
     check_started_sql,
     connection_lost,
+    transaction_characteristics_sql,
 )
 from ..errors import (
     ArgumentTypeError,
@@ -410,9 +411,14 @@ class PsycopgSession(Session):
             self._running_op = running
 
     async def _begin_with(self, step: Step | None) -> Any:
-        """Send the pending BEGIN -- with the query of its transaction's start when the block checks
-        it, and with ``step`` when its parameters can be inlined -- and return ``step``'s result."""
-        texts = [self.dialect.begin_sql]
+        """Send the pending BEGIN -- with the connection's isolation level, read only and deferrable
+        as psycopg's own BEGIN says them, with the query of its transaction's start when the block
+        checks it, and with ``step`` when its parameters can be inlined -- and return ``step``'s result."""
+        connection = self.connection
+        characteristics = transaction_characteristics_sql(
+            connection.isolation_level, connection.read_only, connection.deferrable
+        )
+        texts = [self.dialect.begin_sql + characteristics]
         if self._checked:
             texts.append(TRANSACTION_STARTED_SQL)
         fused = step if step is not None and _fusable(step) else None
