@@ -31,7 +31,7 @@ from .transport import operations as ops
 from .transport.client import Addressing, lock_wait_span
 from .transport.dialects import Dialect, get_dialect
 from .transport.drivers import dialect_for, finish
-from .transport.errors import InvalidArgumentError, SqlQueueError, one_line
+from .transport.errors import InvalidArgumentError, SqlQueueError, one_line, printable
 from .transport.install import Installation
 from .transport.message import check_positive
 
@@ -235,7 +235,7 @@ def _alone(step: ops.Step) -> ops.Operation[None]:
 
 
 def _table(out: TextIO, header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
-    cells = [list(header)] + [[_printable(str(cell)) for cell in row] for row in rows]
+    cells = [list(header)] + [[printable(str(cell)) for cell in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     out.writelines(
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() + "\n" for row in cells
@@ -269,12 +269,6 @@ def _age(span: timedelta | None) -> str:
     return "-" if span is None else f"{max(0, int(span.total_seconds())):,}s"
 
 
-def _printable(text: str) -> str:
-    """Text from the database as a terminal line shows it: control characters escaped, never obeyed
-    (a table may be named with a newline or an escape sequence)."""
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
-
-
 #: ``sqlqueue health``'s exit status when it finds a problem (1 is an error, 2 argparse's usage error).
 PROBLEMS_FOUND = 3
 
@@ -286,7 +280,7 @@ def run_health(args: argparse.Namespace, out: TextIO) -> int:
     with _client(args) as client:
         health = client.health(args.queues or None, report_unreadable=not args.queues, lock_wait=args.lock_timeout)
         queues = [s.queue for s in health.queues] + [p.queue for p in health.problems if p.queue is not None]
-        names = {queue: _printable(client.canonical_address(queue)) for queue in queues}
+        names = {queue: printable(client.canonical_address(queue)) for queue in queues}
     horizon = health.horizon
     if horizon is None:
         out.write("xmin horizon: not kept by this database\n")
@@ -294,7 +288,7 @@ def run_health(args: argparse.Namespace, out: TextIO) -> int:
         out.write("xmin horizon: held by no other session, prepared transaction or replication slot\n")
     for n, holder in enumerate(() if horizon is None else horizon.holders):
         since = "-" if holder.since is None else f"{holder.since.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
-        who = _printable(
+        who = printable(
             f"{holder.holder} ({holder.application or 'no application name'}, {holder.state or 'state hidden'})"
         )
         out.write(
@@ -328,7 +322,7 @@ def run_health(args: argparse.Namespace, out: TextIO) -> int:
         return 0
     for problem in health.problems:
         where = "database" if problem.queue is None else names[problem.queue]
-        out.write(f"PROBLEM {problem.concern} ({where}): {_printable(problem.message)}\n")
+        out.write(f"PROBLEM {problem.concern} ({where}): {printable(problem.message)}\n")
     return PROBLEMS_FOUND
 
 

@@ -43,7 +43,6 @@ few queries per queue.
 from __future__ import annotations
 
 import hashlib
-import logging
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -51,9 +50,10 @@ from datetime import timedelta
 
 from .hooks.sqlqueue import SqlQueueHook
 from .transport import QueueAddress
+from .transport.logs import logger
 from .transport.meter import Event, Meter
 
-log = logging.getLogger("airflow_provider_sqlqueue.metrics")
+log = logger("airflow_provider_sqlqueue.metrics")
 
 _NOT_IN_A_NAME = re.compile(r"[^A-Za-z0-9_-]")
 

@@ -36,7 +36,6 @@ import difflib
 import functools
 import itertools
 import json
-import logging
 import math
 import threading
 import uuid
@@ -88,13 +87,14 @@ from .transport.addressing import checked_text
 from .transport.client import Addressing
 from .transport.drivers import dialect_for
 from .transport.errors import ArgumentTypeError, InvalidArgumentError, SqlQueueError
+from .transport.logs import logger
 from .transport.message import CONTENT_TYPE, ENCLOSED_MESSAGE_TYPES, JSON_CONTENT_TYPE, duration
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, Row, SparkSession
     from pyspark.sql.streaming.datasource import ReadLimit
 
-log = logging.getLogger("airflow_provider_sqlqueue.spark")
+log = logger("airflow_provider_sqlqueue.spark")
 
 #: The format name: ``spark.read.format(NAME)``.
 NAME = "sqlqueue"

@@ -491,6 +491,15 @@ def test_lock_timeout_takes_a_number_of_seconds_the_database_can_hold(value: str
     assert refused.returncode == 2 and "--lock-timeout" in refused.stderr and "Traceback" not in refused.stderr
 
 
+def test_an_error_line_shows_a_hostile_name_escaped(pg_uri: str, schema: str) -> None:
+    """A name given on the command line (or read from the database) cannot recolour the terminal or
+    turn the text right to left: its error line shows the characters escaped, as the tables do."""
+    refused = sqlqueue("depths", f'evil\x1b[31mRED\x01\u202e@"{schema}"', "--conn", pg_uri)
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1
+    assert not any(c in refused.stderr for c in "\x1b\x01\u202e")
+    assert "evil\\x1b[31mRED\\x01\\u202e" in refused.stderr
+
+
 def test_lock_timeout_says_its_bound_truly_and_a_dash_dash_value_is_one_line(pg_uri: str) -> None:
     refused = sqlqueue("depths", "orders", "--conn", pg_uri, "--lock-timeout", "2147484")
     assert refused.returncode == 2 and "2,147,483.647 seconds" in refused.stderr  # the bound shown is the one held

@@ -371,3 +371,22 @@ def test_a_locked_claim_store_is_named_as_the_table_locked(
         migration.execute(f'LOCK TABLE "{schema}"."sqlqueue_inflight" IN ACCESS EXCLUSIVE MODE')
         with pytest.raises(LockTimeoutError, match=f'^"{schema}"."sqlqueue_inflight" is locked'):
             client.queue_stats(queue, lock_wait=0.2)
+
+
+def test_a_name_that_forges_log_lines_is_logged_escaped(
+    client: QueueClient, schema: str, raw: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Whoever may create a table names it: a newline and a forged line, a terminal escape, a
+    right-to-left override reach the log (and a check reading ``2>&1``) as escapes, on one line."""
+    import logging
+
+    forged = QueueAddress("x\nPROBLEM none: all good\x1b[2K\u202e", schema)
+    client.create_queue(forged)
+    raw.execute(f'DROP TABLE "{schema}".sqlqueue_inflight')  # its claim store broken: it cannot be measured
+    raw.execute(f'CREATE TABLE "{schema}".sqlqueue_inflight (x int)')
+    with caplog.at_level(logging.WARNING):
+        found = client.health([forged], report_unreadable=True)
+    assert concerns(found.problems, forged) == {"unreadable"}
+    [line] = [logging.Formatter("%(message)s").format(r) for r in caplog.records if "Leaving" in r.getMessage()]
+    assert "\n" not in line and "\x1b" not in line and "\u202e" not in line
+    assert "x\\nPROBLEM none: all good\\x1b[2K\\u202e" in line

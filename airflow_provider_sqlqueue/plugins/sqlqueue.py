@@ -26,7 +26,6 @@ each action is recorded in Airflow's audit log with who did it.
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -56,10 +55,11 @@ from ..transport.errors import (
     TransportUnavailableError,
     one_line,
 )
+from ..transport.logs import logger
 from ..transport.message import EXCEPTION_MESSAGE, TIME_OF_FAILURE, storable_text
 from ..transport.operations import FailedMessage, Horizon, QueueStats
 
-log = logging.getLogger("airflow_provider_sqlqueue.plugins")
+log = logger("airflow_provider_sqlqueue.plugins")
 
 #: Where the API and the page are mounted in the api-server.
 URL_PREFIX = "/sqlqueue"

@@ -11,7 +11,9 @@ import logging
 import time
 from dataclasses import dataclass
 
-log = logging.getLogger("airflow_provider_sqlqueue.pump")
+from .logs import logger
+
+log = logger("airflow_provider_sqlqueue.pump")
 
 
 @dataclass

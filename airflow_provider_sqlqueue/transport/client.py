@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 import os
 import socket
 import threading
@@ -45,6 +44,7 @@ from .errors import (
 )
 from .health import Health, Problem, problems
 from .install import Installation, TableKind
+from .logs import logger
 from .message import (
     Failure,
     Message,
@@ -61,7 +61,7 @@ from .meter import Event, Meter, Reporter
 
 T = TypeVar("T")
 
-log = logging.getLogger("airflow_provider_sqlqueue.transport")
+log = logger("airflow_provider_sqlqueue.transport")
 
 #: A claim token as the caller has it: the UUID, or its text from XCom or an event payload.
 Token = uuid.UUID | str

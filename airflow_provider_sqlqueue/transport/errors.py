@@ -132,17 +132,24 @@ class LeaseLostError(SqlQueueError):
 ONE_LINE_LIMIT = 2_000
 
 
+def printable(text: str) -> str:
+    """Text as a terminal or a log line shows it: control and format characters (a newline, an
+    escape sequence, a right-to-left override) and text that is not valid Unicode escaped, never
+    obeyed. Table names, headers and server messages may hold any of them, and whoever can create a
+    table could otherwise forge lines or recolour a terminal."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def one_line(error: BaseException) -> str:
     """An error as one line of valid text: what the CLI prints and the HTTP API answers.
 
     The library's messages carry no secrets (connection errors have their password masked where
-    they are raised); this only makes any message fit where it goes: newlines folded, text that
-    is not valid Unicode escaped, the length bounded.
+    they are raised); this only makes any message fit where it goes: whitespace runs folded into
+    a space, what is not :func:`printable` escaped, the length bounded.
     """
     try:
         text = str(error)
     except Exception:  # noqa: BLE001  # an exception whose __str__ raises still gets a line
         text = ""
-    text = " ".join(text.split()) or type(error).__name__
-    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    text = printable(" ".join(text.split()) or type(error).__name__)
     return text if len(text) <= ONE_LINE_LIMIT else text[:ONE_LINE_LIMIT] + "..."

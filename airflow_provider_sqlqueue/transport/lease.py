@@ -8,7 +8,6 @@ of its own, so the work itself never has to stop to renew.
 
 from __future__ import annotations
 
-import logging
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -18,9 +17,10 @@ from types import TracebackType
 from . import defaults
 from .client import QueueClient, Token, as_tokens
 from .errors import ArgumentTypeError
+from .logs import logger
 from .message import duration
 
-log = logging.getLogger("airflow_provider_sqlqueue.lease")
+log = logger("airflow_provider_sqlqueue.lease")
 
 
 class LeaseKeeper:

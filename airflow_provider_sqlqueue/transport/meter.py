@@ -13,15 +13,15 @@ deleted), and an exception then would make a caller retry a send or lose a recei
 
 from __future__ import annotations
 
-import logging
 import math
 from typing import Literal
 
 from .addressing import QueueAddress
 from .errors import ArgumentTypeError
+from .logs import logger
 from .operations import Taken
 
-log = logging.getLogger("airflow_provider_sqlqueue.transport")
+log = logger("airflow_provider_sqlqueue.transport")
 
 #: Each event, counted per message:
 #: ``sent`` (send, publish, forward), ``received`` (receive, claim, take, a native receive, the pump),

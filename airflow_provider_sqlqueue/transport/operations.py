@@ -11,7 +11,6 @@ client and the asyncio pump.
 from __future__ import annotations
 
 import functools
-import logging
 import uuid
 from collections.abc import Awaitable, Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -49,6 +48,7 @@ from .errors import (
     SqlQueueError,
 )
 from .heads import EVERYTHING_MS, Head
+from .logs import logger
 from .message import (
     DELIVERY_COUNT,
     ENCLOSED_MESSAGE_TYPES,
@@ -74,7 +74,7 @@ from .message import (
     without_failure_headers,
 )
 
-log = logging.getLogger("airflow_provider_sqlqueue.transport")
+log = logger("airflow_provider_sqlqueue.transport")
 
 T = TypeVar("T")
 

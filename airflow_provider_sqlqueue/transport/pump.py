@@ -14,7 +14,6 @@ every time it retries so monitoring can pick it up.
 from __future__ import annotations
 
 import asyncio
-import logging
 import re
 import time
 import uuid
@@ -39,6 +38,7 @@ from .errors import (
     TransportMisconfiguredError,
     TransportUnavailableError,
 )
+from .logs import logger
 from .message import (
     TIME_TO_BE_RECEIVED,
     Failure,
@@ -54,7 +54,7 @@ from .message import (
 )
 from .meter import Meter, Reporter
 
-log = logging.getLogger("airflow_provider_sqlqueue.pump")
+log = logger("airflow_provider_sqlqueue.pump")
 
 #: Handler of one message. The second argument is the receiving connection in ``native`` mode
 #: (do your own SQL on it to commit atomically with the receive) and None otherwise. Raising marks

@@ -12,7 +12,6 @@ queue's own row locking.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 
@@ -21,8 +20,9 @@ from .breaker import CircuitBreaker
 from .client import AsyncQueueClient
 from .drivers import close_quietly
 from .errors import TransportUnavailableError
+from .logs import logger
 
-log = logging.getLogger("airflow_provider_sqlqueue.watch")
+log = logger("airflow_provider_sqlqueue.watch")
 
 #: How long a poller with no waiters keeps its connection before it stops.
 IDLE_GRACE_SECONDS = 5.0

@@ -19,7 +19,6 @@ server only where ``SQLQUEUE_MSSQL_URI`` was set for the integration suite.
 from __future__ import annotations
 
 import json
-import logging
 import re
 import uuid
 from collections.abc import Mapping, Sequence
@@ -40,9 +39,10 @@ from ..errors import (
     TransportMisconfiguredError,
     TransportUnavailableError,
 )
+from ..logs import logger
 from . import Dialect, SendRow, TableShape
 
-log = logging.getLogger("airflow_provider_sqlqueue.transport")
+log = logger("airflow_provider_sqlqueue.transport")
 
 #: SQL Server identifiers (sysname) hold at most 128 characters.
 MAX_IDENTIFIER_CHARS = 128

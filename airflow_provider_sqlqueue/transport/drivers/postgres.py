@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -34,6 +33,7 @@ from ..errors import (
     TransportMisconfiguredError,
     TransportUnavailableError,
 )
+from ..logs import logger
 from ..message import check_positive
 from ..operations import Fetch, Operation, Step
 from .base import (
@@ -53,7 +53,7 @@ _BINARY_PLACEHOLDER = re.compile(r"%\(\w+\)b")
 _FUSE_LIMIT = 64 * 1024
 
 
-log = logging.getLogger("airflow_provider_sqlqueue.transport")
+log = logger("airflow_provider_sqlqueue.transport")
 
 #: What running a statement can raise: the server's errors, and psycopg's refusal to encode text
 #: that is not valid Unicode (a lone surrogate) -- both become the transport's own errors.
