@@ -387,6 +387,8 @@ def test_health_names_what_is_wrong_and_exits_3(pg_uri, schema, client, queue, r
         line.startswith(f'PROBLEM overdue (orders@"{schema}"): 1 delayed message(s) due for 5 min') for line in problems
     )
     assert any(line.startswith(f'PROBLEM failed (error@"{schema}")') for line in problems)
+    alone = sqlqueue("health", f'orders@"{schema}"', env=env)  # a check of the queue alone finds its failures
+    assert alone.returncode == 3 and f'PROBLEM failed (error@"{schema}")' in alone.stdout
 
 
 def test_health_prints_names_as_text_and_reports_what_it_cannot_measure(pg_uri, schema, client, queue, raw):

@@ -390,3 +390,23 @@ def test_a_name_that_forges_log_lines_is_logged_escaped(
     [line] = [logging.Formatter("%(message)s").format(r) for r in caplog.records if "Leaving" in r.getMessage()]
     assert "\n" not in line and "\x1b" not in line and "\u202e" not in line
     assert "x\\nPROBLEM none: all good\\x1b[2K\\u202e" in line
+
+
+def test_a_queue_named_alone_is_looked_at_with_its_error_queue(
+    client: QueueClient, queue: QueueAddress, schema: str, pg_uri: str, raw: Any
+) -> None:
+    """A check of one queue (``sqlqueue health orders``) also finds the failed messages waiting in its
+    error queue; one it cannot look at (not created yet, locked) leaves the queue's check as it was."""
+    client.send(queue, Message("m"))
+    [failing] = client.claim(queue, 1)
+    client.fail(queue, failing, ValueError("no price"))
+    error = QueueAddress("error", schema)
+    health = client.health([queue])
+    assert [s.queue for s in health.queues] == [queue]
+    assert concerns(health.problems, error) == {"failed"}
+    assert concerns(client.health([queue, error]).problems, error) == {"failed"}  # looked at once
+    with QueueClient.connect(pg_uri, error_queue="not_made_yet") as elsewhere:
+        assert elsewhere.health([queue]).problems == []
+    with psycopg.connect(pg_uri) as holder:
+        holder.execute(f'LOCK TABLE "{schema}"."error" IN ACCESS EXCLUSIVE MODE')
+        assert client.health([queue], lock_wait=0.2).problems == []

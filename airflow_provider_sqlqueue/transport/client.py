@@ -1291,6 +1291,10 @@ class AsyncQueueClient(Addressing):
         lapsed claims, due delayed messages no mover moved, dead rows piling up, failed messages in an
         error queue).
 
+        Queues named are looked at with their error queues (as this client names them, in their
+        schemas): a check of ``orders`` alone also finds the failed messages waiting there, as a
+        ``failed`` problem of the error queue; its figures are not added to the queues'.
+
         ``report_unreadable``: a queue that cannot be measured -- dropped since it was listed, no
         longer a queue, its claim store or delayed table broken, no rights on it -- is reported as an
         ``unreadable`` problem and the others are measured, instead of the call failing: what a survey
@@ -1321,10 +1325,35 @@ class AsyncQueueClient(Addressing):
                     raise
                 log.warning("Leaving %s out of the health figures: %s", self.dialect.qualified_name(address), exc)
                 unreadable.append(Problem("unreadable", address, f"cannot be measured: {one_line(exc)}"))
+        beside = [] if queues is None else await self._error_queue_stats(addresses, expired_limit, wait)
         horizon = await self.horizon()
         now = datetime.now(UTC)
-        error_queues = {s.queue for s in stats if self.kind(s.queue) == "error"}
-        return Health(stats, horizon, now, problems(stats, horizon, error_queues, now) + unreadable)
+        error_queues = {s.queue for s in stats + beside if self.kind(s.queue) == "error"}
+        return Health(stats, horizon, now, problems(stats + beside, horizon, error_queues, now) + unreadable)
+
+    async def _error_queue_stats(
+        self, queues: list[QueueAddress], expired_limit: int, lock_wait: timedelta
+    ) -> list[ops.QueueStats]:
+        """The figures of the error queues of ``queues`` that are not among them, each once: what
+        :meth:`health` of named queues looks at for their failures. One that cannot be measured (not
+        created yet, no rights, locked) is left out: the queues named are what the call is about."""
+        found: list[ops.QueueStats] = []
+        looked: list[QueueAddress] = list(queues)
+        for queue in queues:
+            error = self._error_of(None, queue)
+            if any(same_table(self.dialect, error, other) for other in looked):
+                continue
+            looked.append(error)
+            try:
+                found += await self._run(ops.queue_stats(self.dialect, [error], expired_limit, lock_wait))
+            except SqlQueueError as exc:
+                lost = isinstance(exc, (TransportUnavailableError, TransactionAbortedError, ClientClosedError))
+                if lost and not isinstance(exc, LockTimeoutError):
+                    raise
+                log.info(
+                    "Health of %s: its error queue cannot be looked at (%s)", self.dialect.qualified_name(queue), exc
+                )
+        return found
 
     async def claims(self, queue: str | QueueAddress, limit: int = defaults.CLAIMS_PAGE) -> list[ops.ClaimInfo]:
         """The queue's ``limit`` claims whose leases end first (lapsed first): who holds what, and for how long still."""
