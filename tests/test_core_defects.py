@@ -392,3 +392,17 @@ def test_an_older_nservicebus_table_without_recoverable_and_with_varchar_headers
         ("Zürich 東京", b"a"),
         (None, b'{"ascii":1}'),
     ]
+
+
+@pytest.mark.postgres_only
+def test_an_error_leaves_out_where_the_server_pointed_into_the_librarys_statement(pg_uri, schema, raw):
+    """The server's ``LINE 1: SELECT ...`` and its caret quote the library's own SQL: no help to the
+    reader of the error, and lines of their own where an error must be one line."""
+    with QueueClient.connect(pg_uri) as client:
+        client.create_queue(QueueAddress("orders", schema))
+        raw.execute(f'DROP TABLE "{schema}".sqlqueue_inflight')  # a claim store of the wrong shape
+        raw.execute(f'CREATE TABLE "{schema}".sqlqueue_inflight (x int)')
+        with pytest.raises(SqlQueueError) as refused:
+            client.queue_stats(QueueAddress("orders", schema))
+    assert "does not exist" in str(refused.value)
+    assert "LINE 1" not in str(refused.value) and "\n" not in str(refused.value).strip()

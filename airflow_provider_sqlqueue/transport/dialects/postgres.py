@@ -130,6 +130,10 @@ def check_started_sql(started: int) -> str:
 NOT_THE_SAME_TRANSACTION = "sqlqueue: the open transaction is not the one the block began"
 
 
+#: Where the server points into the statement it refused (``LINE 1: SELECT ...`` and a caret under
+#: it): the library's own SQL, of no use to whoever reads the error.
+_QUERY_EXCERPT = re.compile(r"^LINE \d+: .*\n *\^ *$", re.MULTILINE)
+
 #: psycopg's ``IsolationLevel`` values (the DB-API's numbers), as PostgreSQL names the levels.
 _ISOLATION_LEVELS = {1: "READ UNCOMMITTED", 2: "READ COMMITTED", 3: "REPEATABLE READ", 4: "SERIALIZABLE"}
 
@@ -863,11 +867,11 @@ class PostgresDialect(Dialect):
         sqlstate = getattr(exc, "sqlstate", None) or next(
             (code for pattern, code in _MISCONFIGURED_TEXT if pattern.search(str(exc))), None
         )
-        detail = str(exc).strip()
+        detail = _QUERY_EXCERPT.sub("", str(exc)).strip()
         if sqlstate == "23505":  # unique_violation: the only unique keys are Id (and Seq, which the database sets)
             return DuplicateMessageError(
                 f"a message with this id is already in {address}: ids are unique per queue; send a new Message "
-                f"(a new id) unless it is the same message resent ({str(exc).strip()})"
+                f"(a new id) unless it is the same message resent ({detail})"
             )
         if sqlstate == "25P03":  # idle_in_transaction_session_timeout: the server ended the session the code idled in
             return TransactionAbortedError(
@@ -881,10 +885,10 @@ class PostgresDialect(Dialect):
             store = re.search(rf'relation "((?:[^"]+\.)?{re.escape(self.inflight_table)})" does not exist', detail)
             return QueueNotFoundError(address, detail, claim_store=store.group(1) if store else None)
         if sqlstate == "3F000":  # invalid_schema_name
-            return QueueNotFoundError(address, str(exc).strip())
+            return QueueNotFoundError(address, detail)
         if sqlstate == "42501":  # insufficient_privilege
             return PermissionDeniedError(
-                f"permission denied on {address}: {str(exc).strip()}. Creating queues needs CREATE on the schema "
+                f"permission denied on {address}: {detail}. Creating queues needs CREATE on the schema "
                 "(the installer's rights); sending and receiving need USAGE on the schema and its sequences and SELECT, "
                 "INSERT, UPDATE and DELETE on the queue tables and on the schema's sqlqueue_inflight table"
             )
