@@ -111,6 +111,14 @@ def pytest_configure(config: pytest.Config) -> None:
     reaper.interruptible()
 
 
+@pytest.fixture(autouse=True)
+def _stopped_by_sigterm_after_every_test() -> Iterator[None]:
+    """Airflow's task runner, run in this process by ``dag.test()``, leaves its own SIGTERM handler
+    behind (it only ends the task it ran): a CI timeout after it would no longer tear the run down."""
+    yield
+    reaper.interruptible()
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "backend" not in metafunc.fixturenames:
         return

@@ -125,13 +125,20 @@ def test_processes_that_left_the_group_are_found_by_their_mark(tmp_path: Path) -
         owner.wait()
 
 
-def test_a_stopped_pytest_run_tears_down_and_kills_what_its_tests_started(tmp_path: Path) -> None:
-    """A CI timeout sends SIGTERM to pytest: the fixture's teardown runs and the group is gone."""
-    (tmp_path / "conftest.py").write_text("from tests.conftest import pytest_configure  # noqa: F401\\n")
+@pytest.mark.parametrize("after_a_task", [False, True], ids=["first-test", "after-a-task-ran-in-process"])
+def test_a_stopped_pytest_run_tears_down_and_kills_what_its_tests_started(tmp_path: Path, after_a_task: bool) -> None:
+    """A CI timeout sends SIGTERM to pytest: the fixture's teardown runs and the group is gone -- also
+    after a test ran an Airflow task in this process (``dag.test()``), whose runner leaves a SIGTERM
+    handler of its own behind (modelled here by a test that sets one)."""
+    (tmp_path / "conftest.py").write_text(
+        "from tests.conftest import _stopped_by_sigterm_after_every_test, pytest_configure  # noqa: F401\n"
+    )
+    task = "def test_runs_a_task_in_process():\n    signal.signal(signal.SIGTERM, lambda *_: None)\n"
     (tmp_path / "test_long.py").write_text(
-        textwrap.dedent(
+        (task if after_a_task else "")
+        + textwrap.dedent(
             """
-            import subprocess, time
+            import signal, subprocess, time
             import pytest
             from demo import reaper
 
@@ -139,11 +146,11 @@ def test_a_stopped_pytest_run_tears_down_and_kills_what_its_tests_started(tmp_pa
             def daemon():
                 process = subprocess.Popen(["sleep", "300"], start_new_session=True)
                 reaper.track(process.pid)
-                print("DAEMON", process.pid, flush=True)
                 yield process
                 print("TEARDOWN", flush=True)
 
             def test_runs_long(daemon):
+                print("DAEMON", daemon.pid, flush=True)  # set up: the stop comes while the test runs
                 time.sleep(300)
             """
         )
@@ -158,8 +165,8 @@ def test_a_stopped_pytest_run_tears_down_and_kills_what_its_tests_started(tmp_pa
     try:
         daemon = None
         for line in run.stdout:
-            if line.startswith("DAEMON"):
-                daemon = int(line.split()[1])
+            if "DAEMON" in line:  # after the progress dot of a test before it
+                daemon = int(line.split("DAEMON")[1].split()[0])
                 break
         assert daemon is not None
         run.send_signal(signal.SIGTERM)
