@@ -193,6 +193,26 @@ def test_paging_and_searching_queues(api: Api) -> None:
     assert api.get("reader", "/connections/shop/queues", limit=10_000).status_code == 422
 
 
+def test_a_page_without_the_error_queue_that_holds_failures_says_them_with_the_databases_problems(api: Api) -> None:
+    """A page's queues are looked at with their error queues: one off the page (paging, a search)
+    that holds failures is said with the database's problems, not a 500 for its missing row."""
+    import psycopg
+
+    orders = QueueAddress("orders", api.schema)
+    with QueueClient.connect(api.pg_uri) as client:
+        client.send(orders, Message("to fail"))
+        [claimed] = client.claim(orders, 1)
+        client.fail(orders, claimed, ValueError("no price"))
+    try:
+        page = api.get("reader", "/connections/shop/queues", search=api.schema, limit=1)  # billing alone
+        assert page.status_code == 200, page.text
+        assert [q["address"] for q in page.json()["queues"]] == [address(api, "billing")]
+        assert any(p.startswith(f"{address(api, 'error')}: about 1 failed") for p in page.json()["problems"])
+    finally:
+        with psycopg.connect(api.pg_uri, autocommit=True) as raw:
+            raw.execute(f'DELETE FROM "{api.schema}"."error"')
+
+
 def test_a_reader_cannot_act_and_an_operator_can(api: Api) -> None:
     orders = QueueAddress("orders", api.schema)
     error = address(api, "error")

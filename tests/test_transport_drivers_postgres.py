@@ -277,8 +277,9 @@ def test_a_block_nested_in_the_callers_transaction_whose_code_ends_that_transact
         ("40001", "could not commit"),  # serialization failure: a conflict lost, not an outage
         ("40P01", "could not commit"),  # deadlock
         ("55P03", "could not commit"),  # lock timeout, naming no table of the library's
+        ("53200", "database unavailable"),  # out of memory: the database's trouble, not the message's
     ],
-    ids=["code-begins-another", "division-by-zero", "serialization", "deadlock", "lock-timeout"],
+    ids=["code-begins-another", "division-by-zero", "serialization", "deadlock", "lock-timeout", "out-of-memory"],
 )
 def test_every_outermost_block_commits_only_its_own_transaction_and_says_why_not(
     pg_uri: str, queue: QueueAddress, raw: Any, autocommit: bool, block: str, wrong: str, said: str
@@ -292,6 +293,7 @@ def test_every_outermost_block_commits_only_its_own_transaction_and_says_why_not
 
     from airflow_provider_sqlqueue.transport.errors import TransactionAbortedError
 
+    expected = TransportUnavailableError if said == "database unavailable" else TransactionAbortedError
     work = f'"{queue.schema}".work'
     raw.execute(f"CREATE TABLE {work} (body text)")
     raw.execute(
@@ -310,7 +312,7 @@ def test_every_outermost_block_commits_only_its_own_transaction_and_says_why_not
             connection.commit()
         opened = client.receive_native(queue) if block == "receive_native" else client.transaction()
         begins_another = " " in wrong
-        with pytest.raises(TransactionAbortedError, match=said) as refused, opened:  # noqa: PT012
+        with pytest.raises(expected, match=said) as refused, opened:  # noqa: PT012
             client.send(queue, Message("sent in the block"))
             if begins_another:
                 connection.execute(wrong)
@@ -351,6 +353,7 @@ def test_a_borrowed_connection_in_autocommit_keeps_its_transaction_characteristi
             assert connection.execute(show).fetchone() == expected
         connection.read_only = True
         connection.deferrable = True
+        client.send(queue, Message("an operation of the library's own keeps the session's defaults"))
         with client.transaction():
             assert connection.execute(show).fetchone() == (expected[0], "on")
             assert connection.execute("SHOW transaction_deferrable").fetchone() == ("on",)

@@ -541,13 +541,15 @@ def create_app() -> FastAPI:
                 # (one dropped meanwhile is left out, as the page leaves out a queue it cannot measure)
                 errors = client.health(candidates, report_unreadable=True).queues
                 error_queues = [client.canonical_address(e.queue) for e in sorted(errors, key=lambda e: -e.waiting)]
-                texts = {address: client.canonical_address(address) for address in page.queues}
+                # The problems name the page's queues, and the error queues of theirs that hold failures.
+                named_by_problems = [problem.queue for problem in health.problems if problem.queue is not None]
+                texts = {address: client.canonical_address(address) for address in [*page.queues, *named_by_problems]}
             measured = {found.queue for found in health.queues}
             said: dict[QueueAddress | None, list[str]] = {}
             for problem in health.problems:
                 if problem.queue is None or problem.queue in measured:
                     said.setdefault(problem.queue, []).append(problem.message)
-                else:  # a queue that could not be measured has no row: said with the database's problems
+                else:  # a queue with no row (not measured, or an error queue off the page): said with the database's
                     said.setdefault(None, []).append(f"{texts[problem.queue]}: {problem.message}")
             figures = [
                 _figures(texts[found.queue], kinds[found.queue], found, health.checked_at, said.get(found.queue, []))

@@ -137,6 +137,8 @@ def printable(text: str) -> str:
     escape sequence, a right-to-left override) and text that is not valid Unicode escaped, never
     obeyed. Table names, headers and server messages may hold any of them, and whoever can create a
     table could otherwise forge lines or recolour a terminal."""
+    if text.isprintable():  # nearly always: no copy
+        return text
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 

@@ -1,4 +1,4 @@
-"""The library's loggers: each record they write is one line of printable text.
+"""The library's loggers: each record they write shows its text as one line of printable text.
 
 What they log names tables, and tables are named by whoever may create one; a delayed message's
 destination comes from its headers; server messages span lines. A name holding a newline and a
@@ -9,20 +9,31 @@ monitoring check reading ``2>&1``) as visible escapes, never as lines or colours
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 from .errors import printable
 
 
 class _Printable(logging.Filter):
-    """Escape what is not :func:`~.errors.printable` in a record's message (its arguments merged in)."""
+    """Escape what is not :func:`~.errors.printable` in a record's template and its arguments. The
+    template stays a template (handlers that group records by it, such as error trackers, still
+    can); an argument that is neither text nor a number is shown as its text, escaped."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            message = record.getMessage()
-        except Exception:  # noqa: BLE001  # a malformed call: left to the handler, which reports it as logging does
-            return True
-        record.msg, record.args = printable(message), None
+        if isinstance(record.msg, str):
+            record.msg = printable(record.msg)
+        if isinstance(record.args, Mapping):
+            record.args = {key: _escaped(value) for key, value in record.args.items()}
+        elif isinstance(record.args, tuple):
+            record.args = tuple(_escaped(value) for value in record.args)
         return True
+
+
+def _escaped(value: object) -> object:
+    """A log argument as its record shows it, escaped: numbers stay numbers for ``%d`` and ``%.3g``."""
+    if isinstance(value, (int, float)):
+        return value
+    return printable(value if isinstance(value, str) else str(value))
 
 
 _PRINTABLE = _Printable()

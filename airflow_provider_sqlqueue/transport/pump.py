@@ -719,16 +719,20 @@ class MessagePump:
                 exhausted.set()
             return got
 
-        # A group: when the pump's task is cancelled (while it waits for a slot, too), so is every
-        # receive in flight, and each rolls back and gives its connection back before run() returns.
-        async with asyncio.TaskGroup() as group:
+        try:
             for _ in range(budget):
                 await slots.acquire()
                 if exhausted.is_set() or self._stop.is_set():
                     slots.release()
                     break
-                tasks.append(group.create_task(one()))
-        return sum(task.result() for task in tasks)
+                tasks.append(asyncio.create_task(one()))
+            return sum(await asyncio.gather(*tasks))
+        finally:
+            # When the pump's task is cancelled (while it waits for a slot, too), so is every receive
+            # in flight, and each rolls back and gives its connection back before run() returns.
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _receive_native_batch(self, wanted: int, batch_handler: BatchHandler) -> int:
         """Receive up to ``wanted`` messages and run ``batch_handler`` on them in one transaction.

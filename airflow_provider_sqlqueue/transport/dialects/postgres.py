@@ -155,6 +155,22 @@ def transaction_characteristics_sql(
     return "".join(words)
 
 
+#: SQLSTATE classes of errors the work in a transaction causes at its COMMIT: a deferred trigger's
+#: (09 triggered action, 2F/38/39 routines, P0 RAISE, 42 its own statements), a deferred constraint's
+#: (22 data, 23 integrity, 27 triggered data change, 44 check option), a conflict lost (40).
+_WORK_FAILURE_CLASSES = ("09", "22", "23", "27", "2F", "38", "39", "40", "42", "44", "P0")
+#: ... and single conditions: the session idled in the transaction too long (25P03), a deferred
+#: trigger's lock timed out (55P03).
+_WORK_FAILURES = ("25P03", "55P03")
+
+
+def the_works_failure(sqlstate: str | None) -> bool:
+    """Whether an error at the COMMIT of a block that ran the caller's code is that work's own (it
+    could not commit: the delivery failed), rather than the database's (lost, out of memory or disk,
+    shutting down, a statement cancelled: an outage to back off from)."""
+    return sqlstate is not None and (sqlstate[:2] in _WORK_FAILURE_CLASSES or sqlstate in _WORK_FAILURES)
+
+
 def connection_lost(sqlstate: str | None) -> bool:
     """Whether an error's SQLSTATE says the connection is gone (class 08) or the server is shutting
     down: an outage, whatever statement was running."""

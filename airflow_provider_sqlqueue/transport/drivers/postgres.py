@@ -21,7 +21,7 @@ from ..dialects.postgres import (
     NOT_THE_SAME_TRANSACTION,
     TRANSACTION_STARTED_SQL,
     check_started_sql,
-    connection_lost,
+    the_works_failure,
     transaction_characteristics_sql,
 )
 from ..errors import (
@@ -411,15 +411,17 @@ class PsycopgSession(Session):
             self._running_op = running
 
     async def _begin_with(self, step: Step | None) -> Any:
-        """Send the pending BEGIN -- with the connection's isolation level, read only and deferrable
-        as psycopg's own BEGIN says them, with the query of its transaction's start when the block
-        checks it, and with ``step`` when its parameters can be inlined -- and return ``step``'s result."""
-        connection = self.connection
-        characteristics = transaction_characteristics_sql(
-            connection.isolation_level, connection.read_only, connection.deferrable
-        )
-        texts = [self.dialect.begin_sql + characteristics]
-        if self._checked:
+        """Send the pending BEGIN -- for a block that runs the caller's code (which it checks), with
+        the connection's isolation level, read only and deferrable as psycopg's own BEGIN says them
+        and the query of its transaction's start; with ``step`` when its parameters can be inlined --
+        and return ``step``'s result. An operation's own short transaction keeps the session's
+        defaults: a connection borrowed read only can still create a queue or move a failure."""
+        texts = [self.dialect.begin_sql]
+        if self._checked:  # a block of the caller's code: its transaction as the connection says
+            connection = self.connection
+            texts[0] += transaction_characteristics_sql(
+                connection.isolation_level, connection.read_only, connection.deferrable
+            )
             texts.append(TRANSACTION_STARTED_SQL)
         fused = step if step is not None and _fusable(step) else None
         with translated(self.dialect, STATEMENT_ERRORS, step or ANY_STEP):
@@ -466,13 +468,14 @@ class PsycopgSession(Session):
 
     def _commit_failed(self, exc: psycopg.Error) -> NoReturn:
         """Raise what a failed commit of a block that ran the caller's code means. The block's check
-        failed: another transaction was open. The connection was lost: unavailable, as anywhere. Else
-        the work itself could not commit -- a deferred constraint or trigger, a serialization failure
-        or deadlock, a session the server ended for idling in the transaction -- which the caller's
-        code caused: the block's transaction was rolled back, with everything done in it."""
+        failed: another transaction was open. The work itself could not commit -- a deferred
+        constraint or trigger, a serialization failure or deadlock, a session the server ended for
+        idling in the transaction (:func:`the_works_failure`) -- which the caller's code caused: the
+        block's transaction was rolled back, with everything done in it. Anything else (a lost
+        connection, a server out of memory or disk) is translated as anywhere: an outage."""
         if NOT_THE_SAME_TRANSACTION in (exc.diag.message_primary or ""):
             raise TransactionAbortedError(_ANOTHER_TRANSACTION) from None
-        if exc.sqlstate is None or connection_lost(exc.sqlstate):
+        if not the_works_failure(exc.sqlstate):  # the connection, the server's resources: not the message's fault
             raise_translated(self.dialect, exc, ANY_STEP)
         error = self.dialect.translate_error(exc, ANY_STEP.target)
         if isinstance(error, TransactionAbortedError):  # with its own words (the session idled too long)
