@@ -63,6 +63,10 @@ T = TypeVar("T")
 
 log = logger("airflow_provider_sqlqueue.transport")
 
+#: What a look at many queues (health) cannot go on from to the next one: the connection, or the
+#: transaction it runs in, is gone. A locked table (LockTimeoutError, one of them) only holds up that one.
+_ENDS_THE_CALL = (TransportUnavailableError, TransactionAbortedError, ClientClosedError)
+
 #: A claim token as the caller has it: the UUID, or its text from XCom or an event payload.
 Token = uuid.UUID | str
 V = TypeVar("V")
@@ -1318,7 +1322,7 @@ class AsyncQueueClient(Addressing):
                     raise
                 wait = min(wait, defaults.WATCH_LOCK_TIMEOUT_AFTER_ONE)
                 unreadable.append(Problem("unreadable", address, f"cannot be measured now: {one_line(exc)}"))
-            except (TransportUnavailableError, TransactionAbortedError, ClientClosedError):
+            except _ENDS_THE_CALL:
                 raise
             except SqlQueueError as exc:
                 if not report_unreadable:
@@ -1347,8 +1351,7 @@ class AsyncQueueClient(Addressing):
             try:
                 found += await self._run(ops.queue_stats(self.dialect, [error], expired_limit, lock_wait))
             except SqlQueueError as exc:
-                lost = isinstance(exc, (TransportUnavailableError, TransactionAbortedError, ClientClosedError))
-                if lost and not isinstance(exc, LockTimeoutError):
+                if isinstance(exc, _ENDS_THE_CALL) and not isinstance(exc, LockTimeoutError):
                     raise
                 log.info(
                     "Health of %s: its error queue cannot be looked at (%s)", self.dialect.qualified_name(queue), exc

@@ -786,10 +786,7 @@ class MessagePump:
         except SETUP_ERRORS:
             raise
         except Exception as exc:  # the handler had the batch, yet its transaction did not commit
-            if not handled:
-                raise
-            self._not_committed(batch, exc)
-            if not isinstance(exc, TransactionAbortedError):  # the database failed: the loop backs off
+            if not handled or not self._not_committed(batch, exc):
                 raise
             return len(received)  # the handler's work could not commit: a failed delivery, not an outage
         self._reporter.count("moved_to_error", self.queue, moved)
@@ -816,13 +813,16 @@ class MessagePump:
                     self.failures.record(message.id, outcome)
         return len(received)
 
-    def _not_committed(self, messages: list[ReceivedMessage], exc: Exception) -> None:
+    def _not_committed(self, messages: list[ReceivedMessage], exc: Exception) -> bool:
         """Native mode: the handler had ``messages`` and returned normally, but their transaction did not
         commit -- the server ended the session under it (a handler slower than
         ``idle_in_transaction_session_timeout``, a restart) or the commit failed. Nothing it did was
         kept, so it is a failed delivery, counted as a raising handler's is: a message whose handling
         always outlasts the session reaches the error queue after ``max_deliveries`` instead of
-        coming back for ever. Several messages are then received one at a time, as after a failed batch."""
+        coming back for ever. Several messages are then received one at a time, as after a failed batch.
+
+        True when the failure is the work's own (:class:`TransactionAbortedError`: it could not
+        commit), which the loop goes on from; False when the database failed, which it backs off from."""
         self.failed += len(messages)
         self._count_outcomes(0, len(messages))
         log.warning(
@@ -836,6 +836,7 @@ class MessagePump:
         else:
             for message in messages:
                 self.failures.record(message.id, exc)
+        return isinstance(exc, TransactionAbortedError)
 
     async def _dead_letter_if_exhausted(self, session: Session, message: ReceivedMessage) -> bool:
         """In a native receive transaction: move a message that failed ``max_deliveries`` times to the error
@@ -927,8 +928,7 @@ class MessagePump:
             if message is None or not handled:
                 raise
             self.handled -= 1
-            self._not_committed([message], exc)
-            if not isinstance(exc, TransactionAbortedError):  # the database failed: the loop backs off
+            if not self._not_committed([message], exc):
                 raise
             return True  # the handler's work could not commit: a failed delivery, not an outage
         finally:  # also after a return inside the transaction, once it committed
