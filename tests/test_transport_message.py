@@ -115,3 +115,12 @@ def test_a_default_header_given_as_none_is_filled_in():
         "NServiceBus.MessageId": str(message.id),
         "NServiceBus.TimeSent": "2026-01-01 00:00:00:000000 Z",
     }
+
+
+def test_readable_headers_set_aside_what_decode_headers_refuses():
+    from airflow_provider_sqlqueue.transport.message import readable_headers
+
+    assert readable_headers('{"a":"1","b":null}') == {"a": "1", "b": None}
+    assert readable_headers("") == {}
+    for unreadable in (None, "not json", "[]", '{"a":1}'):
+        assert readable_headers(unreadable) is None

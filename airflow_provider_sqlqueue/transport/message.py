@@ -206,6 +206,15 @@ def decode_headers(text: str | None) -> Headers:
         raise InvalidHeadersError(f"headers are not valid JSON: {exc}") from None
 
 
+def readable_headers(text: str | None) -> Headers | None:
+    """The Headers column as :func:`decode_headers` reads it, or None when it cannot be read: for
+    reports and routing that set such a row aside instead of failing on it."""
+    try:
+        return decode_headers(text)
+    except InvalidHeadersError:
+        return None
+
+
 def uuid_value(what: str, value: object) -> uuid.UUID:
     """A UUID given as one or as its text (a message id, a claim token, a write id), or the library's
     error naming ``what`` it should have been."""

@@ -20,7 +20,7 @@ from typing import Any, NoReturn, TypeVar
 
 from ..dialects import Dialect
 from ..errors import SqlQueueError
-from ..operations import Fetch, Operation, Step, drive, needs_no_transaction
+from ..operations.steps import Fetch, Operation, Step, drive, needs_no_transaction
 
 T = TypeVar("T")
 

@@ -35,7 +35,7 @@ from ..errors import (
 )
 from ..logs import logger
 from ..message import check_positive
-from ..operations import Fetch, Operation, Step
+from ..operations.steps import Fetch, Operation, Step
 from .base import (
     ANY_STEP,
     Session,

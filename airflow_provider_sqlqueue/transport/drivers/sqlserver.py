@@ -13,7 +13,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from ..dialects import get_dialect
 from ..dialects import sqlserver as tsql
 from ..errors import TransactionAbortedError, TransportMisconfiguredError
-from ..operations import Fetch, Step
+from ..operations.steps import Fetch, Step
 from .base import Session, finish, translated
 
 #: URI schemes of SQL Server, and which driver each one opens.

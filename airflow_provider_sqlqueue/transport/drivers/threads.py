@@ -10,7 +10,7 @@ from typing import Any
 
 from ..dialects import Dialect, get_dialect
 from ..errors import SqlQueueError, TransportUnavailableError
-from ..operations import Step
+from ..operations.steps import Step
 from .base import Session, SessionPool, T, close_quietly, finish
 
 

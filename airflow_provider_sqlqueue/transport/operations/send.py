@@ -1,0 +1,104 @@
+"""Sending: INSERTs of NServiceBus rows in as few statements as the dialect allows, and the bulk
+load (COPY) where the database has one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
+from typing import Protocol, runtime_checkable
+
+from ..addressing import QueueAddress
+from ..dialects import Dialect, SendRow, TableShape
+from ..message import Message, wire_timestamp
+from .steps import Autocommit, Fetch, Operation, Step
+from .tables import table_shape
+
+
+def send(d: Dialect, address: QueueAddress, messages: Sequence[Message], notify: bool = False) -> Operation[int]:
+    """Insert messages in as few statements as the dialect allows; returns how many were sent.
+
+    With ``notify`` (where the database has notifications) listeners of the queue are woken when
+    the transaction commits, once per send however many messages it holds: the last INSERT carries
+    the notification, so a send that is one INSERT (one message, or any batch where the dialect
+    inserts batches whole) needs no transaction (the table's layout, read once per session, is only
+    read).
+    """
+    op = send_messages(d, address, messages, notify)
+    return Autocommit(op) if len(messages) == 1 or d.one_statement_sends else op
+
+
+def send_messages(d: Dialect, address: QueueAddress, messages: Sequence[Message], notify: bool) -> Operation[int]:
+    shape = yield from table_shape(d, address)
+    sent_at = wire_timestamp(datetime.now(UTC))
+    rows: list[SendRow] = [
+        (m.id, m.ttbr_ms(), m.wire_headers(sent_at, ascii_only=shape.ascii_headers), m.body) for m in messages
+    ]
+    yield from insert_rows(d, address, shape, rows, d.notify_channel(address) if notify else None)
+    return len(rows)
+
+
+def insert_rows(
+    d: Dialect, address: QueueAddress, shape: TableShape, rows: Sequence[SendRow], channel: str | None = None
+) -> Operation[None]:
+    """Insert ready-made rows into a queue table in as few statements as the dialect allows; the last
+    statement also notifies ``channel`` when one is given and the database has notifications."""
+    target = d.qualified_name(address)
+    statements = list(_insert_statements(d, address, shape, rows))
+    if not statements:
+        return
+    for sql, params in statements[:-1]:
+        yield Step(sql, params, Fetch.NONE, target)
+    sql, params = statements[-1]
+    notifying = None if channel is None else d.notifying_sql(sql)
+    if notifying is not None:
+        sql, params = notifying, {**params, "channel": channel}
+    yield Step(sql, params, Fetch.NONE, target)
+
+
+def _insert_statements(
+    d: Dialect, address: QueueAddress, shape: TableShape, rows: Sequence[SendRow]
+) -> Iterator[tuple[str, dict[str, object]]]:
+    """The INSERTs of ``rows`` with their parameters: one for a single row, else batches of the dialect's size."""
+    if len(rows) == 1:
+        message_id, ttbr_ms, headers, body = rows[0]
+        yield d.send_sql(address, shape), {"id": message_id, "ttbr_ms": ttbr_ms, "headers": headers, "body": body}
+        return
+    sent = 0
+    while sent < len(rows):
+        count = d.batch_size(rows[sent:])
+        yield d.send_batch_sql(address, count, shape), d.send_batch_params(rows[sent : sent + count])
+        sent += count
+
+
+@runtime_checkable
+class CopiesSends(Protocol):
+    """A dialect whose database loads many rows into a queue table faster than INSERTs (PostgreSQL's COPY)."""
+
+    def copy_send_sql(self, address: QueueAddress, shape: TableShape) -> tuple[str, tuple[str, ...]]:
+        """The COPY statement loading (Id, Headers, Body) rows, Expires left NULL; and the columns' types."""
+
+
+def copies_sends(d: Dialect) -> bool:
+    """Whether :func:`send_copied` can send to ``d``'s queue tables."""
+    return isinstance(d, CopiesSends)
+
+
+def send_copied(d: Dialect, address: QueueAddress, messages: Sequence[Message]) -> Operation[int]:
+    """:func:`send` by the database's bulk load (COPY): the same rows ``send`` inserts, byte for byte.
+
+    Only for messages that never expire: a message's ``Expires`` is the database's clock plus its
+    time to be received, computed at insert, which a COPY cannot do; with any such message, or a
+    dialect without COPY, this is :func:`send`. No notification: the caller's transaction (a Spark
+    partition with its ledger row) decides when the rows appear.
+    """
+    if not isinstance(d, CopiesSends) or any(m.time_to_be_received is not None for m in messages):
+        return (yield from send_messages(d, address, messages, False))
+    shape = yield from table_shape(d, address)
+    if not messages:
+        return 0
+    sent_at = wire_timestamp(datetime.now(UTC))
+    rows = [(m.id, m.wire_headers(sent_at, ascii_only=shape.ascii_headers), m.body) for m in messages]
+    sql, types = d.copy_send_sql(address, shape)
+    yield Step(sql, {"rows": rows, "types": types}, Fetch.COPY, d.qualified_name(address))
+    return len(rows)
