@@ -25,7 +25,7 @@ from datetime import UTC, timedelta
 from typing import TYPE_CHECKING, Any, TextIO
 
 from . import __version__
-from .console import INTERRUPTED
+from .exit_status import INTERRUPTED
 from .transport import QueueClient, defaults
 from .transport import operations as ops
 from .transport.client import Addressing, lock_wait_span

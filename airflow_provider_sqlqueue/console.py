@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import sys
 
-#: The exit status of a command ended by Ctrl-C: 128 + SIGINT, what shells report for it.
-INTERRUPTED = 130
+from .exit_status import INTERRUPTED
 
 
 def main() -> int:

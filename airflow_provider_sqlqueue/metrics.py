@@ -46,12 +46,16 @@ import hashlib
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
-from .hooks.sqlqueue import SqlQueueHook
 from .transport import QueueAddress
 from .transport.logs import logger
 from .transport.meter import Event, Meter
+
+if TYPE_CHECKING:
+    from .transport.client import QueueClient
 
 log = logger("airflow_provider_sqlqueue.metrics")
 
@@ -114,19 +118,24 @@ def _names(conn_id: str, queue: QueueAddress) -> tuple[dict[str, str], str]:
     return {"conn_id": conn_id, "schema": schema, "queue": queue.table}, path
 
 
-def emit_queue_metrics(conn_ids: Iterable[str]) -> dict[str, int]:
+def emit_queue_metrics(
+    conn_ids: Iterable[str], open_client: Callable[[str], AbstractContextManager[QueueClient]]
+) -> dict[str, int]:
     """Gauge every queue of each connection; returns how many queues were measured per connection.
 
-    A connection that cannot be read is logged and skipped: the others are still measured.
+    ``open_client(conn_id)`` opens a blocking client on the connection, closed at the end of its
+    ``with`` block: the hook's, ``lambda conn_id: SqlQueueHook(conn_id).client()``, from the
+    Airflow code that calls this (the hook hands out clients reporting to :class:`StatsMeter`, so
+    this module does not import it). A connection that cannot be read is logged and skipped: the
+    others are still measured.
     """
     from airflow.sdk.observability.stats import Stats
 
     legacy = legacy_names_on()
     measured: dict[str, int] = {}
     for conn_id in conn_ids:
-        hook = SqlQueueHook(conn_id)
         try:
-            with hook.client() as client:
+            with open_client(conn_id) as client:
                 health = client.health(report_unreadable=True)  # a queue that cannot be measured is a problem
                 errors = {s.queue for s in health.queues if client.kind(s.queue) == "error"}
         except Exception:

@@ -37,3 +37,151 @@ def test_every_source_module_has_its_test_module() -> None:
         if not (TESTS / unit_tests_of(path)).exists()
     ]
     assert not missing, "source modules without their test module:\n" + "\n".join(missing)
+
+
+def module_name(path: Path, root: Path = PACKAGE) -> str:
+    """``transport/pump.py`` -> ``airflow_provider_sqlqueue.transport.pump``; a package's ``__init__.py`` -> the package."""
+    parts = [root.name, *path.relative_to(root).with_suffix("").parts]
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path: Path, modules: set[str], root: Path = PACKAGE) -> set[str]:
+    """The package's own modules that ``path`` imports, at any nesting level (in functions, under
+    ``if TYPE_CHECKING:``): ``import a.b`` and ``from a.b import name`` import ``a.b`` (a package: its
+    ``__init__``), unless ``a.b.name`` is a module of its own -- then ``from a.b import name``, and
+    ``from . import name`` in a package's module, import that module and not the package's
+    ``__init__``. Relative imports are resolved from the importing module's package.
+
+    A module's imports from its own packages (``from . import Dialect`` in ``dialects/postgres.py``)
+    are left out: Python imports a package before any module in it, so that arrow is there for
+    every module and is drawn by no import; counted, every package whose ``__init__`` imports one
+    of its modules (a re-export, a factory) would be a circle. Imports of a package from outside
+    it count, so a circle through another module is still found."""
+    name = module_name(path, root)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
+                source = f"{base}.{node.module}" if node.module else base
+            else:
+                source = node.module or ""
+            targets = [
+                f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else source for alias in node.names
+            ]
+        else:
+            continue
+        for target in targets:
+            while target and target not in modules:  # ``import a.b.name``'s module, or none of the package's
+                target = target.rpartition(".")[0]
+            if target and not name.startswith(f"{target}."):
+                found.add(target)
+    return found
+
+
+def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
+    """Each module of the package ``root`` -> the package's modules it imports."""
+    paths = {module_name(path, root): path for path in sorted(root.rglob("*.py"))}
+    modules = set(paths)
+    return {name: imports_of(path, modules, root) for name, path in paths.items()}
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One circle through each group of modules that import each other (a strongly connected
+    component of the graph, found with Tarjan's algorithm), as the modules in import order."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[set[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for imported in sorted(graph[module]):
+            if imported not in index:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in on_stack:
+                low[module] = min(low[module], index[imported])
+        if low[module] == index[module]:
+            group = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.add(member)
+                if member == module:
+                    break
+            if len(group) > 1 or module in graph[module]:
+                groups.append(group)
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return [circle_in(graph, group) for group in groups]
+
+
+def circle_in(graph: dict[str, set[str]], group: set[str]) -> list[str]:
+    """A shortest way from the group's first module back to itself, through the group's modules."""
+    start = min(group)
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:
+        following = []
+        for module in frontier:
+            for imported in sorted(graph[module] & group):
+                if imported == start:
+                    return [*paths[module], start]
+                if imported not in paths:
+                    paths[imported] = [*paths[module], imported]
+                    following.append(imported)
+        frontier = following
+    raise AssertionError(f"no circle in {sorted(group)}")  # not reached: the group is strongly connected
+
+
+def test_the_package_has_no_import_circles() -> None:
+    """Imports point one way: no module imports, even lazily in a function, one that imports it back."""
+    circles = import_circles(import_graph())
+    for circle in circles:
+        print("import circle: " + " -> ".join(circle))
+    assert not circles, "modules that import each other:\n" + "\n".join(" -> ".join(c) for c in circles)
+
+
+def test_the_circle_finder_counts_every_kind_of_import(tmp_path: Path) -> None:
+    """On a package made for it: lazy and TYPE_CHECKING imports, relative ones of every level, a
+    module named by ``from . import``, a package counting as its ``__init__``, and a module's own
+    packages left out."""
+    root = tmp_path / "shop"
+    files = {
+        "__init__.py": "",
+        "cli.py": "from .console import STATUS\n",
+        "console.py": "STATUS = 1\ndef main():\n    from . import cli\n",
+        "orders/__init__.py": "def get(name):\n    from .store import Store\n",
+        "orders/store.py": "from . import get, rows as r\nfrom .. import cli\n",
+        "orders/rows.py": "import typing\nif typing.TYPE_CHECKING:\n    from shop.orders.deep import inner\n",
+        "orders/deep/__init__.py": "",
+        "orders/deep/inner.py": "from ... import orders\nimport shop.console\n",
+    }
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    graph = import_graph(root)
+    assert graph == {
+        "shop": set(),
+        "shop.cli": {"shop.console"},
+        "shop.console": {"shop.cli"},
+        "shop.orders": {"shop.orders.store"},
+        "shop.orders.store": {"shop.orders.rows", "shop.cli"},  # not its own package, shop.orders
+        "shop.orders.rows": {"shop.orders.deep.inner"},
+        "shop.orders.deep": set(),
+        "shop.orders.deep.inner": {"shop.console"},  # its own packages left out
+    }
+    assert import_circles(graph) == [["shop.cli", "shop.console", "shop.cli"]]
+    graph["shop.console"] = {"shop.orders"}  # the way round through a package's __init__ instead
+    assert import_circles(graph) == [["shop.cli", "shop.console", "shop.orders", "shop.orders.store", "shop.cli"]]

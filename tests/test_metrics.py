@@ -46,8 +46,9 @@ def test_queue_metrics_reach_statsd_tagged_and_named_per_queue(airflow_db, pg_ur
                 f'UPDATE "{schema}"."orders.Delayed" SET Due = Due - interval \'3 minutes\''
             )
             script = (
+                "from airflow_provider_sqlqueue.hooks.sqlqueue import SqlQueueHook; "
                 "from airflow_provider_sqlqueue.metrics import emit_queue_metrics; "
-                "print(emit_queue_metrics(['shop', 'missing']))"
+                "print(emit_queue_metrics(['shop', 'missing'], lambda conn_id: SqlQueueHook(conn_id).client()))"
             )
             with psycopg.connect(pg_uri) as pin:  # a report left idle in its transaction pins the xmin horizon
                 pin.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
@@ -218,7 +219,7 @@ from airflow_provider_sqlqueue.metrics import emit_queue_metrics
 from airflow_provider_sqlqueue.transport import Message, QueueAddress
 with SqlQueueHook("shop").client() as client:
     client.send(QueueAddress("orders", {schema!r}), Message("m"))
-emit_queue_metrics(["shop"])
+emit_queue_metrics(["shop"], lambda conn_id: SqlQueueHook(conn_id).client())
 """
             env = {"AIRFLOW_CONN_SHOP": airflow_connection(pg_uri), "AIRFLOW__METRICS__LEGACY_NAMES_ON": "False"}
             lines, _ = statsd_datagrams(env, script)

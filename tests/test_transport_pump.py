@@ -19,8 +19,6 @@ from airflow_provider_sqlqueue.transport.drivers import (
     finish,
     open_pool,
 )
-from airflow_provider_sqlqueue.transport.pump import check_peek_interval, parse_timespan
-from tests.backends import aexecute
 
 pytestmark = pytest.mark.every_dialect
 
@@ -209,76 +207,6 @@ async def test_pump_only_peeks_while_idle_and_picks_up_messages_sent_later(backe
     assert got == ["late-1", "late-2"]
 
 
-async def test_native_pump_moves_repeatedly_failing_message_to_error_queue(pool, client, queue, raw, schema, backend):
-    client.send(queue, [Message("ok-1"), Message("bad"), Message("ok-2")])
-    raw.execute(f'CREATE TABLE "{schema}".side_effects (body {backend.text_type})')
-    calls: Counter[str] = Counter()
-
-    async def handler(message, connection):
-        calls[message.text] += 1
-        await aexecute(connection, f'INSERT INTO "{schema}".side_effects VALUES (%s)', (message.text,))
-        if message.text == "bad":
-            raise ValueError("cannot process")
-
-    pump = MessagePump(
-        pool,
-        queue,
-        handler,
-        transaction_mode="native",
-        error_queue=QueueAddress("error", schema),
-        max_deliveries=3,
-        peek_interval=0.05,
-    )
-    error_count = lambda: raw.execute(f'SELECT count(*) FROM "{schema}"."error"').fetchone()[0]  # noqa: E731
-    await run_until(pump, lambda: error_count() == 1 and calls["ok-1"] and calls["ok-2"])
-    assert calls == {"ok-1": 1, "ok-2": 1, "bad": 3}
-    side_effects = sorted(r[0] for r in raw.execute(f'SELECT body FROM "{schema}".side_effects'))
-    assert side_effects == ["ok-1", "ok-2"]  # the failed attempts rolled back with their receive
-    headers = raw.execute(f'SELECT headers FROM "{schema}"."error"').fetchone()[0]
-    assert '"NServiceBus.ExceptionInfo.Message":"cannot process"' in headers
-    assert client.depth(queue) == 0
-
-
-@pytest.mark.postgres_only
-@pytest.mark.parametrize("batch", [False, True])
-async def test_a_native_handler_that_ends_the_receive_and_begins_another_fails_its_delivery(
-    pool, client, queue, raw, schema, batch
-):
-    """ROLLBACK then BEGIN in the handler: its work in the second transaction is not committed, each
-    such delivery counts as failed, and the messages reach the error queue after max_deliveries
-    instead of being handled again and again."""
-    client.send(queue, [Message(f"m{n}") for n in range(3)])
-    raw.execute(f'CREATE TABLE "{schema}".work (body text)')
-    calls: Counter[str] = Counter()
-
-    async def careless(messages, connection):
-        for message in messages:
-            calls[message.text] += 1
-        await connection.execute("ROLLBACK; BEGIN")
-        for message in messages:
-            await connection.execute(f'INSERT INTO "{schema}".work VALUES (%s)', (message.text,))
-
-    async def handler(message, connection):
-        await careless([message], connection)
-
-    pump = MessagePump(
-        pool,
-        queue,
-        None if batch else handler,
-        batch_handler=careless if batch else None,
-        receive_batch_size=3 if batch else 1,
-        transaction_mode="native",
-        error_queue=QueueAddress("error", schema),
-        max_deliveries=2,
-        peek_interval=0.05,
-    )
-    error_count = lambda: raw.execute(f'SELECT count(*) FROM "{schema}"."error"').fetchone()[0]  # noqa: E731
-    await run_until(pump, lambda: error_count() == 3)
-    assert raw.execute(f'SELECT count(*) FROM "{schema}".work').fetchone()[0] == 0
-    assert client.depth(queue) == 0
-    assert all(n <= 3 for n in calls.values()), calls  # a batch's, then each alone: not again and again
-
-
 @pytest.mark.parametrize("batch", [False, True], ids=["handler", "batch_handler"])
 async def test_a_cancelled_native_pump_rolls_back_every_receive_in_flight_before_it_returns(
     pool, client, queue, schema, batch
@@ -424,13 +352,6 @@ async def test_unreachable_database_backs_off_and_never_crashes(caplog):
     assert "retrying in 0.8s" in caplog.text  # reached the cap
 
 
-def test_peek_interval_warnings():
-    assert check_peek_interval(1.0) == []
-    assert "below 0.1s" in check_peek_interval(0.05)[0]
-    assert "above 10.0s" in check_peek_interval(11)[0]
-    assert "time-to-be-received" in check_peek_interval(5, timedelta(seconds=2))[0]
-
-
 async def test_pump_warns_when_a_message_ttbr_is_shorter_than_peek_interval(pool, client, queue, schema, caplog):
     client.send(queue, Message("hurry", time_to_be_received=timedelta(seconds=2)))
     done = asyncio.Event()
@@ -442,53 +363,6 @@ async def test_pump_warns_when_a_message_ttbr_is_shorter_than_peek_interval(pool
     with caplog.at_level(logging.WARNING, logger="airflow_provider_sqlqueue.pump"):
         await run_until(pump, done.is_set)
     assert "longer than the queue's time-to-be-received 0:00:02" in caplog.text
-
-
-def test_parse_timespan():
-    assert parse_timespan("00:05:00") == timedelta(minutes=5)
-    assert parse_timespan("1.02:03:04.5000000") == timedelta(days=1, hours=2, minutes=3, seconds=4, milliseconds=500)
-    assert parse_timespan("garbage") is None
-
-
-async def test_a_native_batch_handler_commits_or_rolls_back_the_whole_batch(pool, client, queue, raw, schema, backend):
-    """The handler's writes and the receive of every message of the batch commit together, or none do."""
-    raw.execute(f'CREATE TABLE "{schema}".ledger (body {backend.text_type})')
-    client.send(queue, [Message(f"m{i}") for i in range(12)] + [Message("poison-pill")])
-    batches: list[list[str]] = []
-
-    async def batch_handler(messages, connection):
-        batches.append([m.text for m in messages])
-        for message in messages:
-            await aexecute(connection, f'INSERT INTO "{schema}".ledger VALUES (%s)', (message.text,))
-        if "poison-pill" in batches[-1]:
-            raise ValueError("this batch cannot be processed")
-
-    pump = MessagePump(
-        pool,
-        queue,
-        None,
-        batch_handler=batch_handler,
-        transaction_mode="native",
-        error_queue=QueueAddress("error", schema),
-        receive_batch_size=5,
-        max_deliveries=2,
-        peek_interval=0.05,
-    )
-    await run_until(pump, lambda: client.depth(QueueAddress("error", schema)) == 1)
-    ledger = sorted(row[0] for row in raw.execute(f'SELECT body FROM "{schema}".ledger').fetchall())
-    assert ledger == sorted(f"m{i}" for i in range(12))  # every failed batch's writes were rolled back
-    assert client.depth(queue) == 0
-    assert [m.text for m in client.browse(QueueAddress("error", schema))] == ["poison-pill"]
-    # The last batch (m10, m11, the pill) failed whole; its messages then came one at a time: m10 and
-    # m11 passed alone, and only the pill, failing alone twice, went to the error queue.
-    assert batches[2] == ["m10", "m11", "poison-pill"] and batches[3:] == [
-        ["m10"],
-        ["m11"],
-        ["poison-pill"],
-        ["poison-pill"],
-    ]
-    assert pump.failed == 3 + 2
-    assert pump.handled == 12
 
 
 def test_a_batch_handler_needs_native_mode_and_no_single_handler():
@@ -503,6 +377,18 @@ def test_a_batch_handler_needs_native_mode_and_no_single_handler():
         MessagePump(never_used, QueueAddress("orders"), lambda m, c: None, batch_handler=batch_handler)
     with pytest.raises(ValueError, match="got neither"):
         MessagePump(never_used, QueueAddress("orders"), None)
+
+
+def test_the_names_of_the_pumps_checks_and_native_receives_are_still_the_pump_modules():
+    """The checks and the native receives have modules of their own; what was public in the pump's still is."""
+    from airflow_provider_sqlqueue import transport
+    from airflow_provider_sqlqueue.transport import pump, pump_checks, pump_native
+
+    for name in ("parse_timespan", "check_peek_interval", "handler_failure", "SETUP_ERRORS"):
+        assert getattr(pump, name) is getattr(pump_checks, name), name
+    for name in ("BatchHandler", "FailureCounter", "aborted"):
+        assert getattr(pump, name) is getattr(pump_native, name), name
+    assert transport.MessagePump is pump.MessagePump
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ from urllib.parse import quote
 from airflow.providers.postgres.hooks.postgres import PostgresHook
 from airflow.sdk import BaseHook
 
+from ..metrics import StatsMeter
 from ..transport import AsyncQueueClient, QueueClient, defaults
 from ..transport.client import Addressing
 from ..transport.dialects import get_dialect
@@ -346,8 +347,6 @@ class SqlQueueHook(BaseHook):
     def meter(self) -> Meter:
         """What the hook's clients report their events to: Airflow's metrics, tagged with the connection id
         (:class:`~airflow_provider_sqlqueue.metrics.StatsMeter`); give it to a ``MessagePump`` as well."""
-        from ..metrics import StatsMeter
-
         return StatsMeter(self.sqlqueue_conn_id)
 
     def conninfo(self) -> str:

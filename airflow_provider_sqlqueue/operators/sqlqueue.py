@@ -473,7 +473,7 @@ class QueueMetricsOperator(BaseOperator):
         ):
             raise ArgumentTypeError(f"conn_ids must be a list of connection ids, got {self.conn_ids!r:.100}")
         conn_ids = list(self.conn_ids or configured_conn_ids() or [SqlQueueHook.default_conn_name])
-        measured = emit_queue_metrics(conn_ids)
+        measured = emit_queue_metrics(conn_ids, lambda conn_id: SqlQueueHook(conn_id).client())
         unread = [conn_id for conn_id in conn_ids if conn_id not in measured]
         if unread:  # the others were measured; the task fails so that the gap is seen
             raise SqlQueueError(f"queue metrics: could not read connection(s) {', '.join(unread)} (see the log)")

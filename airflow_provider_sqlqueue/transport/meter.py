@@ -76,6 +76,11 @@ class Reporter:
         self.count("received", queue, len(taken))
         self.count("moved_to_error", queue, taken.moved_to_error)
 
+    def settled(self, queue: QueueAddress, handled: int, failed: int) -> None:
+        """Messages settled: handled (acknowledged, or committed), failed (given back, or rolled back)."""
+        self.count("handled", queue, handled)
+        self.count("failed", queue, failed)
+
     def handler_time(self, queue: QueueAddress, seconds: float) -> None:
         if math.isfinite(seconds) and seconds >= 0:
             try:

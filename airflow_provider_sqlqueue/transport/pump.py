@@ -9,15 +9,17 @@ are done, peeks again -- at once if the last peek found messages, after ``peek_i
 Database errors never crash the loop: a circuit breaker logs, backs off exponentially (up to
 ``max_backoff``) and keeps retrying; after ``breaker_alarm`` of continuous failure it logs an error
 every time it retries so monitoring can pick it up.
+
+The ``native`` mode's receives, which run the handler inside the receive's transaction, are in
+:mod:`.pump_native`; the checks of the pump's settings and of what a handler raised are in
+:mod:`.pump_checks`. Their public names can be imported from here as well.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -34,7 +36,6 @@ from .errors import (
     NotAQueueError,
     PermissionDeniedError,
     QueueNotFoundError,
-    TransactionAbortedError,
     TransportMisconfiguredError,
     TransportUnavailableError,
 )
@@ -53,6 +54,14 @@ from .message import (
     storable_text,
 )
 from .meter import Meter, Reporter
+from .pump_checks import SETUP_ERRORS as SETUP_ERRORS
+from .pump_checks import check_peek_interval as check_peek_interval
+from .pump_checks import handler_failure as handler_failure
+from .pump_checks import parse_timespan as parse_timespan
+from .pump_native import BatchHandler as BatchHandler
+from .pump_native import FailureCounter as FailureCounter
+from .pump_native import NativeReceiver
+from .pump_native import aborted as aborted
 
 log = logger("airflow_provider_sqlqueue.pump")
 
@@ -60,100 +69,8 @@ log = logger("airflow_provider_sqlqueue.pump")
 #: (do your own SQL on it to commit atomically with the receive) and None otherwise. Raising marks
 #: the message failed.
 Handler = Callable[[ReceivedMessage, Any], Awaitable[None]]
-#: Handler of a whole batch in ``native`` mode: the messages and the connection of the one
-#: transaction that received them all. Raising rolls the batch back: every message stays queued.
-BatchHandler = Callable[[list[ReceivedMessage], Any], Awaitable[None]]
 #: A claimed batch and what its handlers did: the messages, each one's outcome, when each started.
 _Batch = tuple[list[ReceivedMessage], list[BaseException | None], dict[uuid.UUID, datetime]]
-
-_TIMESPAN = re.compile(r"^(?:(\d+)\.)?(\d+):(\d+):(\d+)(?:\.(\d+))?$")
-
-
-def parse_timespan(text: str) -> timedelta | None:
-    """Parse a .NET TimeSpan header (``[d.]hh:mm:ss[.fffffff]``); None if it is not one."""
-    match = _TIMESPAN.match(text.strip())
-    if not match:
-        return None
-    days, hours, minutes, seconds, fraction = match.groups()
-    micros = int((fraction or "0")[:6].ljust(6, "0"))
-    return timedelta(
-        days=int(days or 0), hours=int(hours), minutes=int(minutes), seconds=int(seconds), microseconds=micros
-    )
-
-
-def check_peek_interval(peek_interval: float, smallest_ttbr: timedelta | None = None) -> list[str]:
-    """Warnings the recommended range and the queue's TTBR call for (also logged by the pump)."""
-    warnings = []
-    if peek_interval < defaults.MIN_RECOMMENDED_PEEK_INTERVAL:
-        warnings.append(
-            f"peek_interval {peek_interval}s is below {defaults.MIN_RECOMMENDED_PEEK_INTERVAL}s: idle consumers will put "
-            "unnecessary load on the database"
-        )
-    if peek_interval > defaults.MAX_RECOMMENDED_PEEK_INTERVAL:
-        warnings.append(
-            f"peek_interval {peek_interval}s is above {defaults.MAX_RECOMMENDED_PEEK_INTERVAL}s: messages may back up in the queue"
-        )
-    if smallest_ttbr is not None and peek_interval > smallest_ttbr.total_seconds():
-        warnings.append(
-            f"peek_interval {peek_interval}s is longer than the queue's time-to-be-received {smallest_ttbr}: "
-            "messages may expire before they are peeked"
-        )
-    return warnings
-
-
-class FailureCounter:
-    """Counts handler failures per message id in ``native`` mode, where a rollback leaves no trace in the table.
-
-    Bounded (oldest entries forgotten first) so a stream of failures cannot grow memory without
-    limit; as in NServiceBus, counts are per process.
-    """
-
-    def __init__(self, capacity: int = defaults.FAILURE_MEMORY) -> None:
-        self._counts: OrderedDict[Any, tuple[int, BaseException]] = OrderedDict()
-        self._capacity = capacity
-
-    def record(self, message_id: Any, exc: BaseException) -> int:
-        count = self._counts.pop(message_id, (0, exc))[0] + 1
-        self._counts[message_id] = (count, exc)
-        while len(self._counts) > self._capacity:
-            self._counts.popitem(last=False)
-        return count
-
-    def get(self, message_id: Any) -> tuple[int, BaseException | None]:
-        return self._counts.get(message_id, (0, None))
-
-    def forget(self, message_id: Any) -> None:
-        self._counts.pop(message_id, None)
-
-
-def handler_failure(exc: BaseException) -> None:
-    """Decide whether what a handler raised is its failure (the message's business) or the process's.
-
-    A ``CancelledError`` the handler raised itself (a cancelled inner wait) and any other exception
-    fail the delivery like any error; a cancellation of the pump's own task, ``KeyboardInterrupt``,
-    ``SystemExit`` and ``GeneratorExit`` are re-raised: they stop the pump, and the message stays as
-    the mode leaves it (back to the queue in ``native``, its claim lapsing in ``claim``).
-    """
-    if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)):
-        raise exc
-    if isinstance(exc, asyncio.CancelledError):
-        task = asyncio.current_task()
-        cancelling = getattr(task, "cancelling", None)  # Python 3.11+: whether this task was cancelled
-        if task is None or cancelling is None or cancelling():
-            raise exc
-
-
-def aborted(session: Session) -> TransactionAbortedError | None:
-    """The failure of a native handler that returned normally from a transaction that is no longer
-    whole: an error aborted it (the handler caught a database error), or the handler ended it with
-    COMMIT or ROLLBACK. The pump cannot commit the receive with the work, so the delivery failed."""
-    failure = session.transaction_failure()
-    return None if failure is None else TransactionAbortedError(f"the handler returned normally, but {failure}")
-
-
-#: Errors that say the setup is wrong, not the message: a native delivery they interrupt is not
-#: counted against the message (retrying cannot help until the setup is fixed; the pump backs off).
-SETUP_ERRORS = (TransportMisconfiguredError, PermissionDeniedError, QueueNotFoundError, NotAQueueError)
 
 
 class MessagePump:
@@ -263,8 +180,8 @@ class MessagePump:
         self._stop = asyncio.Event()
         #: Whether the last peek saw claims whose lease ran out: only then does a claim look for them.
         self._lapsed = True
-        #: Receives left that take one message at a time, after a batch handler failed on a batch.
-        self._isolating = 0
+        #: The ``native`` mode's receives (:mod:`.pump_native`), with the pump's settings and counts.
+        self._native = NativeReceiver(self, self._reporter, self._handle, self._note_ttbr)
         # Warn about a short TTBR once: up front when the caller knows it, else on the first message showing it.
         self._ttbr_warned = smallest_ttbr is not None and peek_interval > smallest_ttbr.total_seconds()
         for warning in check_peek_interval(peek_interval, smallest_ttbr):
@@ -524,7 +441,7 @@ class MessagePump:
     async def _receive_batch(self, wanted: int) -> int:
         """One receive (none) or claim (claim) of up to ``wanted`` messages, handled; returns how many came."""
         if self.batch_handler is not None:
-            return await self._receive_native_batch(wanted, self.batch_handler)
+            return await self._native.receive_batch(wanted, self.batch_handler)
         async with self.pool.session() as session:
             if self.transaction_mode is TransactionMode.NONE:
                 messages = await session.run(
@@ -538,7 +455,9 @@ class MessagePump:
         started: dict[uuid.UUID, datetime] = {}
         if self.transaction_mode is TransactionMode.NONE:
             outcomes = await self._handle_all(messages, started)
-            self._count_outcomes(sum(error is None for error in outcomes), sum(error is not None for error in outcomes))
+            self._reporter.settled(
+                self.queue, sum(error is None for error in outcomes), sum(error is not None for error in outcomes)
+            )
             for message, error in zip(messages, outcomes, strict=True):
                 if error is not None:
                     await self._copy_to_error(message, error)
@@ -688,16 +607,11 @@ class MessagePump:
                 message.id,
             )
         settled = [error for message, error in zip(messages, outcomes, strict=True) if message.claim_token in held]
-        self._count_outcomes(sum(error is None for error in settled), sum(error is not None for error in settled))
+        self._reporter.settled(
+            self.queue, sum(error is None for error in settled), sum(error is not None for error in settled)
+        )
         if lost:
             self._reporter.count("leases_lost", self.queue, len(lost))
-
-    def _count_outcomes(self, handled: int, failed: int) -> None:
-        """Report messages settled: handled (acknowledged, or committed), failed (given back, or rolled back)."""
-        if handled:
-            self._reporter.count("handled", self.queue, handled)
-        if failed:
-            self._reporter.count("failed", self.queue, failed)
 
     async def _receive_singly(self, budget: int) -> int:
         """Run up to ``budget`` native receives, at most ``max_concurrency`` at once; stop at the first empty one."""
@@ -707,7 +621,7 @@ class MessagePump:
 
         async def one() -> bool:
             try:
-                got = await self._receive_native()
+                got = await self._native.receive()
             except Exception as exc:  # noqa: BLE001  # database failure mid-receive: the transaction rolled back
                 exhausted.set()
                 await self._sleep(self.breaker.failure(exc, self.name))
@@ -733,129 +647,6 @@ class MessagePump:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _receive_native_batch(self, wanted: int, batch_handler: BatchHandler) -> int:
-        """Receive up to ``wanted`` messages and run ``batch_handler`` on them in one transaction.
-
-        The batch commits or rolls back whole: the handler's writes and the receive of every
-        message. A failed batch of several messages says nothing of which one is at fault, so
-        its messages come back one at a time (they are the oldest in the queue): the good ones
-        pass alone, and only a message failing on its own counts towards ``max_deliveries``,
-        after which it is moved to the error queue instead of being handed out again.
-        """
-        if self._isolating:
-            wanted = 1
-        received = ops.Taken()
-        batch: list[ReceivedMessage] = []
-        outcome: BaseException | None = None
-        handled = False  # the batch handler returned normally, its transaction still whole
-        moved = 0  # moved to the error queue in this transaction: counted once it commits
-        try:
-            async with self.pool.session() as session:
-                try:
-                    async with session.transaction(begun_by_first_statement=True):
-                        received = await ops.drive(
-                            ops.receive(self.dialect, self.queue, self.error_queue, wanted), session.execute
-                        )
-                        self._reporter.count("received", self.queue, len(received))
-                        moved = received.moved_to_error
-                        for message in received:
-                            if await self._dead_letter_if_exhausted(session, message):
-                                moved += 1
-                            else:
-                                batch.append(message)
-                        if batch:
-                            for message in batch:
-                                self._note_ttbr(message)
-                            started = datetime.now(UTC)
-                            try:
-                                await batch_handler(batch, session.connection)
-                            except BaseException as exc:  # the batch's failure rolls it back; the pump goes on
-                                handler_failure(exc)
-                                outcome = exc
-                                raise _Rollback from exc
-                            finally:
-                                self._reporter.handler_time(self.queue, (datetime.now(UTC) - started).total_seconds())
-                            outcome = aborted(session)
-                            handled = outcome is None
-                            if outcome is not None:
-                                raise _Rollback
-                            await self._audit_in(session, batch, dict.fromkeys((m.id for m in batch), started))
-                except _Rollback:
-                    moved = 0
-        except SETUP_ERRORS:
-            raise
-        except Exception as exc:  # the handler had the batch, yet its transaction did not commit
-            if not handled or not self._not_committed(batch, exc):
-                raise
-            return len(received)  # the handler's work could not commit: a failed delivery, not an outage
-        self._reporter.count("moved_to_error", self.queue, moved)
-        if self._isolating:
-            self._isolating -= 1
-        self._count_outcomes(*((len(batch), 0) if outcome is None else (0, len(batch))))
-        if outcome is None:
-            self.handled += len(batch)
-            for message in received:  # handled, or moved to the error queue: either way done
-                self.failures.forget(message.id)
-        else:
-            self.failed += len(batch)
-            log.warning(
-                "Queue %s: batch handler failed for %d message(s): %s: %s",
-                self.name,
-                len(batch),
-                type(outcome).__name__,
-                storable_text(error_text(outcome), defaults.MAX_FAILURE_TEXT),
-            )
-            if len(batch) > 1:
-                self._isolating = len(batch)  # the next receives take these messages one by one
-            else:
-                for message in batch:
-                    self.failures.record(message.id, outcome)
-        return len(received)
-
-    def _not_committed(self, messages: list[ReceivedMessage], exc: Exception) -> bool:
-        """Native mode: the handler had ``messages`` and returned normally, but their transaction did not
-        commit -- the server ended the session under it (a handler slower than
-        ``idle_in_transaction_session_timeout``, a restart) or the commit failed. Nothing it did was
-        kept, so it is a failed delivery, counted as a raising handler's is: a message whose handling
-        always outlasts the session reaches the error queue after ``max_deliveries`` instead of
-        coming back for ever. Several messages are then received one at a time, as after a failed batch.
-
-        True when the failure is the work's own (:class:`TransactionAbortedError`: it could not
-        commit), which the loop goes on from; False when the database failed, which it backs off from."""
-        self.failed += len(messages)
-        self._count_outcomes(0, len(messages))
-        log.warning(
-            "Queue %s: the transaction of %d handled message(s) did not commit, so they count as failed: %s",
-            self.name,
-            len(messages),
-            storable_text(error_text(exc), defaults.MAX_FAILURE_TEXT),
-        )
-        if len(messages) > 1:
-            self._isolating = len(messages)
-        else:
-            for message in messages:
-                self.failures.record(message.id, exc)
-        return isinstance(exc, TransactionAbortedError)
-
-    async def _dead_letter_if_exhausted(self, session: Session, message: ReceivedMessage) -> bool:
-        """In a native receive transaction: move a message that failed ``max_deliveries`` times to the error
-        queue (with its last failure) instead of handing it out again; whether it was moved (the caller
-        counts it once the transaction commits: a rolled-back move is made again, and counted then)."""
-        count, last_error = self.failures.get(message.id)
-        if count < self.max_deliveries:
-            return False
-        log.error(
-            "Queue %s: message %s failed %d times; moving it to %s",
-            self.name,
-            message.id,
-            count,
-            self.dialect.qualified_name(self.error_queue),
-        )
-        await ops.drive(
-            ops.move_to_error(self.dialect, self.queue, self.error_queue, message, last_error), session.execute
-        )
-        return True
 
     def _note_ttbr(self, message: ReceivedMessage) -> None:
         if self._ttbr_warned:
@@ -888,67 +679,6 @@ class MessagePump:
         self.handled += 1
         return None
 
-    async def _receive_native(self) -> bool:
-        outcome: BaseException | None = None
-        message: ReceivedMessage | None = None
-        handled = False  # the handler ran and returned normally: counted as handled, until the commit says otherwise
-        moved = 0  # moved to the error queue in this transaction: counted once it commits
-        try:
-            async with self.pool.session() as session:
-                try:
-                    async with session.transaction(begun_by_first_statement=True):
-                        received = await ops.drive(
-                            ops.receive(self.dialect, self.queue, self.error_queue, 1), session.execute
-                        )
-                        self._reporter.count("received", self.queue, len(received))
-                        moved = received.moved_to_error
-                        if not received:
-                            return False
-                        message = received[0]
-                        if await self._dead_letter_if_exhausted(session, message):
-                            self.failures.forget(message.id)
-                            moved += 1
-                            return True
-                        started = datetime.now(UTC)
-                        outcome = await self._handle(message, session.connection)
-                        if outcome is None and (outcome := aborted(session)) is not None:
-                            self.handled, self.failed = self.handled - 1, self.failed + 1
-                            log.warning("Queue %s: message %s: %s", self.name, message.id, outcome)
-                        handled = outcome is None
-                        if outcome is not None:
-                            raise _Rollback
-                        await self._audit_in(session, [message], {message.id: started})
-                except _Rollback:
-                    moved = 0
-        except SETUP_ERRORS:
-            moved = 0
-            raise
-        except Exception as exc:  # the handler had the message, yet its transaction did not commit
-            moved = 0
-            if message is None or not handled:
-                raise
-            self.handled -= 1
-            if not self._not_committed([message], exc):
-                raise
-            return True  # the handler's work could not commit: a failed delivery, not an outage
-        finally:  # also after a return inside the transaction, once it committed
-            self._reporter.count("moved_to_error", self.queue, moved)
-        if message is not None:
-            if outcome is None:
-                self.failures.forget(message.id)
-                self._count_outcomes(1, 0)
-            else:
-                self.failures.record(message.id, outcome)
-                self._count_outcomes(0, 1)
-        return True
-
-    async def _audit_in(
-        self, session: Session, messages: list[ReceivedMessage], started: dict[uuid.UUID, datetime]
-    ) -> None:
-        """In a native receive transaction: the audit copies of the messages just handled, committed with it."""
-        if self.audit_queue is not None:
-            await ops.drive(ops.audit(self.dialect, self.queue, self.audit_queue, messages, started), session.execute)
-
     async def _renew(self, tokens: list[Any]) -> None:
         """Renew a handler's claim every third of the lease while it runs, so a long handler keeps its message."""
         while True:
@@ -958,7 +688,3 @@ class MessagePump:
                     await session.run(ops.extend(self.dialect, self.queue, tokens, self.lease_ms))
             except Exception as exc:  # noqa: BLE001  # the next renewal may succeed; the handler goes on either way
                 log.warning("Queue %s: could not renew a claim: %s", self.name, exc)
-
-
-class _Rollback(Exception):  # noqa: N818  # a signal to roll back, not an error
-    """Raised inside the receive transaction to roll it back after a handler failure."""

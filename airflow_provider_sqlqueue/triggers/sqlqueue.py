@@ -119,9 +119,10 @@ def _report_health(conn_id: str, interval: float) -> Callable[[], None]:
 
 async def _send_health(conn_id: str, interval: float) -> None:
     def emit() -> None:  # on a worker thread: it connects, queries and sends with blocking calls
+        from ..hooks.sqlqueue import SqlQueueHook
         from ..metrics import emit_queue_metrics
 
-        emit_queue_metrics([conn_id])
+        emit_queue_metrics([conn_id], lambda name: SqlQueueHook(name).client())
 
     while True:
         await asyncio.to_thread(emit)
