@@ -54,11 +54,9 @@ def imports_of(path: Path, modules: set[str], root: Path = PACKAGE) -> set[str]:
     ``from . import name`` in a package's module, import that module and not the package's
     ``__init__``. Relative imports are resolved from the importing module's package.
 
-    A module's imports from its own packages (``from . import Dialect`` in ``dialects/postgres.py``)
-    are left out: Python imports a package before any module in it, so that arrow is there for
-    every module and is drawn by no import; counted, every package whose ``__init__`` imports one
-    of its modules (a re-export, a factory) would be a circle. Imports of a package from outside
-    it count, so a circle through another module is still found."""
+    A module's imports from its own package count like any other (``from . import Dialect`` in a
+    module whose package's ``__init__`` imports that module back is a circle): what a package's
+    ``__init__`` re-exports is defined in a module of its own, which the others import."""
     name = module_name(path, root)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
@@ -79,7 +77,7 @@ def imports_of(path: Path, modules: set[str], root: Path = PACKAGE) -> set[str]:
         for target in targets:
             while target and target not in modules:  # ``import a.b.name``'s module, or none of the package's
                 target = target.rpartition(".")[0]
-            if target and not name.startswith(f"{target}."):
+            if target and target != name:
                 found.add(target)
     return found
 
@@ -155,8 +153,8 @@ def test_the_package_has_no_import_circles() -> None:
 
 def test_the_circle_finder_counts_every_kind_of_import(tmp_path: Path) -> None:
     """On a package made for it: lazy and TYPE_CHECKING imports, relative ones of every level, a
-    module named by ``from . import``, a package counting as its ``__init__``, and a module's own
-    packages left out."""
+    module named by ``from . import``, a package counting as its ``__init__`` (its own modules'
+    imports of it too)."""
     root = tmp_path / "shop"
     files = {
         "__init__.py": "",
@@ -177,11 +175,16 @@ def test_the_circle_finder_counts_every_kind_of_import(tmp_path: Path) -> None:
         "shop.cli": {"shop.console"},
         "shop.console": {"shop.cli"},
         "shop.orders": {"shop.orders.store"},
-        "shop.orders.store": {"shop.orders.rows", "shop.cli"},  # not its own package, shop.orders
+        "shop.orders.store": {"shop.orders", "shop.orders.rows", "shop.cli"},
         "shop.orders.rows": {"shop.orders.deep.inner"},
         "shop.orders.deep": set(),
-        "shop.orders.deep.inner": {"shop.console"},  # its own packages left out
+        "shop.orders.deep.inner": {"shop.orders", "shop.console"},
     }
-    assert import_circles(graph) == [["shop.cli", "shop.console", "shop.cli"]]
+    assert import_circles(graph) == [
+        ["shop.cli", "shop.console", "shop.cli"],
+        ["shop.orders", "shop.orders.store", "shop.orders"],  # a package's __init__ and its module
+    ]
+    graph["shop.orders.store"] -= {"shop.orders"}
+    graph["shop.orders.deep.inner"] -= {"shop.orders"}
     graph["shop.console"] = {"shop.orders"}  # the way round through a package's __init__ instead
     assert import_circles(graph) == [["shop.cli", "shop.console", "shop.orders", "shop.orders.store", "shop.cli"]]

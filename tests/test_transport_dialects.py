@@ -1,40 +1,41 @@
-"""Unit behaviour of :mod:`airflow_provider_sqlqueue.transport.dialects`: what every database's dialect shares."""
+"""Choosing a dialect by name (:mod:`airflow_provider_sqlqueue.transport.dialects`)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
-from airflow_provider_sqlqueue.transport import QueueAddress
 from airflow_provider_sqlqueue.transport.dialects import get_dialect
-from airflow_provider_sqlqueue.transport.errors import InvalidArgumentError, NotAQueueError
+from airflow_provider_sqlqueue.transport.errors import InvalidArgumentError
 
 
-@pytest.mark.parametrize("name", ["postgres", "sqlserver"])
-def test_each_dialect_formats_the_addresses_it_parses(name: str) -> None:
-    dialect = get_dialect(name)
-    for text in ("orders", "orders.Delayed", "o'rders", "Mixed Case"):
-        formatted = dialect.format_address(dialect.parse_address(text))
-        assert dialect.format_address(dialect.parse_address(formatted)) == formatted
-        assert dialect.parse_address(formatted).table == dialect.parse_address(text).table
-
-
-@pytest.mark.parametrize("name", ["postgres", "sqlserver"])
-def test_each_dialect_keeps_the_claim_store_out_of_queue_names(name: str) -> None:
-    dialect = get_dialect(name)
-    store = dialect.inflight_address(QueueAddress("orders", "shop"))
-    assert store.table == dialect.inflight_table and store.schema == "shop"
-    with pytest.raises(NotAQueueError, match="claim store"):
-        dialect.learn_table_shape(QueueAddress(dialect.inflight_table, "shop"), [])
-
-
-def test_a_claim_names_its_queue_one_way_however_the_address_was_written() -> None:
-    dialect = get_dialect("sqlserver")
-    keys = {
-        dialect.claim_key(dialect.parse_address(text)) for text in ("orders", "orders@[dbo]", "orders@[dbo]@[Shop]")
-    }
-    assert keys == {"orders@[dbo]"}
+@pytest.mark.parametrize(
+    ("name", "dialect"),
+    [
+        ("postgres", "postgres"),
+        ("PostgreSQL", "postgres"),
+        ("pg", "postgres"),
+        ("sqlserver", "sqlserver"),
+        ("MSSQL", "sqlserver"),
+    ],
+)
+def test_each_name_of_a_database_chooses_its_dialect(name: str, dialect: str) -> None:
+    assert get_dialect(name).name == dialect
 
 
 def test_an_unknown_dialect_is_refused() -> None:
-    with pytest.raises(InvalidArgumentError):
+    with pytest.raises(InvalidArgumentError, match="unknown SQL dialect 'oracle'"):
         get_dialect("oracle")
+
+
+def test_postgresql_users_never_load_sql_servers_dialect() -> None:
+    probe = (
+        "import sys\n"
+        "from airflow_provider_sqlqueue.transport.dialects import get_dialect\n"
+        "get_dialect('postgres')\n"
+        "print('airflow_provider_sqlqueue.transport.dialects.sqlserver' in sys.modules)\n"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120)
+    assert loaded.stdout.strip() == "False"

@@ -33,7 +33,7 @@ from ..errors import (
     TransportMisconfiguredError,
     TransportUnavailableError,
 )
-from . import Dialect, SendRow, TableShape
+from .base import Dialect, SendRow, TableShape
 
 #: PostgreSQL's identifiers are at most 63 bytes (longer ones are cut short without a word).
 MAX_IDENTIFIER_BYTES = 63

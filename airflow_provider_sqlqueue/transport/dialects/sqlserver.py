@@ -40,7 +40,7 @@ from ..errors import (
     TransportUnavailableError,
 )
 from ..logs import logger
-from . import Dialect, SendRow, TableShape
+from .base import Dialect, SendRow, TableShape
 
 log = logger("airflow_provider_sqlqueue.transport")
 
