@@ -57,6 +57,7 @@ if os.environ.get("CI"):
 from airflow_provider_sqlqueue.transport import QueueAddress, QueueClient
 from demo import reaper
 from demo.services import airflow_connection
+from tests import parallel
 from tests.backends import Backend, Raw, backend_for
 
 LOCAL_PG_URI = "postgresql://postgres@127.0.0.1:5432/test"
@@ -109,6 +110,8 @@ def pytest_configure(config: pytest.Config) -> None:
     # A run stopped by SIGTERM or SIGHUP (a CI timeout) tears its fixtures down as after Ctrl-C, and
     # any service or Spark daemon still running at exit is killed (demo/reaper.py).
     reaper.interruptible()
+    if not hasattr(config, "workerinput") and config.getoption("dist", "no") != "no":
+        parallel.stop_workers_before_the_controller()
 
 
 @pytest.fixture(autouse=True)
@@ -117,6 +120,17 @@ def _stopped_by_sigterm_after_every_test() -> Iterator[None]:
     behind (it only ends the task it ran): a CI timeout after it would no longer tear the run down."""
     yield
     reaper.interruptible()
+
+
+@pytest.hookimpl(trylast=True)  # after the session's fixtures are torn down
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if hasattr(session.config, "workerinput"):
+        parallel.worker_done()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    parallel.schedule(items)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

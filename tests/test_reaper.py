@@ -213,3 +213,79 @@ def test_an_owner_stopped_by_a_signal_deletes_the_namespaces_and_links_it_made()
     finally:
         owner.kill()
         owner.wait()
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_a_stopped_parallel_run_tears_down_on_every_worker_before_it_ends(tmp_path: Path, how: signal.Signals) -> None:
+    """``.ci/test`` runs the suite on several workers (pytest-xdist). A CI timeout signals only the
+    controller, which runs no test; Ctrl-C signals the whole process group. Either way each worker's
+    fixtures are torn down and what its tests started is gone when the run ends -- a controller
+    ending first would SIGKILL its workers mid-teardown, leaving their daemons running."""
+    (tmp_path / "conftest.py").write_text(
+        "from tests.conftest import (  # noqa: F401\n"
+        "    _stopped_by_sigterm_after_every_test, pytest_configure, pytest_sessionfinish,\n"
+        ")\n"
+    )
+    for name in ("a", "b"):  # two modules: each module's tests stay on one worker
+        (tmp_path / f"test_long_{name}.py").write_text(
+            textwrap.dedent(
+                f"""
+                import os, subprocess, time
+                import pytest
+                from demo import reaper
+
+                @pytest.fixture
+                def daemon():
+                    process = subprocess.Popen(["sleep", "300"], start_new_session=True)
+                    reaper.track(process.pid)
+                    yield process
+                    time.sleep(12)  # longer than xdist gives a worker before it kills it
+                    with open(os.path.join({str(tmp_path)!r}, f"teardown-{{process.pid}}"), "w"):
+                        pass
+
+                def test_runs_long(daemon):
+                    with open(os.path.join({str(tmp_path)!r}, f"daemon-{{daemon.pid}}"), "w"):
+                        pass
+                    time.sleep(300)
+                """
+            )
+        )
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-n",
+            "2",
+            "--dist",
+            "loadgroup",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        start_new_session=True,  # a process group of its own, as a terminal's foreground job
+    )
+    try:
+        deadline = time.monotonic() + 120
+        daemons: list[int] = []
+        while len(daemons) < 2 and time.monotonic() < deadline and run.poll() is None:
+            daemons = [int(path.name.split("-")[1]) for path in tmp_path.glob("daemon-*")]
+            time.sleep(0.1)
+        assert len(daemons) == 2, run.communicate(timeout=60)[0] if run.poll() is not None else "no daemon"
+        if how == signal.SIGINT:
+            os.killpg(run.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the foreground group
+        else:
+            run.send_signal(how)  # a CI timeout: the controller alone
+        run.communicate(timeout=300)
+        assert sorted(int(path.name.split("-")[1]) for path in tmp_path.glob("teardown-*")) == sorted(daemons)
+        assert [pid for pid in daemons if group_members(pid)] == []
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+        run.wait()

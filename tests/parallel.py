@@ -1,0 +1,118 @@
+r"""How the suite runs on several workers (pytest-xdist, ``--dist loadgroup``), as ``.ci/test`` runs it.
+
+Tests are independent: each has its own schema, and the few that disturb a whole server (restarts,
+session-kill storms) make a server of their own. What is *not* free is a module's expensive
+fixtures (Airflow's services, a Spark cluster, a browser): a module's tests therefore stay together
+on one worker, so each such fixture starts once per run, and the modules that share a session-wide
+fixture (:data:`SHARED`) stay together too. The heaviest modules (:data:`HEAVY`) are handed out
+first, so that the workers finish at about the same time instead of one starting the longest
+module when the others are done.
+
+A run stopped from outside must still tear down what its tests started: SIGTERM reaches only the
+controller, which runs no test. :func:`stop_workers_before_the_controller` passes it on to the
+workers and waits until each has unwound -- fixtures torn down and its reaper run, which it says
+by a file of its own (:func:`worker_done`) -- before the controller stops: a controller stopping
+first tells execnet to end its workers, which interrupts a teardown after 5 s and ``os._exit``\ s
+the worker 10 s later, leaving its daemons running.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import signal
+import tempfile
+import time
+from pathlib import Path
+from types import FrameType
+
+import pytest
+
+from demo import reaper
+
+#: Where workers say they are done (set by the controller, inherited by the workers it starts).
+DONE_DIR = "SQLQUEUE_TEST_WORKERS_DONE"
+#: Modules that share a session-wide fixture and so run on one worker: group name -> module file names.
+SHARED: dict[str, tuple[str, ...]] = {}
+
+#: Modules that take minutes (Airflow's services, Celery workers, Spark, a browser, crash and chaos
+#: runs), the longest first: started first so no worker is left alone with one at the end.
+HEAVY: tuple[str, ...] = ()
+
+#: How long a stopped controller waits for its workers to tear down (services stop gracefully in
+#: well under this).
+TEARDOWN_WAIT = 240.0
+
+
+def group_of(item: pytest.Item) -> str:
+    """The worker group of a test: its module's, or the shared group its module belongs to."""
+    name = Path(str(item.fspath)).name
+    for group, modules in SHARED.items():
+        if name in modules:
+            return group
+    return name
+
+
+def schedule(items: list[pytest.Item]) -> None:
+    """Keep each group on one worker and hand out the heaviest modules first (stable otherwise)."""
+    rank = {name: n for n, name in enumerate(HEAVY)}
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(group_of(item)))
+    items.sort(key=lambda item: rank.get(Path(str(item.fspath)).name, len(rank)))
+
+
+def _workers() -> list[int]:
+    """The controller's child processes: its workers (the controller itself runs no test)."""
+    me, found = os.getpid(), []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me and fields[0] != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    workers = _workers()
+    if signum != signal.SIGINT:  # Ctrl-C reached the workers already: the terminal signals the whole group
+        for pid in workers:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    done = Path(os.environ[DONE_DIR])
+    deadline = time.monotonic() + TEARDOWN_WAIT
+    while time.monotonic() < deadline and any(_alive(pid) and not (done / str(pid)).exists() for pid in workers):
+        time.sleep(0.1)
+    raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
+
+
+def stop_workers_before_the_controller() -> None:
+    """In the controller: SIGTERM, SIGHUP and SIGINT stop the workers first, then the controller."""
+    done = tempfile.mkdtemp(prefix="sqlqueue-workers-")
+    atexit.register(shutil.rmtree, done, ignore_errors=True)
+    os.environ[DONE_DIR] = done
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(signum, _stop)
+
+
+def worker_done() -> None:
+    """In a worker whose session is over (its fixtures torn down): kill what is left of what its
+    tests started, and say so to a controller that waits for it."""
+    done = os.environ.get(DONE_DIR)
+    if done is None:
+        return
+    reaper.kill_all()
+    (Path(done) / str(os.getpid())).touch()
