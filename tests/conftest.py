@@ -128,7 +128,6 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         parallel.worker_done()
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     parallel.schedule(items)
 

@@ -1,12 +1,11 @@
-r"""How the suite runs on several workers (pytest-xdist, ``--dist loadgroup``), as ``.ci/test`` runs it.
+r"""How the suite runs on several workers (pytest-xdist, ``--dist loadfile``), as ``.ci/test`` runs it.
 
 Tests are independent: each has its own schema, and the few that disturb a whole server (restarts,
 session-kill storms) make a server of their own. What is *not* free is a module's expensive
 fixtures (Airflow's services, a Spark cluster, a browser): a module's tests therefore stay together
-on one worker, so each such fixture starts once per run, and the modules that share a session-wide
-fixture (:data:`SHARED`) stay together too. The heaviest modules (:data:`HEAVY`) are handed out
-first, so that the workers finish at about the same time instead of one starting the longest
-module when the others are done.
+on one worker (``loadfile``), so each such fixture starts once per run. The heaviest modules
+(:data:`HEAVY`) are handed out first, so that the workers finish at about the same time instead of
+one starting the longest module when the others are done.
 
 A run stopped from outside must still tear down what its tests started: SIGTERM reaches only the
 controller, which runs no test. :func:`stop_workers_before_the_controller` passes it on to the
@@ -33,33 +32,31 @@ from demo import reaper
 
 #: Where workers say they are done (set by the controller, inherited by the workers it starts).
 DONE_DIR = "SQLQUEUE_TEST_WORKERS_DONE"
-#: Modules that share a session-wide fixture and so run on one worker: group name -> module file names.
-SHARED: dict[str, tuple[str, ...]] = {}
-
 #: Modules that take minutes (Airflow's services, Celery workers, Spark, a browser, crash and chaos
 #: runs), the longest first: started first so no worker is left alone with one at the end.
-HEAVY: tuple[str, ...] = ()
+HEAVY: tuple[str, ...] = (
+    "test_airflow_services.py",
+    "test_distributed.py",
+    "test_spark.py",
+    "test_packaging.py",
+    "test_docs.py",
+    "test_queues_page.py",
+    "test_chaos.py",
+    "test_spark_pipeline.py",
+    "test_crash_mid_receive.py",
+    "test_competing_consumers.py",
+    "test_contract.py",
+)
 
 #: How long a stopped controller waits for its workers to tear down (services stop gracefully in
 #: well under this).
 TEARDOWN_WAIT = 240.0
 
 
-def group_of(item: pytest.Item) -> str:
-    """The worker group of a test: its module's, or the shared group its module belongs to."""
-    name = Path(str(item.fspath)).name
-    for group, modules in SHARED.items():
-        if name in modules:
-            return group
-    return name
-
-
 def schedule(items: list[pytest.Item]) -> None:
-    """Keep each group on one worker and hand out the heaviest modules first (stable otherwise)."""
+    """Hand out the heaviest modules first; the others keep their order."""
     rank = {name: n for n, name in enumerate(HEAVY)}
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(group_of(item)))
-    items.sort(key=lambda item: rank.get(Path(str(item.fspath)).name, len(rank)))
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 def _workers() -> list[int]:

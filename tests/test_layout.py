@@ -9,6 +9,7 @@ and end-to-end suites (``test_queue_behaviour.py``, ``test_contract*.py``, ``tes
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).parent.parent / "airflow_provider_sqlqueue"
@@ -37,6 +38,22 @@ def test_every_source_module_has_its_test_module() -> None:
         if not (TESTS / unit_tests_of(path)).exists()
     ]
     assert not missing, "source modules without their test module:\n" + "\n".join(missing)
+
+
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
+
+
+def test_the_architecture_map_names_every_module_and_only_files_that_exist() -> None:
+    """docs/architecture.md is the map a maintainer reads first: it must stay true as modules come
+    and go, so every module with code is named there, and every path it names exists."""
+    text = ARCHITECTURE.read_text()
+    named = set(re.findall(r"`((?:[\w.]+/)*\w+\.py)`", text))
+    modules = {str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py") if path.read_text().strip()}
+    assert len(modules) > 40
+    missing = sorted(modules - named)
+    assert not missing, "modules docs/architecture.md does not name:\n" + "\n".join(missing)
+    stale = sorted(path for path in named if not (PACKAGE / path).exists() and not (PACKAGE.parent / path).exists())
+    assert not stale, "paths docs/architecture.md names that do not exist:\n" + "\n".join(stale)
 
 
 def module_name(path: Path, root: Path = PACKAGE) -> str:

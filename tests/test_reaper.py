@@ -258,7 +258,7 @@ def test_a_stopped_parallel_run_tears_down_on_every_worker_before_it_ends(tmp_pa
             "-n",
             "2",
             "--dist",
-            "loadgroup",
+            "loadfile",
             "-p",
             "no:cacheprovider",
             "-q",
