@@ -41,12 +41,19 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
 
 @pytest.fixture(scope="module")
 def spark(cluster: SparkCluster) -> Iterator[object]:
+    from pyspark import SparkContext
+
     from airflow_provider_sqlqueue.spark import register
 
     session = cluster.session("sqlqueue-source-tests", {"spark.task.maxFailures": "4"})
     register(session)
     yield session
     session.stop()
+    # The JVM outlives the session, keeping the conf it was launched with as system properties, which
+    # every later SparkConf of this process reads. Airflow's @task.pyspark sets its connection's master
+    # only when the conf has none, so the example DAGs run later by tests/test_spark_pipeline.py went
+    # to this cluster's master, stopped with this module.
+    SparkContext._jvm.java.lang.System.clearProperty("spark.master")
 
 
 @pytest.fixture(name="space")  # a name of its own: tests/test_spark_write.py imports it
