@@ -37,7 +37,7 @@ DONE_DIR = "SQLQUEUE_TEST_WORKERS_DONE"
 HEAVY: tuple[str, ...] = (
     "test_airflow_services.py",
     "test_distributed.py",
-    "test_spark.py",
+    "test_spark_cluster.py",
     "test_packaging.py",
     "test_docs.py",
     "test_queues_page.py",

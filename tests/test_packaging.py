@@ -43,6 +43,8 @@ FLOOR_SUITES = (
     "tests/test_operators_sqlqueue.py",
     "tests/test_spark_options.py",
     "tests/test_spark_read.py",
+    "tests/test_spark_stream.py",
+    "tests/test_spark_write.py",
 )
 #: What those suites import beyond the package (the dev group's tools, at their declared floors).
 TEST_TOOLS = ("pytest>=8.3", "pytest-asyncio>=0.25", "pytest-timeout>=2.3", "hypothesis>=6.100", "sqlglot>=26")
