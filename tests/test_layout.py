@@ -40,6 +40,19 @@ def test_every_source_module_has_its_test_module() -> None:
     assert not missing, "source modules without their test module:\n" + "\n".join(missing)
 
 
+#: Lines a module may have: one capability a maintainer can read whole. The client facade (every
+#: call of the API, each a few lines over an operation) and the dialects' SQL text may be longer.
+MAX_LINES = 800
+LONGER = {"transport/client.py": 1600, "transport/dialects/postgres.py": 1600, "transport/dialects/sqlserver.py": 1600}
+
+
+def test_no_module_outgrows_what_a_maintainer_can_read_whole() -> None:
+    lengths = {str(path.relative_to(PACKAGE)): len(path.read_text().splitlines()) for path in PACKAGE.rglob("*.py")}
+    assert set(LONGER) <= set(lengths)
+    too_long = {name: n for name, n in lengths.items() if n > LONGER.get(name, MAX_LINES)}
+    assert not too_long, f"split by capability (see docs/architecture.md): {too_long}"
+
+
 ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
 
 
