@@ -510,12 +510,14 @@ def test_lock_timeout_says_its_bound_truly_and_a_dash_dash_value_is_one_line(pg_
 
 
 def test_a_reader_that_closes_the_pipe_ends_the_command_quietly() -> None:
-    # The pipe is shrunk to one page, so the command cannot have written all its output before the reader goes,
-    # whatever size the system gives a pipe (else the command may finish first and rightly say nothing).
+    # The pipe is shrunk to one page and the output (~1.7 MB) is larger than any pipe may grow
+    # (/proc/sys/fs/pipe-max-size, 1 MiB by default), so the command cannot have written it all before
+    # the reader goes (else it may finish first and rightly say nothing): a run with 300 queues (~160 KB)
+    # once ended with status 0 under load.
     read_end, write_end = os.pipe()
     fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)
     command = subprocess.Popen(
-        [*SQLQUEUE, "ddl", *[f"q{n}" for n in range(300)], "--dialect", "postgres"],
+        [*SQLQUEUE, "ddl", *[f"q{n}" for n in range(3000)], "--dialect", "postgres"],
         stdout=write_end,
         stderr=subprocess.PIPE,
         text=True,
@@ -523,7 +525,7 @@ def test_a_reader_that_closes_the_pipe_ends_the_command_quietly() -> None:
     os.close(write_end)
     with open(read_end, encoding="utf-8") as reader:
         first = reader.readline()
-    # as `| head -1` does: the reader has gone with one line of the ~160 KB the command writes
+    # as `| head -1` does: the reader has gone with one line of what the command writes
     assert first.startswith("--")
     _, err = command.communicate(timeout=120)
     assert (command.returncode, err) == (141, "")
