@@ -23,6 +23,7 @@ import shutil
 import signal
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
@@ -59,26 +60,28 @@ def schedule(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
-def _workers() -> list[int]:
-    """The controller's child processes: its workers (the controller itself runs no test)."""
-    me, found = os.getpid(), []
+def live_processes() -> Iterator[tuple[int, list[str]]]:
+    """Each live (not zombie) process: its pid and the fields of ``/proc/<pid>/stat`` after its name
+    (state, ppid, pgrp, ...)."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
+        except OSError:  # gone meanwhile
             continue
-        if int(fields[1]) == me and fields[0] != "Z":
-            found.append(int(entry.name))
-    return found
+        if fields[0] != "Z":
+            yield int(entry.name), fields
+
+
+def _workers() -> list[int]:
+    """The controller's child processes: its workers (the controller itself runs no test)."""
+    me = os.getpid()
+    return [pid for pid, fields in live_processes() if int(fields[1]) == me]
 
 
 def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    return any(found == pid for found, _ in live_processes())
 
 
 def _stop(signum: int, frame: FrameType | None) -> None:

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.parallel import live_processes
+
 ROOT = Path(__file__).resolve().parents[1]
 
 OWNER = """
@@ -37,17 +39,7 @@ finally:
 
 def group_members(pgid: int) -> list[int]:
     """Live (not zombie) processes of the group ``pgid``."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(entry.name))
-    return members
+    return [pid for pid, fields in live_processes() if int(fields[2]) == pgid]
 
 
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
