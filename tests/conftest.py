@@ -23,8 +23,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 # Airflow reads its configuration when first imported: point it at a private home (SQLite metadata
-# database, no example DAGs) before any test module imports it.
-os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="sqlqueue-airflow-"))
+# database, no example DAGs) before any test module imports it. Each pytest-xdist worker makes its
+# own: the home its controller made, which the workers inherit, would have them share one SQLite
+# database (migrated by each at once, and written by the DAG runs of all).
+PRIVATE_HOME = "SQLQUEUE_TEST_AIRFLOW_HOME"
+if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("AIRFLOW_HOME") == os.environ.get(PRIVATE_HOME):
+    del os.environ["AIRFLOW_HOME"]
+if "AIRFLOW_HOME" not in os.environ:
+    os.environ["AIRFLOW_HOME"] = os.environ[PRIVATE_HOME] = tempfile.mkdtemp(prefix="sqlqueue-airflow-")
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION", "False")
 TEST_DAGS = os.path.join(os.path.dirname(__file__), "dags")
@@ -110,7 +116,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # A run stopped by SIGTERM or SIGHUP (a CI timeout) tears its fixtures down as after Ctrl-C, and
     # any service or Spark daemon still running at exit is killed (demo/reaper.py).
     reaper.interruptible()
-    if not hasattr(config, "workerinput") and config.getoption("dist", "no") != "no":
+    if hasattr(config, "workerinput"):
+        parallel.stopped_by_the_controller_only()
+    elif config.getoption("tx", None):  # the controller of pytest-xdist workers (-n N, N > 0)
         parallel.stop_workers_before_the_controller()
 
 

@@ -8,8 +8,10 @@ on one worker (``loadfile``), so each such fixture starts once per run. The heav
 one starting the longest module when the others are done.
 
 A run stopped from outside must still tear down what its tests started: SIGTERM reaches only the
-controller, which runs no test. :func:`stop_workers_before_the_controller` passes it on to the
-workers and waits until each has unwound -- fixtures torn down and its reaper run, which it says
+controller, which runs no test, and Ctrl-C reaches every process of the group, where a second
+interrupt would cut a teardown short. Workers therefore ignore SIGINT, and
+:func:`stop_workers_before_the_controller` passes any stop on to them as one SIGTERM and waits
+until each has unwound -- fixtures torn down and its reaper run, which it says
 by a file of its own (:func:`worker_done`) -- before the controller stops: a controller stopping
 first tells execnet to end its workers, which interrupts a teardown after 5 s and ``os._exit``\ s
 the worker 10 s later, leaving its daemons running.
@@ -38,7 +40,6 @@ DONE_DIR = "SQLQUEUE_TEST_WORKERS_DONE"
 HEAVY: tuple[str, ...] = (
     "test_airflow_services.py",
     "test_distributed.py",
-    "test_spark_cluster.py",
     "test_packaging.py",
     "test_docs.py",
     "test_queues_page.py",
@@ -49,15 +50,19 @@ HEAVY: tuple[str, ...] = (
     "test_contract.py",
 )
 
+#: Modules that start Airflow's services with Spark as well, handed out last: with the two of
+#: :data:`HEAVY` that do, three such stacks at once leave a 2-core machine thrashing for all of them.
+LAST: tuple[str, ...] = ("test_spark_cluster.py",)
+
 #: How long a stopped controller waits for its workers to tear down (services stop gracefully in
 #: well under this).
 TEARDOWN_WAIT = 240.0
 
 
 def schedule(items: list[pytest.Item]) -> None:
-    """Hand out the heaviest modules first; the others keep their order."""
-    rank = {name: n for n, name in enumerate(HEAVY)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+    """Hand out the heaviest modules first and :data:`LAST` last; the others keep their order."""
+    rank = {name: n for n, name in enumerate(HEAVY)} | {name: len(HEAVY) + 1 + n for n, name in enumerate(LAST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(HEAVY)))
 
 
 def live_processes() -> Iterator[tuple[int, list[str]]]:
@@ -85,13 +90,14 @@ def _alive(pid: int) -> bool:
 
 
 def _stop(signum: int, frame: FrameType | None) -> None:
+    for stop in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):  # once: a second signal must not cut the wait short
+        signal.signal(stop, signal.SIG_IGN)
     workers = _workers()
-    if signum != signal.SIGINT:  # Ctrl-C reached the workers already: the terminal signals the whole group
-        for pid in workers:
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+    for pid in workers:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
     done = Path(os.environ[DONE_DIR])
     deadline = time.monotonic() + TEARDOWN_WAIT
     while time.monotonic() < deadline and any(_alive(pid) and not (done / str(pid)).exists() for pid in workers):
@@ -106,6 +112,13 @@ def stop_workers_before_the_controller() -> None:
     os.environ[DONE_DIR] = done
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(signum, _stop)
+
+
+def stopped_by_the_controller_only() -> None:
+    """In a worker: ignore SIGINT. Ctrl-C signals the terminal's whole process group, the workers
+    too; the controller passes the stop on as SIGTERM, once, so that a worker's teardown is
+    interrupted by nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def worker_done() -> None:

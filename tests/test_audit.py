@@ -270,8 +270,10 @@ def test_sigkill_between_the_ack_and_its_audit_copy_leaves_neither(backend, raw,
         child.start()
         assert taken.wait(60), "the consumer never took the message"
         deadline = time.monotonic() + 30
-        while not raw.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'INSERT INTO%audit%'"
+        while not raw.execute(  # the child's session: its statement names the test's schema
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'INSERT INTO%%audit%%' "
+            "AND strpos(query, %s) > 0",
+            (schema,),
         ).fetchone()[0]:
             assert time.monotonic() < deadline, "the consumer never reached the audit insert"
             time.sleep(0.05)
@@ -281,7 +283,10 @@ def test_sigkill_between_the_ack_and_its_audit_copy_leaves_neither(backend, raw,
     locker.close()
     # The lock is released: the dead session's transaction is rolled back, not committed.
     deadline = time.monotonic() + 30
-    while raw.execute("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'INSERT INTO%audit%'").fetchone()[0]:
+    while raw.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'INSERT INTO%%audit%%' AND strpos(query, %s) > 0",
+        (schema,),
+    ).fetchone()[0]:
         assert time.monotonic() < deadline, "the killed session lingers"
         time.sleep(0.05)
     assert audited_ids(raw, backend, schema) == Counter()

@@ -207,12 +207,19 @@ def test_an_owner_stopped_by_a_signal_deletes_the_namespaces_and_links_it_made()
         owner.wait()
 
 
-@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
-def test_a_stopped_parallel_run_tears_down_on_every_worker_before_it_ends(tmp_path: Path, how: signal.Signals) -> None:
-    """``.ci/test`` runs the suite on several workers (pytest-xdist). A CI timeout signals only the
-    controller, which runs no test; Ctrl-C signals the whole process group. Either way each worker's
-    fixtures are torn down and what its tests started is gone when the run ends -- a controller
-    ending first would SIGKILL its workers mid-teardown, leaving their daemons running."""
+@pytest.mark.parametrize(
+    ("how", "to_the_group"),
+    [(signal.SIGTERM, False), (signal.SIGINT, True), (signal.SIGINT, False)],
+    ids=["TERM-controller", "INT-group", "INT-controller"],
+)
+def test_a_stopped_parallel_run_tears_down_on_every_worker_before_it_ends(
+    tmp_path: Path, how: signal.Signals, to_the_group: bool
+) -> None:
+    """``.ci/test`` runs the suite on several workers (pytest-xdist). A CI timeout (SIGTERM, or
+    ``timeout -s INT``) signals only the controller, which runs no test; Ctrl-C signals the whole
+    process group. Each way each worker's fixtures are torn down, once, and what its tests started
+    is gone when the run ends -- a controller ending first would have execnet end its workers
+    mid-teardown, leaving their daemons running."""
     (tmp_path / "conftest.py").write_text(
         "from tests.conftest import (  # noqa: F401\n"
         "    _stopped_by_sigterm_after_every_test, pytest_configure, pytest_sessionfinish,\n"
@@ -270,8 +277,8 @@ def test_a_stopped_parallel_run_tears_down_on_every_worker_before_it_ends(tmp_pa
             daemons = [int(path.name.split("-")[1]) for path in tmp_path.glob("daemon-*")]
             time.sleep(0.1)
         assert len(daemons) == 2, run.communicate(timeout=60)[0] if run.poll() is not None else "no daemon"
-        if how == signal.SIGINT:
-            os.killpg(run.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the foreground group
+        if to_the_group:
+            os.killpg(run.pid, how)  # Ctrl-C: the terminal signals the foreground group
         else:
             run.send_signal(how)  # a CI timeout: the controller alone
         run.communicate(timeout=300)

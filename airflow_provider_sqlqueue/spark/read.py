@@ -2,7 +2,7 @@
 
 Each partition's messages reach Spark as Arrow batches built column by column
 (:func:`_column_batches`). A claim-mode read takes its messages under a ``holder``
-(:func:`_claim_for`, which the streaming reader of :mod:`.stream` uses per micro-batch too);
+(:func:`claim_for`, which the streaming reader of :mod:`.stream` uses per micro-batch too);
 :func:`ack_held` and :func:`nack_held` settle them. :func:`read_queue` is the plain helper: a
 browse on the driver, as a DataFrame.
 """
@@ -108,13 +108,13 @@ def _batch(
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
-def _read_share(options: Options, share: HeldShare) -> Iterator[pa.RecordBatch]:
+def read_share(options: Options, share: HeldShare) -> Iterator[pa.RecordBatch]:
     with options.connect() as client:
         held = client.held_columns(options.queue, share.holder, parts=share.parts, part=share.part)
     return _column_batches(held.ids, held.headers, held.bodies, held.deliveries)
 
 
-def _shares(holder: str, parts: int) -> list[HeldShare]:
+def holder_shares(holder: str, parts: int) -> list[HeldShare]:
     return [HeldShare(holder, parts, part) for part in range(parts)]
 
 
@@ -131,8 +131,8 @@ class QueueReader(DataSourceReader):
         with options.connect() as client:
             if options.mode == "claim":
                 assert options.holder is not None  # noqa: S101  # narrows a type Spark's interface erases
-                _claim_for(client, options, options.holder, options.max_messages_per_batch)
-                return _shares(options.holder, options.partitions)
+                claim_for(client, options, options.holder, options.max_messages_per_batch)
+                return holder_shares(options.holder, options.partitions)
             bounds = client.seq_range(options.queue)
         if bounds is None:
             return [SeqRange(0, 0)]
@@ -143,7 +143,7 @@ class QueueReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         options = self.options
         if isinstance(partition, HeldShare):
-            yield from _read_share(options, partition)
+            yield from read_share(options, partition)
             return
         assert isinstance(partition, SeqRange)  # noqa: S101  # narrows a type Spark's interface erases
         after = partition.after
@@ -156,7 +156,7 @@ class QueueReader(DataSourceReader):
                 after = page.after
 
 
-def _claim_for(client: QueueClient, options: Options, holder: str, wanted: int) -> int:
+def claim_for(client: QueueClient, options: Options, holder: str, wanted: int) -> int:
     """Make ``holder`` hold up to ``wanted`` messages: those it holds already (renewed), then new
     claims; returns how many it holds. What it holds already is what an earlier attempt of the same
     read or batch claimed, so repeating the read returns the same messages."""

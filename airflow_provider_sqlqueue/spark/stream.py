@@ -23,7 +23,7 @@ from ..transport.addressing import checked_text
 from ..transport.errors import ArgumentTypeError, SqlQueueError
 from ..transport.logs import logger
 from .options import NAME, InvalidOptionError, Options
-from .read import HeldShare, _claim_for, _read_share, _shares
+from .read import HeldShare, claim_for, holder_shares, read_share
 from .write import forget_write
 
 if TYPE_CHECKING:
@@ -152,7 +152,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 log.info("Acknowledged %d messages of committed batch %s", settled, self.holder(start))
             self.renewer.drop(self.holder(start))
             # With nothing left to claim this still finds claims an earlier attempt at this batch took.
-            held = _claim_for(client, self.options, holder, wanted)
+            held = claim_for(client, self.options, holder, wanted)
         if self.available is not None:
             self.available = max(0, self.available - held)
         if not held:
@@ -174,12 +174,12 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     client.extend_held(self.options.queue, holder, self.options.lease)
                 self.fresh.discard(holder)
                 self.renewer.hold(holder)
-                shares.extend(_shares(holder, self.options.partitions))
+                shares.extend(holder_shares(holder, self.options.partitions))
         return shares
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, HeldShare)  # noqa: S101  # narrows a type Spark's interface erases
-        return _read_share(self.options, partition)
+        return read_share(self.options, partition)
 
     def commit(self, end: dict[str, Any]) -> None:
         holder = self.holder(end)

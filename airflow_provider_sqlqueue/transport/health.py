@@ -17,7 +17,7 @@ from typing import Literal
 
 from . import defaults
 from .addressing import QueueAddress
-from .operations import Horizon, QueueStats
+from .operations.inspection import Horizon, QueueStats
 
 #: What a finding is about, as metrics tag it and the page sorts it.
 Concern = Literal["horizon", "lapsed", "overdue", "dead_rows", "failed", "unreadable"]

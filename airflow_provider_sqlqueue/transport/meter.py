@@ -19,7 +19,7 @@ from typing import Literal
 from .addressing import QueueAddress
 from .errors import ArgumentTypeError
 from .logs import logger
-from .operations import Taken
+from .operations.receive import Taken
 
 log = logger("airflow_provider_sqlqueue.transport")
 

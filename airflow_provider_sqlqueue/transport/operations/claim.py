@@ -39,10 +39,10 @@ def claim(
     """Claim up to ``limit`` messages: first those whose lease ran out, then fresh ones from the queue.
 
     ``reclaim=False`` skips looking for lapsed claims (one statement less), for a caller that has
-    just seen there are none (:func:`peek_claims`); claims lapsing meanwhile wait for the next look.
+    just seen there are none (:func:`.inspection.peek_claims`); claims lapsing meanwhile wait for the next look.
 
     With a ``holder`` the messages are delivered to it (their delivery count goes up); without one
-    they are *reserved*: held for a task that takes them later (:func:`take`, :func:`adopt`), and
+    they are *reserved*: held for a task that takes them later (:func:`take`, with or without tokens), and
     only that taking counts as a delivery -- a reservation that lapses because nobody came for it
     (a paused DAG, a dead triggerer) costs the message none of its ``max_deliveries``.
 
@@ -343,7 +343,7 @@ def held_columns(d: Dialect, address: QueueAddress, holder: str, parts: int, par
 
 @autocommitted
 def ack_held_audited(d: Dialect, address: QueueAddress, holder: str, audit_address: QueueAddress) -> Operation[int]:
-    """:func:`ack_held` with an audit copy of each message, in the same transaction (:func:`ack_audited`)."""
+    """:func:`ack_held` with an audit copy of each message, in the same transaction (:func:`.audit.ack_audited`)."""
     messages = yield from held(d, address, holder, 1, 0)
     tokens = [m.claim_token for m in messages if m.claim_token is not None]
     return len((yield from ack_audited(d, address, tokens, audit_address, {}))) if tokens else 0

@@ -32,7 +32,7 @@ def forward(
     If any claim is no longer held (its lease ran out and someone else may be handling the
     message) :class:`LeaseLostError` is raised and the caller's transaction rolls the whole
     forward back, so a stage's result is never sent twice for one message. The claims of a queue
-    that ``audit`` maps to an audit queue are audited as :func:`ack_audited` does.
+    that ``audit`` maps to an audit queue are audited as :func:`.audit.ack_audited` does.
     """
     yield from _settle_all(d, claims, audit, started)
     sent = 0
@@ -52,7 +52,7 @@ def forward_published(
     audit: Mapping[QueueAddress, QueueAddress] | None = None,
     started: Mapping[uuid.UUID, datetime] | None = None,
 ) -> Operation[list[QueueAddress]]:
-    """Acknowledge ``claims`` and :func:`publish` ``messages`` in one transaction, as :func:`forward` sends them."""
+    """Acknowledge ``claims`` and :func:`.publish.publish` ``messages`` in one transaction, as :func:`forward` sends them."""
     yield from _settle_all(d, claims, audit, started)
     return (yield from publish(d, table, topics, messages, notify))
 
