@@ -136,6 +136,12 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         parallel.worker_done()
 
 
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)  # outside pytest-timeout's: waiting is not the test's time
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    with parallel.one_stack_at_a_time(item, nextitem):
+        yield
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     parallel.schedule(items)
 

@@ -20,26 +20,34 @@ the worker 10 s later, leaving its daemons running.
 from __future__ import annotations
 
 import atexit
+import fcntl
 import os
 import shutil
 import signal
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
+from typing import IO
 
 import pytest
 
 from demo import reaper
 
-#: Where workers say they are done (set by the controller, inherited by the workers it starts).
-DONE_DIR = "SQLQUEUE_TEST_WORKERS_DONE"
-#: Modules that take minutes (Airflow's services, Celery workers, Spark, a browser, crash and chaos
-#: runs), the longest first: started first so no worker is left alone with one at the end.
+#: The run's directory, shared by the controller and its workers (set by the controller, inherited
+#: by the workers it starts): where workers say they are done, and the stacks' lock.
+RUN_DIR = "SQLQUEUE_TEST_RUN_DIR"
+#: Modules that run Airflow's services with Spark jobs (the example chains): each keeps a 2-core
+#: machine busy by itself, and two at once starve each other's schedulers past their tests'
+#: deadlines. One runs at a time (:func:`one_stack_at_a_time`); the others run beside it.
+STACKS: tuple[str, ...] = ("test_airflow_services.py", "test_distributed.py", "test_spark_cluster.py")
+
+#: Modules that take minutes (a stack, building wheels, a browser, crash and chaos runs), the
+#: longest first: started first so no worker is left alone with one at the end.
 HEAVY: tuple[str, ...] = (
     "test_airflow_services.py",
-    "test_distributed.py",
     "test_packaging.py",
     "test_docs.py",
     "test_queues_page.py",
@@ -50,9 +58,9 @@ HEAVY: tuple[str, ...] = (
     "test_contract.py",
 )
 
-#: Modules that start Airflow's services with Spark as well, handed out last: with the two of
-#: :data:`HEAVY` that do, three such stacks at once leave a 2-core machine thrashing for all of them.
-LAST: tuple[str, ...] = ("test_spark_cluster.py",)
+#: The other stacks, handed out last: a worker that takes one waits for the stack before it, so it
+#: should find nothing else left to do.
+LAST: tuple[str, ...] = ("test_distributed.py", "test_spark_cluster.py")
 
 #: How long a stopped controller waits for its workers to tear down (services stop gracefully in
 #: well under this).
@@ -98,7 +106,7 @@ def _stop(signum: int, frame: FrameType | None) -> None:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
-    done = Path(os.environ[DONE_DIR])
+    done = Path(os.environ[RUN_DIR])
     deadline = time.monotonic() + TEARDOWN_WAIT
     while time.monotonic() < deadline and any(_alive(pid) and not (done / str(pid)).exists() for pid in workers):
         time.sleep(0.1)
@@ -109,9 +117,29 @@ def stop_workers_before_the_controller() -> None:
     """In the controller: SIGTERM, SIGHUP and SIGINT stop the workers first, then the controller."""
     done = tempfile.mkdtemp(prefix="sqlqueue-workers-")
     atexit.register(shutil.rmtree, done, ignore_errors=True)
-    os.environ[DONE_DIR] = done
+    os.environ[RUN_DIR] = done
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(signum, _stop)
+
+
+_stack: list[IO[bytes]] = []  # the lock, while this worker runs a stack's module
+
+
+@contextmanager
+def one_stack_at_a_time(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Around each test's whole protocol (before its timeout starts): a worker takes the stacks' lock
+    before the first test of a :data:`STACKS` module, whose setup starts the stack, and lets it go
+    after the module's last test, whose teardown stops it. Outside a parallel run: nothing."""
+    run = os.environ.get(RUN_DIR)
+    if run is not None and item.path.name in STACKS and not _stack:
+        lock = (Path(run) / "stack.lock").open("wb")
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _stack.append(lock)
+    try:
+        yield
+    finally:
+        if _stack and (nextitem is None or nextitem.path != item.path):
+            _stack.pop().close()  # closing lets the lock go
 
 
 def stopped_by_the_controller_only() -> None:
@@ -124,7 +152,7 @@ def stopped_by_the_controller_only() -> None:
 def worker_done() -> None:
     """In a worker whose session is over (its fixtures torn down): kill what is left of what its
     tests started, and say so to a controller that waits for it."""
-    done = os.environ.get(DONE_DIR)
+    done = os.environ.get(RUN_DIR)
     if done is None:
         return
     reaper.kill_all()
