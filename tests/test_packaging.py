@@ -127,6 +127,7 @@ def installed(python: Path) -> dict[str, Version]:
     return {canonicalize_name(item["name"]): Version(item["version"]) for item in listed}
 
 
+@pytest.mark.timeout(900)  # resolving and installing a venv takes minutes on a loaded machine (300 s was cut short)
 @pytest.mark.parametrize("resolution", ["highest", "lowest-direct"])
 def test_the_wheel_alone_installs_registers_and_runs_a_dag_in_a_clean_virtualenv(
     wheel: Path, tmp_path: Path, pg_uri: str, schema: str, resolution: str

@@ -23,9 +23,10 @@ from tests.parallel import live_processes
 ROOT = Path(__file__).resolve().parents[1]
 
 OWNER = """
-import subprocess, sys, time
+import signal, subprocess, sys, time
 from demo import reaper
 
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, even if started with it ignored
 reaper.interruptible()
 daemon = subprocess.Popen(["sh", "-c", "sleep 300 & sleep 300; wait"], start_new_session=True)
 reaper.track(daemon.pid)
