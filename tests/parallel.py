@@ -93,10 +93,6 @@ def _workers() -> list[int]:
     return [pid for pid, fields in live_processes() if int(fields[1]) == me]
 
 
-def _alive(pid: int) -> bool:
-    return any(found == pid for found, _ in live_processes())
-
-
 def _stop(signum: int, frame: FrameType | None) -> None:
     for stop in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):  # once: a second signal must not cut the wait short
         signal.signal(stop, signal.SIG_IGN)
@@ -108,7 +104,10 @@ def _stop(signum: int, frame: FrameType | None) -> None:
             pass
     done = Path(os.environ[RUN_DIR])
     deadline = time.monotonic() + TEARDOWN_WAIT
-    while time.monotonic() < deadline and any(_alive(pid) and not (done / str(pid)).exists() for pid in workers):
+    while time.monotonic() < deadline:
+        alive = {pid for pid, _ in live_processes()}  # one look at /proc per round, for every worker
+        if not any(pid in alive and not (done / str(pid)).exists() for pid in workers):
+            break
         time.sleep(0.1)
     raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
 
