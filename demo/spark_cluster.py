@@ -15,12 +15,15 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 from . import reaper
 from .services import free_port
+
+#: The application name of a Spark Connect server started here, as the cluster's master lists it.
+CONNECT_APP = "Spark Connect server"
 
 
 def spark_home() -> Path:
@@ -156,36 +159,16 @@ class SparkCluster:
 
     def start_connect(self, timeout: float = 180) -> str:
         """Start a Spark Connect server whose applications run on this cluster; returns its URL."""
-        port = free_port()
-        self._spawn(
-            "connect",
-            "spark-submit",
-            "--class",
-            "org.apache.spark.sql.connect.service.SparkConnectServer",
-            "--master",
+        self.connect_port = start_connect_server(
+            self._spawn,
+            self._check_alive,
+            self.host,
             self.master,
-            "--conf",
-            f"spark.connect.grpc.binding.port={port}",
-            "--conf",
-            "spark.ui.enabled=false",
-            "--conf",
-            "spark.cores.max=2",
-            "--conf",
-            "spark.executor.memory=1g",
-            "spark-internal",
+            {"spark.cores.max": "2", "spark.executor.memory": "1g"},
+            timeout,
+            self.workdir,
         )
-        deadline = time.monotonic() + timeout
-        while True:
-            self._check_alive()
-            try:
-                with socket.create_connection((self.host, port), timeout=1):
-                    self.connect_port = port
-                    return f"sc://{self.host}:{port}"
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"Spark Connect did not listen in {timeout:.0f} s; logs in {self.workdir}/logs")
-            time.sleep(1)
+        return f"sc://{self.host}:{self.connect_port}"
 
     def _check_alive(self) -> None:
         for process in self.processes:
@@ -217,3 +200,75 @@ class SparkCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def start_connect_server(
+    spawn: Callable[..., subprocess.Popen[bytes]],
+    check_alive: Callable[[], None],
+    host: str,
+    master: str,
+    conf: Mapping[str, str],
+    timeout: float,
+    workdir: Path,
+) -> int:
+    """Start ``SparkConnectServer`` on ``master`` with ``conf``; its port once it listens.
+
+    One JVM that outlives the applications' sessions: a client's ``session.stop()`` ends its own
+    session, not the server, so a task pays for a gRPC connection instead of a JVM's start.
+    """
+    port = free_port()
+    settings = {"spark.connect.grpc.binding.port": str(port), "spark.ui.enabled": "false", **conf}
+    options = [item for key, value in settings.items() for item in ("--conf", f"{key}={value}")]
+    spawn(
+        "connect",
+        "spark-submit",
+        "--class",
+        "org.apache.spark.sql.connect.service.SparkConnectServer",
+        "--name",
+        CONNECT_APP,
+        "--master",
+        master,
+        *options,
+        "spark-internal",
+    )
+    deadline = time.monotonic() + timeout
+    while True:
+        check_alive()
+        try:
+            with socket.create_connection((host, port), timeout=1):
+                return port
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"Spark Connect did not listen in {timeout:.0f} s; logs in {workdir}/logs")
+        time.sleep(1)
+
+
+class SparkConnect(SparkCluster):
+    """``with SparkConnect(workdir) as connect:`` one Spark Connect server running its jobs in ``local[cores]``.
+
+    The long-lived Spark of a single host: Airflow tasks whose ``spark_default`` is
+    :meth:`connection` share its JVM instead of starting one each.
+    """
+
+    def __init__(self, workdir: Path, *, cores: int = 2, host: str = "127.0.0.1") -> None:
+        super().__init__(workdir, workers=0, cores=cores, host=host)
+
+    def start(self, timeout: float = 180) -> SparkConnect:
+        self.connect_port = start_connect_server(
+            self._spawn,
+            self._check_alive,
+            self.host,
+            f"local[{self.cores}]",
+            {"spark.sql.shuffle.partitions": str(self.cores)},
+            timeout,
+            self.workdir,
+        )
+        return self
+
+    def __enter__(self) -> SparkConnect:
+        return self.start()
+
+    def connection(self) -> dict[str, Any]:
+        """``spark_default`` as an Airflow connection that sends each task's jobs to this server."""
+        return {"conn_type": "spark_connect", "host": self.host, "port": self.connect_port}

@@ -2,7 +2,10 @@
 
 api-server, scheduler (LocalExecutor), dag-processor and triggerer run as separate processes on a
 PostgreSQL metadata database, with ``example_dags/`` as the DAGs folder and the queues in a schema
-of their own (``SQLQUEUE_SCHEMA``). Messages are inserted the way an NServiceBus endpoint writes
+of their own (``SQLQUEUE_SCHEMA``). Spark is the production recipe's long-lived one, a Spark Connect
+server (``spark_default`` = ``spark_connect``), so that a task does not start a JVM of its own:
+``tests/test_spark_cluster.py`` runs the chains with a JVM per task on a standalone cluster, and
+``tests/test_spark_pipeline.py`` on ``local[*]``. Messages are inserted the way an NServiceBus endpoint writes
 rows. Every assertion is a count: each dataset reported exactly once per chain, nothing left in
 any queue, the in-flight store or the error queue.
 """
@@ -26,6 +29,7 @@ from airflow_provider_sqlqueue.transport import QueueAddress, QueueClient
 from demo import install_examples
 from demo.data import insert_like_an_outside_sender, write_orders
 from demo.services import AirflowServices, metadata_database
+from demo.spark_cluster import SparkConnect
 from tests.conftest import EXAMPLE_DAGS
 
 pytestmark = pytest.mark.timeout(1800)
@@ -103,9 +107,14 @@ def pipeline(pg_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         admin.execute(f'CREATE SCHEMA "{schema}"')
     install_examples(pg_uri, schema)
     try:
-        with metadata_database(pg_uri) as metadata_uri:
+        with metadata_database(pg_uri) as metadata_uri, SparkConnect(home / "spark") as spark:
             services = AirflowServices(
-                home, metadata_uri, pg_uri, Path(EXAMPLE_DAGS), env=SETTINGS | {"SQLQUEUE_SCHEMA": schema}
+                home,
+                metadata_uri,
+                pg_uri,
+                Path(EXAMPLE_DAGS),
+                env=SETTINGS | {"SQLQUEUE_SCHEMA": schema},
+                spark_connection=spark.connection(),
             )
             try:
                 seconds = services.start_all(STAGE_DAGS)

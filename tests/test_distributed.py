@@ -4,8 +4,9 @@ Each Celery worker and the Spark standalone cluster (master and worker) run in a
 of their own (demo/hosts.py), reaching everything else over a private subnet only: Redis (the
 broker), PostgreSQL (Airflow's metadata database and the queues' database) and the api-server
 (the execution API) listen on the bridge's address in this namespace, beside two schedulers, two
-triggerers and the dag-processor. A Spark task's driver runs inside its Celery worker's task and
-is reached by the cluster's executors at that worker's address. Datasets and outputs are on a
+triggerers and the dag-processor. Spark is the production recipe's long-lived one: a Spark Connect
+server on the cluster's host, its application on the cluster, reached by each Spark task over the
+private subnet (``tests/test_spark_cluster.py`` runs the chains with a driver per task). Datasets and outputs are on a
 shared directory, as on a shared filesystem.
 
 Faults, each while messages are in the chain and each followed by a count: a worker SIGKILLed in
@@ -19,7 +20,6 @@ error queue and the in-flight store empty.
 from __future__ import annotations
 
 import os
-import sys
 import time
 import uuid
 from collections import Counter
@@ -34,7 +34,7 @@ import pytest
 from airflow_provider_sqlqueue.transport import QueueAddress, QueueClient
 from demo import hosts
 from demo.services import AirflowServices, metadata_database
-from demo.spark_cluster import SparkCluster
+from demo.spark_cluster import CONNECT_APP, SparkCluster
 from tests.conftest import EXAMPLE_DAGS
 from tests.test_airflow_services import (
     LEASE_SECONDS,
@@ -192,6 +192,7 @@ def distributed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Distribute
             )
             spark.start()
             try:
+                remote = spark.start_connect()
                 with metadata_database(admin_uri) as metadata_uri:
                     services = AirflowServices(
                         home / "airflow",
@@ -208,16 +209,9 @@ def distributed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Distribute
                         host=network.address,
                         executor="CeleryExecutor",
                         spark_connection={
-                            "conn_type": "spark",
-                            "host": f"spark://{spark_host.address}",
-                            "port": spark.port,
-                            "extra": {
-                                "spark.ui.enabled": "false",
-                                "spark.cores.max": "1",
-                                "spark.executor.memory": "512m",
-                                "spark.sql.shuffle.partitions": "2",
-                                "spark.pyspark.python": sys.executable,
-                            },
+                            "conn_type": "spark_connect",
+                            "host": spark_host.address,
+                            "port": int(remote.rsplit(":", 1)[1]),
                         },
                     )
                     try:
@@ -239,8 +233,10 @@ def test_the_chain_runs_on_celery_workers_and_the_spark_cluster(distributed: Dis
     distributed.send(2)
     distributed.settle("first datasets")
     state = distributed.spark.state()
-    apps = [*state.get("activeapps", []), *state.get("completedapps", [])]
-    assert len(apps) >= 4  # clean and summarise of both chains ran on the cluster, not in local Spark
+    # Spark Connect's is the cluster's one application: the four Spark tasks' jobs ran in it, on the
+    # cluster's executors (a task's own Spark, local or not, would be an application of its own or none).
+    assert [app["name"] for app in state.get("activeapps", [])] == [CONNECT_APP]
+    assert state.get("completedapps", []) == []
     ran = {name: len(distributed.services.log_lines(f"celery-worker-{name}", "succeeded in")) for name in WORKERS}
     print(f"tasks each Celery worker ran: {ran}")
     assert sum(ran.values()) >= 8  # at least the four Spark tasks and the four forwards
@@ -249,9 +245,9 @@ def test_the_chain_runs_on_celery_workers_and_the_spark_cluster(distributed: Dis
 def test_a_worker_sigkilled_mid_job_loses_nothing(distributed: Distributed) -> None:
     distributed.send(2)
     worker, task, held = distributed.worker_running()
-    killed = distributed.network.hosts[worker].crash()  # the worker, its tasks and their Spark drivers
+    killed = distributed.network.hosts[worker].crash()  # the worker and its tasks
     distributed.services.kill(f"celery-worker-{worker}")
-    assert killed >= 3  # at least the worker, a supervisor and the Spark task
+    assert killed >= 3  # at least the worker, a supervisor and the task
     seconds = wait_recovered(distributed.pipeline, held, LIMIT)
     print(f"worker {worker} killed running {task} holding {len(held)}: free again in {seconds:.1f}s")
     distributed.start_worker(worker)
