@@ -3,13 +3,18 @@
 One cluster (a master and a worker from the PySpark distribution), one application with two
 executor cores, one PostgreSQL. The same 200,000 rows (``n``, ``name``, ``amount``) are
 
-- written as messages by the data source (one transaction per partition, recorded in the write
-  ledger), by ``send_rows`` (one transaction per partition, no ledger), and by Spark's JDBC writer
-  into a plain table of the same columns (no queue: the floor of getting rows into PostgreSQL);
-- read back by the data source (browse, in Seq ranges across executors; and claim mode), by
-  ``read_queue`` (on the driver) and by Spark's JDBC reader of the queue table;
+- written as messages by ``save_to_queue`` (the JVM path: Spark's JDBC writer into a staging
+  table, one server-side INSERT ... SELECT into the queue), by the data source (Python workers,
+  one transaction per partition, recorded in the write ledger), by ``send_rows`` (one
+  transaction per partition, no ledger), and by Spark's JDBC writer into a plain table of the
+  same columns (no queue: the floor of getting rows into PostgreSQL);
+- read back by ``load_from_queue`` (the JVM path: Spark's JDBC reader in Seq ranges, headers
+  parsed by ``from_json``; browse and claim mode), by the data source (browse, in Seq ranges
+  across executors; and claim mode), by ``read_queue`` (on the driver) and by Spark's JDBC reader
+  of the queue table;
 - relayed queue to queue by the streaming example (claims per micro-batch, acknowledged after
-  the batch's ledgered write), in micro-batches of 5,000 (the example's size) and of 100,000.
+  the batch's write by ``batch_writer``, which takes the JVM path), in micro-batches of 5,000
+  (the example's size) and of 100,000.
 
 ``--local`` runs the same in one JVM (``local[2]``: the driver's executor threads, two cores)
 instead of on the cluster.
@@ -41,7 +46,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "example_dags"))
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from airflow_provider_sqlqueue.spark import NAME, ack_held, read_queue, register, send_rows
+from airflow_provider_sqlqueue.spark import (
+    NAME,
+    ack_held,
+    load_from_queue,
+    read_queue,
+    register,
+    save_to_queue,
+    send_rows,
+)
 from airflow_provider_sqlqueue.transport import Message, QueueClient
 from bench.throughput import database
 from demo.spark_cluster import SparkCluster
@@ -155,7 +168,16 @@ def measure(
         df.write.jdbc(url, f'"{schema}".plain', mode="append", properties={**props, "batchsize": "1000"})
         return ROWS
 
-    write = {"jdbc": best(plain_jdbc, empty), "send_rows": best(helper, empty), "sqlqueue": best(sink, empty)}
+    def jvm_sink() -> int:
+        save_to_queue(df, url=uri, queue=queue, engine="jdbc")
+        return ROWS
+
+    write = {
+        "jdbc": best(plain_jdbc, empty),
+        "save_to_queue": best(jvm_sink, empty),
+        "send_rows": best(helper, empty),
+        "sqlqueue": best(sink, empty),
+    }
 
     def fill() -> None:
         with QueueClient.connect(uri) as client:
@@ -193,7 +215,22 @@ def measure(
         ack_held(uri, queue, holder)
         return count
 
-    read = {"jdbc": best(jdbc_read, fill), "read_queue": best(helper_read, fill), "sqlqueue_browse": best(browse, fill)}
+    def jvm_browse() -> int:
+        return consumed(load_from_queue(spark, url=uri, queue=queue, engine="jdbc"))
+
+    def jvm_claim() -> int:
+        options = {"mode": "claim", "holder": holder, "maxMessagesPerBatch": str(ROWS), "engine": "jdbc"}
+        count = consumed(load_from_queue(spark, url=uri, queue=queue, **options))
+        ack_held(uri, queue, holder)
+        return count
+
+    read = {
+        "jdbc": best(jdbc_read, fill),
+        "load_from_queue_browse": best(jvm_browse, fill),
+        "load_from_queue_claim": best(jvm_claim, fill),
+        "read_queue": best(helper_read, fill),
+        "sqlqueue_browse": best(browse, fill),
+    }
     read["sqlqueue_claim"] = best(claim, fill)
 
     from spark_jobs import relay_orders

@@ -65,6 +65,7 @@ KINDS: dict[str, Kind] = {
     "queue_name": Kind.QUEUE,
     "error_queue": Kind.QUEUE,
     "ledger": Kind.QUEUE,
+    "stage": Kind.QUEUE,
     "table": Kind.QUEUE,
     "subscription_table": Kind.QUEUE,
     "name": Kind.NAME,
@@ -158,6 +159,7 @@ class World:
     subscriptions: QueueAddress
     ledger: QueueAddress
     uri: str
+    stage: QueueAddress  # a staging table of a write, empty
 
 
 def _names(world: World) -> list[tuple[str, Any]]:
@@ -456,6 +458,8 @@ def good_value(kind: Kind, parameter: str, world: World) -> Any:
         return world.subscriptions
     if parameter == "ledger":
         return world.ledger
+    if parameter == "stage":
+        return world.stage
     return {
         Kind.QUEUE: world.queue,
         Kind.NAME: world.queue,

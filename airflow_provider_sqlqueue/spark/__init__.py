@@ -34,8 +34,11 @@ The package's modules, each importing only those listed before it:
   :func:`send_rows`;
 - ``read``: batch reads (browse, claim), settling claims (:func:`ack_held`, :func:`nack_held`), and
   :func:`read_queue`;
-- ``stream``: the streaming read, and :func:`batch_writer` for ``foreachBatch``;
-- ``source``: the data source class Spark instantiates, and :func:`register`.
+- ``jdbc``: the JVM path: the same writes and reads through Spark's JDBC writer and reader;
+- ``stream``: the streaming read;
+- ``source``: the data source class Spark instantiates, and :func:`register`;
+- ``functions``: :func:`save_to_queue` and :func:`load_from_queue` (the JVM path where it can, else
+  the data source), and :func:`batch_writer` for ``foreachBatch``.
 
 Their public names are imported here: ``from airflow_provider_sqlqueue.spark import ...`` is the
 import path to use. Spark pickles the classes and module-level functions it ships to its Python
@@ -45,8 +48,11 @@ workers by reference to the module that defines them (``airflow_provider_sqlqueu
 
 from __future__ import annotations
 
+from .functions import batch_writer, load_from_queue, save_to_queue
+from .jdbc import JDBC_BATCH, JDBC_DRIVER, JdbcTarget, jdbc_path, jdbc_target
 from .options import (
     BATCH_SIZE,
+    ENGINES,
     FETCH_SIZE,
     MAX_MESSAGES_PER_BATCH,
     NAME,
@@ -70,7 +76,7 @@ from .read import (
     read_queue,
 )
 from .source import SqlQueueDataSource, register
-from .stream import QueueStreamReader, batch_writer
+from .stream import QueueStreamReader
 from .write import (
     BODY_COLUMN,
     COPY_ROWS,
@@ -91,8 +97,11 @@ __all__ = [
     "BATCH_SIZE",
     "BODY_COLUMN",
     "COPY_ROWS",
+    "ENGINES",
     "FETCH_SIZE",
     "HEADERS_COLUMN",
+    "JDBC_BATCH",
+    "JDBC_DRIVER",
     "MAX_MESSAGES_PER_BATCH",
     "MESSAGE_SCHEMA",
     "NAME",
@@ -104,6 +113,7 @@ __all__ = [
     "WRITE_OPTIONS",
     "HeldShare",
     "InvalidOptionError",
+    "JdbcTarget",
     "Options",
     "QueueArrowWriter",
     "QueueReader",
@@ -116,9 +126,13 @@ __all__ = [
     "ack_held",
     "batch_writer",
     "forget_write",
+    "jdbc_path",
+    "jdbc_target",
+    "load_from_queue",
     "log",
     "nack_held",
     "read_queue",
     "register",
+    "save_to_queue",
     "send_rows",
 ]

@@ -32,6 +32,9 @@ PARTITIONS = 2
 FETCH_SIZE = 10_000
 MAX_MESSAGES_PER_BATCH = 10_000
 BATCH_SIZE = 500
+#: How rows move (option ``engine``): through Spark's JDBC writer and reader where they can (``auto``),
+#: only so (``jdbc``: refused where they cannot), or through the data source's Python (``python``).
+ENGINES = ("auto", "jdbc", "python")
 #: Every option the data source reads, as README spells them (Spark passes them case-insensitively,
 #: and passes nothing of its own but ``path``, from ``load(path)``/``save(path)``): any other is refused.
 OPTION_NAMES = (
@@ -52,6 +55,7 @@ OPTION_NAMES = (
     "timeToBeReceived",
     "ledger",
     "writeId",
+    "engine",
 )
 #: Options only a write reads, and options only a read (batch or streaming) reads; ``url``,
 #: ``password`` and ``queue`` serve both. Spark hands a read and a write the same kind of options,
@@ -178,6 +182,7 @@ class Options:
     time_to_be_received: timedelta | None
     ledger: str
     write_id: str | None
+    engine: str
     #: The options given, by their documented names: what :meth:`check_use` holds against a direction.
     given: frozenset[str] = field(default=frozenset(), compare=False)
 
@@ -202,6 +207,9 @@ class Options:
                 "and nack_held settle once the job's output is committed"
             )
         ttbr = options.get("timeToBeReceived")
+        engine = options.get("engine", "auto").lower()
+        if engine not in ENGINES:
+            raise InvalidOptionError(f"option 'engine' must be one of {', '.join(ENGINES)}, got {engine[:60]!r}")
         try:
             addressing = Addressing(dialect_for(url))  # names are checked here, before any task runs
         except ValueError as exc:
@@ -232,6 +240,7 @@ class Options:
             else _span(options, "timeToBeReceived", None, defaults.MAX_TIME_TO_BE_RECEIVED),
             ledger=addressing.dialect.format_address(ledger),
             write_id=None if options.get("writeId") is None else _text(options, "writeId"),
+            engine=engine,
             given=frozenset(options),
         )
 

@@ -28,6 +28,15 @@ class SqlQueueDataSource(DataSource):
         super().__init__(options)
         self.parsed = Options.parse(options)
 
+    def _python_engine(self) -> None:
+        """Refuse ``engine`` ``jdbc``: Spark hands a Python data source's rows to Python workers, so
+        ``format("sqlqueue")`` cannot move them through the JVM; the functions of :mod:`.jdbc` can."""
+        if self.parsed.engine == "jdbc":
+            raise InvalidOptionError(
+                "option 'engine' 'jdbc': format('sqlqueue') moves rows through Spark's Python workers; "
+                "save_to_queue(df, ...) and load_from_queue(spark, ...) move them through Spark's JDBC writer and reader"
+            )
+
     @classmethod
     def name(cls) -> str:
         return NAME
@@ -37,12 +46,14 @@ class SqlQueueDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         self.parsed.check_use("read")
+        self._python_engine()
         return QueueReader(self.parsed)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         if overwrite:
             raise InvalidOptionError("a queue is only appended to: use mode('append')")
         self.parsed.check_use("write")
+        self._python_engine()
         layout = RowLayout.of(schema)
         if layout.takes_arrow():
             return QueueArrowWriter(self.parsed, layout)
@@ -50,6 +61,7 @@ class SqlQueueDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         self.parsed.check_use("read")
+        self._python_engine()
         return QueueStreamReader(self.parsed)
 
 

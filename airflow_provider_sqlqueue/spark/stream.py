@@ -1,17 +1,15 @@
-"""The data source's streaming read, and ``batch_writer``, its exactly-once sink for ``foreachBatch``.
+"""The data source's streaming read.
 
 :class:`QueueStreamReader` claims each micro-batch under a holder of its own (the claims of
 :mod:`.read`), renewed from the driver while the batch runs and acknowledged once Spark committed
-it. :func:`batch_writer` writes each micro-batch with the batch write of :mod:`.write`, under a
-``writeId`` of the query and the batch.
+it. Its sink, ``batch_writer``, is in :mod:`.functions`.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -19,15 +17,12 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from ..transport import defaults
-from ..transport.addressing import checked_text
-from ..transport.errors import ArgumentTypeError, SqlQueueError
+from ..transport.errors import SqlQueueError
 from ..transport.logs import logger
-from .options import NAME, InvalidOptionError, Options
+from .options import Options
 from .read import HeldShare, claim_for, holder_shares, read_share
-from .write import forget_write
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
     from pyspark.sql.streaming.datasource import ReadLimit
 
 #: The data source's one logger, whichever of its modules logs: its records keep the name logging
@@ -192,55 +187,3 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Claims of a batch that did not commit stay held until their lease ends: a restart within
         it replays them as they were, and after it they are delivered again."""
         self.renewer.stop()
-
-
-def batch_writer(options: Mapping[str, str], checkpoint: str) -> Callable[[DataFrame, int], None]:
-    """A ``foreachBatch`` function writing each micro-batch to a queue exactly once.
-
-    ``checkpoint`` is the query's ``checkpointLocation``. Batch n is written with the ``writeId``
-    ``<query id>:<n>``, the query id being the one Spark keeps in the checkpoint's ``metadata``
-    (a deleted checkpoint starts a new query, whose batches share nothing with the old one's). A
-    batch Spark replays after a restart therefore sends only the partitions that did not commit
-    (the batch must be computed the same way again: no non-deterministic shuffles). Spark starts
-    batch n only after committing n - 1, which can then never be replayed: its ledger rows are
-    forgotten.
-    """
-    if not isinstance(options, Mapping):
-        raise ArgumentTypeError(
-            f"batch_writer's options must be a mapping of option names to text, got {type(options).__name__}"
-        )
-    for name, value in options.items():
-        if not isinstance(name, str) or not isinstance(value, str):
-            raise ArgumentTypeError(f"batch_writer's options are text: option {name!r} is {type(value).__name__}")
-    if any(name.lower() == "writeid" for name in options):
-        raise InvalidOptionError(
-            "batch_writer names each batch's write itself (<query id>:<batch>): drop option 'writeId'"
-        )
-    try:
-        checkpoint = checked_text("checkpoint", checkpoint)
-    except SqlQueueError as exc:
-        raise InvalidOptionError(f"batch_writer: {exc}") from None
-    checked = Options.parse(options)
-    checked.check_use("write")
-    with checked.connect() as client:  # a wrong sink is refused now, before the query claims its first batch
-        checked.check_sink(client)
-    query: dict[str, str] = {}
-
-    def write(batch: DataFrame, batch_id: int) -> None:
-        if "id" not in query:  # written by Spark when the query first started, read through its filesystem
-            try:
-                metadata = batch.sparkSession.read.text(f"{checkpoint.rstrip('/')}/metadata").first()
-            except Exception as exc:  # noqa: BLE001  # Spark's AnalysisException (no such path), worded for the caller
-                raise InvalidOptionError(
-                    f"cannot read the query metadata in checkpoint {checkpoint!r} ({type(exc).__name__}): pass the "
-                    "query's checkpointLocation"
-                ) from None
-            if metadata is None:
-                raise InvalidOptionError(f"no query metadata in checkpoint {checkpoint!r}: pass its checkpointLocation")
-            query["id"] = str(json.loads(metadata[0])["id"])
-        writer = batch.write.format(NAME).options(**options).option("writeId", f"{query['id']}:{batch_id}")
-        writer.mode("append").save()
-        if batch_id > 0:
-            forget_write(checked.url, checked.queue, f"{query['id']}:{batch_id - 1}", ledger=checked.ledger)
-
-    return write

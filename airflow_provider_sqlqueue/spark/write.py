@@ -95,7 +95,8 @@ def _binary_text(value: bytes | bytearray) -> str:
 
 
 def _decimal_text(value: Decimal) -> str:
-    return str(value)
+    """Plain notation (``0.0000001``, not ``1E-7``), as Spark casts a decimal to text on the JVM path."""
+    return format(value, "f")
 
 
 def _date_text(value: date) -> str:

@@ -1232,6 +1232,38 @@ class AsyncQueueClient(Addressing):
         """Delete a finished write's ledger rows; returns how many."""
         return await self._run(ops.forget_write(self.dialect, self.address(ledger), uuid_value("write", write)))
 
+    # -- staged sends: rows a bulk loader (Spark's JDBC writer) put beside a queue ----------------
+
+    async def create_stage(self, queue: str | QueueAddress) -> QueueAddress:
+        """An empty staging table beside ``queue`` (needs CREATE on its schema; PostgreSQL), for a bulk
+        loader to fill with (rowkey, id, headers, body, ttbr_ms) rows; :meth:`send_staged` sends them,
+        :meth:`drop_stage` gives up. Stages of the schema that are a day old are dropped first."""
+        return await self._run(ops.create_stage(self.dialect, self.address(queue)))
+
+    async def send_staged(
+        self,
+        queue: str | QueueAddress,
+        stage: str | QueueAddress,
+        write: uuid.UUID,
+        *,
+        ledger: str | QueueAddress = defaults.WRITE_LEDGER,
+    ) -> int | None:
+        """Send the staged rows to ``queue``, one per row key, and drop the stage: one transaction
+        that first records ``write`` in the ``ledger`` (beside the queue unless qualified), so the
+        write is all or nothing and sent once; None means it was sent before, and nothing is sent.
+        A write that cannot be repeated has a fresh id, forgotten afterwards (:meth:`forget_write`)."""
+        address = self.address(queue)
+        stage_address = self.beside(stage, address)
+        recorded = (self.beside(ledger, address), uuid_value("write", write))
+        sent = await self._run(ops.send_staged(self.dialect, address, stage_address, recorded))
+        if sent:
+            self._counted("sent", address, sent)
+        return sent
+
+    async def drop_stage(self, stage: str | QueueAddress) -> None:
+        """Drop a staging table whose write failed: nothing of it was sent."""
+        await self._run(ops.drop_stage(self.dialect, self.address(stage)))
+
     async def queues(self) -> list[QueueAddress]:
         """Every queue table of the connection's database that it may read, by schema and name.
 
@@ -1517,6 +1549,9 @@ class QueueClient(Addressing):
     create_writes = _blocking(AsyncQueueClient.create_writes)
     record_write = _blocking(AsyncQueueClient.record_write)
     forget_write = _blocking(AsyncQueueClient.forget_write)
+    create_stage = _blocking(AsyncQueueClient.create_stage)
+    send_staged = _blocking(AsyncQueueClient.send_staged)
+    drop_stage = _blocking(AsyncQueueClient.drop_stage)
     queues = _blocking(AsyncQueueClient.queues)
     queue_page = _blocking(AsyncQueueClient.queue_page)
     queue_stats = _blocking(AsyncQueueClient.queue_stats)

@@ -162,6 +162,7 @@ _KIND_NAMES = {
     "delayed": "a delayed-message table",
     "subscriptions": "a subscription table",
     "writes": "a write ledger",
+    "stage": "a staging table of a bulk write",
 }
 
 
@@ -183,6 +184,7 @@ class Dialect(ABC):
         "delayed": ("headers", "body", "due"),
         "subscriptions": ("queueaddress", "endpoint", "topic"),
         "writes": ("writeid", "part"),
+        "stage": ("rowkey", "id", "headers", "body", "ttbr_ms"),
     }
     #: Table holding claimed (in-flight) messages, one per schema, shared by that schema's queues.
     inflight_table: str = "sqlqueue_inflight"

@@ -195,6 +195,11 @@ def quote_literal(text: str) -> str:
     return "'" + text.replace("'", "''").replace("%", "%%") + "'"
 
 
+def _from_hex(text: str) -> str:
+    """``text`` as an expression of hexadecimal digits only: user text inside SQL that no quoting can get wrong."""
+    return f"convert_from(decode('{text.encode('utf-8').hex()}', 'hex'), 'UTF8')"
+
+
 #: A column's type as the catalog queries report it. ``Seq`` without a default (a sequence or an
 #: identity) is reported as another type: rows sent to such a table get no Seq, and no receive,
 #: which reads in Seq order, would ever see them.
@@ -868,6 +873,56 @@ class PostgresDialect(Dialect):
 
     def forget_write_sql(self, ledger: QueueAddress) -> str:
         return f"DELETE FROM {self.qualified_name(ledger)} WHERE WriteId = %(write)s"
+
+    # -- staged sends and bulk reads (Spark's JDBC writer and reader) ------------------------------
+
+    def create_stage_sql(self, stage: QueueAddress) -> str:
+        # UNLOGGED: what a bulk loader puts here is copied into the queue (logged) at once, or
+        # dropped; writing it to the WAL first would double the cost of every row. The column
+        # names are lower case, as Spark's JDBC writer quotes the DataFrame's names.
+        return (
+            f"CREATE UNLOGGED TABLE {self.qualified_name(stage)} "
+            "(rowkey bigint NOT NULL, id text NOT NULL, headers text NOT NULL, body bytea, ttbr_ms bigint)"
+        )
+
+    def stages_sql(self) -> str:
+        return (
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %(schema)s AND c.relkind = 'r' AND c.relpersistence = 'u' "
+            "AND starts_with(c.relname, %(prefix)s)"
+        )
+
+    def send_staged_sql(self, address: QueueAddress, stage: QueueAddress) -> str:
+        # One row per row key: a task Spark ran twice (a retry after its commit, a speculative copy)
+        # staged its rows twice, under the same keys. Seq is drawn in row-key order, as a batched
+        # INSERT draws it in the batch's order.
+        return (
+            f"INSERT INTO {self.qualified_name(address)} (Id, Expires, Headers, Body) "
+            f"SELECT s.id::uuid, {_UTC_NOW} + s.ttbr_ms * interval '1 millisecond', s.headers, s.body "
+            f"FROM (SELECT DISTINCT ON (rowkey) * FROM {self.qualified_name(stage)} ORDER BY rowkey) AS s "
+            "ORDER BY s.rowkey"
+        )
+
+    def drop_stage_sql(self, stage: QueueAddress) -> str:
+        return f"DROP TABLE IF EXISTS {self.qualified_name(stage)}"
+
+    def bulk_browse_sql(self, address: QueueAddress, last: int) -> str:
+        # A subquery for Spark's JDBC reader, which adds its own Seq ranges per partition. ``last``
+        # is an integer: rows sent after the read began are left for the next one.
+        return (
+            f"(SELECT Seq AS seq, Id::text AS id, Headers AS headers, Body AS body FROM {self.qualified_name(address)} "
+            f"WHERE Seq <= {int(last)} AND (Expires IS NULL OR Expires > {_UTC_NOW})) AS browsed"
+        )
+
+    def bulk_held_sql(self, address: QueueAddress, holder: str) -> str:
+        # The holder and the queue key are user text: they reach the statement as hexadecimal
+        # digits of their UTF-8, decoded by the server (a constant the planner folds, so the holder
+        # index still serves), never as text of their own inside the SQL.
+        f = self.qualified_name(self.inflight_address(address))
+        return (
+            f"(SELECT Seq AS seq, Id::text AS id, Headers AS headers, Body AS body, Deliveries AS deliveries FROM {f} "
+            f"WHERE Holder = {_from_hex(holder)} AND Queue = {_from_hex(self.claim_key(address))}) AS held"
+        )
 
     def claim_to_error_sql(self, address: QueueAddress, error_address: QueueAddress, shape: TableShape) -> str:
         f = self.qualified_name(self.inflight_address(address))

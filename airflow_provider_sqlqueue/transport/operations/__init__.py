@@ -9,7 +9,7 @@ asyncio pump.
 
 One module per capability, named by the glossary's words: :mod:`.steps` (the core),
 :mod:`.tables` (installation), :mod:`.send`, :mod:`.receive`, :mod:`.claim`, :mod:`.audit`,
-:mod:`.forward`, :mod:`.delayed`, :mod:`.publish`, :mod:`.ledger` (the write ledger),
+:mod:`.forward`, :mod:`.delayed`, :mod:`.publish`, :mod:`.ledger` (the write ledger), :mod:`.staging`,
 :mod:`.inspection` and :mod:`.error_queue`. This package's namespace is their catalogue: callers
 write ``ops.claim(...)`` whichever module defines it.
 """
@@ -60,10 +60,12 @@ from .ledger import create_writes, forget_write, record_write
 from .publish import create_subscriptions, publish, subscribe, subscribers, unsubscribe
 from .receive import Taken, move_to_error, purge_all, purge_expired_batch, receive
 from .send import copies_sends, send, send_copied
+from .staging import STAGE_PREFIX, StagesSends, create_stage, drop_stage, send_staged, stages_sends
 from .steps import Fetch, Operation, Step, autocommitted, drive, needs_no_transaction
 from .tables import check_existing, check_queue, checked, create_inflight, create_queue, drop_queue, table_shape
 
 __all__ = [
+    "STAGE_PREFIX",
     "BrowseColumns",
     "BrowsePage",
     "ClaimInfo",
@@ -77,6 +79,7 @@ __all__ = [
     "QueuePage",
     "QueueStats",
     "RetryPage",
+    "StagesSends",
     "Step",
     "Taken",
     "ack",
@@ -96,11 +99,13 @@ __all__ = [
     "create_delayed",
     "create_inflight",
     "create_queue",
+    "create_stage",
     "create_subscriptions",
     "create_writes",
     "depth",
     "drive",
     "drop_queue",
+    "drop_stage",
     "error_summary",
     "extend",
     "extend_held",
@@ -133,9 +138,11 @@ __all__ = [
     "send",
     "send_copied",
     "send_delayed",
+    "send_staged",
     "seq_range",
     "settle",
     "settle_then_claim",
+    "stages_sends",
     "subscribe",
     "subscribers",
     "table_shape",

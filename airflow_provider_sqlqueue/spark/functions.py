@@ -1,0 +1,120 @@
+"""The functions over DataFrames: :func:`save_to_queue` and :func:`load_from_queue` (the data
+source's writes and reads, through the JVM where they can), and :func:`batch_writer`, the
+exactly-once sink of a ``foreachBatch``.
+
+Each takes the data source's options and runs through Spark's JDBC writer and reader (:mod:`.jdbc`)
+where it can, else through ``format("sqlqueue")``, saying which once in the log.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+from ..transport.addressing import checked_text
+from ..transport.errors import ArgumentTypeError, SqlQueueError
+from .jdbc import jdbc_path, layout_reason, read_through_jdbc, write_through_jdbc
+from .options import NAME, InvalidOptionError, Options
+from .source import register
+from .write import RowLayout, forget_write, log
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+
+def save_to_queue(df: DataFrame, **options: str) -> None:
+    """``df.write.format("sqlqueue").options(**options).mode("append").save()``, through the JVM where it can.
+
+    The options are the data source's write options (``url``, ``queue``, ``messageType``,
+    ``writeId``...) and ``engine``. Through the JVM the whole write is one transaction (a task
+    Spark ran twice sends its rows once); through the Python path each partition is.
+    """
+    parsed = Options.parse(options)
+    parsed.check_use("write")
+    layout = RowLayout.of(df.schema)
+    target = jdbc_path(df.sparkSession, parsed)
+    reason = None if target is None else layout_reason(layout)
+    if reason is not None:
+        if parsed.engine == "jdbc":
+            raise InvalidOptionError(f"option 'engine' 'jdbc': {reason}")
+        log.info("Write to %s takes the Python path: %s", parsed.queue, reason)
+    if target is None or reason is not None:
+        register(df.sparkSession)
+        df.write.format(NAME).options(**options).mode("append").save()
+        return
+    sent = write_through_jdbc(df, parsed, layout, target)
+    if sent is None:
+        log.info("Write %s to %s was sent before; sent nothing this time", parsed.write_id, parsed.queue)
+    else:
+        log.info("Write to %s: %d messages through Spark's JDBC writer", parsed.queue, sent)
+
+
+def load_from_queue(spark: SparkSession, **options: str) -> DataFrame:
+    """``spark.read.format("sqlqueue").options(**options).load()``, through the JVM where it can.
+
+    The data source's read options and ``engine``; the same columns (``id``, ``headers``, ``body``,
+    ``deliveries``). A browse reads the queue's unexpired messages up to the last one sent when the
+    read began; claim mode takes up to ``maxMessagesPerBatch`` under ``holder`` first, as the data
+    source does, and :func:`~.read.ack_held` / :func:`~.read.nack_held` settle them.
+    """
+    parsed = Options.parse(options)
+    parsed.check_use("read")
+    target = jdbc_path(spark, parsed)
+    if target is None:
+        register(spark)
+        return spark.read.format(NAME).options(**options).load()
+    return read_through_jdbc(spark, parsed, target)
+
+
+def batch_writer(options: Mapping[str, str], checkpoint: str) -> Callable[[DataFrame, int], None]:
+    """A ``foreachBatch`` function writing each micro-batch to a queue exactly once.
+
+    Each batch is written by :func:`save_to_queue` (through the JVM where it can). ``checkpoint``
+    is the query's ``checkpointLocation``. Batch n is written with the ``writeId``
+    ``<query id>:<n>``, the query id being the one Spark keeps in the checkpoint's ``metadata``
+    (a deleted checkpoint starts a new query, whose batches share nothing with the old one's). A
+    batch Spark replays after a restart therefore sends nothing that committed (through the JVM a
+    batch is one transaction; through the Python path, only the partitions that did not commit)
+    (the batch must be computed the same way again: no non-deterministic shuffles). Spark starts
+    batch n only after committing n - 1, which can then never be replayed: its ledger rows are
+    forgotten.
+    """
+    if not isinstance(options, Mapping):
+        raise ArgumentTypeError(
+            f"batch_writer's options must be a mapping of option names to text, got {type(options).__name__}"
+        )
+    for name, value in options.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise ArgumentTypeError(f"batch_writer's options are text: option {name!r} is {type(value).__name__}")
+    if any(name.lower() == "writeid" for name in options):
+        raise InvalidOptionError(
+            "batch_writer names each batch's write itself (<query id>:<batch>): drop option 'writeId'"
+        )
+    try:
+        checkpoint = checked_text("checkpoint", checkpoint)
+    except SqlQueueError as exc:
+        raise InvalidOptionError(f"batch_writer: {exc}") from None
+    checked = Options.parse(options)
+    checked.check_use("write")
+    with checked.connect() as client:  # a wrong sink is refused now, before the query claims its first batch
+        checked.check_sink(client)
+    query: dict[str, str] = {}
+
+    def write(batch: DataFrame, batch_id: int) -> None:
+        if "id" not in query:  # written by Spark when the query first started, read through its filesystem
+            try:
+                metadata = batch.sparkSession.read.text(f"{checkpoint.rstrip('/')}/metadata").first()
+            except Exception as exc:  # noqa: BLE001  # Spark's AnalysisException (no such path), worded for the caller
+                raise InvalidOptionError(
+                    f"cannot read the query metadata in checkpoint {checkpoint!r} ({type(exc).__name__}): pass the "
+                    "query's checkpointLocation"
+                ) from None
+            if metadata is None:
+                raise InvalidOptionError(f"no query metadata in checkpoint {checkpoint!r}: pass its checkpointLocation")
+            query["id"] = str(json.loads(metadata[0])["id"])
+        save_to_queue(batch, **options, writeId=f"{query['id']}:{batch_id}")
+        if batch_id > 0:
+            forget_write(checked.url, checked.queue, f"{query['id']}:{batch_id - 1}", ledger=checked.ledger)
+
+    return write

@@ -1,0 +1,366 @@
+"""The JVM path: Spark's own JDBC writer and reader on a queue, the queue's rules as Spark expressions.
+
+``format("sqlqueue")`` is a Python data source: Spark hands every row it reads or writes to a
+Python worker, which costs more per row than PostgreSQL does. The functions of :mod:`.functions`
+take the same options and, through this module, move the rows through the JVM instead:
+
+- **write**: each row's NServiceBus columns are Spark expressions (``uuid()``, the headers as
+  ``to_json`` of a map, the body as the ``body`` column or ``to_json`` of the row); Spark's JDBC
+  writer loads them into an UNLOGGED staging table beside the queue, and one transaction on the
+  driver moves them into the queue, one row per row key (a task Spark ran twice staged its rows
+  twice), records the write in the ledger (with a ``writeId``) and drops the stage. The write is
+  all or nothing, where the data source's is per partition. A failed write drops its stage; a
+  stage whose driver died is dropped by a later write once a day old.
+- **read**: browse is Spark's JDBC reader of the queue's rows up to the Seq the read began at, in
+  ``numPartitions`` Seq ranges, the headers parsed by ``from_json``; claim mode claims on the
+  driver (the bodies stay in the database) and reads the holder's claims the same way.
+
+Where the JVM cannot take a write or a read as the data source would (no JDBC driver on Spark's
+classpath, a SQL Server queue, a Unix-socket or otherwise JDBC-less url, a column type whose JSON
+Spark would spell differently) the functions run the data source's Python path and say so once in
+the log; option ``engine`` chooses: ``auto`` (the default), ``jdbc`` (refused where it cannot) or
+``python``.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    ByteType,
+    DataType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    MapType,
+    ShortType,
+    StructType,
+)
+
+from ..transport import QueueAddress
+from ..transport.client import Addressing
+from ..transport.drivers import dialect_for
+from ..transport.message import (
+    CONTENT_TYPE,
+    JSON_CONTENT_TYPE,
+    MESSAGE_ID,
+    TIME_SENT,
+    TIME_TO_BE_RECEIVED,
+    wire_timespan,
+    wire_timestamp,
+)
+from ..transport.operations import stages_sends
+from .options import InvalidOptionError, Options
+from .read import MESSAGE_SCHEMA, claim_for
+from .write import BODY_COLUMN, HEADERS_COLUMN, TTBR_COLUMN, RowLayout, _option_headers, log
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+#: The JDBC driver class Spark loads: PostgreSQL's (``org.postgresql:postgresql``, or Debian's
+#: ``libpostgresql-jdbc-java``), given to Spark with ``spark.jars`` or ``spark.jars.packages``.
+JDBC_DRIVER = "org.postgresql.Driver"
+#: Rows per batch of the JDBC writer's INSERTs, which the driver rewrites into multi-row statements.
+JDBC_BATCH = 10_000
+#: libpq connection parameters with a PgJDBC property of the same meaning, by their JDBC names.
+_JDBC_PROPERTIES = {
+    "user": "user",
+    "password": "password",
+    "sslmode": "sslmode",
+    "sslrootcert": "sslrootcert",
+    "application_name": "ApplicationName",
+    "connect_timeout": "connectTimeout",
+    "options": "options",
+}
+
+
+@dataclass(frozen=True)
+class JdbcTarget:
+    """Where Spark's JDBC reader and writer connect: the URL (no secret in it) and the properties."""
+
+    url: str
+    properties: Mapping[str, str] = field(repr=False)
+
+
+def jdbc_target(url: str) -> JdbcTarget | str:
+    """The JDBC URL and properties of a PostgreSQL connection string; a reason when it has none."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    params = {k: str(v) for k, v in conninfo_to_dict(url).items()}
+    hosts = params.pop("host", "")
+    if not hosts or any(host.startswith(("/", "@")) for host in hosts.split(",")):
+        return "the url reaches PostgreSQL by a Unix socket, which Spark's JDBC driver cannot"
+    ports = params.pop("port", "5432").split(",")
+    if len(ports) == 1:
+        ports *= len(hosts.split(","))
+    dbname = params.pop("dbname", params.get("user", ""))
+    other = sorted(set(params) - set(_JDBC_PROPERTIES))
+    if other:
+        return f"the url's parameter(s) {', '.join(other)} have no JDBC property here"
+    places = ",".join(
+        f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        for host, port in zip(hosts.split(","), ports, strict=False)
+    )
+    properties = {_JDBC_PROPERTIES[k]: v for k, v in params.items()}
+    properties["driver"] = JDBC_DRIVER
+    return JdbcTarget(f"jdbc:postgresql://{places}/{quote(dbname, safe='')}", properties)
+
+
+#: Each (session, url) pair's decision, made once: the JDBC target, or why the Python path runs.
+_decided: dict[tuple[int, str], JdbcTarget | str] = {}
+_deciding = threading.Lock()
+
+
+def _probe(spark: SparkSession, target: JdbcTarget) -> str | None:
+    """Why Spark's JDBC reader cannot read the database (None: it can), from one ``SELECT 1``."""
+    try:
+        spark.read.jdbc(target.url, "(SELECT 1 AS one) AS probe", properties=dict(target.properties)).collect()
+    except Exception as exc:  # noqa: BLE001  # any failure means "not this path"; the reason is logged
+        text = str(exc)
+        if "ClassNotFoundException" in text or "No suitable driver" in text or JDBC_DRIVER in text:
+            return (
+                f"PostgreSQL's JDBC driver ({JDBC_DRIVER}) is not on Spark's classpath: give Spark its jar "
+                "(spark.jars) or package (spark.jars.packages, org.postgresql:postgresql)"
+            )
+        first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+        password = target.properties.get("password")
+        if password:
+            first = first.replace(password, "***")
+        return f"Spark's JDBC reader could not read the database: {first[:300]}"
+    return None
+
+
+def jdbc_path(spark: SparkSession, options: Options) -> JdbcTarget | None:
+    """The JDBC target a write or a read runs through, or None for the Python path.
+
+    Decided once per session and url, and said once in the log; ``engine`` ``jdbc`` turns a reason
+    for the Python path into a refusal, ``python`` skips the question.
+    """
+    if options.engine == "python":
+        return None
+    key = (id(spark), options.url)
+    with _deciding:
+        decided = _decided.get(key)
+        if decided is None:
+            if dialect_for(options.url).name != "postgres":
+                decided = "the JVM path is built for PostgreSQL queues"
+            else:
+                decided = jdbc_target(options.url)
+                if isinstance(decided, JdbcTarget):
+                    decided = _probe(spark, decided) or decided
+            _decided[key] = decided
+            if isinstance(decided, JdbcTarget):
+                log.info("Queue %s: rows move through Spark's JDBC writer and reader", options.queue)
+            else:
+                log.info("Queue %s: rows move through Spark's Python workers: %s", options.queue, decided)
+    if isinstance(decided, str):
+        if options.engine == "jdbc":
+            raise InvalidOptionError(f"option 'engine' 'jdbc': {decided}")
+        return None
+    return decided
+
+
+# -- rows to staged messages, as Spark expressions ---------------------------------------------
+
+#: Scalar types whose values ``to_json`` writes as the data source's JSON rows hold them (strings,
+#: booleans, integers; floating-point numbers with the same value, NaN and infinities refused).
+_JSON_SCALARS = (BooleanType, ByteType, ShortType, IntegerType, LongType, FloatType, DoubleType)
+
+
+def _jvm_json(data_type: DataType) -> bool:
+    """Whether Spark's ``to_json`` spells a value of ``data_type`` as the data source's encoder does."""
+    from pyspark.sql.types import CharType, StringType, VarcharType
+
+    if isinstance(data_type, (StringType, CharType, VarcharType, *_JSON_SCALARS)):
+        return not isinstance(data_type, (FloatType, DoubleType))  # nested: NaN is checked at the top only
+    if isinstance(data_type, ArrayType):
+        return _jvm_json(data_type.elementType)
+    if isinstance(data_type, MapType):
+        return isinstance(data_type.keyType, StringType) and _jvm_json(data_type.valueType)
+    if isinstance(data_type, StructType):
+        return all(_jvm_json(f.dataType) for f in data_type.fields)
+    return False
+
+
+def layout_reason(layout: RowLayout) -> str | None:
+    """Why ``layout``'s rows cannot be built by Spark expressions as the Python path builds them."""
+    at = layout.special()
+    if TTBR_COLUMN in at:
+        return "a 'ttbr' column (each row's TimeToBeReceived header is written by the Python path)"
+    if BODY_COLUMN in at:
+        return None
+    for column in layout.schema.fields:
+        if column.name.lower() == HEADERS_COLUMN:
+            continue
+        kind = column.dataType
+        if isinstance(kind, (FloatType, DoubleType, DecimalType, DateType)):
+            continue  # checked for NaN and infinities row by row; cast to their text as the Python path writes them
+        if not _jvm_json(kind):
+            return f"column {column.name!r} is {kind.simpleString()}, whose JSON the Python path writes"
+    return None
+
+
+def _staged(df: DataFrame, layout: RowLayout, options: Options) -> DataFrame:
+    """``df``'s rows as staged messages: (rowkey, id, headers, body, ttbr_ms), built by Spark."""
+    from pyspark.sql import functions as sf
+
+    at = layout.special()
+    names = layout.schema.names
+    headers: dict[str, str | None] = _option_headers(options)
+    content = [names[n] for n in range(len(names)) if n not in at.values()]
+    if BODY_COLUMN in at:
+        body_name = names[at[BODY_COLUMN]]
+        raw = sf.col(f"`{body_name}`")
+        if not isinstance(layout.schema[body_name].dataType, BinaryType):
+            raw = sf.encode(raw, "UTF-8")
+        body: Column = sf.coalesce(raw, sf.lit(b""))
+    else:
+        headers.setdefault(CONTENT_TYPE, JSON_CONTENT_TYPE)
+        # Decimals and dates as the text the Python path writes; a float as the double Python reads it as.
+        casts = {DecimalType: "string", DateType: "string", FloatType: "double"}
+        fields = [
+            next(
+                (
+                    sf.col(f"`{name}`").cast(to).alias(name)
+                    for kind, to in casts.items()
+                    if isinstance(layout.schema[name].dataType, kind)
+                ),
+                sf.col(f"`{name}`"),
+            )
+            for name in content
+        ]
+        body = sf.encode(sf.to_json(sf.struct(*fields), {"ignoreNullFields": "false"}), "UTF-8")
+        for name in content:
+            if isinstance(layout.schema[name].dataType, (FloatType, DoubleType)):
+                value = sf.col(f"`{name}`")
+                bad = sf.isnan(value) | (sf.abs(value) == sf.lit(math.inf))
+                body = sf.when(
+                    bad,
+                    sf.raise_error(
+                        sf.lit(
+                            f"a row holds NaN or an infinite number in {name}, which JSON cannot carry: replace "
+                            "them (e.g. with null) or write a 'body' column of your own"
+                        )
+                    ),
+                ).otherwise(body)
+    ttbr = options.time_to_be_received
+    defaults_given = {TIME_SENT: wire_timestamp(datetime.now(UTC))}
+    if ttbr is not None:
+        defaults_given[TIME_TO_BE_RECEIVED] = wire_timespan(ttbr)
+
+    def literal_map(pairs: Mapping[str, str | None]) -> Column:
+        items = [part for k, v in pairs.items() for part in (sf.lit(k), sf.lit(v).cast("string"))]
+        return sf.create_map(*items) if items else sf.create_map().cast("map<string,string>")
+
+    if HEADERS_COLUMN in at:
+        # A row's NServiceBus.MessageId or TimeSent given as null asks for the default, as in Message.
+        given = sf.coalesce(sf.col(f"`{names[at[HEADERS_COLUMN]]}`"), literal_map({}))
+        given = sf.map_filter(given, lambda k, v: v.isNotNull() | ~k.isin(MESSAGE_ID, TIME_SENT))
+    else:
+        given = literal_map({})
+    merged = sf.map_concat(
+        sf.map_filter(literal_map(headers), lambda k, _: ~sf.array_contains(sf.map_keys(given), k)), given
+    )
+    message_id = sf.col("__sqlqueue_id")
+    filled = sf.map_concat(sf.create_map(sf.lit(MESSAGE_ID), message_id), literal_map(defaults_given))
+    merged = sf.map_concat(merged, sf.map_filter(filled, lambda k, _: ~sf.array_contains(sf.map_keys(merged), k)))
+    ttbr_ms = None if ttbr is None else max(1, round(ttbr.total_seconds() * 1000))
+    with_id = df.withColumn("__sqlqueue_id", sf.expr("uuid()"))
+    return with_id.select(
+        sf.monotonically_increasing_id().alias("rowkey"),
+        message_id.alias("id"),
+        sf.to_json(merged).alias("headers"),
+        body.alias("body"),
+        sf.lit(ttbr_ms).cast("bigint").alias("ttbr_ms"),
+    )
+
+
+def write_through_jdbc(df: DataFrame, options: Options, layout: RowLayout, target: JdbcTarget) -> int | None:
+    """Stage ``df``'s messages with Spark's JDBC writer, then send them in one transaction; returns
+    how many (None: a write with this ``writeId`` was sent before). A failed write drops its stage."""
+    staged = _staged(df, layout, options)
+    with options.connect() as client:
+        options.check_sink(client)
+        stage = client.create_stage(options.queue)
+        table = client.dialect.qualified_name(stage)
+    try:
+        staged.write.jdbc(
+            target.url,
+            table,
+            mode="append",
+            properties={**target.properties, "batchsize": str(JDBC_BATCH), "reWriteBatchedInserts": "true"},
+        )
+        write = options.write_key(options.write_id)
+        with options.connect() as client:
+            sent = client.send_staged(options.queue, stage, write, ledger=options.ledger)
+            if options.write_id is None:  # a write that cannot be repeated: its ledger row is done with
+                client.forget_write(options.ledger, write)
+            return sent
+    except BaseException:
+        try:
+            with options.connect() as client:
+                client.drop_stage(stage)
+        except Exception:  # noqa: BLE001  # the write's own failure is the one to raise
+            log.warning("Could not drop staging table %s; a later write drops it once a day old", table)
+        raise
+
+
+def read_through_jdbc(spark: SparkSession, options: Options, target: JdbcTarget) -> DataFrame:
+    """The messages a browse (or a claim-mode read, after claiming) returns, read by Spark's JDBC reader."""
+    from pyspark.sql import functions as sf
+
+    addressing = Addressing(dialect_for(options.url))
+    dialect = stages_sends(addressing.dialect)
+    address: QueueAddress = addressing.address(options.queue)
+    with options.connect() as client:
+        options.check(client, claims=options.mode == "claim")
+        if options.mode == "claim":
+            assert options.holder is not None  # noqa: S101  # parse() requires a holder in claim mode
+            held = claim_for(client, options, options.holder, options.max_messages_per_batch)
+            bounds = None
+        else:
+            held = 0
+            bounds = client.seq_range(options.queue)
+    properties = {**target.properties, "fetchsize": str(options.fetch_size)}
+    if held:  # the claims' Seq values are scattered: one share of them per partition, by remainder
+        assert options.holder is not None  # noqa: S101
+        parts = max(1, min(options.partitions, held))
+        rows = spark.read.jdbc(
+            target.url,
+            dialect.bulk_held_sql(address, options.holder),
+            predicates=[f"mod(seq, {parts}) = {part}" for part in range(parts)],
+            properties=properties,
+        )
+    elif bounds is not None:
+        low, high = bounds
+        rows = spark.read.jdbc(
+            target.url,
+            dialect.bulk_browse_sql(address, high),
+            column="seq",
+            lowerBound=low,
+            upperBound=high + 1,
+            numPartitions=max(1, min(options.partitions, high - low + 1)),
+            properties=properties,
+        )
+    else:
+        return spark.createDataFrame([], MESSAGE_SCHEMA)
+    headers = sf.from_json(sf.col("headers"), "map<string,string>")
+    deliveries: Any = sf.col("deliveries") if options.mode == "claim" else sf.lit(None)
+    return rows.select(
+        sf.col("id"),
+        headers.alias("headers"),
+        sf.coalesce(sf.col("body"), sf.lit(b"")).alias("body"),
+        deliveries.cast("int").alias("deliveries"),
+    ).where(sf.col("headers").isNotNull())  # unreadable headers: skipped, as a browse skips them

@@ -1,0 +1,275 @@
+"""The JVM path in one local Spark (``local[2,4]``: two cores, a failed task tried up to four times)
+with PostgreSQL's JDBC driver on its classpath (tests/conftest.py puts it there).
+
+What it must keep from the data source's Python path: the same messages (headers and JSON bodies,
+compared value by value with the Python path's for the same rows), reads that return what a browse
+or a claim returns, writes that are all or nothing and send a retried task's rows once, and no
+password in any plan.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import date
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from airflow_provider_sqlqueue.spark import JDBC_DRIVER, JdbcTarget, Options, RowLayout, jdbc_target, register
+from airflow_provider_sqlqueue.spark.jdbc import _probe, layout_reason, read_through_jdbc, write_through_jdbc
+from airflow_provider_sqlqueue.transport import QueueAddress, QueueClient
+from tests.test_contract import SECRET, with_password
+
+pytestmark = pytest.mark.postgres_only
+
+DYNAMIC = ("NServiceBus.MessageId", "NServiceBus.TimeSent")
+
+
+@pytest.fixture(name="local_spark", scope="module")  # a name of its own: tests/test_spark_functions.py imports it
+def local_spark_fixture() -> Iterator[Any]:
+    from pyspark.sql import SparkSession
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    session = (
+        SparkSession.builder.master("local[2,4]")
+        .appName("sqlqueue-jdbc-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    yield session
+    session.stop()
+
+
+@pytest.fixture(name="shop")  # tests/test_spark_functions.py imports it
+def shop_fixture(pg_uri: str) -> Iterator[tuple[str, str]]:
+    """A schema with queues ``a``, ``b`` and ``error``: (schema, a URI with a password trust ignores)."""
+    schema = f"jdbc_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(pg_uri, autocommit=True) as raw:
+        raw.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+        try:
+            uri = with_password(pg_uri)
+            with QueueClient.connect(uri) as client:
+                for name in ("a", "b", "error"):
+                    client.create_queue(QueueAddress(name, schema))
+            yield schema, uri
+        finally:
+            raw.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+
+
+def target_of(uri: str) -> JdbcTarget:
+    target = jdbc_target(uri)
+    assert isinstance(target, JdbcTarget), target
+    return target
+
+
+def options(uri: str, schema: str, queue: str, **more: str) -> Options:
+    return Options.parse({"url": uri, "queue": f'{queue}@"{schema}"', **more})
+
+
+# -- the JDBC target of a connection string --------------------------------------------------------
+
+
+def test_the_jdbc_url_carries_no_secret_and_the_properties_carry_the_rest() -> None:
+    target = target_of(f"postgresql://app:{SECRET}@db.example:6543/shop?sslmode=require&application_name=etl")
+    assert target.url == "jdbc:postgresql://db.example:6543/shop"
+    assert dict(target.properties) == {
+        "user": "app",
+        "password": SECRET,
+        "sslmode": "require",
+        "ApplicationName": "etl",
+        "driver": JDBC_DRIVER,
+    }
+    assert SECRET not in repr(target)
+    many = target_of("host=10.0.0.1,::1 port=5432,5433 dbname=x user=u")
+    assert many.url == "jdbc:postgresql://10.0.0.1:5432,[::1]:5433/x"
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("dbname=test user=postgres", "Unix socket"),
+        ("host=/var/run/postgresql dbname=test", "Unix socket"),
+        ("host=db dbname=test keepalives=1", "keepalives have no JDBC property"),
+    ],
+)
+def test_a_url_jdbc_cannot_follow_gives_a_reason(url: str, reason: str) -> None:
+    found = jdbc_target(url)
+    assert isinstance(found, str) and reason in found
+
+
+def test_a_missing_driver_class_is_named_with_how_to_give_it(local_spark, shop) -> None:
+    _, uri = shop
+    target = target_of(uri)
+    missing = JdbcTarget(target.url, {**target.properties, "driver": "org.example.NoSuchDriver"})
+    reason = _probe(local_spark, missing)
+    assert reason is not None and "spark.jars" in reason and SECRET not in reason
+    assert _probe(local_spark, target) is None
+
+
+# -- writes ----------------------------------------------------------------------------------------
+
+ROWS = [
+    (Decimal("0.0000001"), date(1, 1, 1), 1e20, 0.1, [1, 2], {"k": [None]}, 'é\x00"', True, 2**62),
+    (Decimal("-12345678901234567.1234567"), date(9999, 12, 31), -0.0, 1.5e-300, [], {}, None, None, None),
+    (Decimal("0E-7"), None, None, 3.0, None, None, "\U0001f600", False, -1),
+]
+SCHEMA = "d decimal(38,7), dt date, f double, g float, a array<int>, m map<string,array<string>>, s string, b boolean, l long"
+
+
+def test_a_json_row_becomes_the_same_message_on_both_paths(local_spark, shop) -> None:
+    """The JVM's to_json and the data source's encoder write the same JSON values and headers."""
+    schema, uri = shop
+    df = local_spark.createDataFrame(ROWS, SCHEMA)
+    layout = RowLayout.of(df.schema)
+    assert layout_reason(layout) is None
+    jvm = options(uri, schema, "a", messageType="Shop.Row", timeToBeReceived="90")
+    assert write_through_jdbc(df, jvm, layout, target_of(uri)) == 3
+    register(local_spark)
+    python = {"url": uri, "queue": f'b@"{schema}"', "messageType": "Shop.Row", "timeToBeReceived": "90"}
+    df.write.format("sqlqueue").options(**python).mode("append").save()
+    with QueueClient.connect(uri) as client:
+        through_jvm = client.browse(QueueAddress("a", schema))
+        through_python = client.browse(QueueAddress("b", schema))
+    assert len(through_jvm) == len(through_python) == 3
+
+    def in_order(messages: list[Any]) -> list[Any]:  # the Python path's partitions commit in any order
+        return sorted(messages, key=lambda m: json.dumps(json.loads(m.body), sort_keys=True))
+
+    for one, other in zip(in_order(through_jvm), in_order(through_python), strict=True):
+        assert json.loads(one.body) == json.loads(other.body)
+        assert {k: v for k, v in one.headers.items() if k not in DYNAMIC} == {
+            k: v for k, v in other.headers.items() if k not in DYNAMIC
+        }
+        assert one.headers["NServiceBus.MessageId"] == str(one.id)
+        assert one.headers["NServiceBus.TimeToBeReceived"] == "00:01:30"
+
+
+def test_a_body_column_and_a_headers_column_are_sent_as_given(local_spark, shop) -> None:
+    schema, uri = shop
+    rows = [
+        (b"\x00\xff", {"Shop.Tenant": "é", "NServiceBus.MessageId": None}),
+        (None, None),
+    ]
+    df = local_spark.createDataFrame(rows, "body binary, headers map<string,string>")
+    assert write_through_jdbc(df, options(uri, schema, "a"), RowLayout.of(df.schema), target_of(uri)) == 2
+    with QueueClient.connect(uri) as client:
+        first, second = client.browse(QueueAddress("a", schema))
+    assert first.body == b"\x00\xff" and first.headers["Shop.Tenant"] == "é"
+    assert first.headers["NServiceBus.MessageId"] == str(first.id)  # null asks for the default
+    assert second.body == b"" and set(second.headers) == set(DYNAMIC)
+
+
+def test_a_task_that_fails_mid_write_is_retried_and_its_rows_are_sent_once(local_spark, shop) -> None:
+    """The first attempt of partition 1 dies after staging part of its rows (its JDBC transaction
+    rolls back); Spark runs it again; every row is a message exactly once."""
+    from pyspark.sql import functions as sf
+    from pyspark.sql.types import LongType
+
+    schema, uri = shop
+
+    def fail_first_attempt(n: int) -> int:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        if context is not None and context.partitionId() == 1 and context.attemptNumber() == 0 and n % 1000 == 999:
+            raise RuntimeError("killed mid-write")
+        return n
+
+    failing = sf.udf(fail_first_attempt, LongType())
+    df = local_spark.range(0, 20_000, numPartitions=2).select(failing("id").alias("n"))
+    assert write_through_jdbc(df, options(uri, schema, "a"), RowLayout.of(df.schema), target_of(uri)) == 20_000
+    with QueueClient.connect(uri) as client:
+        numbers = sorted(json.loads(m.body)["n"] for m in client.browse(QueueAddress("a", schema), 30_000))
+    assert numbers == list(range(20_000))
+
+
+def test_a_write_that_fails_sends_nothing_and_leaves_no_stage(local_spark, shop, pg_uri) -> None:
+    schema, uri = shop
+    df = local_spark.createDataFrame([(1.0,), (float("nan"),)], "x double")
+    with pytest.raises(Exception, match="NaN or an infinite number in x"):
+        write_through_jdbc(df, options(uri, schema, "a"), RowLayout.of(df.schema), target_of(uri))
+    with psycopg.connect(pg_uri) as raw:
+        tables = raw.execute("SELECT tablename FROM pg_tables WHERE schemaname = %s ORDER BY 1", (schema,)).fetchall()
+    assert [t for (t,) in tables if t.startswith("sqlqueue_stage_")] == []
+    with QueueClient.connect(uri) as client:
+        assert client.depth(QueueAddress("a", schema)) == 0
+
+
+def test_layouts_the_jvm_cannot_write_as_the_python_path_does_are_named(local_spark) -> None:
+    for ddl, reason in (
+        ("n long, ttbr double", "a 'ttbr' column"),
+        ("at timestamp", "column 'at' is timestamp"),
+        ("raw binary", "column 'raw' is binary"),
+        ("xs array<double>", "column 'xs' is array<double>"),
+    ):
+        found = layout_reason(RowLayout.of(local_spark.createDataFrame([], ddl).schema))
+        assert found is not None and reason in found, (ddl, found)
+
+
+# -- reads -----------------------------------------------------------------------------------------
+
+
+def test_a_browse_returns_what_the_queue_holds_and_skips_what_a_browse_skips(local_spark, shop, pg_uri) -> None:
+    from airflow_provider_sqlqueue.transport import Message
+
+    schema, uri = shop
+    queue = QueueAddress("a", schema)
+    with QueueClient.connect(uri) as client:
+        client.send(queue, [Message(f"m{n}".encode(), {"n": str(n)}) for n in range(500)])
+        client.send(queue, Message(b"expired", {"n": "x"}, time_to_be_received=0.001))
+    with psycopg.connect(pg_uri, autocommit=True) as raw:  # a row an outside sender wrote with bad headers
+        raw.execute(
+            sql.SQL("INSERT INTO {} (Id, Headers, Body) VALUES (gen_random_uuid(), 'not json', 'bad')").format(
+                sql.Identifier(schema, "a")
+            )
+        )
+    time.sleep(0.01)  # the expired one is past its time to be received
+    read = read_through_jdbc(local_spark, options(uri, schema, "a", numPartitions="3"), target_of(uri))
+    assert read.rdd.getNumPartitions() == 3
+    rows = read.collect()
+    with QueueClient.connect(uri) as client:
+        browsed = client.browse(queue, 1_000)
+        assert client.depth(queue) == 502  # nothing taken
+    assert sorted((r.id, r.body, tuple(sorted(r.headers.items()))) for r in rows) == sorted(
+        (str(m.id), m.body, tuple(sorted(m.headers.items()))) for m in browsed
+    )
+    assert len(rows) == 500 and all(r.deliveries is None for r in rows)
+
+
+def test_a_claim_read_returns_the_same_messages_until_they_are_settled(local_spark, shop) -> None:
+    from airflow_provider_sqlqueue.spark import ack_held
+    from airflow_provider_sqlqueue.transport import Message
+
+    schema, uri = shop
+    queue = QueueAddress("a", schema)
+    with QueueClient.connect(uri) as client:
+        client.send(queue, [Message(f"m{n}") for n in range(300)])
+    claim = options(uri, schema, "a", mode="claim", holder="nightly", maxMessagesPerBatch="200")
+    first = {r.id for r in read_through_jdbc(local_spark, claim, target_of(uri)).collect()}
+    again = read_through_jdbc(local_spark, claim, target_of(uri)).collect()
+    assert len(first) == 200 and {r.id for r in again} == first and {r.deliveries for r in again} == {1}
+    assert ack_held(uri, f'a@"{schema}"', "nightly") == 200
+    with QueueClient.connect(uri) as client:
+        assert client.depth(queue) == 100 and client.in_flight(queue) == 0
+    assert read_through_jdbc(local_spark, options(uri, schema, "b"), target_of(uri)).count() == 0  # empty queue
+
+
+def test_no_plan_holds_the_password(local_spark, shop) -> None:
+    from airflow_provider_sqlqueue.transport import Message
+
+    schema, uri = shop
+    with QueueClient.connect(uri) as client:
+        client.send(QueueAddress("a", schema), Message("x"))
+    read = read_through_jdbc(local_spark, options(uri, schema, "a"), target_of(uri))
+    plans = read._jdf.queryExecution().toString()  # every plan Spark keeps, as text
+    assert "jdbc:postgresql" in plans or "JDBCRelation" in plans
+    assert SECRET not in plans
