@@ -6,8 +6,10 @@ executor cores, one PostgreSQL. The same 200,000 rows (``n``, ``name``, ``amount
 - written as messages by ``save_to_queue`` (the JVM path: Spark's JDBC writer into a staging
   table, one server-side INSERT ... SELECT into the queue), by the data source (Python workers,
   one transaction per partition, recorded in the write ledger), by ``send_rows`` (one
-  transaction per partition, no ledger), and by Spark's JDBC writer into a plain table of the
-  same columns (no queue: the floor of getting rows into PostgreSQL);
+  transaction per partition, no ledger), and by Spark's JDBC writer twice: into a plain table of
+  the same columns (no queue: the floor of getting rows into PostgreSQL), and into a queue table
+  (``direct``), rows with an id, headers and a JSON body built by Spark, as a user writing the
+  queue table with JDBC alone would (no guarantee: a retried task sends twice, no ledger);
 - read back by ``load_from_queue`` (the JVM path: Spark's JDBC reader in Seq ranges, headers
   parsed by ``from_json``; browse and claim mode), by the data source (browse, in Seq ranges
   across executors; and claim mode), by ``read_queue`` (on the driver) and by Spark's JDBC reader
@@ -102,6 +104,7 @@ def main() -> None:
         with QueueClient.connect(uri) as client:
             client.create_queue(queue)
             client.create_queue(relayed)
+            client.create_queue(f'direct@"{schema}"')
         url, props = jdbc(uri)
         try:
             if args.local:
@@ -154,6 +157,7 @@ def measure(
     def empty() -> None:
         with QueueClient.connect(uri) as client:
             client.purge(queue)
+            client.purge(f'direct@"{schema}"')
         with psycopg.connect(uri, autocommit=True) as raw:
             raw.execute(f'TRUNCATE "{schema}".plain')
 
@@ -168,12 +172,23 @@ def measure(
         df.write.jdbc(url, f'"{schema}".plain', mode="append", properties={**props, "batchsize": "1000"})
         return ROWS
 
+    def jdbc_into_queue() -> int:
+        rows = df.selectExpr(
+            "uuid() AS id",
+            """concat('{"NServiceBus.ContentType":"application/json","NServiceBus.MessageId":"', uuid(), '"}') AS headers""",
+            "encode(to_json(struct(n, name, amount)), 'UTF-8') AS body",
+        )
+        properties = {**props, "batchsize": "1000", "stringtype": "unspecified"}  # text into the uuid column
+        rows.write.jdbc(url, f'"{schema}".direct', mode="append", properties=properties)
+        return ROWS
+
     def jvm_sink() -> int:
         save_to_queue(df, url=uri, queue=queue, engine="jdbc")
         return ROWS
 
     write = {
         "jdbc": best(plain_jdbc, empty),
+        "jdbc_into_queue_table": best(jdbc_into_queue, empty),
         "save_to_queue": best(jvm_sink, empty),
         "send_rows": best(helper, empty),
         "sqlqueue": best(sink, empty),
@@ -247,6 +262,7 @@ def measure(
     rate = {"write": write, "read": read, "stream_relay": streamed}
     ratios = {
         "write": {k: round(v / write["jdbc"], 2) for k, v in write.items()},
+        "write_vs_jdbc_into_queue_table": {k: round(v / write["jdbc_into_queue_table"], 2) for k, v in write.items()},
         "read": {k: round(v / read["jdbc"], 2) for k, v in read.items()},
         "stream_relay_vs_jdbc_write": {k: round(v / write["jdbc"], 2) for k, v in streamed.items()},
     }

@@ -30,6 +30,24 @@ def test_a_holders_claims_split_into_shares_that_cover_each_message_once(client,
     assert {m.deliveries for m in again} == {1}
 
 
+def test_hold_takes_up_to_the_count_once_keeps_the_bodies_in_the_store_and_sends_poison_away(
+    backend, client, queue, schema, raw
+):
+    client.send(queue, [Message(f"m{n}".encode()) for n in range(30)])
+    address = client.address(queue)
+    table = backend.table(schema, address.table)
+    raw.execute(
+        f"INSERT INTO {table} (Id, Headers, Body) VALUES (%s, %s, %s)", (str(uuid.uuid4()), "not json", b"poison")
+    )
+    assert client.hold(queue, "batch:7", 20) == 20
+    assert client.hold(queue, "batch:7", 20) == 20  # a repeated read holds the same, takes no more
+    assert client.hold(queue, "batch:7", 25) == 25  # asking more tops it up
+    held = client.held_columns(queue, "batch:7")
+    assert sorted(held.bodies) == sorted(f"m{n}".encode() for n in range(25))
+    assert client.hold(queue, "batch:8", 100) == 5  # the rest; the unreadable one went to the error queue
+    assert client.depth(queue) == 0 and client.depth(client.error_address(None, address)) == 1
+
+
 def test_acknowledging_a_holder_settles_its_claims_and_no_one_elses(client, queue):
     client.send(queue, [Message(str(n)) for n in range(50)])
     client.claim(queue, 20, holder="a")

@@ -121,6 +121,52 @@ def test_a_task_that_fails_mid_write_leaves_no_partial_partition_and_loses_nothi
     assert len(sent) == 40_000 and len(set(sent)) == 40_000
 
 
+def test_an_executor_sigkilled_mid_jvm_write_loses_nothing_and_sends_nothing_twice(spark, space, pg_uri):
+    """The JVM path (Spark's JDBC writer into a stage): the executor JVM is SIGKILLed while its tasks
+    insert into the stage; the worker starts another, Spark runs the lost tasks again, and every row
+    is one message."""
+    import threading
+
+    from airflow_provider_sqlqueue.spark import save_to_queue
+
+    orders = space("orders")
+    app = spark.sparkContext.applicationId
+    killed: list[int] = []
+
+    def kill_the_executor_mid_insert() -> None:
+        deadline = time.monotonic() + 300
+        with psycopg.connect(pg_uri, autocommit=True) as watcher:
+            while time.monotonic() < deadline and not killed:
+                inserting = watcher.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE 'INSERT INTO %sqlqueue_stage_%'"
+                ).fetchone()[0]
+                if inserting:
+                    found = subprocess.run(
+                        ["pgrep", "-f", f"CoarseGrainedExecutorBackend.*{app}"], capture_output=True, text=True
+                    ).stdout.split()
+                    for pid in map(int, found):
+                        os.kill(pid, signal.SIGKILL)
+                        killed.append(pid)
+                time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_the_executor_mid_insert, daemon=True)
+    killer.start()
+    df = spark.range(0, 300_000, numPartitions=4).selectExpr("id AS n", "repeat('x', 300) AS pad")
+    save_to_queue(df, url=pg_uri, queue=orders, engine="jdbc")
+    killer.join(timeout=10)
+    assert killed, "no executor was killed mid-insert"
+    with QueueClient.connect(pg_uri) as client:
+        numbers = [m.json()["n"] for m in client.browse(orders, 400_000)]  # type: ignore[index]
+        schema = client.address(orders).schema
+    assert len(numbers) == 300_000 and len(set(numbers)) == 300_000
+    with psycopg.connect(pg_uri) as raw:
+        left = raw.execute(
+            "SELECT count(*) FROM pg_tables WHERE schemaname = %s AND starts_with(tablename, 'sqlqueue_stage_')",
+            (schema,),
+        ).fetchone()[0]
+    assert left == 0
+
+
 def test_the_example_jobs_give_each_message_the_rows_of_its_own_input(spark, tmp_path):
     """A batch is read as one relation and its rows handed back per message: names with spaces, ``%``
     and non-ASCII letters, two messages naming one file, an input without rows and a ``file:`` path

@@ -86,6 +86,8 @@ STATEMENTS: dict[str, Statement] = {
     "delete_by_seq": lambda d, a, e: d.delete_by_seq_sql(e),
     "claim": lambda d, a, e: d.claim_sql(a),
     "reclaim": lambda d, a, e: d.reclaim_sql(a),
+    "claim_without_bodies": lambda d, a, e: d.claim_sql(a, bodies=False),
+    "reclaim_without_bodies": lambda d, a, e: d.reclaim_sql(a, bodies=False),
     "take": lambda d, a, e: d.take_sql(a),
     "adopt": lambda d, a, e: d.adopt_sql(a),
     "peek_with_claims": lambda d, a, e: d.peek_with_claims_sql(a),
@@ -133,6 +135,7 @@ NOT_STATEMENTS = {
     "table_reference",
 }
 VARIANTS = {"send_legacy", "insert_error_legacy", "claim_to_error_legacy", "release_lapsed_legacy"}
+VARIANTS |= {"claim_without_bodies", "reclaim_without_bodies"}
 SESSION_STATEMENTS = {
     "setup": tsql.SESSION_SETUP,
     "open_transactions": tsql.OPEN_TRANSACTIONS,

@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import math
 import threading
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -49,7 +50,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from ..transport import QueueAddress
+from ..transport import Message, QueueAddress
 from ..transport.client import Addressing
 from ..transport.drivers import dialect_for
 from ..transport.message import (
@@ -69,6 +70,8 @@ from .write import BODY_COLUMN, HEADERS_COLUMN, TTBR_COLUMN, RowLayout, _option_
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
+#: The id a message's headers are first written with, then replaced by each row's own.
+_PLACEHOLDER = uuid.UUID(int=0)
 #: The JDBC driver class Spark loads: PostgreSQL's (``org.postgresql:postgresql``, or Debian's
 #: ``libpostgresql-jdbc-java``), given to Spark with ``spark.jars`` or ``spark.jars.packages``.
 JDBC_DRIVER = "org.postgresql.Driver"
@@ -256,35 +259,51 @@ def _staged(df: DataFrame, layout: RowLayout, options: Options) -> DataFrame:
                     ),
                 ).otherwise(body)
     ttbr = options.time_to_be_received
-    defaults_given = {TIME_SENT: wire_timestamp(datetime.now(UTC))}
-    if ttbr is not None:
-        defaults_given[TIME_TO_BE_RECEIVED] = wire_timespan(ttbr)
-
-    def literal_map(pairs: Mapping[str, str | None]) -> Column:
-        items = [part for k, v in pairs.items() for part in (sf.lit(k), sf.lit(v).cast("string"))]
-        return sf.create_map(*items) if items else sf.create_map().cast("map<string,string>")
-
-    if HEADERS_COLUMN in at:
-        # A row's NServiceBus.MessageId or TimeSent given as null asks for the default, as in Message.
-        given = sf.coalesce(sf.col(f"`{names[at[HEADERS_COLUMN]]}`"), literal_map({}))
-        given = sf.map_filter(given, lambda k, v: v.isNotNull() | ~k.isin(MESSAGE_ID, TIME_SENT))
-    else:
-        given = literal_map({})
-    merged = sf.map_concat(
-        sf.map_filter(literal_map(headers), lambda k, _: ~sf.array_contains(sf.map_keys(given), k)), given
-    )
+    time_sent = wire_timestamp(datetime.now(UTC))  # one send time for the write, as a batched send has
     message_id = sf.col("__sqlqueue_id")
-    filled = sf.map_concat(sf.create_map(sf.lit(MESSAGE_ID), message_id), literal_map(defaults_given))
-    merged = sf.map_concat(merged, sf.map_filter(filled, lambda k, _: ~sf.array_contains(sf.map_keys(merged), k)))
+    if HEADERS_COLUMN in at:
+        headers_json = _merged_headers(sf.col(f"`{names[at[HEADERS_COLUMN]]}`"), headers, message_id, time_sent, ttbr)
+    else:
+        # The same headers for every row but its id: the text the Python path writes, made by the
+        # library's own encoder once, with each row's id put in its place.
+        text = Message(b"", headers, id=_PLACEHOLDER, time_to_be_received=ttbr).wire_headers(time_sent)
+        before, _, after = text.rpartition(str(_PLACEHOLDER))
+        headers_json = sf.concat(sf.lit(before), message_id, sf.lit(after))
     ttbr_ms = None if ttbr is None else max(1, round(ttbr.total_seconds() * 1000))
     with_id = df.withColumn("__sqlqueue_id", sf.expr("uuid()"))
     return with_id.select(
         sf.monotonically_increasing_id().alias("rowkey"),
         message_id.alias("id"),
-        sf.to_json(merged).alias("headers"),
+        headers_json.alias("headers"),
         body.alias("body"),
         sf.lit(ttbr_ms).cast("bigint").alias("ttbr_ms"),
     )
+
+
+def _merged_headers(
+    given: Column, headers: Mapping[str, str | None], message_id: Column, time_sent: str, ttbr: timedelta | None
+) -> Column:
+    """A row's headers JSON from its ``headers`` map, as :class:`Message` merges them: the option
+    headers it does not override, its own, then the NServiceBus defaults it does not give."""
+    from pyspark.sql import functions as sf
+
+    def literal_map(pairs: Mapping[str, str | None]) -> Column:
+        items = [part for k, v in pairs.items() for part in (sf.lit(k), sf.lit(v).cast("string"))]
+        return sf.create_map(*items) if items else sf.create_map().cast("map<string,string>")
+
+    # A row's NServiceBus.MessageId or TimeSent given as null asks for the default, as in Message.
+    given = sf.map_filter(
+        sf.coalesce(given, literal_map({})), lambda k, v: v.isNotNull() | ~k.isin(MESSAGE_ID, TIME_SENT)
+    )
+    merged = sf.map_concat(
+        sf.map_filter(literal_map(headers), lambda k, _: ~sf.array_contains(sf.map_keys(given), k)), given
+    )
+    defaults_given = {TIME_SENT: time_sent}
+    if ttbr is not None:
+        defaults_given[TIME_TO_BE_RECEIVED] = wire_timespan(ttbr)
+    filled = sf.map_concat(sf.create_map(sf.lit(MESSAGE_ID), message_id), literal_map(defaults_given))
+    merged = sf.map_concat(merged, sf.map_filter(filled, lambda k, _: ~sf.array_contains(sf.map_keys(merged), k)))
+    return sf.to_json(merged)
 
 
 def write_through_jdbc(df: DataFrame, options: Options, layout: RowLayout, target: JdbcTarget) -> int | None:

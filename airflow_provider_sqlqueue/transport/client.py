@@ -819,14 +819,17 @@ class AsyncQueueClient(Addressing):
         max_deliveries: int,
         error_queue: str | QueueAddress | None,
         holder: str | None,
+        bodies: bool = True,
     ) -> ops.Operation[ops.Taken]:
-        """A claim (``holder`` named) or a reservation (None)."""
+        """A claim (``holder`` named) or a reservation (None); ``bodies`` False leaves them in the claim store."""
         check_positive("max_messages", max_messages)
         check_positive("max_deliveries", max_deliveries)
         address = self.address(queue)
         holder = None if holder is None else label("holder", holder)
         error = self.error_address(error_queue, address)
-        return ops.claim(self.dialect, address, error, max_messages, lease_ms(lease), max_deliveries, holder)
+        return ops.claim(
+            self.dialect, address, error, max_messages, lease_ms(lease), max_deliveries, holder, bodies=bodies
+        )
 
     async def take(
         self,
@@ -1193,6 +1196,33 @@ class AsyncQueueClient(Addressing):
             return await self._run(ops.ack_held(self.dialect, address, holder))
         return await self._run(ops.ack_held_audited(self.dialect, address, holder, audit_address))
 
+    async def hold(
+        self,
+        queue: str | QueueAddress,
+        holder: str,
+        max_messages: int,
+        *,
+        lease: timedelta | float = defaults.LEASE,
+        max_deliveries: int = defaults.MAX_DELIVERIES,
+    ) -> int:
+        """Make ``holder`` hold up to ``max_messages`` claims: those it holds already (renewed), then
+        new ones; returns how many it holds. The messages stay in the claim store, for a bulk reader
+        to read there (:meth:`held_columns`, a Spark JDBC read): a holder that repeats its read
+        (a retried Spark batch) is handed the same messages, and their bodies never reach this client.
+        """
+        check_positive("max_messages", max_messages)
+        check_positive("max_deliveries", max_deliveries)
+        address, holder, lease_in_ms = self.address(queue), label("holder", holder), lease_ms(lease)
+        held = await self._run(ops.extend_held(self.dialect, address, holder, lease_in_ms))
+        while held < max_messages:
+            step = min(max_messages - held, defaults.MAX_BATCH)
+            got = await self._run(self._claim_op(queue, step, lease, max_deliveries, None, holder, bodies=False))
+            self._reporter.taken(address, got)
+            held += len(got)
+            if len(got) < step:
+                break
+        return held
+
     async def extend_held(
         self, queue: str | QueueAddress, holder: str, lease: timedelta | float = defaults.LEASE
     ) -> int:
@@ -1545,6 +1575,7 @@ class QueueClient(Addressing):
     held_columns = _blocking(AsyncQueueClient.held_columns)
     ack_held = _blocking(AsyncQueueClient.ack_held)
     extend_held = _blocking(AsyncQueueClient.extend_held)
+    hold = _blocking(AsyncQueueClient.hold)
     nack_held = _blocking(AsyncQueueClient.nack_held)
     create_writes = _blocking(AsyncQueueClient.create_writes)
     record_write = _blocking(AsyncQueueClient.record_write)

@@ -630,8 +630,11 @@ class Dialect(ABC):
     # -- claim mode ----------------------------------------------------------------------------
 
     @abstractmethod
-    def claim_sql(self, address: QueueAddress) -> str:
+    def claim_sql(self, address: QueueAddress, bodies: bool = True) -> str:
         """Params limit, queue, deliveries, lease_ms, holder: move up to limit oldest unexpired rows in flight.
+
+        ``bodies`` False returns every Body as NULL: for a bulk reader that reads the claims'
+        bodies itself (a Spark read), so they do not cross the network twice.
 
         ``deliveries`` is 1 for a claim handed to a handler, 0 for a reservation (``holder`` NULL)
         that a task takes later. Expired rows met on the way are deleted and returned with a NULL
@@ -640,8 +643,9 @@ class Dialect(ABC):
         """
 
     @abstractmethod
-    def reclaim_sql(self, address: QueueAddress) -> str:
-        """Params deliveries (added), lease_ms, holder, queue, limit: renew up to limit lapsed claims.
+    def reclaim_sql(self, address: QueueAddress, bodies: bool = True) -> str:
+        """Params deliveries (added), lease_ms, holder, queue, limit: renew up to limit lapsed claims
+        (``bodies`` as in :meth:`claim_sql`).
 
         Every renewed claim gets a new token, so its previous holder can no longer settle it.
         Rows: :class:`HeldRow`.

@@ -706,9 +706,10 @@ class PostgresDialect(Dialect):
 
     # -- claim mode ----------------------------------------------------------------------------
 
-    def claim_sql(self, address: QueueAddress) -> str:
+    def claim_sql(self, address: QueueAddress, bodies: bool = True) -> str:
         q = self.qualified_name(address)
         f = self.qualified_name(self.inflight_address(address))
+        body = "Body" if bodies else "NULL::bytea"
         return (
             f"WITH taken AS (DELETE FROM {q} AS rs "
             f"WHERE rs.Seq = ANY(ARRAY({self._head(q, 'UPDATE')})) "
@@ -720,19 +721,20 @@ class PostgresDialect(Dialect):
             f"{_UTC_NOW} + %(lease_ms)s::bigint * interval '1 millisecond', %(holder)s FROM taken "
             f"WHERE Expires IS NULL OR Expires > {_UTC_NOW} "
             "RETURNING Token, Id, Headers, Body, Deliveries, Seq) "
-            "SELECT Token, Id, Headers, Body, Deliveries, Seq FROM claimed "
+            f"SELECT Token, Id, Headers, {body}, Deliveries, Seq FROM claimed "
             "UNION ALL SELECT NULL::uuid, Id, NULL, NULL, 0, Seq FROM taken "
             f"WHERE Expires IS NOT NULL AND Expires <= {_UTC_NOW} ORDER BY Seq"
         )
 
-    def reclaim_sql(self, address: QueueAddress) -> str:
+    def reclaim_sql(self, address: QueueAddress, bodies: bool = True) -> str:
         f = self.qualified_name(self.inflight_address(address))
+        body = "c.Body" if bodies else "NULL::bytea"
         return (
             f"UPDATE {f} AS c SET Token = gen_random_uuid(), Deliveries = c.Deliveries + %(deliveries)s, "
             f"LeaseUntil = {_UTC_NOW} + %(lease_ms)s::bigint * interval '1 millisecond', Holder = %(holder)s "
             f"WHERE c.Token = ANY(ARRAY(SELECT Token FROM {f} WHERE {_LAPSED} "
             "ORDER BY Seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED)) "
-            f"RETURNING c.Token, c.Id, c.Expires IS NOT NULL AND c.Expires <= {_UTC_NOW}, c.Headers, c.Body, "
+            f"RETURNING c.Token, c.Id, c.Expires IS NOT NULL AND c.Expires <= {_UTC_NOW}, c.Headers, {body}, "
             "c.Deliveries, c.LastError, c.Seq"
         )
 

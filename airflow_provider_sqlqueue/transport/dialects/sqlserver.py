@@ -714,9 +714,10 @@ class SqlServerDialect(Dialect):
 
     # -- claim mode ----------------------------------------------------------------------------
 
-    def claim_sql(self, address: QueueAddress) -> str:
+    def claim_sql(self, address: QueueAddress, bodies: bool = True) -> str:
         q = self.qualified_name(address)
         f = self.qualified_name(self.inflight_address(address))
+        body = "c.Body" if bodies else "CAST(NULL AS varbinary(max))"
         # One batch: delete the oldest unlocked rows into a table variable, move the unexpired ones
         # into the in-flight table, and return them together with the ids of the expired ones
         # (token NULL), which are just gone; one clock reading decides which is which.
@@ -738,13 +739,14 @@ class SqlServerDialect(Dialect):
             "SELECT NEWID(), @queue, t.Id, t.Expires, COALESCE(t.Headers, N'null'), t.Body, t.Seq, @deliveries, "
             f"{_after_ms('@lease_ms', _LEASE_NOW)}, @holder FROM @taken AS t "
             "WHERE t.Expires IS NULL OR t.Expires > @now; "
-            "SELECT c.Token, c.Id, c.Headers, c.Body, c.Deliveries, c.Seq FROM @claimed AS c "
+            f"SELECT c.Token, c.Id, c.Headers, {body}, c.Deliveries, c.Seq FROM @claimed AS c "
             "UNION ALL SELECT NULL, t.Id, NULL, NULL, 0, t.Seq FROM @taken AS t "
             "WHERE t.Expires IS NOT NULL AND t.Expires <= @now"
         )
 
-    def reclaim_sql(self, address: QueueAddress) -> str:
+    def reclaim_sql(self, address: QueueAddress, bodies: bool = True) -> str:
         f = self.qualified_name(self.inflight_address(address))
+        body = "inserted.Body" if bodies else "CAST(NULL AS varbinary(max))"
         return (
             "DECLARE @deliveries int = %(deliveries)s, @lease_ms bigint = %(lease_ms)s, @holder nvarchar(400) = %(holder)s, "
             "@queue nvarchar(450) = %(queue)s, @limit int = %(limit)s; "
@@ -752,7 +754,7 @@ class SqlServerDialect(Dialect):
             f"WHERE Queue = @queue AND LeaseUntil <= {_LEASE_NOW} ORDER BY Seq) "
             "UPDATE lapsed SET Token = NEWID(), Deliveries = Deliveries + @deliveries, "
             f"LeaseUntil = {_after_ms('@lease_ms', _LEASE_NOW)}, Holder = @holder "
-            f"OUTPUT inserted.Token, inserted.Id, {self._expired('inserted')}, inserted.Headers, inserted.Body, "
+            f"OUTPUT inserted.Token, inserted.Id, {self._expired('inserted')}, inserted.Headers, {body}, "
             "inserted.Deliveries, inserted.LastError, inserted.Seq"
         )
 

@@ -35,8 +35,12 @@ def claim(
     holder: str | None,
     *,
     reclaim: bool = True,
+    bodies: bool = True,
 ) -> Operation[Taken]:
     """Claim up to ``limit`` messages: first those whose lease ran out, then fresh ones from the queue.
+
+    ``bodies=False`` leaves the messages' bodies in the claim store (every body handed back is
+    empty): for a holder that reads them there in bulk (:func:`held_columns`, a JDBC read).
 
     ``reclaim=False`` skips looking for lapsed claims (one statement less), for a caller that has
     just seen there are none (:func:`.inspection.peek_claims`); claims lapsing meanwhile wait for the next look.
@@ -62,7 +66,7 @@ def claim(
     if reclaim:
         if head is not None:
             params["lapsed_ms"] = head.look_back_ms("reclaim")
-        held = [HeldRow(*row) for row in (yield Step(d.reclaim_sql(address), params, Fetch.ALL, target))]
+        held = [HeldRow(*row) for row in (yield Step(d.reclaim_sql(address, bodies), params, Fetch.ALL, target))]
         if head is not None and len(held) == limit:
             head.look_again("reclaim")
         claimed = yield from _hand_out(d, address, error_address, held, counted, max_deliveries)
@@ -70,14 +74,18 @@ def claim(
             yield from purge_expired_run(d, address, claims=True)
             if len(held) == limit and len(claimed) < limit:  # lapsed claims may wait behind the expired ones
                 shortfall = {**params, "limit": limit - len(claimed)}
-                held = [HeldRow(*row) for row in (yield Step(d.reclaim_sql(address), shortfall, Fetch.ALL, target))]
+                held = [
+                    HeldRow(*row) for row in (yield Step(d.reclaim_sql(address, bodies), shortfall, Fetch.ALL, target))
+                ]
                 more = yield from _hand_out(d, address, error_address, held, counted, max_deliveries)
                 claimed.extend(more)
                 claimed.moved_to_error += more.moved_to_error
     requeued = False  # a poison row moved into this very queue (its own error queue): do not meet it again
     while len(claimed) < limit and not requeued:
         wanted = limit - len(claimed)
-        found = yield Step(d.claim_sql(address), {**params, "limit": wanted, **after_head(head)}, Fetch.ALL, target)
+        found = yield Step(
+            d.claim_sql(address, bodies), {**params, "limit": wanted, **after_head(head)}, Fetch.ALL, target
+        )
         rows = sorted((ClaimedRow(*row) for row in found), key=lambda row: row.seq)
         if head is not None:
             head.taken([row.seq for row in rows])
