@@ -230,7 +230,7 @@ class Options:
             lease=_span(options, "lease", defaults.LEASE, defaults.MAX_LEASE, defaults.MIN_RENEWED_LEASE),  # renewed
             max_deliveries=_count(options, "maxDeliveries", defaults.MAX_DELIVERIES),
             max_messages_per_batch=_count(
-                options, "maxMessagesPerBatch", MAX_MESSAGES_PER_BATCH, maximum=10 * defaults.MAX_BATCH
+                options, "maxMessagesPerBatch", MAX_MESSAGES_PER_BATCH, maximum=defaults.MAX_HELD
             ),
             batch_size=_count(options, "batchSize", BATCH_SIZE),
             message_type=options.get("messageType"),

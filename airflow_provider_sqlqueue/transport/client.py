@@ -1210,7 +1210,7 @@ class AsyncQueueClient(Addressing):
         to read there (:meth:`held_columns`, a Spark JDBC read): a holder that repeats its read
         (a retried Spark batch) is handed the same messages, and their bodies never reach this client.
         """
-        check_positive("max_messages", max_messages)
+        check_positive("max_messages", max_messages, defaults.MAX_HELD)
         check_positive("max_deliveries", max_deliveries)
         address, holder, lease_in_ms = self.address(queue), label("holder", holder), lease_ms(lease)
         held = await self._run(ops.extend_held(self.dialect, address, holder, lease_in_ms))

@@ -72,6 +72,9 @@ LAST_SEQ = 2**63 - 1
 
 #: Most messages or rows one call receives, claims, browses or purges (a statement's LIMIT / TOP).
 MAX_BATCH = 100_000
+#: Most claims one holder may be made to hold at once (``hold``, a Spark claim read or micro-batch):
+#: taken MAX_BATCH per statement.
+MAX_HELD = 10 * MAX_BATCH
 
 #: NServiceBus's delayed-message table of a queue is ``<queue>.<suffix>`` in the queue's schema.
 DELAYED_TABLE_SUFFIX = "Delayed"

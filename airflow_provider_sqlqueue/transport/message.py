@@ -289,14 +289,14 @@ def asynchronous(what: str, function: object) -> None:
         raise ArgumentTypeError(f"{what} must be an async function (async def), got {function!r:.60}")
 
 
-def check_positive(name: str, value: int) -> int:
-    """A count of messages or rows: a positive integer no larger than one statement can take."""
+def check_positive(name: str, value: int, maximum: int = defaults.MAX_BATCH) -> int:
+    """A count of messages or rows: a positive integer no larger than one statement can take (or ``maximum``)."""
     if not isinstance(value, int) or isinstance(value, bool):
         raise ArgumentTypeError(f"{name} must be a positive integer, got {type(value).__name__} {value!r:.40}")
     if value < 1:
         raise InvalidArgumentError(f"{name} must be a positive integer, got {value!r}")
-    if value > defaults.MAX_BATCH:
-        raise InvalidArgumentError(f"{name} must be at most {defaults.MAX_BATCH:,}, got {value:,}; work in batches")
+    if value > maximum:
+        raise InvalidArgumentError(f"{name} must be at most {maximum:,}, got {value:,}; work in batches")
     return value
 
 
