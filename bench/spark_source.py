@@ -10,10 +10,8 @@ executor cores, one PostgreSQL. The same 200,000 rows (``n``, ``name``, ``amount
   the same columns (no queue: the floor of getting rows into PostgreSQL), and into a queue table
   (``direct``), rows with an id, headers and a JSON body built by Spark, as a user writing the
   queue table with JDBC alone would (no guarantee: a retried task sends twice, no ledger);
-- read back by ``load_from_queue`` (the JVM path: Spark's JDBC reader in Seq ranges, headers
-  parsed by ``from_json``; browse and claim mode), by the data source (browse, in Seq ranges
-  across executors; and claim mode), by ``read_queue`` (on the driver) and by Spark's JDBC reader
-  of the queue table;
+- read back by the data source (browse, in Seq ranges across executors; and claim mode), by
+  ``read_queue`` (on the driver) and by Spark's JDBC reader of the queue table;
 - relayed queue to queue by the streaming example (claims per micro-batch, acknowledged after
   the batch's write by ``batch_writer``, which takes the JVM path), in micro-batches of 5,000
   (the example's size) and of 100,000.
@@ -51,7 +49,6 @@ from psycopg.conninfo import conninfo_to_dict
 from airflow_provider_sqlqueue.spark import (
     NAME,
     ack_held,
-    load_from_queue,
     read_queue,
     register,
     save_to_queue,
@@ -230,19 +227,8 @@ def measure(
         ack_held(uri, queue, holder)
         return count
 
-    def jvm_browse() -> int:
-        return consumed(load_from_queue(spark, url=uri, queue=queue, engine="jdbc"))
-
-    def jvm_claim() -> int:
-        options = {"mode": "claim", "holder": holder, "maxMessagesPerBatch": str(ROWS), "engine": "jdbc"}
-        count = consumed(load_from_queue(spark, url=uri, queue=queue, **options))
-        ack_held(uri, queue, holder)
-        return count
-
     read = {
         "jdbc": best(jdbc_read, fill),
-        "load_from_queue_browse": best(jvm_browse, fill),
-        "load_from_queue_claim": best(jvm_claim, fill),
         "read_queue": best(helper_read, fill),
         "sqlqueue_browse": best(browse, fill),
     }

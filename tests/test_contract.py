@@ -52,7 +52,7 @@ CLIENT = {
     "create_subscription_table", "create_writes", "database", "depth", "drop_queue", "drop_stage", "error_address", "error_summary", "extend", "extend_held",
     "fail", "failed_messages", "forget_write", "forward", "health", "held", "held_columns", "hold", "horizon", "in_flight", "installation", "kind",
     "lapsed_claims", "meter", "move_due", "move_to_error", "nack", "nack_held", "next_due", "peek", "publish", "purge",
-    "purge_expired", "queue_page", "queue_stats", "queues", "receive", "receive_native", "record_write", "release_lapsed",
+    "purge_expired", "queue_page", "queue_stats", "queues", "receive", "receive_native", "record_write", "recorded_parts", "release_lapsed",
     "reserve", "retry_errors", "retry_errors_page", "send", "send_copied", "send_staged", "seq_range", "subscribe", "subscribers",
     "subscription_table", "take", "transaction", "unsubscribe",
 }  # fmt: skip

@@ -2,9 +2,8 @@
 with PostgreSQL's JDBC driver on its classpath (tests/conftest.py puts it there).
 
 What it must keep from the data source's Python path: the same messages (headers and JSON bodies,
-compared value by value with the Python path's for the same rows), reads that return what a browse
-or a claim returns, writes that are all or nothing and send a retried task's rows once, and no
-password in any plan.
+compared value by value with the Python path's for the same rows), writes that are all or nothing
+and send a retried task's rows once, and no password in any plan.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from datetime import date
@@ -24,8 +22,8 @@ import pytest
 from psycopg import sql
 
 from airflow_provider_sqlqueue.spark import JDBC_DRIVER, JdbcTarget, Options, RowLayout, jdbc_target, register
-from airflow_provider_sqlqueue.spark.jdbc import _probe, layout_reason, read_through_jdbc, write_through_jdbc
-from airflow_provider_sqlqueue.transport import QueueAddress, QueueClient
+from airflow_provider_sqlqueue.spark.jdbc import _probe, layout_reason, write_through_jdbc
+from airflow_provider_sqlqueue.transport import InvalidArgumentError, QueueAddress, QueueClient
 from tests.test_contract import SECRET, with_password
 
 pytestmark = pytest.mark.postgres_only
@@ -195,7 +193,7 @@ def test_a_task_that_fails_mid_write_is_retried_and_its_rows_are_sent_once(local
 def test_a_write_that_fails_sends_nothing_and_leaves_no_stage(local_spark, shop, pg_uri) -> None:
     schema, uri = shop
     df = local_spark.createDataFrame([(1.0,), (float("nan"),)], "x double")
-    with pytest.raises(Exception, match="NaN or an infinite number in x"):
+    with pytest.raises(InvalidArgumentError, match="a row holds NaN or an infinite number in x, which JSON cannot"):
         write_through_jdbc(df, options(uri, schema, "a"), RowLayout.of(df.schema), target_of(uri))
     with psycopg.connect(pg_uri) as raw:
         tables = raw.execute("SELECT tablename FROM pg_tables WHERE schemaname = %s ORDER BY 1", (schema,)).fetchall()
@@ -215,61 +213,42 @@ def test_layouts_the_jvm_cannot_write_as_the_python_path_does_are_named(local_sp
         assert found is not None and reason in found, (ddl, found)
 
 
-# -- reads -----------------------------------------------------------------------------------------
-
-
-def test_a_browse_returns_what_the_queue_holds_and_skips_what_a_browse_skips(local_spark, shop, pg_uri) -> None:
-    from airflow_provider_sqlqueue.transport import Message
-
-    schema, uri = shop
-    queue = QueueAddress("a", schema)
-    with QueueClient.connect(uri) as client:
-        client.send(queue, [Message(f"m{n}".encode(), {"n": str(n)}) for n in range(500)])
-        client.send(queue, Message(b"expired", {"n": "x"}, time_to_be_received=0.001))
-    with psycopg.connect(pg_uri, autocommit=True) as raw:  # a row an outside sender wrote with bad headers
-        raw.execute(
-            sql.SQL("INSERT INTO {} (Id, Headers, Body) VALUES (gen_random_uuid(), 'not json', 'bad')").format(
-                sql.Identifier(schema, "a")
-            )
-        )
-    time.sleep(0.01)  # the expired one is past its time to be received
-    read = read_through_jdbc(local_spark, options(uri, schema, "a", numPartitions="3"), target_of(uri))
-    assert read.rdd.getNumPartitions() == 3
-    rows = read.collect()
-    with QueueClient.connect(uri) as client:
-        browsed = client.browse(queue, 1_000)
-        assert client.depth(queue) == 502  # nothing taken
-    assert sorted((r.id, r.body, tuple(sorted(r.headers.items()))) for r in rows) == sorted(
-        (str(m.id), m.body, tuple(sorted(m.headers.items()))) for m in browsed
-    )
-    assert len(rows) == 500 and all(r.deliveries is None for r in rows)
-
-
-def test_a_claim_read_returns_the_same_messages_until_they_are_settled(local_spark, shop) -> None:
-    from airflow_provider_sqlqueue.spark import ack_held
-    from airflow_provider_sqlqueue.transport import Message
-
-    schema, uri = shop
-    queue = QueueAddress("a", schema)
-    with QueueClient.connect(uri) as client:
-        client.send(queue, [Message(f"m{n}") for n in range(300)])
-    claim = options(uri, schema, "a", mode="claim", holder="nightly", maxMessagesPerBatch="200")
-    first = {r.id for r in read_through_jdbc(local_spark, claim, target_of(uri)).collect()}
-    again = read_through_jdbc(local_spark, claim, target_of(uri)).collect()
-    assert len(first) == 200 and {r.id for r in again} == first and {r.deliveries for r in again} == {1}
-    assert ack_held(uri, f'a@"{schema}"', "nightly") == 200
-    with QueueClient.connect(uri) as client:
-        assert client.depth(queue) == 100 and client.in_flight(queue) == 0
-    assert read_through_jdbc(local_spark, options(uri, schema, "b"), target_of(uri)).count() == 0  # empty queue
-
-
 def test_no_plan_holds_the_password(local_spark, shop) -> None:
-    from airflow_provider_sqlqueue.transport import Message
+    from airflow_provider_sqlqueue.spark.jdbc import _staged
 
     schema, uri = shop
+    df = local_spark.range(0, 10)
+    staged = _staged(df, RowLayout.of(df.schema), options(uri, schema, "a"))
+    target = target_of(uri)
+    rows = local_spark.read.jdbc(target.url, f'"{schema}".a', properties=dict(target.properties))
+    for plan in (staged._jdf.queryExecution().toString(), rows._jdf.queryExecution().toString()):
+        assert SECRET not in plan
+    assert write_through_jdbc(df, options(uri, schema, "a"), RowLayout.of(df.schema), target) == 10
+
+
+def test_columns_named_with_any_character_are_written(local_spark, shop) -> None:
+    schema, uri = shop
+    names = ["a`b", "dotted.name", 'quo"te', "sp ace", "ünï", ""]
+    df = local_spark.createDataFrame(
+        [tuple(range(len(names)))], ", ".join(f"`{n.replace('`', '``')}` int" for n in names)
+    )
+    assert write_through_jdbc(df, options(uri, schema, "a"), RowLayout.of(df.schema), target_of(uri)) == 1
     with QueueClient.connect(uri) as client:
-        client.send(QueueAddress("a", schema), Message("x"))
-    read = read_through_jdbc(local_spark, options(uri, schema, "a"), target_of(uri))
-    plans = read._jdf.queryExecution().toString()  # every plan Spark keeps, as text
-    assert "jdbc:postgresql" in plans or "JDBCRelation" in plans
-    assert SECRET not in plans
+        [message] = client.browse(QueueAddress("a", schema))
+    assert json.loads(message.body) == {name: n for n, name in enumerate(names)}
+
+
+def test_a_schema_with_a_percent_sign_takes_the_jvm_path(local_spark, pg_uri) -> None:
+    schema = f"per%cent_{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(pg_uri, autocommit=True) as raw:
+        raw.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+        try:
+            with QueueClient.connect(pg_uri) as client:
+                client.create_queue(QueueAddress("a%b", schema))
+            df = local_spark.range(0, 100)
+            parsed = Options.parse({"url": pg_uri, "queue": f'a%b@"{schema}"'})
+            assert write_through_jdbc(df, parsed, RowLayout.of(df.schema), target_of(pg_uri)) == 100
+            with QueueClient.connect(pg_uri) as client:
+                assert client.depth(QueueAddress("a%b", schema)) == 100
+        finally:
+            raw.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))

@@ -61,7 +61,7 @@ OPTIONS: dict[str, list[str]] = {
     "timeToBeReceived": ["0", "-1", "nan", "1e20", "soon"],
     "ledger": ['customers@"{schema}"', 'orders@"{schema}"', "\x00"],
     "writeId": ["\udcff", "w" * 1_000, "\x00"],  # text, hashed into the ledger's key
-    "engine": ["jvm", "JDBC\x00", "fast"],  # jdbc (refused by format("sqlqueue") itself): tests/test_spark_functions.py
+    "engine": ["jvm", "JDBC\x00", "fast", "jdbc"],  # jdbc: save_to_queue's (tests/test_spark_functions.py)
 }
 for _values in OPTIONS.values():
     _values += EMPTY
@@ -77,7 +77,7 @@ def options_read_by_the_code() -> set[str]:
 def test_every_option_is_registered() -> None:
     assert options_read_by_the_code() == set(OPTIONS) == set(spark.OPTION_NAMES)
     both = set(spark.OPTION_NAMES) - spark.WRITE_OPTIONS - spark.READ_OPTIONS
-    assert both == {"url", "password", "queue", "engine"} and not spark.WRITE_OPTIONS & spark.READ_OPTIONS
+    assert both == {"url", "password", "queue"} and not spark.WRITE_OPTIONS & spark.READ_OPTIONS
 
 
 def test_the_guide_lists_each_option_for_the_direction_the_code_reads_it_in() -> None:
@@ -212,6 +212,7 @@ ONE_WAY = {
     "timeToBeReceived": "60",
     "ledger": "sqlqueue_writes",
     "writeId": "nightly",
+    "engine": "python",
     "mode": "browse",
     "holder": "nightly",
     "numPartitions": "3",

@@ -34,11 +34,11 @@ The package's modules, each importing only those listed before it:
   :func:`send_rows`;
 - ``read``: batch reads (browse, claim), settling claims (:func:`ack_held`, :func:`nack_held`), and
   :func:`read_queue`;
-- ``jdbc``: the JVM path: the same writes and reads through Spark's JDBC writer and reader;
+- ``jdbc``: the JVM path: the same writes through Spark's JDBC writer;
 - ``stream``: the streaming read;
 - ``source``: the data source class Spark instantiates, and :func:`register`;
-- ``functions``: :func:`save_to_queue` and :func:`load_from_queue` (the JVM path where it can, else
-  the data source), and :func:`batch_writer` for ``foreachBatch``.
+- ``functions``: :func:`save_to_queue` (the JVM path where it can, else the data source) and
+  :func:`batch_writer` for ``foreachBatch``.
 
 Their public names are imported here: ``from airflow_provider_sqlqueue.spark import ...`` is the
 import path to use. Spark pickles the classes and module-level functions it ships to its Python
@@ -48,7 +48,7 @@ workers by reference to the module that defines them (``airflow_provider_sqlqueu
 
 from __future__ import annotations
 
-from .functions import batch_writer, load_from_queue, save_to_queue
+from .functions import batch_writer, save_to_queue
 from .jdbc import JDBC_BATCH, JDBC_DRIVER, JdbcTarget, jdbc_path, jdbc_target
 from .options import (
     BATCH_SIZE,
@@ -128,7 +128,6 @@ __all__ = [
     "forget_write",
     "jdbc_path",
     "jdbc_target",
-    "load_from_queue",
     "log",
     "nack_held",
     "read_queue",

@@ -1,9 +1,8 @@
-"""The functions over DataFrames: :func:`save_to_queue` and :func:`load_from_queue` (the data
-source's writes and reads, through the JVM where they can), and :func:`batch_writer`, the
-exactly-once sink of a ``foreachBatch``.
+"""The functions over DataFrames: :func:`save_to_queue` (the data source's write, through the JVM
+where it can) and :func:`batch_writer`, the exactly-once sink of a ``foreachBatch``.
 
-Each takes the data source's options and runs through Spark's JDBC writer and reader (:mod:`.jdbc`)
-where it can, else through ``format("sqlqueue")``, saying which once in the log.
+:func:`save_to_queue` takes the data source's options and runs through Spark's JDBC writer
+(:mod:`.jdbc`) where it can, else through ``format("sqlqueue")``, saying which once in the log.
 """
 
 from __future__ import annotations
@@ -14,13 +13,13 @@ from typing import TYPE_CHECKING
 
 from ..transport.addressing import checked_text
 from ..transport.errors import ArgumentTypeError, SqlQueueError
-from .jdbc import jdbc_path, layout_reason, read_through_jdbc, write_through_jdbc
+from .jdbc import NotThisPath, jdbc_path, layout_reason, write_through_jdbc
 from .options import NAME, InvalidOptionError, Options
 from .source import register
 from .write import RowLayout, forget_write, log
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame
 
 
 def save_to_queue(df: DataFrame, **options: str) -> None:
@@ -35,36 +34,23 @@ def save_to_queue(df: DataFrame, **options: str) -> None:
     layout = RowLayout.of(df.schema)
     target = jdbc_path(df.sparkSession, parsed)
     reason = None if target is None else layout_reason(layout)
+    if target is not None and reason is None:
+        try:
+            sent = write_through_jdbc(df, parsed, layout, target)
+        except NotThisPath as exc:
+            reason = str(exc)
+        else:
+            if sent is None:
+                log.info("Write %s to %s was sent before; sent nothing this time", parsed.write_id, parsed.queue)
+            else:
+                log.info("Write to %s: %d messages through Spark's JDBC writer", parsed.queue, sent)
+            return
     if reason is not None:
         if parsed.engine == "jdbc":
             raise InvalidOptionError(f"option 'engine' 'jdbc': {reason}")
         log.info("Write to %s takes the Python path: %s", parsed.queue, reason)
-    if target is None or reason is not None:
-        register(df.sparkSession)
-        df.write.format(NAME).options(**options).mode("append").save()
-        return
-    sent = write_through_jdbc(df, parsed, layout, target)
-    if sent is None:
-        log.info("Write %s to %s was sent before; sent nothing this time", parsed.write_id, parsed.queue)
-    else:
-        log.info("Write to %s: %d messages through Spark's JDBC writer", parsed.queue, sent)
-
-
-def load_from_queue(spark: SparkSession, **options: str) -> DataFrame:
-    """``spark.read.format("sqlqueue").options(**options).load()``, through the JVM where it can.
-
-    The data source's read options and ``engine``; the same columns (``id``, ``headers``, ``body``,
-    ``deliveries``). A browse reads the queue's unexpired messages up to the last one sent when the
-    read began; claim mode takes up to ``maxMessagesPerBatch`` under ``holder`` first, as the data
-    source does, and :func:`~.read.ack_held` / :func:`~.read.nack_held` settle them.
-    """
-    parsed = Options.parse(options)
-    parsed.check_use("read")
-    target = jdbc_path(spark, parsed)
-    if target is None:
-        register(spark)
-        return spark.read.format(NAME).options(**options).load()
-    return read_through_jdbc(spark, parsed, target)
+    register(df.sparkSession)
+    df.write.format(NAME).options(**options).mode("append").save()
 
 
 def batch_writer(options: Mapping[str, str], checkpoint: str) -> Callable[[DataFrame, int], None]:

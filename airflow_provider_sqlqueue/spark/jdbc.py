@@ -11,9 +11,11 @@ take the same options and, through this module, move the rows through the JVM in
   twice), records the write in the ledger (with a ``writeId``) and drops the stage. The write is
   all or nothing, where the data source's is per partition. A failed write drops its stage; a
   stage whose driver died is dropped by a later write once a day old.
-- **read**: browse is Spark's JDBC reader of the queue's rows up to the Seq the read began at, in
-  ``numPartitions`` Seq ranges, the headers parsed by ``from_json``; claim mode claims on the
-  driver (the bodies stay in the database) and reads the holder's claims the same way.
+
+Reads stay on the data source's columnar reader (:mod:`.read`): Spark's JDBC reader with
+``from_json`` headers was measured no faster (BENCHMARKS.md), and Spark's JSON parser refuses
+headers the library reads (empty text, names past 50,000 characters, values past 20 MB) and reads
+some it refuses (numbers, nested objects), which a read that skips unreadable rows must not differ on.
 
 Where the JVM cannot take a write or a read as the data source would (no JDBC driver on Spark's
 classpath, a SQL Server queue, a Unix-socket or otherwise JDBC-less url, a column type whose JSON
@@ -30,7 +32,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from pyspark.sql.types import (
@@ -50,9 +52,9 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from ..transport import Message, QueueAddress
-from ..transport.client import Addressing
+from ..transport import Message
 from ..transport.drivers import dialect_for
+from ..transport.errors import InvalidArgumentError, PermissionDeniedError
 from ..transport.message import (
     CONTENT_TYPE,
     JSON_CONTENT_TYPE,
@@ -62,14 +64,17 @@ from ..transport.message import (
     wire_timespan,
     wire_timestamp,
 )
-from ..transport.operations import stages_sends
+from ..transport.operations import WHOLE_WRITE
 from .options import InvalidOptionError, Options
-from .read import MESSAGE_SCHEMA, claim_for
 from .write import BODY_COLUMN, HEADERS_COLUMN, TTBR_COLUMN, RowLayout, _option_headers, log
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
+#: How a task refuses a row holding NaN or an infinity (Spark's error carries the text, which the
+#: driver raises again as the library's own).
+_NOT_JSON = "a row holds NaN or an infinite number in"
+_NOT_JSON_END = "which JSON cannot carry: replace them (e.g. with null) or write a 'body' column of your own"
 #: The id a message's headers are first written with, then replaced by each row's own.
 _PLACEHOLDER = uuid.UUID(int=0)
 #: The JDBC driver class Spark loads: PostgreSQL's (``org.postgresql:postgresql``, or Debian's
@@ -182,6 +187,13 @@ def jdbc_path(spark: SparkSession, options: Options) -> JdbcTarget | None:
 _JSON_SCALARS = (BooleanType, ByteType, ShortType, IntegerType, LongType, FloatType, DoubleType)
 
 
+def _column(name: str) -> Column:
+    """The column ``name`` of the written DataFrame, whatever characters its name holds."""
+    from pyspark.sql import functions as sf
+
+    return sf.col("`" + name.replace("`", "``") + "`")
+
+
 def _jvm_json(data_type: DataType) -> bool:
     """Whether Spark's ``to_json`` spells a value of ``data_type`` as the data source's encoder does."""
     from pyspark.sql.types import CharType, StringType, VarcharType
@@ -225,7 +237,7 @@ def _staged(df: DataFrame, layout: RowLayout, options: Options) -> DataFrame:
     content = [names[n] for n in range(len(names)) if n not in at.values()]
     if BODY_COLUMN in at:
         body_name = names[at[BODY_COLUMN]]
-        raw = sf.col(f"`{body_name}`")
+        raw = _column(body_name)
         if not isinstance(layout.schema[body_name].dataType, BinaryType):
             raw = sf.encode(raw, "UTF-8")
         body: Column = sf.coalesce(raw, sf.lit(b""))
@@ -236,33 +248,28 @@ def _staged(df: DataFrame, layout: RowLayout, options: Options) -> DataFrame:
         fields = [
             next(
                 (
-                    sf.col(f"`{name}`").cast(to).alias(name)
+                    _column(name).cast(to).alias(name)
                     for kind, to in casts.items()
                     if isinstance(layout.schema[name].dataType, kind)
                 ),
-                sf.col(f"`{name}`"),
+                _column(name),
             )
             for name in content
         ]
         body = sf.encode(sf.to_json(sf.struct(*fields), {"ignoreNullFields": "false"}), "UTF-8")
         for name in content:
             if isinstance(layout.schema[name].dataType, (FloatType, DoubleType)):
-                value = sf.col(f"`{name}`")
+                value = _column(name)
                 bad = sf.isnan(value) | (sf.abs(value) == sf.lit(math.inf))
                 body = sf.when(
                     bad,
-                    sf.raise_error(
-                        sf.lit(
-                            f"a row holds NaN or an infinite number in {name}, which JSON cannot carry: replace "
-                            "them (e.g. with null) or write a 'body' column of your own"
-                        )
-                    ),
+                    sf.raise_error(sf.lit(f"{_NOT_JSON} {name}, {_NOT_JSON_END}")),
                 ).otherwise(body)
     ttbr = options.time_to_be_received
     time_sent = wire_timestamp(datetime.now(UTC))  # one send time for the write, as a batched send has
     message_id = sf.col("__sqlqueue_id")
     if HEADERS_COLUMN in at:
-        headers_json = _merged_headers(sf.col(f"`{names[at[HEADERS_COLUMN]]}`"), headers, message_id, time_sent, ttbr)
+        headers_json = _merged_headers(_column(names[at[HEADERS_COLUMN]]), headers, message_id, time_sent, ttbr)
     else:
         # The same headers for every row but its id: the text the Python path writes, made by the
         # library's own encoder once, with each row's id put in its place.
@@ -306,14 +313,36 @@ def _merged_headers(
     return sf.to_json(merged)
 
 
+class NotThisPath(Exception):  # noqa: N818  # not an error: a reason to take the Python path
+    """Why a write cannot take the JVM path after all, found before any row was sent."""
+
+
 def write_through_jdbc(df: DataFrame, options: Options, layout: RowLayout, target: JdbcTarget) -> int | None:
     """Stage ``df``'s messages with Spark's JDBC writer, then send them in one transaction; returns
-    how many (None: a write with this ``writeId`` was sent before). A failed write drops its stage."""
+    how many (None: a write with this ``writeId`` was sent before). A failed write drops its stage.
+
+    Raises :class:`NotThisPath` before staging anything when the write belongs to the Python path:
+    the role may not create the stage, or the ledger holds partitions of this ``writeId``.
+    """
     staged = _staged(df, layout, options)
+    write = options.write_key(options.write_id)
     with options.connect() as client:
         options.check_sink(client)
-        stage = client.create_stage(options.queue)
-        table = client.dialect.qualified_name(stage)
+        parts = client.recorded_parts(options.ledger, write) if options.write_id is not None else []
+        if parts and WHOLE_WRITE not in parts:
+            raise NotThisPath(
+                f"write {options.write_id!r} was sent in part by the data source's Python path, which alone knows "
+                "what is missing"
+            )
+        try:
+            stage = client.create_stage(options.queue)
+        except PermissionDeniedError:
+            raise NotThisPath(
+                "the role may not create the write's staging table beside the queue (it needs CREATE on the "
+                "queue's schema)"
+            ) from None
+        # The dialect doubles % for the driver's placeholders; Spark's JDBC writer sends the name as it is.
+        table = client.dialect.qualified_name(stage).replace("%%", "%")
     try:
         staged.write.jdbc(
             target.url,
@@ -321,65 +350,28 @@ def write_through_jdbc(df: DataFrame, options: Options, layout: RowLayout, targe
             mode="append",
             properties={**target.properties, "batchsize": str(JDBC_BATCH), "reWriteBatchedInserts": "true"},
         )
-        write = options.write_key(options.write_id)
         with options.connect() as client:
             sent = client.send_staged(options.queue, stage, write, ledger=options.ledger)
             if options.write_id is None:  # a write that cannot be repeated: its ledger row is done with
                 client.forget_write(options.ledger, write)
             return sent
-    except BaseException:
+    except BaseException as exc:
         try:
             with options.connect() as client:
                 client.drop_stage(stage)
         except Exception:  # noqa: BLE001  # the write's own failure is the one to raise
             log.warning("Could not drop staging table %s; a later write drops it once a day old", table)
+        refused = _refusal(exc)
+        if refused is not None:
+            raise InvalidArgumentError(refused) from None
         raise
 
 
-def read_through_jdbc(spark: SparkSession, options: Options, target: JdbcTarget) -> DataFrame:
-    """The messages a browse (or a claim-mode read, after claiming) returns, read by Spark's JDBC reader."""
-    from pyspark.sql import functions as sf
-
-    addressing = Addressing(dialect_for(options.url))
-    dialect = stages_sends(addressing.dialect)
-    address: QueueAddress = addressing.address(options.queue)
-    with options.connect() as client:
-        options.check(client, claims=options.mode == "claim")
-        if options.mode == "claim":
-            assert options.holder is not None  # noqa: S101  # parse() requires a holder in claim mode
-            held = claim_for(client, options, options.holder, options.max_messages_per_batch)
-            bounds = None
-        else:
-            held = 0
-            bounds = client.seq_range(options.queue)
-    properties = {**target.properties, "fetchsize": str(options.fetch_size)}
-    if held:  # the claims' Seq values are scattered: one share of them per partition, by remainder
-        assert options.holder is not None  # noqa: S101
-        parts = max(1, min(options.partitions, held))
-        rows = spark.read.jdbc(
-            target.url,
-            dialect.bulk_held_sql(address, options.holder),
-            predicates=[f"mod(seq, {parts}) = {part}" for part in range(parts)],
-            properties=properties,
-        )
-    elif bounds is not None:
-        low, high = bounds
-        rows = spark.read.jdbc(
-            target.url,
-            dialect.bulk_browse_sql(address, high),
-            column="seq",
-            lowerBound=low,
-            upperBound=high + 1,
-            numPartitions=max(1, min(options.partitions, high - low + 1)),
-            properties=properties,
-        )
-    else:
-        return spark.createDataFrame([], MESSAGE_SCHEMA)
-    headers = sf.from_json(sf.col("headers"), "map<string,string>")
-    deliveries: Any = sf.col("deliveries") if options.mode == "claim" else sf.lit(None)
-    return rows.select(
-        sf.col("id"),
-        headers.alias("headers"),
-        sf.coalesce(sf.col("body"), sf.lit(b"")).alias("body"),
-        deliveries.cast("int").alias("deliveries"),
-    ).where(sf.col("headers").isNotNull())  # unreadable headers: skipped, as a browse skips them
+def _refusal(exc: BaseException) -> str | None:
+    """The library's own refusal of a row (NaN in a JSON row), when Spark's error carries it."""
+    text = str(exc)
+    start = text.find(_NOT_JSON)
+    if start < 0:
+        return None
+    end = text.find(_NOT_JSON_END, start)
+    return text[start : end + len(_NOT_JSON_END)] if end >= 0 else None

@@ -32,7 +32,7 @@ PARTITIONS = 2
 FETCH_SIZE = 10_000
 MAX_MESSAGES_PER_BATCH = 10_000
 BATCH_SIZE = 500
-#: How rows move (option ``engine``): through Spark's JDBC writer and reader where they can (``auto``),
+#: How a write's rows move (option ``engine``): through Spark's JDBC writer where they can (``auto``),
 #: only so (``jdbc``: refused where they cannot), or through the data source's Python (``python``).
 ENGINES = ("auto", "jdbc", "python")
 #: Every option the data source reads, as README spells them (Spark passes them case-insensitively,
@@ -61,7 +61,9 @@ OPTION_NAMES = (
 #: ``password`` and ``queue`` serve both. Spark hands a read and a write the same kind of options,
 #: so an option given to the direction that ignores it would be dropped without a word (a
 #: ``timeToBeReceived`` on a read, a ``lease`` on a write): it is refused instead.
-WRITE_OPTIONS = frozenset({"batchSize", "messageType", "contentType", "timeToBeReceived", "ledger", "writeId"})
+WRITE_OPTIONS = frozenset(
+    {"batchSize", "messageType", "contentType", "timeToBeReceived", "ledger", "writeId", "engine"}
+)
 READ_OPTIONS = frozenset(
     {"mode", "holder", "numPartitions", "fetchSize", "lease", "maxDeliveries", "maxMessagesPerBatch", "errorQueue"}
 )

@@ -158,8 +158,9 @@ class QueueReader(DataSourceReader):
 
 def claim_for(client: QueueClient, options: Options, holder: str, wanted: int) -> int:
     """Make ``holder`` hold up to ``wanted`` messages (:meth:`QueueClient.hold`); returns how many it
-    holds. What it holds already is what an earlier attempt of the same read or batch claimed, so
-    repeating the read returns the same messages; their bodies stay in the database, read by the tasks."""
+    holds. What it holds already is what an earlier attempt of the same read or batch claimed, and
+    all it keeps, so repeating the read returns the same messages; their bodies stay in the
+    database, read by the tasks."""
     if wanted < 1:  # a batch Spark's read limit left empty: renew what the holder has, take nothing
         return client.extend_held(options.queue, holder, options.lease)
     return client.hold(options.queue, holder, wanted, lease=options.lease, max_deliveries=options.max_deliveries)

@@ -34,7 +34,7 @@ class SqlQueueDataSource(DataSource):
         if self.parsed.engine == "jdbc":
             raise InvalidOptionError(
                 "option 'engine' 'jdbc': format('sqlqueue') moves rows through Spark's Python workers; "
-                "save_to_queue(df, ...) and load_from_queue(spark, ...) move them through Spark's JDBC writer and reader"
+                "save_to_queue(df, ...) moves them through Spark's JDBC writer"
             )
 
     @classmethod
@@ -46,7 +46,6 @@ class SqlQueueDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         self.parsed.check_use("read")
-        self._python_engine()
         return QueueReader(self.parsed)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
@@ -61,7 +60,6 @@ class SqlQueueDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         self.parsed.check_use("read")
-        self._python_engine()
         return QueueStreamReader(self.parsed)
 
 

@@ -1205,15 +1205,15 @@ class AsyncQueueClient(Addressing):
         lease: timedelta | float = defaults.LEASE,
         max_deliveries: int = defaults.MAX_DELIVERIES,
     ) -> int:
-        """Make ``holder`` hold up to ``max_messages`` claims: those it holds already (renewed), then
-        new ones; returns how many it holds. The messages stay in the claim store, for a bulk reader
-        to read there (:meth:`held_columns`, a Spark JDBC read): a holder that repeats its read
-        (a retried Spark batch) is handed the same messages, and their bodies never reach this client.
-        """
+        """Make ``holder`` hold up to ``max_messages`` claims, their bodies left in the claim store for a
+        bulk reader (:meth:`held_columns`); returns how many it holds. A holder that holds claims keeps
+        exactly those (renewed): a repeated read (a retried Spark batch) is the same read until settled."""
         check_positive("max_messages", max_messages, defaults.MAX_HELD)
         check_positive("max_deliveries", max_deliveries)
         address, holder, lease_in_ms = self.address(queue), label("holder", holder), lease_ms(lease)
         held = await self._run(ops.extend_held(self.dialect, address, holder, lease_in_ms))
+        if held:
+            return held
         while held < max_messages:
             step = min(max_messages - held, defaults.MAX_BATCH)
             got = await self._run(self._claim_op(queue, step, lease, max_deliveries, None, holder, bodies=False))
@@ -1258,6 +1258,11 @@ class AsyncQueueClient(Addressing):
         write, part = uuid_value("write", write), place("part", part)
         return await self._run(ops.record_write(self.dialect, self.address(ledger), write, part))
 
+    async def recorded_parts(self, ledger: str | QueueAddress, write: uuid.UUID) -> list[int]:
+        """The parts of ``write`` the ledger holds, in order: partitions sent one by one, or -1 for a
+        write sent whole (:meth:`send_staged`); empty for a write not sent yet."""
+        return await self._run(ops.recorded_parts(self.dialect, self.address(ledger), uuid_value("write", write)))
+
     async def forget_write(self, ledger: str | QueueAddress, write: uuid.UUID) -> int:
         """Delete a finished write's ledger rows; returns how many."""
         return await self._run(ops.forget_write(self.dialect, self.address(ledger), uuid_value("write", write)))
@@ -1265,9 +1270,8 @@ class AsyncQueueClient(Addressing):
     # -- staged sends: rows a bulk loader (Spark's JDBC writer) put beside a queue ----------------
 
     async def create_stage(self, queue: str | QueueAddress) -> QueueAddress:
-        """An empty staging table beside ``queue`` (needs CREATE on its schema; PostgreSQL), for a bulk
-        loader to fill with (rowkey, id, headers, body, ttbr_ms) rows; :meth:`send_staged` sends them,
-        :meth:`drop_stage` gives up. Stages of the schema that are a day old are dropped first."""
+        """An empty staging table beside ``queue`` (PostgreSQL; CREATE on its schema) for a bulk loader's
+        (rowkey, id, headers, body, ttbr_ms) rows, after dropping the schema's day-old stages."""
         return await self._run(ops.create_stage(self.dialect, self.address(queue)))
 
     async def send_staged(
@@ -1278,10 +1282,8 @@ class AsyncQueueClient(Addressing):
         *,
         ledger: str | QueueAddress = defaults.WRITE_LEDGER,
     ) -> int | None:
-        """Send the staged rows to ``queue``, one per row key, and drop the stage: one transaction
-        that first records ``write`` in the ``ledger`` (beside the queue unless qualified), so the
-        write is all or nothing and sent once; None means it was sent before, and nothing is sent.
-        A write that cannot be repeated has a fresh id, forgotten afterwards (:meth:`forget_write`)."""
+        """Send the staged rows to ``queue``, one per row key, and drop the stage, in one transaction that
+        first records ``write`` in the ``ledger`` as sent whole; None: it was sent before, nothing is."""
         address = self.address(queue)
         stage_address = self.beside(stage, address)
         recorded = (self.beside(ledger, address), uuid_value("write", write))
@@ -1580,6 +1582,7 @@ class QueueClient(Addressing):
     create_writes = _blocking(AsyncQueueClient.create_writes)
     record_write = _blocking(AsyncQueueClient.record_write)
     forget_write = _blocking(AsyncQueueClient.forget_write)
+    recorded_parts = _blocking(AsyncQueueClient.recorded_parts)
     create_stage = _blocking(AsyncQueueClient.create_stage)
     send_staged = _blocking(AsyncQueueClient.send_staged)
     drop_stage = _blocking(AsyncQueueClient.drop_stage)

@@ -751,8 +751,12 @@ class Dialect(ABC):
     @abstractmethod
     def record_write_sql(self, ledger: QueueAddress) -> str:
         """Params write, part: record that a partition commits; the row count is 1, or 0 when it was
-        recorded before. A second recorder of the same partition waits for the first one's
-        transaction, so of two attempts running at once one sends."""
+        recorded before, or the whole write was (part -1, a staged send). A second recorder of the
+        same partition waits for the first one's transaction, so of two attempts running at once one sends."""
+
+    @abstractmethod
+    def recorded_parts_sql(self, ledger: QueueAddress) -> str:
+        """Params write: the parts of a write the ledger holds, in order (-1: the whole write)."""
 
     @abstractmethod
     def forget_write_sql(self, ledger: QueueAddress) -> str:

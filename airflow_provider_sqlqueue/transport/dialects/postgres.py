@@ -195,11 +195,6 @@ def quote_literal(text: str) -> str:
     return "'" + text.replace("'", "''").replace("%", "%%") + "'"
 
 
-def _from_hex(text: str) -> str:
-    """``text`` as an expression of hexadecimal digits only: user text inside SQL that no quoting can get wrong."""
-    return f"convert_from(decode('{text.encode('utf-8').hex()}', 'hex'), 'UTF8')"
-
-
 #: A column's type as the catalog queries report it. ``Seq`` without a default (a sequence or an
 #: identity) is reported as another type: rows sent to such a table get no Seq, and no receive,
 #: which reads in Seq order, would ever see them.
@@ -867,16 +862,22 @@ class PostgresDialect(Dialect):
 
     def record_write_sql(self, ledger: QueueAddress) -> str:
         # ON CONFLICT waits for a concurrent inserter of the same key to finish: it inserts if
-        # that one rolled back, and does nothing if it committed.
+        # that one rolled back, and does nothing if it committed. A write sent whole (part -1, a
+        # staged send) has every partition sent.
+        t = self.qualified_name(ledger)
         return (
-            f"INSERT INTO {self.qualified_name(ledger)} (WriteId, Part) VALUES (%(write)s, %(part)s) "
+            f"INSERT INTO {t} (WriteId, Part) SELECT %(write)s, %(part)s WHERE NOT EXISTS "
+            f"(SELECT 1 FROM {t} WHERE WriteId = %(write)s AND Part = -1) "
             "ON CONFLICT (WriteId, Part) DO NOTHING"
         )
+
+    def recorded_parts_sql(self, ledger: QueueAddress) -> str:
+        return f"SELECT Part FROM {self.qualified_name(ledger)} WHERE WriteId = %(write)s ORDER BY Part"
 
     def forget_write_sql(self, ledger: QueueAddress) -> str:
         return f"DELETE FROM {self.qualified_name(ledger)} WHERE WriteId = %(write)s"
 
-    # -- staged sends and bulk reads (Spark's JDBC writer and reader) ------------------------------
+    # -- staged sends (Spark's JDBC writer) ------------------------------
 
     def create_stage_sql(self, stage: QueueAddress) -> str:
         # UNLOGGED: what a bulk loader puts here is copied into the queue (logged) at once, or
@@ -907,24 +908,6 @@ class PostgresDialect(Dialect):
 
     def drop_stage_sql(self, stage: QueueAddress) -> str:
         return f"DROP TABLE IF EXISTS {self.qualified_name(stage)}"
-
-    def bulk_browse_sql(self, address: QueueAddress, last: int) -> str:
-        # A subquery for Spark's JDBC reader, which adds its own Seq ranges per partition. ``last``
-        # is an integer: rows sent after the read began are left for the next one.
-        return (
-            f"(SELECT Seq AS seq, Id::text AS id, Headers AS headers, Body AS body FROM {self.qualified_name(address)} "
-            f"WHERE Seq <= {int(last)} AND (Expires IS NULL OR Expires > {_UTC_NOW})) AS browsed"
-        )
-
-    def bulk_held_sql(self, address: QueueAddress, holder: str) -> str:
-        # The holder and the queue key are user text: they reach the statement as hexadecimal
-        # digits of their UTF-8, decoded by the server (a constant the planner folds, so the holder
-        # index still serves), never as text of their own inside the SQL.
-        f = self.qualified_name(self.inflight_address(address))
-        return (
-            f"(SELECT Seq AS seq, Id::text AS id, Headers AS headers, Body AS body, Deliveries AS deliveries FROM {f} "
-            f"WHERE Holder = {_from_hex(holder)} AND Queue = {_from_hex(self.claim_key(address))}) AS held"
-        )
 
     def claim_to_error_sql(self, address: QueueAddress, error_address: QueueAddress, shape: TableShape) -> str:
         f = self.qualified_name(self.inflight_address(address))

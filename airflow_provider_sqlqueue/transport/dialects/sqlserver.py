@@ -926,11 +926,18 @@ class SqlServerDialect(Dialect):
     def record_write_sql(self, ledger: QueueAddress) -> str:
         # UPDLOCK + HOLDLOCK make the check and the insert one step: a second recorder of the same
         # key waits for the first one's transaction, then finds its row (or none, if it rolled back).
+        # A write sent whole (part -1) has every partition sent.
         t = self.qualified_name(ledger)
         return (
             "DECLARE @write uniqueidentifier = %(write)s, @part int = %(part)s; "
             f"INSERT INTO {t} (WriteId, Part) SELECT @write, @part WHERE NOT EXISTS "
-            f"(SELECT 1 FROM {t} WITH (UPDLOCK, HOLDLOCK) WHERE WriteId = @write AND Part = @part)"
+            f"(SELECT 1 FROM {t} WITH (UPDLOCK, HOLDLOCK) WHERE WriteId = @write AND Part IN (@part, -1))"
+        )
+
+    def recorded_parts_sql(self, ledger: QueueAddress) -> str:
+        return (
+            "DECLARE @write uniqueidentifier = %(write)s; "
+            f"SELECT Part FROM {self.qualified_name(ledger)} WHERE WriteId = @write ORDER BY Part"
         )
 
     def forget_write_sql(self, ledger: QueueAddress) -> str:

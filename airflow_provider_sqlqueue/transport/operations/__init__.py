@@ -56,7 +56,7 @@ from .inspection import (
     queue_stats,
     seq_range,
 )
-from .ledger import create_writes, forget_write, record_write
+from .ledger import WHOLE_WRITE, create_writes, forget_write, record_write, recorded_parts
 from .publish import create_subscriptions, publish, subscribe, subscribers, unsubscribe
 from .receive import Taken, move_to_error, purge_all, purge_expired_batch, receive
 from .send import copies_sends, send, send_copied
@@ -66,6 +66,7 @@ from .tables import check_existing, check_queue, checked, create_inflight, creat
 
 __all__ = [
     "STAGE_PREFIX",
+    "WHOLE_WRITE",
     "BrowseColumns",
     "BrowsePage",
     "ClaimInfo",
@@ -133,6 +134,7 @@ __all__ = [
     "queue_stats",
     "receive",
     "record_write",
+    "recorded_parts",
     "release_lapsed",
     "retry_from_error",
     "send",

@@ -11,6 +11,9 @@ from ..dialects import Dialect
 from .steps import Fetch, Operation, Step, autocommitted
 from .tables import install_table, table_of
 
+#: The part a write sent whole is recorded as (a staged send: every row in one transaction).
+WHOLE_WRITE = -1
+
 
 def create_writes(d: Dialect, ledger: QueueAddress) -> Operation[None]:
     """Create a write ledger (idempotent, safe concurrently)."""
@@ -25,6 +28,14 @@ def record_write(d: Dialect, ledger: QueueAddress, write: uuid.UUID, part: int) 
         d.record_write_sql(ledger), {"write": write, "part": part}, Fetch.ROWCOUNT, d.qualified_name(ledger)
     )
     return int(count) == 1
+
+
+@autocommitted
+def recorded_parts(d: Dialect, ledger: QueueAddress, write: uuid.UUID) -> Operation[list[int]]:
+    """The parts of ``write`` the ledger holds, in order (:data:`WHOLE_WRITE` first, if sent whole)."""
+    yield from table_of(d, ledger, "writes")
+    rows = yield Step(d.recorded_parts_sql(ledger), {"write": write}, Fetch.ALL, d.qualified_name(ledger))
+    return [int(part) for (part,) in rows]
 
 
 @autocommitted

@@ -1,6 +1,6 @@
 """Staged sends: rows a bulk loader outside the library (Spark's JDBC writer) put into a staging
 table beside a queue, moved into the queue by one statement, in one transaction with the write
-ledger; and the queries a bulk reader (Spark's JDBC reader) runs on a queue and on a holder's claims.
+ledger.
 
 The staging table is the bulk loader's, so every row it holds is one the library did not build:
 the move takes one row per row key (a task the loader ran twice staged its rows twice) and casts
@@ -18,8 +18,9 @@ from typing import Protocol, runtime_checkable
 from .. import defaults
 from ..addressing import QueueAddress
 from ..dialects import Dialect
-from ..errors import NotAQueueError, TransportMisconfiguredError
+from ..errors import InvalidArgumentError, NotAQueueError, TransportMisconfiguredError
 from ..logs import logger
+from .ledger import WHOLE_WRITE
 from .steps import Fetch, Operation, Step, autocommitted
 from .tables import table_of, table_shape
 
@@ -31,7 +32,7 @@ STAGE_PREFIX = "sqlqueue_stage_"
 
 @runtime_checkable
 class StagesSends(Protocol):
-    """A dialect whose queues take staged sends and bulk reads (PostgreSQL)."""
+    """A dialect whose queues take staged sends (PostgreSQL)."""
 
     def create_stage_sql(self, stage: QueueAddress) -> str:
         """CREATE the staging table (rowkey, id, headers, body, ttbr_ms)."""
@@ -45,19 +46,12 @@ class StagesSends(Protocol):
     def drop_stage_sql(self, stage: QueueAddress) -> str:
         """DROP the staging table."""
 
-    def bulk_browse_sql(self, address: QueueAddress, last: int) -> str:
-        """A subquery of the queue's unexpired rows up to Seq ``last``: (seq, id, headers, body)."""
-
-    def bulk_held_sql(self, address: QueueAddress, holder: str) -> str:
-        """A subquery of ``holder``'s claims on the queue: (seq, id, headers, body, deliveries)."""
-
 
 def stages_sends(d: Dialect) -> StagesSends:
     """``d`` as a dialect with staged sends; a clear refusal for one without (SQL Server)."""
     if not isinstance(d, StagesSends):
         raise TransportMisconfiguredError(
-            f"staged sends and bulk reads are built for PostgreSQL, not {d.name}: use the data source's "
-            "Python path (engine 'python')"
+            f"staged sends are built for PostgreSQL, not {d.name}: use the data source's Python path (engine 'python')"
         )
     return d
 
@@ -103,16 +97,25 @@ def send_staged(
 ) -> Operation[int | None]:
     """Move the staged rows into the queue and drop the stage, in the caller's one transaction.
 
-    The write is recorded in the ``ledger`` (table, write) first, as its partition 0: None means it
-    was sent before, and the stage is dropped with nothing sent.
+    The write is recorded in the ``ledger`` (table, write) first, as sent whole
+    (:data:`~.ledger.WHOLE_WRITE`): None means it was sent before, and the stage is dropped with
+    nothing sent. A write the ledger holds partitions of (sent in part by the data source's Python
+    path) is refused: only that path knows which rows are missing.
     """
     staging = stages_sends(d)
     yield from table_shape(d, address)
     yield from _a_stage(d, stage)
     table, write = ledger
     yield from table_of(d, table, "writes")
+    found = yield Step(d.recorded_parts_sql(table), {"write": write}, Fetch.ALL, d.qualified_name(table))
+    parts = [int(part) for (part,) in found]
+    if parts and WHOLE_WRITE not in parts:
+        raise InvalidArgumentError(
+            f"write {write} was sent in part, partition by partition (the data source's Python path): which rows "
+            "are missing is known only to that path, so repeat the write with engine 'python'"
+        )
     recorded = yield Step(
-        d.record_write_sql(table), {"write": write, "part": 0}, Fetch.ROWCOUNT, d.qualified_name(table)
+        d.record_write_sql(table), {"write": write, "part": WHOLE_WRITE}, Fetch.ROWCOUNT, d.qualified_name(table)
     )
     sent: int | None = None
     if int(recorded) == 1:
