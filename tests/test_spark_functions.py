@@ -145,3 +145,13 @@ def test_bad_options_are_refused_before_anything_is_sent(local_spark, shop) -> N
     with pytest.raises(Exception, match=r"not a queue|does not exist"):
         save_to_queue(df, url=uri, queue=f'missing_{uuid.uuid4().hex[:6]}@"{schema}"')
     assert depth(uri, schema, "a") == 0
+
+
+def test_engine_jdbc_says_why_the_database_cannot_be_reached_without_its_password(local_spark, shop) -> None:
+    from tests.test_contract import SECRET
+
+    schema, uri = shop
+    elsewhere = uri.rsplit("/", 1)[0] + "/no_such_database"
+    with pytest.raises(InvalidOptionError) as refused:
+        save_to_queue(local_spark.range(0, 1), url=elsewhere, queue=f'a@"{schema}"', engine="jdbc")
+    assert 'database "no_such_database" does not exist' in str(refused.value) and SECRET not in str(refused.value)

@@ -142,12 +142,27 @@ def _probe(spark: SparkSession, target: JdbcTarget) -> str | None:
                 f"PostgreSQL's JDBC driver ({JDBC_DRIVER}) is not on Spark's classpath: give Spark its jar "
                 "(spark.jars) or package (spark.jars.packages, org.postgresql:postgresql)"
             )
-        first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+        lines = text.strip().splitlines()
+        first = _root_cause(exc) or (lines[0] if lines else type(exc).__name__)
         password = target.properties.get("password")
         if password:
             first = first.replace(password, "***")
         return f"Spark's JDBC reader could not read the database: {first[:300]}"
     return None
+
+
+def _root_cause(exc: BaseException) -> str | None:
+    """The driver's own words (``database "x" does not exist``, ``Connection ... refused``): the
+    innermost cause of the JVM exception a classic session captured, which Spark's message leaves out."""
+    cause = getattr(exc, "_origin", None)  # the Java exception behind PySpark's captured one
+    said = None
+    try:
+        while cause is not None:
+            said = cause.getMessage() or said
+            cause = cause.getCause()
+    except Exception:  # noqa: BLE001  # not a Java exception (Spark Connect): Spark's message stands
+        return None
+    return str(said) if said else None
 
 
 def jdbc_path(spark: SparkSession, options: Options) -> JdbcTarget | None:
