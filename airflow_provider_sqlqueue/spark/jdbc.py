@@ -1,27 +1,25 @@
-"""The JVM path: Spark's own JDBC writer and reader on a queue, the queue's rules as Spark expressions.
+"""The JVM path: Spark's own JDBC writer on a queue, the queue's rules as Spark expressions.
 
-``format("sqlqueue")`` is a Python data source: Spark hands every row it reads or writes to a
-Python worker, which costs more per row than PostgreSQL does. The functions of :mod:`.functions`
-take the same options and, through this module, move the rows through the JVM instead:
-
-- **write**: each row's NServiceBus columns are Spark expressions (``uuid()``, the headers as
-  ``to_json`` of a map, the body as the ``body`` column or ``to_json`` of the row); Spark's JDBC
-  writer loads them into an UNLOGGED staging table beside the queue, and one transaction on the
-  driver moves them into the queue, one row per row key (a task Spark ran twice staged its rows
-  twice), records the write in the ledger (with a ``writeId``) and drops the stage. The write is
-  all or nothing, where the data source's is per partition. A failed write drops its stage; a
-  stage whose driver died is dropped by a later write once a day old.
+``format("sqlqueue")`` is a Python data source: Spark hands every row it writes to a Python
+worker, which costs more per row than PostgreSQL does. :func:`~.functions.save_to_queue` takes the
+same options and, through this module, moves the rows through the JVM instead: each row's
+NServiceBus columns are Spark expressions (``uuid()``, the headers' JSON text, the body as the
+``body`` column or ``to_json`` of the row); Spark's JDBC writer loads them into an UNLOGGED staging
+table beside the queue, and one transaction on the driver moves them into the queue, one row per
+row key (a task Spark ran twice staged its rows twice), records the write in the ledger as sent
+whole and drops the stage. The write is all or nothing, where the data source's is per partition.
+A failed write drops its stage; a stage whose driver died is dropped by a later write once a day old.
 
 Reads stay on the data source's columnar reader (:mod:`.read`): Spark's JDBC reader with
 ``from_json`` headers was measured no faster (BENCHMARKS.md), and Spark's JSON parser refuses
 headers the library reads (empty text, names past 50,000 characters, values past 20 MB) and reads
 some it refuses (numbers, nested objects), which a read that skips unreadable rows must not differ on.
 
-Where the JVM cannot take a write or a read as the data source would (no JDBC driver on Spark's
-classpath, a SQL Server queue, a Unix-socket or otherwise JDBC-less url, a column type whose JSON
-Spark would spell differently) the functions run the data source's Python path and say so once in
-the log; option ``engine`` chooses: ``auto`` (the default), ``jdbc`` (refused where it cannot) or
-``python``.
+Where the JVM cannot write as the data source would (no JDBC driver on Spark's classpath, a SQL
+Server queue, a Unix-socket or otherwise JDBC-less url, a role that may not create the stage, a
+column type whose JSON Spark would spell differently) the write takes the data source's Python
+path and says so once in the log; option ``engine`` chooses: ``auto`` (the default), ``jdbc``
+(refused where it cannot) or ``python``.
 """
 
 from __future__ import annotations
@@ -96,7 +94,7 @@ _JDBC_PROPERTIES = {
 
 @dataclass(frozen=True)
 class JdbcTarget:
-    """Where Spark's JDBC reader and writer connect: the URL (no secret in it) and the properties."""
+    """Where Spark's JDBC writer (and the probe, one read) connects: the URL, with no secret, and the properties."""
 
     url: str
     properties: Mapping[str, str] = field(repr=False)
@@ -185,7 +183,7 @@ def jdbc_path(spark: SparkSession, options: Options) -> JdbcTarget | None:
                     decided = _probe(spark, decided) or decided
             _decided[key] = decided
             if isinstance(decided, JdbcTarget):
-                log.info("Queue %s: rows move through Spark's JDBC writer and reader", options.queue)
+                log.info("Queue %s: rows move through Spark's JDBC writer", options.queue)
             else:
                 log.info("Queue %s: rows move through Spark's Python workers: %s", options.queue, decided)
     if isinstance(decided, str):
