@@ -110,6 +110,7 @@ KINDS: dict[str, Kind] = {
     "include_claims": Kind.FLAG,
     "body_string": Kind.FLAG,
     "delayed": Kind.FLAG,
+    "notify_on_insert": Kind.FLAG,
     "target": Kind.URI,
     "audit_queue": Kind.AUDIT,
     "sqlqueue_conn_id": Kind.CONN_ID,

@@ -17,7 +17,7 @@ import pytest
 from airflow_provider_sqlqueue.transport import AsyncQueueClient, Message, QueueAddress, QueueClient
 from airflow_provider_sqlqueue.transport.client import TaskLock, same_table
 from airflow_provider_sqlqueue.transport.dialects import get_dialect
-from airflow_provider_sqlqueue.transport.errors import ArgumentTypeError, ClientClosedError
+from airflow_provider_sqlqueue.transport.errors import ArgumentTypeError, ClientClosedError, TransportMisconfiguredError
 
 #: What only one of the two clients has, and why: the context manager protocols differ, and only
 #: asyncio callers (the shared poller, the pump) wait for send notifications between peeks.
@@ -124,6 +124,43 @@ def test_a_notified_send_wakes_listeners_once_at_commit_and_a_plain_one_not_at_a
         "batch-2",
         "in a block",
     ]
+
+
+def test_a_queue_made_to_notify_on_insert_wakes_listeners_of_every_sender(
+    pg_uri: str, client: QueueClient, schema: str
+) -> None:
+    """Plain SQL, COPY and the library's sends each wake a listener once per statement, with the
+    lowest Seq inserted, as a notified send does; installing it twice is harmless; SQL Server is refused."""
+    queue = QueueAddress("notified", schema)
+    client.create_queue(queue, notify_on_insert=True)
+    client.create_queue(queue, notify_on_insert=True)
+    channel = client.dialect.notify_channel(queue)
+    table = psycopg.sql.Identifier(schema, "notified")
+    with psycopg.connect(pg_uri, autocommit=True) as listener, psycopg.connect(pg_uri, autocommit=True) as sender:
+        listener.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel)))
+
+        def heard() -> list[str]:
+            return [n.payload for n in listener.notifies(timeout=0.5)]
+
+        sender.execute(
+            psycopg.sql.SQL(
+                "INSERT INTO {} (Id, Headers, Body) SELECT gen_random_uuid(), '{{}}', 'x' FROM generate_series(1, 3)"
+            ).format(table)
+        )
+        [first] = heard()
+        assert int(first) == min(r[0] for r in sender.execute(psycopg.sql.SQL("SELECT Seq FROM {}").format(table)))
+        with sender.cursor().copy(psycopg.sql.SQL("COPY {} (Id, Headers, Body) FROM STDIN").format(table)) as copy:
+            copy.write_row(("6c0b4a43-2cf6-4d3e-9b59-3c8ea7c54e5d", "{}", b"y"))
+        assert len(heard()) == 1
+        client.send(queue, [Message("a"), Message("b")])
+        assert len(heard()) == 1  # a plain send wakes listeners too, once
+        client.send(queue, [Message("c"), Message("d")], notify=True)
+        assert len(heard()) == 1  # the send's notification and the trigger's are one
+    assert client.depth(queue) == 8
+    from airflow_provider_sqlqueue.transport.operations import notifies_inserts
+
+    with pytest.raises(TransportMisconfiguredError, match="sqlserver has no notifications"):
+        notifies_inserts(get_dialect("sqlserver"))
 
 
 async def test_a_closed_client_refuses_even_an_empty_send(pg_uri: str, queue: QueueAddress) -> None:

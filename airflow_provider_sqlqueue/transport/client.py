@@ -518,18 +518,22 @@ class AsyncQueueClient(Addressing):
         secondary: str | None = None,
         body_string: bool = False,
         delayed: bool = True,
+        notify_on_insert: bool = False,
     ) -> list[QueueAddress]:
         """Create the queue, its error queue, its audit queue (when the client audits), optionally its
         ``Endpoint.Machine`` secondary, the claim store, and (``delayed``) its delayed-message table
-        ``<queue>.Delayed``, as an NServiceBus endpoint's installer does.
-
-        Idempotent and safe to run from several processes at once. Needs the installer's rights
-        (CREATE on the schema). Returns the addresses of the queue tables.
+        ``<queue>.Delayed``, as an NServiceBus endpoint's installer does; ``notify_on_insert``: a trigger
+        notifying the queue's listeners of every insert, whoever makes it (PostgreSQL). Idempotent,
+        safe from several processes at once; needs CREATE on the schema. Returns the queue tables.
         """
+        if flag("notify_on_insert", notify_on_insert):
+            ops.notifies_inserts(self.dialect)  # refused before anything is created
         installation = self.installation(
             queue, error_queue=error_queue, secondary=secondary, body_string=body_string, delayed=delayed
         )
         await self._install_plan(installation)
+        if notify_on_insert:
+            await self._run(ops.notify_on_insert(self.dialect, self.address(queue)))
         return installation.queue_tables()
 
     async def _install_plan(self, plan: Installation) -> None:
@@ -592,9 +596,8 @@ class AsyncQueueClient(Addressing):
         return sent
 
     async def send_copied(self, queue: str | QueueAddress, messages: Message | Iterable[Message]) -> int:
-        """:meth:`send` by the database's bulk load where it has one (PostgreSQL's COPY): the same rows,
-        for many messages at once (a Spark partition). Messages with a time to be received, and
-        SQL Server, take :meth:`send`'s INSERTs. No notification and no delay."""
+        """:meth:`send` by PostgreSQL's COPY, for many messages at once (a Spark partition); messages with a
+        time to be received, and SQL Server, take :meth:`send`'s INSERTs. No notification, no delay."""
         batch = as_messages(messages)
         address = self.address(queue)
         if not batch:
@@ -1259,8 +1262,7 @@ class AsyncQueueClient(Addressing):
         return await self._run(ops.record_write(self.dialect, self.address(ledger), write, part))
 
     async def recorded_parts(self, ledger: str | QueueAddress, write: uuid.UUID) -> list[int]:
-        """The parts of ``write`` the ledger holds, in order: partitions sent one by one, or -1 for a
-        write sent whole (:meth:`send_staged`); empty for a write not sent yet."""
+        """The parts of ``write`` the ledger holds, in order (-1: sent whole by :meth:`send_staged`)."""
         return await self._run(ops.recorded_parts(self.dialect, self.address(ledger), uuid_value("write", write)))
 
     async def forget_write(self, ledger: str | QueueAddress, write: uuid.UUID) -> int:
@@ -1268,7 +1270,6 @@ class AsyncQueueClient(Addressing):
         return await self._run(ops.forget_write(self.dialect, self.address(ledger), uuid_value("write", write)))
 
     # -- staged sends: rows a bulk loader (Spark's JDBC writer) put beside a queue ----------------
-
     async def create_stage(self, queue: str | QueueAddress) -> QueueAddress:
         """An empty staging table beside ``queue`` (PostgreSQL; CREATE on its schema) for a bulk loader's
         (rowkey, id, headers, body, ttbr_ms) rows, after dropping the schema's day-old stages."""

@@ -696,6 +696,25 @@ class PostgresDialect(Dialect):
             "SELECT pg_notify(%(channel)s, COALESCE((SELECT min(Seq) FROM sent)::text, ''))"
         )
 
+    def notify_on_insert_sql(self, address: QueueAddress) -> Sequence[str]:
+        # A statement-level trigger: one notification per INSERT, COPY or INSERT ... SELECT, however
+        # many rows, with the payload a notified send carries (the lowest Seq inserted), so an
+        # NServiceBus endpoint's or plain SQL's insert wakes listeners as a library send does. The
+        # channel is the trigger's argument, a literal of hexadecimal digits and a prefix.
+        schema = address.schema or self.default_schema
+        function = self.qualified_name(QueueAddress("sqlqueue_notify_insert", schema))
+        notify = (
+            f"CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $sqlqueue$ "
+            "BEGIN PERFORM pg_notify(TG_ARGV[0], COALESCE((SELECT min(Seq) FROM sent)::text, '')); RETURN NULL; END "
+            "$sqlqueue$"
+        )
+        trigger = (
+            f"CREATE OR REPLACE TRIGGER sqlqueue_notify_insert AFTER INSERT ON {self.qualified_name(address)} "
+            "REFERENCING NEW TABLE AS sent FOR EACH STATEMENT "
+            f"EXECUTE FUNCTION {function}({quote_literal(self.notify_channel(address))})"
+        )
+        return [notify, trigger]
+
     def listen_sql(self, channel: str) -> str | None:
         return f"LISTEN {quote_ident(channel)}"
 

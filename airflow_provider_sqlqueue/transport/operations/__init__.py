@@ -62,7 +62,18 @@ from .receive import Taken, move_to_error, purge_all, purge_expired_batch, recei
 from .send import copies_sends, send, send_copied
 from .staging import STAGE_PREFIX, StagesSends, create_stage, drop_stage, send_staged, stages_sends
 from .steps import Fetch, Operation, Step, autocommitted, drive, needs_no_transaction
-from .tables import check_existing, check_queue, checked, create_inflight, create_queue, drop_queue, table_shape
+from .tables import (
+    NotifiesInserts,
+    check_existing,
+    check_queue,
+    checked,
+    create_inflight,
+    create_queue,
+    drop_queue,
+    notifies_inserts,
+    notify_on_insert,
+    table_shape,
+)
 
 __all__ = [
     "STAGE_PREFIX",
@@ -76,6 +87,7 @@ __all__ = [
     "HeldColumns",
     "Holder",
     "Horizon",
+    "NotifiesInserts",
     "Operation",
     "QueuePage",
     "QueueStats",
@@ -126,6 +138,8 @@ __all__ = [
     "nack_held",
     "needs_no_transaction",
     "next_due",
+    "notifies_inserts",
+    "notify_on_insert",
     "peek",
     "peek_claims",
     "publish",

@@ -8,11 +8,11 @@ never reach a business or catalog table.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TypeVar
+from typing import Protocol, TypeVar, runtime_checkable
 
 from ..addressing import QueueAddress
 from ..dialects import Dialect, TableShape
-from ..errors import InvalidArgumentError, QueueNotFoundError
+from ..errors import InvalidArgumentError, QueueNotFoundError, TransportMisconfiguredError
 from ..logs import logger
 from .steps import Fetch, Operation, Step
 
@@ -151,3 +151,32 @@ def drop_queue(d: Dialect, address: QueueAddress) -> Operation[None]:
         d.learn_table_of("delayed", delayed, columns)
         yield Step(d.drop_queue_sql(delayed), {}, Fetch.NONE, d.qualified_name(delayed))
         d.forget_table(delayed)
+
+
+@runtime_checkable
+class NotifiesInserts(Protocol):
+    """A dialect whose queue tables can notify listeners of every insert (PostgreSQL's triggers)."""
+
+    def notify_on_insert_sql(self, address: QueueAddress) -> Sequence[str]:
+        """The function and statement-level trigger that notify the queue's channel on every insert."""
+
+
+def notifies_inserts(d: Dialect) -> NotifiesInserts:
+    """``d``, refused unless :func:`notify_on_insert` can be installed on its queue tables."""
+    if not isinstance(d, NotifiesInserts):
+        raise TransportMisconfiguredError(
+            f"{d.name} has no notifications: its consumers find new messages by polling (the peek interval); "
+            "notify_on_insert is for PostgreSQL queues"
+        )
+    return d
+
+
+def notify_on_insert(d: Dialect, address: QueueAddress) -> Operation[None]:
+    """Make every insert into the queue notify its channel, whoever inserts (idempotent, under the
+    installer lock): senders that are not this library wake pumps, triggers and sensors too."""
+    notifying = notifies_inserts(d)
+    yield from table_shape(d, address)
+    target = d.qualified_name(address)
+    yield Step(d.install_lock_sql(address), {}, Fetch.NONE, target)
+    for sql in notifying.notify_on_insert_sql(address):
+        yield Step(sql, {}, Fetch.NONE, target)
