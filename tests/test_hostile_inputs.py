@@ -319,8 +319,12 @@ def test_a_body_that_is_not_valid_unicode_is_the_librarys_error(conn_id, schema,
 
 @pytest.mark.parametrize(
     "arguments",
-    [{"subscribe_to": ["T" * 300]}, {"subscribe_to": ["Shop.Placed"], "subscription_table": 'customers@"{schema}"'}],
-    ids=["long topic", "business table"],
+    [
+        {"subscribe_to": ["T" * 300]},
+        {"subscribe_to": ["Shop.Placed"], "subscription_table": 'customers@"{schema}"'},
+        {"notify_on_insert": "yes"},
+    ],
+    ids=["long topic", "business table", "notify_on_insert not a boolean"],
 )
 def test_a_refused_create_queue_task_creates_nothing(conn_id, schema, raw, arguments) -> None:
     from airflow_provider_sqlqueue.operators.sqlqueue import CreateQueueOperator

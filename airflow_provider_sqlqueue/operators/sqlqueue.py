@@ -54,6 +54,8 @@ class CreateQueueOperator(_QueueOperator):
     :param error_queue: its error queue (default: the connection's, else ``error``).
     :param secondary: machine name for a secondary queue ``<queue>.<machine>``.
     :param body_string: also add NServiceBus's computed ``BodyString`` column (for reading bodies in SQL tools).
+    :param notify_on_insert: make every insert into the queue, whoever makes it (an NServiceBus
+        endpoint, plain SQL, Spark), wake the sensors and pumps waiting on it (PostgreSQL).
     :param subscribe_to: event topics (type names) the queue subscribes to, in NServiceBus's
         ``SubscriptionRouting`` table: events published on them (``PublishMessageOperator``, or an
         NServiceBus endpoint) arrive in this queue.
@@ -76,6 +78,7 @@ class CreateQueueOperator(_QueueOperator):
         queue_name: str,
         secondary: str | None = None,
         body_string: bool = False,
+        notify_on_insert: bool = False,
         subscribe_to: Sequence[str] = (),
         subscription_table: str | None = None,
         **kwargs: Any,
@@ -84,6 +87,7 @@ class CreateQueueOperator(_QueueOperator):
         self.queue_name = queue_name
         self.secondary = secondary
         self.body_string = body_string
+        self.notify_on_insert = notify_on_insert
         self.subscribe_to = subscribe_to
         self.subscription_table = subscription_table
 
@@ -97,7 +101,11 @@ class CreateQueueOperator(_QueueOperator):
             if topics:
                 client.create_subscription_table(self.subscription_table)
             created = client.create_queue(
-                self.queue_name, error_queue=hook.error_queue, secondary=self.secondary, body_string=self.body_string
+                self.queue_name,
+                error_queue=hook.error_queue,
+                secondary=self.secondary,
+                body_string=self.body_string,
+                notify_on_insert=self.notify_on_insert,
             )
             names = [client.canonical_address(address) for address in created]
             self.log.info("Queue tables ready: %s", ", ".join(names))
