@@ -20,8 +20,10 @@ the median of the rounds):
   ``pgmq.enable_notify_insert`` (throttle 0 ms: the default 250 ms drops notifications for sends
   closer together) and a consumer that LISTENs on ``pgmq.q_<queue>.INSERT`` on a connection of its
   own and then reads + deletes (reading again at least once a second if no notification came);
-  and, as a reference, the same default pump with ``notify=False`` sends (bound by its peek
-  interval). Each starts idle: one warm-up message is handled and 0.5 s pass before the first.
+  the same pump fed by plain SQL ``INSERT`` statements into a queue made with
+  ``notify_on_insert=True`` (as an NServiceBus endpoint sends); and, as a reference, the same
+  default pump with ``notify=False`` sends (bound by its peek interval). Each starts idle: one
+  warm-up message is handled and 0.5 s pass before the first.
 
 Once each, as before:
 
@@ -31,7 +33,8 @@ Once each, as before:
 * receive ``--batch`` and 1 message per call with ``QueueClient.receive`` against the same
   ``DELETE ... RETURNING`` typed by hand, in alternating rounds (best of three each);
 * send one message per call and ``--batch`` per call: ``QueueClient.send`` against PgQueuer's
-  ``Queries.enqueue``.
+  ``Queries.enqueue``; and plain SQL sends of one message per statement into a queue with and
+  without ``notify_on_insert`` (what the trigger costs).
 
 PgQueuer and PGMQ are not dependencies of this project (``bench/peers.py``): ``bash bench/run``
 runs this script with ``uv run --with pgqueuer==... --with asyncpg --with pgmq==...``. Without them
@@ -371,6 +374,29 @@ WARM = -1  # the index of the warm-up message, handled before the measured ones 
 Send = Callable[[int], None]
 
 
+#: A plain SQL send, as a program that is not this library writes a message.
+PLAIN_INSERT = 'INSERT INTO "{schema}"."orders" (Id, Headers, Body) VALUES (gen_random_uuid(), %s, %s)'
+
+
+def send_plain_sql(uri: str, count: int, notify_on_insert: bool) -> float:
+    """Plain SQL sends of one message per statement (autocommit) per second, into a queue made with or
+    without ``notify_on_insert``: what the trigger costs a sender that does not notify by itself."""
+    schema = fresh_schema(uri)
+    try:
+        queue = fill(uri, schema, 0)
+        if notify_on_insert:
+            with QueueClient.connect(uri) as client:
+                client.create_queue(queue, notify_on_insert=True)
+        headers = json.dumps(HEADERS)
+        with psycopg.connect(uri, autocommit=True) as connection:
+            began = time.perf_counter()
+            for _ in range(count):
+                connection.execute(PLAIN_INSERT.format(schema=schema), (headers, BODY))
+            return count / (time.perf_counter() - began)
+    finally:
+        drop_schema(uri, schema)
+
+
 def latency_body(index: int) -> bytes:
     return f"{index:<12d}".encode().ljust(len(BODY), b" ")
 
@@ -444,11 +470,15 @@ def pump_defaults() -> dict[str, Any]:
     return found
 
 
-async def latency_pump(uri: str, gaps: list[float], notify: bool) -> dict[str, Any]:
-    """``MessagePump(pool, queue, handler)`` at its defaults; sends with ``QueueClient.send(notify=...)``."""
+async def latency_pump(uri: str, gaps: list[float], notify: bool, plain_sql: bool = False) -> dict[str, Any]:
+    """``MessagePump(pool, queue, handler)`` at its defaults; sends with ``QueueClient.send(notify=...)``,
+    or (``plain_sql``) with a plain SQL INSERT into a queue made with ``notify_on_insert=True``."""
     schema = fresh_schema(uri)
     try:
         queue = fill(uri, schema, 0)
+        if plain_sql:
+            with QueueClient.connect(uri) as client:
+                client.create_queue(queue, notify_on_insert=True)
         clock = Clock(len(gaps))
         concurrency = pump_defaults().get("max_concurrency") or 1
         pool = AsyncPsycopgPool(uri, max_size=int(concurrency) + 2)
@@ -462,6 +492,11 @@ async def latency_pump(uri: str, gaps: list[float], notify: bool) -> dict[str, A
 
         @contextmanager
         def open_sender() -> Iterator[Send]:
+            if plain_sql:  # as an NServiceBus endpoint or any other program inserts
+                with psycopg.connect(uri, autocommit=True) as raw:
+                    headers = json.dumps(HEADERS)
+                    yield lambda index: raw.execute(PLAIN_INSERT.format(schema=schema), (headers, latency_body(index)))
+                return
             with QueueClient.connect(uri) as client:
                 yield lambda index: client.send(queue, Message(latency_body(index), HEADERS), notify=notify)
 
@@ -630,6 +665,9 @@ def measure(uri: str, args: argparse.Namespace, pgq: bool, pgmq: bool) -> dict[s
     waits: dict[str, Contender] = {
         "pump notify": lambda r: asyncio.run(latency_pump(uri, gaps(r), notify=True)),
         "pump no notify": lambda r: asyncio.run(latency_pump(uri, gaps(r), notify=False)),
+        "pump plain SQL, notify_on_insert": lambda r: asyncio.run(
+            latency_pump(uri, gaps(r), notify=False, plain_sql=True)
+        ),
     }
     if pgq:
         drains["PgQueuer"] = lambda r: asyncio.run(drain_pgqueuer(uri, n, b))
@@ -662,6 +700,8 @@ def measure(uri: str, args: argparse.Namespace, pgq: bool, pgmq: bool) -> dict[s
     rows["receive 1: QueueClient"], rows["receive 1: raw DELETE ... RETURNING"] = receive_pair(uri, 2000, 1)
     rows["send 1: QueueClient"] = send_sqlqueue(uri, 2000, 1)
     rows[f"send {b}: QueueClient"] = send_sqlqueue(uri, 200, b)
+    rows["send 1: plain SQL INSERT"] = send_plain_sql(uri, 2000, notify_on_insert=False)
+    rows["send 1: plain SQL INSERT, notify_on_insert"] = send_plain_sql(uri, 2000, notify_on_insert=True)
     if pgq:
         rows["send 1: PgQueuer enqueue"] = asyncio.run(send_pgqueuer(uri, 2000, 1))
         rows[f"send {b}: PgQueuer enqueue"] = asyncio.run(send_pgqueuer(uri, 200, b))
@@ -720,6 +760,11 @@ def ratios(result: dict[str, Any], b: int) -> list[dict[str, Any]]:
     latency = result["latency_ms"]["pump notify"]
     found.append(("idle pump, notify: p50 ms", latency["p50_ms"], "≤ 20 ms"))
     found.append(("idle pump, notify: p99 ms", latency["p99_ms"], "≤ 100 ms"))
+    plain = result["latency_ms"]["pump plain SQL, notify_on_insert"]
+    found.append(("idle pump, plain SQL into a notify_on_insert queue: p50 ms", plain["p50_ms"], "≤ 20 ms"))
+    found.append(("idle pump, plain SQL into a notify_on_insert queue: p99 ms", plain["p99_ms"], "≤ 100 ms"))
+    with_trigger, without = rows["send 1: plain SQL INSERT, notify_on_insert"], rows["send 1: plain SQL INSERT"]
+    found.append(("plain SQL sends with notify_on_insert / without", with_trigger / without, ""))
     for peer in ("PgQueuer", "PGMQ notify"):
         if peer in result["latency_ms"]:
             for q in ("p50_ms", "p99_ms"):
