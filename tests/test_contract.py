@@ -189,8 +189,10 @@ def checksums(raw: psycopg.Connection[Any], schema: str) -> dict[str, str]:
 
 
 #: Optional parameters given a good value all the same: left out, the call would reach no table
-#: (``health()`` of every queue a role without rights may read: none), and prove nothing.
-ALWAYS_GIVEN = {"queues"}
+#: (``health()`` of every queue a role without rights may read: none), and prove nothing; or a
+#: subscription table in the default schema that every test running at once shares, whose rows
+#: name other tests' queues (a publish reached a queue another test had dropped).
+ALWAYS_GIVEN = {"queues", "table", "subscription_table"}
 
 
 def arguments(function: Callable[..., Any], world: World, hostile: tuple[str, Any] | None = None) -> dict[str, Any]:
