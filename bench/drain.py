@@ -101,10 +101,10 @@ def drop_schema(uri: str, schema: str) -> None:
         connection.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
-def fill(uri: str, schema: str, count: int) -> QueueAddress:
+def fill(uri: str, schema: str, count: int, notify_on_insert: bool = False) -> QueueAddress:
     queue = QueueAddress("orders", schema)
     with QueueClient.connect(uri) as client:
-        client.create_queue(queue)  # a no-op when it exists
+        client.create_queue(queue, notify_on_insert=notify_on_insert)  # a no-op when it exists
         for start in range(0, count, 1000):
             client.send(queue, [Message(BODY, HEADERS) for _ in range(min(1000, count - start))])
     return queue
@@ -383,10 +383,7 @@ def send_plain_sql(uri: str, count: int, notify_on_insert: bool) -> float:
     without ``notify_on_insert``: what the trigger costs a sender that does not notify by itself."""
     schema = fresh_schema(uri)
     try:
-        queue = fill(uri, schema, 0)
-        if notify_on_insert:
-            with QueueClient.connect(uri) as client:
-                client.create_queue(queue, notify_on_insert=True)
+        fill(uri, schema, 0, notify_on_insert)
         headers = json.dumps(HEADERS)
         with psycopg.connect(uri, autocommit=True) as connection:
             began = time.perf_counter()
@@ -475,10 +472,7 @@ async def latency_pump(uri: str, gaps: list[float], notify: bool, plain_sql: boo
     or (``plain_sql``) with a plain SQL INSERT into a queue made with ``notify_on_insert=True``."""
     schema = fresh_schema(uri)
     try:
-        queue = fill(uri, schema, 0)
-        if plain_sql:
-            with QueueClient.connect(uri) as client:
-                client.create_queue(queue, notify_on_insert=True)
+        queue = fill(uri, schema, 0, notify_on_insert=plain_sql)
         clock = Clock(len(gaps))
         concurrency = pump_defaults().get("max_concurrency") or 1
         pool = AsyncPsycopgPool(uri, max_size=int(concurrency) + 2)

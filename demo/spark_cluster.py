@@ -144,31 +144,60 @@ class SparkCluster:
                 str(free_port()),
                 self.master,
             )
+
+        def up() -> bool:
+            return len([w for w in self.state().get("workers", []) if w.get("state") == "ALIVE"]) >= self.workers
+
+        self._wait_for(up, timeout, "the Spark cluster did not come up", pause=0.5)
+        return self
+
+    def start_connect(self, timeout: float = 180) -> str:
+        """Start a Spark Connect server whose applications run on this cluster; returns its URL."""
+        self._start_connect(self.master, {"spark.cores.max": "2", "spark.executor.memory": "1g"}, timeout)
+        return f"sc://{self.host}:{self.connect_port}"
+
+    def _start_connect(self, master: str, conf: Mapping[str, str], timeout: float) -> None:
+        """Start ``SparkConnectServer`` on ``master`` with ``conf``; :attr:`connect_port` once it listens.
+
+        One JVM that outlives the applications' sessions: a client's ``session.stop()`` ends its own
+        session, not the server, so a task pays for a gRPC connection instead of a JVM's start.
+        """
+        port = free_port()
+        settings = {"spark.connect.grpc.binding.port": str(port), "spark.ui.enabled": "false", **conf}
+        options = [item for key, value in settings.items() for item in ("--conf", f"{key}={value}")]
+        self._spawn(
+            "connect",
+            "spark-submit",
+            "--class",
+            "org.apache.spark.sql.connect.service.SparkConnectServer",
+            "--name",
+            CONNECT_APP,
+            "--master",
+            master,
+            *options,
+            "spark-internal",
+        )
+
+        def listening() -> bool:
+            with socket.create_connection((self.host, port), timeout=1):
+                return True
+
+        self._wait_for(listening, timeout, "Spark Connect did not listen")
+        self.connect_port = port
+
+    def _wait_for(self, ready: Callable[[], bool], timeout: float, failure: str, pause: float = 1) -> None:
+        """Wait until ``ready()`` (an OSError counts as not yet), while every daemon stays alive."""
         deadline = time.monotonic() + timeout
         while True:
             self._check_alive()
             try:
-                alive = [w for w in self.state().get("workers", []) if w.get("state") == "ALIVE"]
-                if len(alive) >= self.workers:
-                    return self
+                if ready():
+                    return
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the Spark cluster did not come up in {timeout:.0f} s; logs in {self.workdir}/logs")
-            time.sleep(0.5)
-
-    def start_connect(self, timeout: float = 180) -> str:
-        """Start a Spark Connect server whose applications run on this cluster; returns its URL."""
-        self.connect_port = start_connect_server(
-            self._spawn,
-            self._check_alive,
-            self.host,
-            self.master,
-            {"spark.cores.max": "2", "spark.executor.memory": "1g"},
-            timeout,
-            self.workdir,
-        )
-        return f"sc://{self.host}:{self.connect_port}"
+                raise RuntimeError(f"{failure} in {timeout:.0f} s; logs in {self.workdir}/logs")
+            time.sleep(pause)
 
     def _check_alive(self) -> None:
         for process in self.processes:
@@ -202,48 +231,6 @@ class SparkCluster:
         self.stop()
 
 
-def start_connect_server(
-    spawn: Callable[..., subprocess.Popen[bytes]],
-    check_alive: Callable[[], None],
-    host: str,
-    master: str,
-    conf: Mapping[str, str],
-    timeout: float,
-    workdir: Path,
-) -> int:
-    """Start ``SparkConnectServer`` on ``master`` with ``conf``; its port once it listens.
-
-    One JVM that outlives the applications' sessions: a client's ``session.stop()`` ends its own
-    session, not the server, so a task pays for a gRPC connection instead of a JVM's start.
-    """
-    port = free_port()
-    settings = {"spark.connect.grpc.binding.port": str(port), "spark.ui.enabled": "false", **conf}
-    options = [item for key, value in settings.items() for item in ("--conf", f"{key}={value}")]
-    spawn(
-        "connect",
-        "spark-submit",
-        "--class",
-        "org.apache.spark.sql.connect.service.SparkConnectServer",
-        "--name",
-        CONNECT_APP,
-        "--master",
-        master,
-        *options,
-        "spark-internal",
-    )
-    deadline = time.monotonic() + timeout
-    while True:
-        check_alive()
-        try:
-            with socket.create_connection((host, port), timeout=1):
-                return port
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"Spark Connect did not listen in {timeout:.0f} s; logs in {workdir}/logs")
-        time.sleep(1)
-
-
 class SparkConnect(SparkCluster):
     """``with SparkConnect(workdir) as connect:`` one Spark Connect server running its jobs in ``local[cores]``.
 
@@ -255,15 +242,7 @@ class SparkConnect(SparkCluster):
         super().__init__(workdir, workers=0, cores=cores, host=host)
 
     def start(self, timeout: float = 180) -> SparkConnect:
-        self.connect_port = start_connect_server(
-            self._spawn,
-            self._check_alive,
-            self.host,
-            f"local[{self.cores}]",
-            {"spark.sql.shuffle.partitions": str(self.cores)},
-            timeout,
-            self.workdir,
-        )
+        self._start_connect(f"local[{self.cores}]", {"spark.sql.shuffle.partitions": str(self.cores)}, timeout)
         return self
 
     def __enter__(self) -> SparkConnect:

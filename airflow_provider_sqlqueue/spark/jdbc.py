@@ -64,15 +64,20 @@ from ..transport.message import (
 )
 from ..transport.operations import WHOLE_WRITE
 from .options import InvalidOptionError, Options
-from .write import BODY_COLUMN, HEADERS_COLUMN, TTBR_COLUMN, RowLayout, _option_headers, log
+from .write import (
+    BODY_COLUMN,
+    HEADERS_COLUMN,
+    NOT_JSON,
+    NOT_JSON_END,
+    TTBR_COLUMN,
+    RowLayout,
+    _option_headers,
+    log,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
-#: How a task refuses a row holding NaN or an infinity (Spark's error carries the text, which the
-#: driver raises again as the library's own).
-_NOT_JSON = "a row holds NaN or an infinite number in"
-_NOT_JSON_END = "which JSON cannot carry: replace them (e.g. with null) or write a 'body' column of your own"
 #: The id a message's headers are first written with, then replaced by each row's own.
 _PLACEHOLDER = uuid.UUID(int=0)
 #: The JDBC driver class Spark loads: PostgreSQL's (``org.postgresql:postgresql``, or Debian's
@@ -164,7 +169,7 @@ def _root_cause(exc: BaseException) -> str | None:
 
 
 def jdbc_path(spark: SparkSession, options: Options) -> JdbcTarget | None:
-    """The JDBC target a write or a read runs through, or None for the Python path.
+    """The JDBC target a write runs through, or None for the Python path.
 
     Decided once per session and url, and said once in the log; ``engine`` ``jdbc`` turns a reason
     for the Python path into a refusal, ``python`` skips the question.
@@ -276,7 +281,7 @@ def _staged(df: DataFrame, layout: RowLayout, options: Options) -> DataFrame:
                 bad = sf.isnan(value) | (sf.abs(value) == sf.lit(math.inf))
                 body = sf.when(
                     bad,
-                    sf.raise_error(sf.lit(f"{_NOT_JSON} {name}, {_NOT_JSON_END}")),
+                    sf.raise_error(sf.lit(f"{NOT_JSON} {name}, {NOT_JSON_END}")),
                 ).otherwise(body)
     ttbr = options.time_to_be_received
     time_sent = wire_timestamp(datetime.now(UTC))  # one send time for the write, as a batched send has
@@ -383,8 +388,8 @@ def write_through_jdbc(df: DataFrame, options: Options, layout: RowLayout, targe
 def _refusal(exc: BaseException) -> str | None:
     """The library's own refusal of a row (NaN in a JSON row), when Spark's error carries it."""
     text = str(exc)
-    start = text.find(_NOT_JSON)
+    start = text.find(NOT_JSON)
     if start < 0:
         return None
-    end = text.find(_NOT_JSON_END, start)
-    return text[start : end + len(_NOT_JSON_END)] if end >= 0 else None
+    end = text.find(NOT_JSON_END, start)
+    return text[start : end + len(NOT_JSON_END)] if end >= 0 else None

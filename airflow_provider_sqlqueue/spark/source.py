@@ -30,7 +30,7 @@ class SqlQueueDataSource(DataSource):
 
     def _python_engine(self) -> None:
         """Refuse ``engine`` ``jdbc``: Spark hands a Python data source's rows to Python workers, so
-        ``format("sqlqueue")`` cannot move them through the JVM; the functions of :mod:`.jdbc` can."""
+        ``format("sqlqueue")`` cannot move them through the JVM; :func:`.functions.save_to_queue` can."""
         if self.parsed.engine == "jdbc":
             raise InvalidOptionError(
                 "option 'engine' 'jdbc': format('sqlqueue') moves rows through Spark's Python workers; "

@@ -354,6 +354,12 @@ def _row_ttbr(value: object, column: str) -> timedelta:
 _JSON_ROW = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
+#: How a row holding NaN or an infinity is refused, around the columns that hold them: the Python
+#: path's words, which the JVM path's tasks raise too (and its driver finds again in Spark's error).
+NOT_JSON = "a row holds NaN or an infinite number in"
+NOT_JSON_END = "which JSON cannot carry: replace them (e.g. with null) or write a 'body' column of your own"
+
+
 def _json_body(content: dict[str, Any]) -> str:
     try:
         return _JSON_ROW.encode(content)
@@ -361,10 +367,7 @@ def _json_body(content: dict[str, Any]) -> str:
         columns = sorted(
             name for name, value in content.items() if isinstance(value, float) and not math.isfinite(value)
         )
-        raise InvalidArgumentError(
-            f"a row holds NaN or an infinite number in {', '.join(columns) or 'a nested value'}, which JSON "
-            "cannot carry: replace them (e.g. with null) or write a 'body' column of your own"
-        ) from None
+        raise InvalidArgumentError(f"{NOT_JSON} {', '.join(columns) or 'a nested value'}, {NOT_JSON_END}") from None
     except TypeError as exc:  # a value of a type the layout did not plan for (rows built by hand)
         raise ArgumentTypeError(f"a row holds a value JSON cannot carry: {exc}") from None
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..errors import InvalidArgumentError
 from .base import (
+    WHOLE_WRITE,
     BrowsedRow,
     ClaimedRow,
     ClaimRow,
@@ -27,6 +28,7 @@ from .base import (
 )
 
 __all__ = [
+    "WHOLE_WRITE",
     "BrowsedRow",
     "ClaimRow",
     "ClaimedRow",

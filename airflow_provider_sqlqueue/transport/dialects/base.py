@@ -156,6 +156,10 @@ class TableShape:
     ascii_headers: bool = False
 
 
+#: The part of the write ledger a write sent whole is recorded as (a staged send: every row in one
+#: transaction): the ledger's statements treat it as every partition sent.
+WHOLE_WRITE = -1
+
 #: Each kind of :attr:`Dialect.kind_columns` as a refusal names it.
 _KIND_NAMES = {
     "inflight": "a claim store",

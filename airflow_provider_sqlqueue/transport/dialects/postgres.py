@@ -33,7 +33,7 @@ from ..errors import (
     TransportMisconfiguredError,
     TransportUnavailableError,
 )
-from .base import Dialect, SendRow, TableShape
+from .base import WHOLE_WRITE, Dialect, SendRow, TableShape
 
 #: PostgreSQL's identifiers are at most 63 bytes (longer ones are cut short without a word).
 MAX_IDENTIFIER_BYTES = 63
@@ -881,12 +881,12 @@ class PostgresDialect(Dialect):
 
     def record_write_sql(self, ledger: QueueAddress) -> str:
         # ON CONFLICT waits for a concurrent inserter of the same key to finish: it inserts if
-        # that one rolled back, and does nothing if it committed. A write sent whole (part -1, a
+        # that one rolled back, and does nothing if it committed. A write sent whole (WHOLE_WRITE, a
         # staged send) has every partition sent.
         t = self.qualified_name(ledger)
         return (
             f"INSERT INTO {t} (WriteId, Part) SELECT %(write)s, %(part)s WHERE NOT EXISTS "
-            f"(SELECT 1 FROM {t} WHERE WriteId = %(write)s AND Part = -1) "
+            f"(SELECT 1 FROM {t} WHERE WriteId = %(write)s AND Part = {WHOLE_WRITE}) "
             "ON CONFLICT (WriteId, Part) DO NOTHING"
         )
 

@@ -14,6 +14,7 @@ One module per capability, named by the glossary's words: :mod:`.steps` (the cor
 write ``ops.claim(...)`` whichever module defines it.
 """
 
+from ..dialects import WHOLE_WRITE
 from .audit import ack_audited, audit
 from .claim import (
     HeldColumns,
@@ -56,7 +57,7 @@ from .inspection import (
     queue_stats,
     seq_range,
 )
-from .ledger import WHOLE_WRITE, create_writes, forget_write, record_write, recorded_parts
+from .ledger import create_writes, forget_write, record_write, recorded_parts
 from .publish import create_subscriptions, publish, subscribe, subscribers, unsubscribe
 from .receive import Taken, move_to_error, purge_all, purge_expired_batch, receive
 from .send import copies_sends, send, send_copied

@@ -11,9 +11,6 @@ from ..dialects import Dialect
 from .steps import Fetch, Operation, Step, autocommitted
 from .tables import install_table, table_of
 
-#: The part a write sent whole is recorded as (a staged send: every row in one transaction).
-WHOLE_WRITE = -1
-
 
 def create_writes(d: Dialect, ledger: QueueAddress) -> Operation[None]:
     """Create a write ledger (idempotent, safe concurrently)."""

@@ -17,10 +17,10 @@ from typing import Protocol, runtime_checkable
 
 from .. import defaults
 from ..addressing import QueueAddress
-from ..dialects import Dialect
+from ..dialects import WHOLE_WRITE, Dialect
 from ..errors import InvalidArgumentError, NotAQueueError, TransportMisconfiguredError
 from ..logs import logger
-from .ledger import WHOLE_WRITE
+from .ledger import record_write, recorded_parts
 from .steps import Fetch, Operation, Step, autocommitted
 from .tables import table_of, table_shape
 
@@ -98,7 +98,7 @@ def send_staged(
     """Move the staged rows into the queue and drop the stage, in the caller's one transaction.
 
     The write is recorded in the ``ledger`` (table, write) first, as sent whole
-    (:data:`~.ledger.WHOLE_WRITE`): None means it was sent before, and the stage is dropped with
+    (:data:`~..dialects.base.WHOLE_WRITE`): None means it was sent before, and the stage is dropped with
     nothing sent. A write the ledger holds partitions of (sent in part by the data source's Python
     path) is refused: only that path knows which rows are missing.
     """
@@ -106,19 +106,14 @@ def send_staged(
     yield from table_shape(d, address)
     yield from _a_stage(d, stage)
     table, write = ledger
-    yield from table_of(d, table, "writes")
-    found = yield Step(d.recorded_parts_sql(table), {"write": write}, Fetch.ALL, d.qualified_name(table))
-    parts = [int(part) for (part,) in found]
+    parts = yield from recorded_parts(d, table, write)
     if parts and WHOLE_WRITE not in parts:
         raise InvalidArgumentError(
             f"write {write} was sent in part, partition by partition (the data source's Python path): which rows "
             "are missing is known only to that path, so repeat the write with engine 'python'"
         )
-    recorded = yield Step(
-        d.record_write_sql(table), {"write": write, "part": WHOLE_WRITE}, Fetch.ROWCOUNT, d.qualified_name(table)
-    )
     sent: int | None = None
-    if int(recorded) == 1:
+    if (yield from record_write(d, table, write, WHOLE_WRITE)):
         sent = int((yield Step(staging.send_staged_sql(address, stage), {}, Fetch.ROWCOUNT, d.qualified_name(address))))
     yield Step(staging.drop_stage_sql(stage), {}, Fetch.NONE, d.qualified_name(stage))
     d.forget_table(stage)
