@@ -2,8 +2,8 @@
 # Installs only from the repository's own files (pyproject.toml + uv.lock) and Debian's packages.
 # SQLQUEUE_SETUP=demo (set by .ci/demo) installs only what the demo uses: Java for Spark, the
 # package with its spark extra and the demo group. The tests also need unixODBC and FreeTDS (the
-# SQL Server drivers' statements are checked), Chromium (the Queues page's browser test),
-# PostgreSQL's JDBC driver (the Spark data source's JVM path) and the dev group. Root is needed only to install missing Debian packages.
+# SQL Server drivers' statements are checked), Chromium (the Queues page's browser test) and the
+# dev group. Root is needed only to install missing Debian packages.
 set -euo pipefail
 
 need_apt=()
@@ -13,7 +13,6 @@ if [ "${SQLQUEUE_SETUP:-test}" != demo ]; then
     [ -e /usr/lib/x86_64-linux-gnu/odbc/libtdsodbc.so ] || [ -e /usr/lib/aarch64-linux-gnu/odbc/libtdsodbc.so ] || need_apt+=(tdsodbc)
     command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
     command -v chromedriver >/dev/null 2>&1 || need_apt+=(chromium-driver)
-    [ -e /usr/share/java/postgresql.jar ] || need_apt+=(libpostgresql-jdbc-java)  # Spark's JDBC path
 fi
 if [ "${#need_apt[@]}" -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

@@ -3,9 +3,9 @@
 One cluster (a master and a worker from the PySpark distribution), one application with two
 executor cores, one PostgreSQL. The same 200,000 rows (``n``, ``name``, ``amount``) are
 
-- written as messages by ``save_to_queue`` (the JVM path: Spark's JDBC writer into a staging
-  table, one server-side INSERT ... SELECT into the queue), by the data source (Python workers,
-  one transaction per partition, recorded in the write ledger), by ``send_rows`` (one
+- written as messages by ``save_to_queue`` (the JVM path: each message built by Spark's SQL
+  engine, each partition loaded by COPY from Arrow's CSV in one transaction with its ledger row),
+  by the data source (Python workers, one transaction per partition, recorded in the write ledger), by ``send_rows`` (one
   transaction per partition, no ledger), and by Spark's JDBC writer twice: into a plain table of
   the same columns (no queue: the floor of getting rows into PostgreSQL), and into a queue table
   (``direct``), rows with an id, headers and a JSON body built by Spark, as a user writing the
@@ -90,6 +90,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--local", action="store_true", help="local[2] in one JVM instead of the standalone cluster")
     parser.add_argument("--rows", type=int, default=ROWS, help=f"rows each way (default {ROWS:,})")
+    parser.add_argument(
+        "--writes-only", action="store_true", help="the writes alone (a few minutes), without reads and streams"
+    )
     args = parser.parse_args()
     ROWS = args.rows
     with database(args.pg_uri) as uri, tempfile.TemporaryDirectory(prefix="sqlqueue-bench-spark-") as work:
@@ -106,7 +109,10 @@ def main() -> None:
         try:
             if args.local:
                 spark = local_session()
-                results = {"spark": "local[2]", **measure(spark, uri, schema, queue, relayed, url, props, Path(work))}
+                results = {
+                    "spark": "local[2]",
+                    **measure(spark, uri, schema, queue, relayed, url, props, Path(work), args.writes_only),
+                }
                 spark.stop()
             else:
                 with SparkCluster(Path(work), cores=4, memory="4g") as cluster:
@@ -116,7 +122,7 @@ def main() -> None:
                     register(spark)
                     results = {
                         "spark": "standalone cluster, 2 executor cores",
-                        **measure(spark, uri, schema, queue, relayed, url, props, Path(work)),
+                        **measure(spark, uri, schema, queue, relayed, url, props, Path(work), args.writes_only),
                     }
                     spark.stop()
         finally:
@@ -145,7 +151,15 @@ def local_session() -> Any:
 
 
 def measure(
-    spark: Any, uri: str, schema: str, queue: str, relayed: str, url: str, props: dict[str, str], work: Path
+    spark: Any,
+    uri: str,
+    schema: str,
+    queue: str,
+    relayed: str,
+    url: str,
+    props: dict[str, str],
+    work: Path,
+    writes_only: bool,
 ) -> dict[str, Any]:
     df = spark.range(ROWS, numPartitions=2).selectExpr("id AS n", "concat('name-', id) AS name", "id * 0.5 AS amount")
     df = df.cache()
@@ -180,7 +194,7 @@ def measure(
         return ROWS
 
     def jvm_sink() -> int:
-        save_to_queue(df, url=uri, queue=queue, engine="jdbc")
+        save_to_queue(df, url=uri, queue=queue, engine="jvm")
         return ROWS
 
     write = {
@@ -190,6 +204,13 @@ def measure(
         "send_rows": best(helper, empty),
         "sqlqueue": best(sink, empty),
     }
+
+    write_ratios = {
+        "write": {k: round(v / write["jdbc"], 2) for k, v in write.items()},
+        "write_vs_jdbc_into_queue_table": {k: round(v / write["jdbc_into_queue_table"], 2) for k, v in write.items()},
+    }
+    if writes_only:
+        return {"rows": ROWS, "rows_per_second": {"write": _rounded(write)}, "ratio_to_jdbc": write_ratios}
 
     def fill() -> None:
         with QueueClient.connect(uri) as client:
@@ -247,8 +268,7 @@ def measure(
     streamed = {f"batches_of_{size}": best(stream(size), fill) for size in (5_000, 100_000)}
     rate = {"write": write, "read": read, "stream_relay": streamed}
     ratios = {
-        "write": {k: round(v / write["jdbc"], 2) for k, v in write.items()},
-        "write_vs_jdbc_into_queue_table": {k: round(v / write["jdbc_into_queue_table"], 2) for k, v in write.items()},
+        **write_ratios,
         "read": {k: round(v / read["jdbc"], 2) for k, v in read.items()},
         "stream_relay_vs_jdbc_write": {k: round(v / write["jdbc"], 2) for k, v in streamed.items()},
     }

@@ -40,12 +40,6 @@ EXAMPLE_DAGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 if EXAMPLE_DAGS not in sys.path:
     sys.path.append(EXAMPLE_DAGS)
 os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", TEST_DAGS)
-#: PostgreSQL's JDBC driver (Debian's libpostgresql-jdbc-java, which .ci/setup.sh installs): on the
-#: classpath of every Spark JVM the tests start, whichever test starts a worker's first one, so that
-#: the data source's JVM path (airflow_provider_sqlqueue/spark/jdbc.py) can run.
-JDBC_JAR = "/usr/share/java/postgresql.jar"
-if os.path.exists(JDBC_JAR):
-    os.environ.setdefault("PYSPARK_SUBMIT_ARGS", f"--jars {JDBC_JAR} pyspark-shell")
 os.environ.setdefault(
     "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST",
     json.dumps(

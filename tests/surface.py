@@ -40,6 +40,7 @@ class Kind(Enum):
     SEARCH = "text to look for (empty: everything)"
     TOPICS = "event topics"
     MESSAGES = "messages to send"
+    CSV = "queue rows (Id, Headers, Body) as CSV text, in chunks of bytes"
     RECEIVED = "a message received earlier"
     ERROR = "a failure to record (free text: made safe, never refused)"
     WRITE = "a write id"
@@ -65,7 +66,6 @@ KINDS: dict[str, Kind] = {
     "queue_name": Kind.QUEUE,
     "error_queue": Kind.QUEUE,
     "ledger": Kind.QUEUE,
-    "stage": Kind.QUEUE,
     "table": Kind.QUEUE,
     "subscription_table": Kind.QUEUE,
     "name": Kind.NAME,
@@ -96,6 +96,7 @@ KINDS: dict[str, Kind] = {
     "secondary": Kind.LABEL,
     "topics": Kind.TOPICS,
     "messages": Kind.MESSAGES,
+    "chunks": Kind.CSV,
     "message": Kind.RECEIVED,
     "error": Kind.ERROR,
     "write": Kind.WRITE,
@@ -160,7 +161,6 @@ class World:
     subscriptions: QueueAddress
     ledger: QueueAddress
     uri: str
-    stage: QueueAddress  # a staging table of a write, empty
 
 
 def _names(world: World) -> list[tuple[str, Any]]:
@@ -292,6 +292,23 @@ def _messages(world: World) -> list[tuple[str, Any]]:
         ("numbers", [1, 2]),
         ("none", None),
         ("a dict", {"body": "x"}),
+    ]
+
+
+def _csv_chunks(world: World) -> list[tuple[str, Any]]:
+    """Rows a bulk loader could get wrong: each must fail the whole load and send nothing."""
+    good = f'{uuid.uuid4()},"{{""a"":""b""}}",\\x41\n'.encode()
+    return [
+        ("text, not bytes", "a,b,c"),
+        ("not iterable", 42),
+        ("a number among them", [good, 42]),
+        ("not an id", [good, b'not-a-uuid,"{}",\\x41\n']),
+        ("one field too many", [good, f'{uuid.uuid4()},"{{}}",\\x41,more\n'.encode()]),
+        ("no headers", [good, f"{uuid.uuid4()},,\\x41\n".encode()]),
+        ("bad hex", [good, f'{uuid.uuid4()},"{{}}",\\xZZ\n'.encode()]),
+        ("invalid UTF-8", [good, f'{uuid.uuid4()},"'.encode() + b'\xff",\\x41\n']),
+        ("the same id twice", [good, good]),
+        ("an unterminated quote", [good, f'{uuid.uuid4()},"{{}},\\x41\n'.encode()]),
     ]
 
 
@@ -431,6 +448,7 @@ CATALOGUE: dict[Kind, Callable[[World], list[tuple[str, Any]]]] = {
     Kind.SEARCH: lambda w: [(label, value) for label, value in _labels(w) if label != "empty"],
     Kind.TOPICS: _topics,
     Kind.MESSAGES: _messages,
+    Kind.CSV: _csv_chunks,
     Kind.RECEIVED: _received,
     Kind.ERROR: _errors,
     Kind.WRITE: _writes,
@@ -459,8 +477,6 @@ def good_value(kind: Kind, parameter: str, world: World) -> Any:
         return world.subscriptions
     if parameter == "ledger":
         return world.ledger
-    if parameter == "stage":
-        return world.stage
     return {
         Kind.QUEUE: world.queue,
         Kind.NAME: world.queue,
@@ -476,6 +492,7 @@ def good_value(kind: Kind, parameter: str, world: World) -> Any:
         Kind.SEARCH: "ord",
         Kind.TOPICS: ["Contract.Events.Nothing"],
         Kind.MESSAGES: [Message("contract")],
+        Kind.CSV: [f'{uuid.uuid4()},"{{}}",\\x41\n'.encode()],
         Kind.RECEIVED: ReceivedMessage(uuid.uuid4(), {}, b"", uuid.uuid4(), 1),
         Kind.ERROR: "boom",
         Kind.WRITE: uuid.uuid4(),

@@ -23,7 +23,6 @@ import traceback
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
-from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 from urllib.parse import quote
@@ -48,12 +47,12 @@ SECRET = "contract-s3cret"
 #: Every public method of QueueClient: the registry's first rows.
 CLIENT = {
     "ack", "ack_held", "address", "audit_address", "beside", "browse", "browse_columns", "browse_page", "canonical_address",
-    "check_queue", "claim", "copies_sends", "claims", "close", "connect", "connection", "create_queue", "create_stage",
-    "create_subscription_table", "create_writes", "database", "depth", "drop_queue", "drop_stage", "error_address", "error_summary", "extend", "extend_held",
+    "check_queue", "claim", "copies_sends", "claims", "close", "connect", "connection", "create_queue",
+    "create_subscription_table", "create_writes", "database", "depth", "drop_queue", "error_address", "error_summary", "extend", "extend_held",
     "fail", "failed_messages", "forget_write", "forward", "health", "held", "held_columns", "hold", "horizon", "in_flight", "installation", "kind",
     "lapsed_claims", "meter", "move_due", "move_to_error", "nack", "nack_held", "next_due", "peek", "publish", "purge",
-    "purge_expired", "queue_page", "queue_stats", "queues", "receive", "receive_native", "record_write", "recorded_parts", "release_lapsed",
-    "reserve", "retry_errors", "retry_errors_page", "send", "send_copied", "send_staged", "seq_range", "subscribe", "subscribers",
+    "purge_expired", "queue_page", "queue_stats", "queues", "receive", "receive_native", "record_write", "release_lapsed",
+    "reserve", "retry_errors", "retry_errors_page", "send", "send_copied", "send_csv", "seq_range", "subscribe", "subscribers",
     "subscription_table", "take", "transaction", "unsubscribe",
 }  # fmt: skip
 #: AsyncQueueClient is the one implementation of the same API, with the asyncio-only wait for notifications.
@@ -119,7 +118,6 @@ def world(pg_uri: str, raw_pg: psycopg.Connection[Any]) -> Iterator[World]:
         subscriptions=QueueAddress("SubscriptionRouting", schema),
         ledger=QueueAddress("sqlqueue_writes", schema),
         uri=uri,
-        stage=QueueAddress("sqlqueue_stage_0_none", schema),  # made below
     )
     customers = sql.Identifier(schema, "customers")
     raw_pg.execute(sql.SQL("CREATE TABLE {} (Id int PRIMARY KEY, Name text, Body bytea)").format(customers))
@@ -145,7 +143,6 @@ def world(pg_uri: str, raw_pg: psycopg.Connection[Any]) -> Iterator[World]:
         client.send(made.queue, Message("failed"))
         [failed] = client.receive(made.queue, 1)
         client.move_to_error(made.queue, failed, "it failed")
-        made = replace(made, stage=client.create_stage(made.queue))
     try:
         yield made
     finally:

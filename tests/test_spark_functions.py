@@ -1,5 +1,5 @@
-"""``save_to_queue``: the data source's write through the JVM where it can, else through
-``format("sqlqueue")``, saying which; ``engine`` chooses; one ledger for both."""
+"""``save_to_queue``: the data source's write with messages built in the JVM where it can, else
+through ``format("sqlqueue")``, saying which; ``engine`` chooses; one ledger for both."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from airflow_provider_sqlqueue.spark import InvalidOptionError, register, save_to_queue
 from airflow_provider_sqlqueue.transport import QueueAddress, QueueClient
-from tests.test_spark_jdbc import local_spark_fixture, shop_fixture  # noqa: F401 - the fixtures local_spark and shop
+from tests.test_spark_jvm import local_spark_fixture, shop_fixture  # noqa: F401 - the fixtures local_spark and shop
 
 pytestmark = pytest.mark.postgres_only
 
@@ -18,11 +18,6 @@ pytestmark = pytest.mark.postgres_only
 def depth(uri: str, schema: str, queue: str) -> int:
     with QueueClient.connect(uri) as client:
         return client.depth(QueueAddress(queue, schema))
-
-
-def no_jdbc(uri: str) -> str:
-    """``uri`` with a libpq parameter PgJDBC has no property for: the Python path's url."""
-    return f"{uri}{'&' if '?' in uri else '?'}keepalives=1"
 
 
 def test_a_write_goes_through_the_jvm_and_a_repeated_write_id_sends_nothing(local_spark, shop, caplog) -> None:
@@ -33,7 +28,8 @@ def test_a_write_goes_through_the_jvm_and_a_repeated_write_id_sends_nothing(loca
             save_to_queue(df, url=uri, queue=f'a@"{schema}"', writeId="nightly-1")
     assert depth(uri, schema, "a") == 5_000
     said = caplog.text
-    assert "5000 messages through Spark's JDBC writer" in said and "was sent before; sent nothing" in said
+    assert "5000 messages from 3 partitions built by Spark (0 committed before)" in said
+    assert "0 messages from 3 partitions built by Spark (3 committed before)" in said
 
 
 def test_where_the_jvm_cannot_go_the_python_path_writes_and_says_why(local_spark, shop, caplog) -> None:
@@ -41,36 +37,36 @@ def test_where_the_jvm_cannot_go_the_python_path_writes_and_says_why(local_spark
     df = local_spark.range(0, 100, numPartitions=2).selectExpr("id", "CAST(id + 60 AS double) AS ttbr")
     with caplog.at_level(logging.INFO, logger="airflow_provider_sqlqueue.spark"):
         save_to_queue(df, url=uri, queue=f'a@"{schema}"')  # a ttbr column: the Python path
-        save_to_queue(df.drop("ttbr"), url=no_jdbc(uri), queue=f'a@"{schema}"')  # a url JDBC cannot follow
+        save_to_queue(df.drop("ttbr"), url=uri, queue=f'a@"{schema}"', timeToBeReceived="60")
     assert depth(uri, schema, "a") == 200
     assert "takes the Python path: a 'ttbr' column" in caplog.text
-    assert "through Spark's Python workers: the url's parameter(s) keepalives" in caplog.text
+    assert "takes the Python path: option 'timeToBeReceived'" in caplog.text
 
 
-def test_engine_jdbc_refuses_what_the_jvm_cannot_do_and_sends_nothing(local_spark, shop) -> None:
+def test_engine_jvm_refuses_what_the_jvm_cannot_do_and_sends_nothing(local_spark, shop) -> None:
     schema, uri = shop
     df = local_spark.range(0, 10).selectExpr("id", "CAST(id + 60 AS double) AS ttbr")
-    with pytest.raises(InvalidOptionError, match="option 'engine' 'jdbc': a 'ttbr' column"):
-        save_to_queue(df, url=uri, queue=f'a@"{schema}"', engine="jdbc")
-    with pytest.raises(InvalidOptionError, match="option 'engine' 'jdbc': the url's parameter"):
-        save_to_queue(df.drop("ttbr"), url=no_jdbc(uri), queue=f'a@"{schema}"', engine="JDBC")
+    with pytest.raises(InvalidOptionError, match="option 'engine' 'jvm': a 'ttbr' column"):
+        save_to_queue(df, url=uri, queue=f'a@"{schema}"', engine="jvm")
+    with pytest.raises(InvalidOptionError, match="option 'engine' 'jvm': option 'timeToBeReceived'"):
+        save_to_queue(df.drop("ttbr"), url=uri, queue=f'a@"{schema}"', engine="JVM", timeToBeReceived="5")
     assert depth(uri, schema, "a") == 0
 
 
-def test_the_data_source_refuses_engine_jdbc_naming_the_functions_that_take_it(local_spark, shop) -> None:
+def test_the_data_source_refuses_engine_jvm_naming_the_function_that_takes_it(local_spark, shop) -> None:
     schema, uri = shop
     register(local_spark)
     df = local_spark.range(0, 10)
     with pytest.raises(Exception, match="save_to_queue"):
-        df.write.format("sqlqueue").options(url=uri, queue=f'a@"{schema}"', engine="jdbc").mode("append").save()
+        df.write.format("sqlqueue").options(url=uri, queue=f'a@"{schema}"', engine="jvm").mode("append").save()
     with pytest.raises(Exception, match="applies only to writes"):
         local_spark.read.format("sqlqueue").options(url=uri, queue=f'a@"{schema}"', engine="python").load().count()
     assert depth(uri, schema, "a") == 0
 
 
 def test_a_write_id_is_one_write_whichever_engine_sends_or_repeats_it(local_spark, shop, caplog) -> None:
-    """Python first, failing after one partition: the JVM may not repeat it (only the Python path knows
-    what is missing), so auto repeats it there and jdbc refuses. JVM first: the Python path sends nothing."""
+    """One ledger, partition by partition: the Python path fails after partition 0 committed, the JVM
+    repeats the write and sends partition 1 only; the JVM first, the Python path repeats nothing."""
     from pyspark.sql import functions as sf
     from pyspark.sql.types import LongType
 
@@ -89,19 +85,23 @@ def test_a_write_id_is_one_write_whichever_engine_sends_or_repeats_it(local_spar
     with pytest.raises(Exception, match="partition 1 fails"):
         save_to_queue(failing, url=uri, queue=f'a@"{schema}"', writeId="w1", engine="python")
     assert depth(uri, schema, "a") == 50
-    with pytest.raises(InvalidOptionError, match="option 'engine' 'jdbc': write 'w1' was sent in part"):
-        save_to_queue(rows, url=uri, queue=f'a@"{schema}"', writeId="w1", engine="jdbc")
     with caplog.at_level(logging.INFO, logger="airflow_provider_sqlqueue.spark"):
-        save_to_queue(rows, url=uri, queue=f'a@"{schema}"', writeId="w1")
-    assert depth(uri, schema, "a") == 100 and "takes the Python path: write 'w1' was sent in part" in caplog.text
+        save_to_queue(rows, url=uri, queue=f'a@"{schema}"', writeId="w1", engine="jvm")
+    assert (
+        depth(uri, schema, "a") == 100
+        and "50 messages from 2 partitions built by Spark (1 committed before)" in caplog.text
+    )
+    with QueueClient.connect(uri) as client:
+        numbers = sorted(int(m.body.split(b":")[1].rstrip(b"}")) for m in client.browse(QueueAddress("a", schema), 200))
+    assert numbers == list(range(100))
 
-    save_to_queue(rows, url=uri, queue=f'b@"{schema}"', writeId="w2", engine="jdbc")
+    save_to_queue(rows, url=uri, queue=f'b@"{schema}"', writeId="w2", engine="jvm")
     save_to_queue(rows, url=uri, queue=f'b@"{schema}"', writeId="w2", engine="python")
     assert depth(uri, schema, "b") == 100
 
 
-def test_a_role_that_may_not_create_the_stage_writes_through_the_python_path(local_spark, shop, pg_uri) -> None:
-    """The ledger made ahead and granted, as the docs say: no CREATE needed, auto takes the Python path."""
+def test_a_role_with_only_the_grants_the_docs_list_writes_through_the_jvm(local_spark, shop, pg_uri) -> None:
+    """The ledger made ahead and granted, as the docs say: no CREATE needed."""
     import psycopg
     from psycopg import sql
     from psycopg.conninfo import make_conninfo
@@ -124,9 +124,7 @@ def test_a_role_that_may_not_create_the_stage_writes_through_the_python_path(loc
                 )
             )
             writer = make_conninfo(uri, user=role)
-            with pytest.raises(InvalidOptionError, match="may not create the write's staging table"):
-                save_to_queue(local_spark.range(0, 10), url=writer, queue=f'a@"{schema}"', engine="jdbc")
-            save_to_queue(local_spark.range(0, 10), url=writer, queue=f'a@"{schema}"')
+            save_to_queue(local_spark.range(0, 10), url=writer, queue=f'a@"{schema}"', engine="jvm")
             assert depth(uri, schema, "a") == 10
         finally:
             raw.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
@@ -140,18 +138,18 @@ def test_bad_options_are_refused_before_anything_is_sent(local_spark, shop) -> N
         save_to_queue(df, url=uri, queue=f'a@"{schema}"', writeID_="x")
     with pytest.raises(InvalidOptionError, match="applies only to reads"):
         save_to_queue(df, url=uri, queue=f'a@"{schema}"', lease="30")
-    with pytest.raises(InvalidOptionError, match="option 'engine' must be one of auto, jdbc, python"):
-        save_to_queue(df, url=uri, queue=f'a@"{schema}"', engine="jvm")
+    with pytest.raises(InvalidOptionError, match="option 'engine' must be one of auto, jvm, python"):
+        save_to_queue(df, url=uri, queue=f'a@"{schema}"', engine="jdbc")
     with pytest.raises(Exception, match=r"not a queue|does not exist"):
         save_to_queue(df, url=uri, queue=f'missing_{uuid.uuid4().hex[:6]}@"{schema}"')
     assert depth(uri, schema, "a") == 0
 
 
-def test_engine_jdbc_says_why_the_database_cannot_be_reached_without_its_password(local_spark, shop) -> None:
+def test_a_database_that_does_not_exist_is_named_without_the_password(local_spark, shop) -> None:
     from tests.test_contract import SECRET
 
     schema, uri = shop
     elsewhere = uri.rsplit("/", 1)[0] + "/no_such_database"
-    with pytest.raises(InvalidOptionError) as refused:
-        save_to_queue(local_spark.range(0, 1), url=elsewhere, queue=f'a@"{schema}"', engine="jdbc")
-    assert 'database "no_such_database" does not exist' in str(refused.value) and SECRET not in str(refused.value)
+    with pytest.raises(Exception, match="no_such_database") as refused:
+        save_to_queue(local_spark.range(0, 1), url=elsewhere, queue=f'a@"{schema}"', engine="jvm")
+    assert "no_such_database" in str(refused.value) and SECRET not in str(refused.value)

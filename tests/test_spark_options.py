@@ -61,7 +61,7 @@ OPTIONS: dict[str, list[str]] = {
     "timeToBeReceived": ["0", "-1", "nan", "1e20", "soon"],
     "ledger": ['customers@"{schema}"', 'orders@"{schema}"', "\x00"],
     "writeId": ["\udcff", "w" * 1_000, "\x00"],  # text, hashed into the ledger's key
-    "engine": ["jvm", "JDBC\x00", "fast", "jdbc"],  # jdbc: save_to_queue's (tests/test_spark_functions.py)
+    "engine": ["jvm", "JVM\x00", "fast", "jdbc"],  # jvm: save_to_queue's (tests/test_spark_functions.py)
 }
 for _values in OPTIONS.values():
     _values += EMPTY

@@ -34,7 +34,7 @@ The package's modules, each importing only those listed before it:
   :func:`send_rows`;
 - ``read``: batch reads (browse, claim), settling claims (:func:`ack_held`, :func:`nack_held`), and
   :func:`read_queue`;
-- ``jdbc``: the JVM path: the same writes through Spark's JDBC writer;
+- ``jvm``: the JVM path: the same writes, each message built by Spark's SQL engine, loaded by COPY;
 - ``stream``: the streaming read;
 - ``source``: the data source class Spark instantiates, and :func:`register`;
 - ``functions``: :func:`save_to_queue` (the JVM path where it can, else the data source) and
@@ -49,7 +49,6 @@ workers by reference to the module that defines them (``airflow_provider_sqlqueu
 from __future__ import annotations
 
 from .functions import batch_writer, save_to_queue
-from .jdbc import JDBC_BATCH, JDBC_DRIVER, JdbcTarget, jdbc_path, jdbc_target
 from .options import (
     BATCH_SIZE,
     ENGINES,
@@ -100,8 +99,6 @@ __all__ = [
     "ENGINES",
     "FETCH_SIZE",
     "HEADERS_COLUMN",
-    "JDBC_BATCH",
-    "JDBC_DRIVER",
     "MAX_MESSAGES_PER_BATCH",
     "MESSAGE_SCHEMA",
     "NAME",
@@ -113,7 +110,6 @@ __all__ = [
     "WRITE_OPTIONS",
     "HeldShare",
     "InvalidOptionError",
-    "JdbcTarget",
     "Options",
     "QueueArrowWriter",
     "QueueReader",
@@ -126,8 +122,6 @@ __all__ = [
     "ack_held",
     "batch_writer",
     "forget_write",
-    "jdbc_path",
-    "jdbc_target",
     "log",
     "nack_held",
     "read_queue",

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from ..transport.addressing import checked_text
 from ..transport.errors import ArgumentTypeError, SqlQueueError
-from .jdbc import NotThisPath, jdbc_path, layout_reason, write_through_jdbc
+from .jvm import jvm_reason, write_in_jvm
 from .options import NAME, InvalidOptionError, Options
 from .source import register
 from .write import RowLayout, forget_write, log
@@ -26,28 +26,20 @@ def save_to_queue(df: DataFrame, **options: str) -> None:
     """``df.write.format("sqlqueue").options(**options).mode("append").save()``, through the JVM where it can.
 
     The options are the data source's write options (``url``, ``queue``, ``messageType``,
-    ``writeId``...) and ``engine``. Through the JVM the whole write is one transaction (a task
-    Spark ran twice sends its rows once); through the Python path each partition is.
+    ``writeId``...) and ``engine``. Either way each partition is one transaction recorded in the
+    write ledger, so the two paths share a ``writeId``: a write repeated by either sends only the
+    partitions that did not commit.
     """
     parsed = Options.parse(options)
     parsed.check_use("write")
     layout = RowLayout.of(df.schema)
-    target = jdbc_path(df.sparkSession, parsed)
-    reason = None if target is None else layout_reason(layout)
-    if target is not None and reason is None:
-        try:
-            sent = write_through_jdbc(df, parsed, layout, target)
-        except NotThisPath as exc:
-            reason = str(exc)
-        else:
-            if sent is None:
-                log.info("Write %s to %s was sent before; sent nothing this time", parsed.write_id, parsed.queue)
-            else:
-                log.info("Write to %s: %d messages through Spark's JDBC writer", parsed.queue, sent)
-            return
+    reason = None if parsed.engine == "python" else jvm_reason(parsed, layout)
+    if parsed.engine != "python" and reason is None:
+        write_in_jvm(df, parsed, layout)
+        return
     if reason is not None:
-        if parsed.engine == "jdbc":
-            raise InvalidOptionError(f"option 'engine' 'jdbc': {reason}")
+        if parsed.engine == "jvm":
+            raise InvalidOptionError(f"option 'engine' 'jvm': {reason}")
         log.info("Write to %s takes the Python path: %s", parsed.queue, reason)
     register(df.sparkSession)
     df.write.format(NAME).options(**options).mode("append").save()
@@ -60,8 +52,7 @@ def batch_writer(options: Mapping[str, str], checkpoint: str) -> Callable[[DataF
     is the query's ``checkpointLocation``. Batch n is written with the ``writeId``
     ``<query id>:<n>``, the query id being the one Spark keeps in the checkpoint's ``metadata``
     (a deleted checkpoint starts a new query, whose batches share nothing with the old one's). A
-    batch Spark replays after a restart therefore sends nothing that committed (through the JVM a
-    batch is one transaction; through the Python path, only the partitions that did not commit)
+    batch Spark replays after a restart therefore sends nothing that committed (only the partitions that did not commit)
     (the batch must be computed the same way again: no non-deterministic shuffles). Spark starts
     batch n only after committing n - 1, which can then never be replayed: its ledger rows are
     forgotten.

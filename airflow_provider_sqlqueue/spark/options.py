@@ -32,9 +32,9 @@ PARTITIONS = 2
 FETCH_SIZE = 10_000
 MAX_MESSAGES_PER_BATCH = 10_000
 BATCH_SIZE = 500
-#: How a write's rows move (option ``engine``): through Spark's JDBC writer where they can (``auto``),
-#: only so (``jdbc``: refused where they cannot), or through the data source's Python (``python``).
-ENGINES = ("auto", "jdbc", "python")
+#: Who builds a write's messages (option ``engine``): Spark's SQL engine where it can (``auto``), only
+#: it (``jvm``: refused where it cannot), or the data source's Python workers (``python``).
+ENGINES = ("auto", "jvm", "python")
 #: Every option the data source reads, as README spells them (Spark passes them case-insensitively,
 #: and passes nothing of its own but ``path``, from ``load(path)``/``save(path)``): any other is refused.
 OPTION_NAMES = (

@@ -29,12 +29,12 @@ class SqlQueueDataSource(DataSource):
         self.parsed = Options.parse(options)
 
     def _python_engine(self) -> None:
-        """Refuse ``engine`` ``jdbc``: Spark hands a Python data source's rows to Python workers, so
-        ``format("sqlqueue")`` cannot move them through the JVM; :func:`.functions.save_to_queue` can."""
-        if self.parsed.engine == "jdbc":
+        """Refuse ``engine`` ``jvm``: Spark hands a Python data source's rows to Python workers, so
+        ``format("sqlqueue")`` cannot build messages in the JVM; :func:`.functions.save_to_queue` can."""
+        if self.parsed.engine == "jvm":
             raise InvalidOptionError(
-                "option 'engine' 'jdbc': format('sqlqueue') moves rows through Spark's Python workers; "
-                "save_to_queue(df, ...) moves them through Spark's JDBC writer"
+                "option 'engine' 'jvm': format('sqlqueue') builds messages in Spark's Python workers; "
+                "save_to_queue(df, ...) builds them in Spark's SQL engine"
             )
 
     @classmethod

@@ -381,6 +381,16 @@ def _option_headers(options: Options) -> dict[str, str | None]:
     return headers
 
 
+def in_ledger(client: QueueClient, ledger: tuple[str, uuid.UUID, int] | None, send: Callable[[], int]) -> int | None:
+    """Run ``send`` (a partition's sends) in one transaction that first records the partition in the
+    write ledger (table, write, partition), when there is one; returns what ``send`` sent, or None
+    when the partition had committed before and nothing was sent."""
+    with client.transaction():
+        if ledger is not None and not client.record_write(*ledger):
+            return None
+        return send()
+
+
 def _send_partition(
     client: QueueClient,
     queue: str,
@@ -388,18 +398,15 @@ def _send_partition(
     batch_size: int,
     ledger: tuple[str, uuid.UUID, int] | None = None,
 ) -> int | None:
-    """Send a partition's messages in one transaction; returns how many.
+    """Send a partition's messages in one transaction (:func:`in_ledger`); returns how many.
 
     On PostgreSQL they are loaded by COPY (:meth:`QueueClient.send_copied`), COPY_ROWS per
     statement; elsewhere, or for messages with a time to be received, ``batch_size`` per INSERT.
-    With a ``ledger`` (table, write, partition) the partition is recorded there first, in the same
-    transaction: None means it had committed before and nothing was sent.
     """
-    sent = 0
-    step = max(batch_size, COPY_ROWS)
-    with client.transaction():
-        if ledger is not None and not client.record_write(*ledger):
-            return None
+
+    def send() -> int:
+        sent = 0
+        step = max(batch_size, COPY_ROWS)
         batch: list[Message] = []
         for message in messages:
             batch.append(message)
@@ -408,7 +415,9 @@ def _send_partition(
                 batch = []
         if batch:
             sent += _send_some(client, queue, batch, batch_size)
-    return sent
+        return sent
+
+    return in_ledger(client, ledger, send)
 
 
 def _send_some(client: QueueClient, queue: str, batch: list[Message], batch_size: int) -> int:

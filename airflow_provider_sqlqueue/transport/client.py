@@ -607,6 +607,14 @@ class AsyncQueueClient(Addressing):
         self._counted("sent", address, sent)
         return sent
 
+    async def send_csv(self, queue: str | QueueAddress, chunks: Iterable[bytes]) -> int:
+        """Load (Id, Headers, Body) rows a bulk loader wrote as CSV (Body as bytea hex) into ``queue`` by
+        PostgreSQL's COPY; returns how many. The database checks every value: a bad row fails the load."""
+        address = self.address(queue)
+        sent = await self._run(ops.send_csv(self.dialect, address, chunks))
+        self._counted("sent", address, sent)
+        return sent
+
     async def move_due(self, queue: str | QueueAddress, *, batch_size: int = defaults.DELAYED_BATCH) -> int:
         """Move every due message of the queue's delayed table on to its destination; returns how many.
 
@@ -1261,41 +1269,9 @@ class AsyncQueueClient(Addressing):
         write, part = uuid_value("write", write), place("part", part)
         return await self._run(ops.record_write(self.dialect, self.address(ledger), write, part))
 
-    async def recorded_parts(self, ledger: str | QueueAddress, write: uuid.UUID) -> list[int]:
-        """The parts of ``write`` the ledger holds, in order (-1: sent whole by :meth:`send_staged`)."""
-        return await self._run(ops.recorded_parts(self.dialect, self.address(ledger), uuid_value("write", write)))
-
     async def forget_write(self, ledger: str | QueueAddress, write: uuid.UUID) -> int:
         """Delete a finished write's ledger rows; returns how many."""
         return await self._run(ops.forget_write(self.dialect, self.address(ledger), uuid_value("write", write)))
-
-    # -- staged sends: rows a bulk loader (Spark's JDBC writer) put beside a queue ----------------
-    async def create_stage(self, queue: str | QueueAddress) -> QueueAddress:
-        """An empty staging table beside ``queue`` (PostgreSQL; CREATE on its schema) for a bulk loader's
-        (rowkey, id, headers, body, ttbr_ms) rows, after dropping the schema's day-old stages."""
-        return await self._run(ops.create_stage(self.dialect, self.address(queue)))
-
-    async def send_staged(
-        self,
-        queue: str | QueueAddress,
-        stage: str | QueueAddress,
-        write: uuid.UUID,
-        *,
-        ledger: str | QueueAddress = defaults.WRITE_LEDGER,
-    ) -> int | None:
-        """Send the staged rows to ``queue``, one per row key, and drop the stage, in one transaction that
-        first records ``write`` in the ``ledger`` as sent whole; None: it was sent before, nothing is."""
-        address = self.address(queue)
-        stage_address = self.beside(stage, address)
-        recorded = (self.beside(ledger, address), uuid_value("write", write))
-        sent = await self._run(ops.send_staged(self.dialect, address, stage_address, recorded))
-        if sent:
-            self._counted("sent", address, sent)
-        return sent
-
-    async def drop_stage(self, stage: str | QueueAddress) -> None:
-        """Drop a staging table whose write failed: nothing of it was sent."""
-        await self._run(ops.drop_stage(self.dialect, self.address(stage)))
 
     async def queues(self) -> list[QueueAddress]:
         """Every queue table of the connection's database that it may read, by schema and name.
@@ -1547,6 +1523,7 @@ class QueueClient(Addressing):
     check_queue = _blocking(AsyncQueueClient.check_queue)
     send = _blocking(AsyncQueueClient.send)
     send_copied = _blocking(AsyncQueueClient.send_copied)
+    send_csv = _blocking(AsyncQueueClient.send_csv)
     move_due = _blocking(AsyncQueueClient.move_due)
     next_due = _blocking(AsyncQueueClient.next_due)
     create_subscription_table = _blocking(AsyncQueueClient.create_subscription_table)
@@ -1583,10 +1560,6 @@ class QueueClient(Addressing):
     create_writes = _blocking(AsyncQueueClient.create_writes)
     record_write = _blocking(AsyncQueueClient.record_write)
     forget_write = _blocking(AsyncQueueClient.forget_write)
-    recorded_parts = _blocking(AsyncQueueClient.recorded_parts)
-    create_stage = _blocking(AsyncQueueClient.create_stage)
-    send_staged = _blocking(AsyncQueueClient.send_staged)
-    drop_stage = _blocking(AsyncQueueClient.drop_stage)
     queues = _blocking(AsyncQueueClient.queues)
     queue_page = _blocking(AsyncQueueClient.queue_page)
     queue_stats = _blocking(AsyncQueueClient.queue_stats)

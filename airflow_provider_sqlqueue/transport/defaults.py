@@ -89,9 +89,6 @@ SUBSCRIPTION_TABLE = "SubscriptionRouting"
 
 #: The Spark data source's write ledger (in the queue's schema unless given with one).
 WRITE_LEDGER = "sqlqueue_writes"
-#: Age past which a staging table of a bulk write is taken for one whose write never ended (its
-#: driver died) and dropped by the next write to its schema: far beyond any one write's time.
-STAGE_STALE_AFTER = timedelta(days=1)
 
 #: Newest error queue rows read to group failures by source queue and exception type (headers only).
 ERROR_SUMMARY_ROWS = 10_000

@@ -158,13 +158,10 @@ SELECT MIN(RowVersion), MAX(RowVersion) FROM [dbo].[orders] WITH (READPAST, READ
 IF OBJECT_ID(N'[dbo].[sqlqueue_writes]', N'U') IS NULL CREATE TABLE [dbo].[sqlqueue_writes] (WriteId uniqueidentifier NOT NULL, Part int NOT NULL, Recorded datetime2 NOT NULL DEFAULT SYSUTCDATETIME(), PRIMARY KEY (WriteId, Part));
 
 -- plain: record_write
-DECLARE @write uniqueidentifier = @p_write, @part int = @p_part; INSERT INTO [dbo].[sqlqueue_writes] (WriteId, Part) SELECT @write, @part WHERE NOT EXISTS (SELECT 1 FROM [dbo].[sqlqueue_writes] WITH (UPDLOCK, HOLDLOCK) WHERE WriteId = @write AND Part IN (@part, -1));
+DECLARE @write uniqueidentifier = @p_write, @part int = @p_part; INSERT INTO [dbo].[sqlqueue_writes] (WriteId, Part) SELECT @write, @part WHERE NOT EXISTS (SELECT 1 FROM [dbo].[sqlqueue_writes] WITH (UPDLOCK, HOLDLOCK) WHERE WriteId = @write AND Part = @part);
 
 -- plain: forget_write
 DELETE FROM [dbo].[sqlqueue_writes] WHERE WriteId = @p_write;
-
--- plain: recorded_parts
-DECLARE @write uniqueidentifier = @p_write; SELECT Part FROM [dbo].[sqlqueue_writes] WHERE WriteId = @write ORDER BY Part;
 
 -- plain: claim_to_error
 DECLARE @token uniqueidentifier = @p_token, @queue nvarchar(450) = @p_queue, @headers nvarchar(max) = @p_headers; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [dbo].[sqlqueue_inflight] WHERE Token = @token AND Queue = @queue) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [dbo].[error] (Id, Recoverable, Expires, Headers, Body) SELECT m.Id, 1, NULL, @headers, m.Body FROM @moved AS m;
@@ -365,13 +362,10 @@ SELECT MIN(RowVersion), MAX(RowVersion) FROM [sa]]les].[we]]ird [name]]; DROP TA
 IF OBJECT_ID(N'[sa]]les].[sqlqueue_writes]', N'U') IS NULL CREATE TABLE [sa]]les].[sqlqueue_writes] (WriteId uniqueidentifier NOT NULL, Part int NOT NULL, Recorded datetime2 NOT NULL DEFAULT SYSUTCDATETIME(), PRIMARY KEY (WriteId, Part));
 
 -- escaping: record_write
-DECLARE @write uniqueidentifier = @p_write, @part int = @p_part; INSERT INTO [sa]]les].[sqlqueue_writes] (WriteId, Part) SELECT @write, @part WHERE NOT EXISTS (SELECT 1 FROM [sa]]les].[sqlqueue_writes] WITH (UPDLOCK, HOLDLOCK) WHERE WriteId = @write AND Part IN (@part, -1));
+DECLARE @write uniqueidentifier = @p_write, @part int = @p_part; INSERT INTO [sa]]les].[sqlqueue_writes] (WriteId, Part) SELECT @write, @part WHERE NOT EXISTS (SELECT 1 FROM [sa]]les].[sqlqueue_writes] WITH (UPDLOCK, HOLDLOCK) WHERE WriteId = @write AND Part = @part);
 
 -- escaping: forget_write
 DELETE FROM [sa]]les].[sqlqueue_writes] WHERE WriteId = @p_write;
-
--- escaping: recorded_parts
-DECLARE @write uniqueidentifier = @p_write; SELECT Part FROM [sa]]les].[sqlqueue_writes] WHERE WriteId = @write ORDER BY Part;
 
 -- escaping: claim_to_error
 DECLARE @token uniqueidentifier = @p_token, @queue nvarchar(450) = @p_queue, @headers nvarchar(max) = @p_headers; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [sa]]les].[sqlqueue_inflight] WHERE Token = @token AND Queue = @queue) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [sa]]les].[error] (Id, Recoverable, Expires, Headers, Body) SELECT m.Id, 1, NULL, @headers, m.Body FROM @moved AS m;
@@ -572,13 +566,10 @@ SELECT MIN(RowVersion), MAX(RowVersion) FROM [Shop's DB].[ops].[Sales.WORKER01] 
 IF OBJECT_ID(N'[Shop''s DB].[ops].[sqlqueue_writes]', N'U') IS NULL CREATE TABLE [Shop's DB].[ops].[sqlqueue_writes] (WriteId uniqueidentifier NOT NULL, Part int NOT NULL, Recorded datetime2 NOT NULL DEFAULT SYSUTCDATETIME(), PRIMARY KEY (WriteId, Part));
 
 -- catalog: record_write
-DECLARE @write uniqueidentifier = @p_write, @part int = @p_part; INSERT INTO [Shop's DB].[ops].[sqlqueue_writes] (WriteId, Part) SELECT @write, @part WHERE NOT EXISTS (SELECT 1 FROM [Shop's DB].[ops].[sqlqueue_writes] WITH (UPDLOCK, HOLDLOCK) WHERE WriteId = @write AND Part IN (@part, -1));
+DECLARE @write uniqueidentifier = @p_write, @part int = @p_part; INSERT INTO [Shop's DB].[ops].[sqlqueue_writes] (WriteId, Part) SELECT @write, @part WHERE NOT EXISTS (SELECT 1 FROM [Shop's DB].[ops].[sqlqueue_writes] WITH (UPDLOCK, HOLDLOCK) WHERE WriteId = @write AND Part = @part);
 
 -- catalog: forget_write
 DELETE FROM [Shop's DB].[ops].[sqlqueue_writes] WHERE WriteId = @p_write;
-
--- catalog: recorded_parts
-DECLARE @write uniqueidentifier = @p_write; SELECT Part FROM [Shop's DB].[ops].[sqlqueue_writes] WHERE WriteId = @write ORDER BY Part;
 
 -- catalog: claim_to_error
 DECLARE @token uniqueidentifier = @p_token, @queue nvarchar(450) = @p_queue, @headers nvarchar(max) = @p_headers; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [Shop's DB].[ops].[sqlqueue_inflight] WHERE Token = @token AND Queue = @queue) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [Shop's DB].[ops].[error] (Id, Recoverable, Expires, Headers, Body) SELECT m.Id, 1, NULL, @headers, m.Body FROM @moved AS m;
@@ -779,13 +770,10 @@ SELECT MIN(RowVersion), MAX(RowVersion) FROM [ünï].[東京 queue] WITH (READPA
 IF OBJECT_ID(N'[ünï].[sqlqueue_writes]', N'U') IS NULL CREATE TABLE [ünï].[sqlqueue_writes] (WriteId uniqueidentifier NOT NULL, Part int NOT NULL, Recorded datetime2 NOT NULL DEFAULT SYSUTCDATETIME(), PRIMARY KEY (WriteId, Part));
 
 -- unicode: record_write
-DECLARE @write uniqueidentifier = @p_write, @part int = @p_part; INSERT INTO [ünï].[sqlqueue_writes] (WriteId, Part) SELECT @write, @part WHERE NOT EXISTS (SELECT 1 FROM [ünï].[sqlqueue_writes] WITH (UPDLOCK, HOLDLOCK) WHERE WriteId = @write AND Part IN (@part, -1));
+DECLARE @write uniqueidentifier = @p_write, @part int = @p_part; INSERT INTO [ünï].[sqlqueue_writes] (WriteId, Part) SELECT @write, @part WHERE NOT EXISTS (SELECT 1 FROM [ünï].[sqlqueue_writes] WITH (UPDLOCK, HOLDLOCK) WHERE WriteId = @write AND Part = @part);
 
 -- unicode: forget_write
 DELETE FROM [ünï].[sqlqueue_writes] WHERE WriteId = @p_write;
-
--- unicode: recorded_parts
-DECLARE @write uniqueidentifier = @p_write; SELECT Part FROM [ünï].[sqlqueue_writes] WHERE WriteId = @write ORDER BY Part;
 
 -- unicode: claim_to_error
 DECLARE @token uniqueidentifier = @p_token, @queue nvarchar(450) = @p_queue, @headers nvarchar(max) = @p_headers; DECLARE @moved TABLE (Id uniqueidentifier, Body varbinary(max)); WITH claimed AS (SELECT * FROM [ünï].[sqlqueue_inflight] WHERE Token = @token AND Queue = @queue) DELETE FROM claimed OUTPUT deleted.Id, deleted.Body INTO @moved; INSERT INTO [ünï].[error] (Id, Recoverable, Expires, Headers, Body) SELECT m.Id, 1, NULL, @headers, m.Body FROM @moved AS m;

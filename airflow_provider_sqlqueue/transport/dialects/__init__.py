@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from ..errors import InvalidArgumentError
 from .base import (
-    WHOLE_WRITE,
     BrowsedRow,
     ClaimedRow,
     ClaimRow,
@@ -28,7 +27,6 @@ from .base import (
 )
 
 __all__ = [
-    "WHOLE_WRITE",
     "BrowsedRow",
     "ClaimRow",
     "ClaimedRow",

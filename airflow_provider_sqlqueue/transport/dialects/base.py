@@ -156,17 +156,12 @@ class TableShape:
     ascii_headers: bool = False
 
 
-#: The part of the write ledger a write sent whole is recorded as (a staged send: every row in one
-#: transaction): the ledger's statements treat it as every partition sent.
-WHOLE_WRITE = -1
-
 #: Each kind of :attr:`Dialect.kind_columns` as a refusal names it.
 _KIND_NAMES = {
     "inflight": "a claim store",
     "delayed": "a delayed-message table",
     "subscriptions": "a subscription table",
     "writes": "a write ledger",
-    "stage": "a staging table of a bulk write",
 }
 
 
@@ -188,7 +183,6 @@ class Dialect(ABC):
         "delayed": ("headers", "body", "due"),
         "subscriptions": ("queueaddress", "endpoint", "topic"),
         "writes": ("writeid", "part"),
-        "stage": ("rowkey", "id", "headers", "body", "ttbr_ms"),
     }
     #: Table holding claimed (in-flight) messages, one per schema, shared by that schema's queues.
     inflight_table: str = "sqlqueue_inflight"
@@ -755,12 +749,8 @@ class Dialect(ABC):
     @abstractmethod
     def record_write_sql(self, ledger: QueueAddress) -> str:
         """Params write, part: record that a partition commits; the row count is 1, or 0 when it was
-        recorded before, or the whole write was (part -1, a staged send). A second recorder of the
-        same partition waits for the first one's transaction, so of two attempts running at once one sends."""
-
-    @abstractmethod
-    def recorded_parts_sql(self, ledger: QueueAddress) -> str:
-        """Params write: the parts of a write the ledger holds, in order (-1: the whole write)."""
+        recorded before. A second recorder of the same partition waits for the first one's
+        transaction, so of two attempts running at once one sends."""
 
     @abstractmethod
     def forget_write_sql(self, ledger: QueueAddress) -> str:

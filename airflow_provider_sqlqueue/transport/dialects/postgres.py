@@ -33,7 +33,7 @@ from ..errors import (
     TransportMisconfiguredError,
     TransportUnavailableError,
 )
-from .base import WHOLE_WRITE, Dialect, SendRow, TableShape
+from .base import Dialect, SendRow, TableShape
 
 #: PostgreSQL's identifiers are at most 63 bytes (longer ones are cut short without a word).
 MAX_IDENTIFIER_BYTES = 63
@@ -529,6 +529,11 @@ class PostgresDialect(Dialect):
             ("uuid", "text", "bytea"),
         )
 
+    def copy_csv_sql(self, address: QueueAddress, shape: TableShape) -> str:
+        # CSV: a bulk loader writes it column by column without a value-by-value encoder (Arrow's
+        # CSV writer), and the server parses it as fast as binary. Body is bytea's hex text (\x...).
+        return f"COPY {self.qualified_name(address)} (Id, Headers, Body) FROM STDIN (FORMAT csv, ENCODING 'UTF8')"
+
     def send_batch_params(self, rows: Sequence[SendRow]) -> dict[str, object]:
         ids, ttbrs_ms, headers, bodies = (list(column) for column in zip(*rows, strict=True))
         return {"ids": ids, "ttbrs_ms": ttbrs_ms, "headers": headers, "bodies": bodies}
@@ -881,52 +886,14 @@ class PostgresDialect(Dialect):
 
     def record_write_sql(self, ledger: QueueAddress) -> str:
         # ON CONFLICT waits for a concurrent inserter of the same key to finish: it inserts if
-        # that one rolled back, and does nothing if it committed. A write sent whole (WHOLE_WRITE, a
-        # staged send) has every partition sent.
-        t = self.qualified_name(ledger)
+        # that one rolled back, and does nothing if it committed.
         return (
-            f"INSERT INTO {t} (WriteId, Part) SELECT %(write)s, %(part)s WHERE NOT EXISTS "
-            f"(SELECT 1 FROM {t} WHERE WriteId = %(write)s AND Part = {WHOLE_WRITE}) "
+            f"INSERT INTO {self.qualified_name(ledger)} (WriteId, Part) VALUES (%(write)s, %(part)s) "
             "ON CONFLICT (WriteId, Part) DO NOTHING"
         )
 
-    def recorded_parts_sql(self, ledger: QueueAddress) -> str:
-        return f"SELECT Part FROM {self.qualified_name(ledger)} WHERE WriteId = %(write)s ORDER BY Part"
-
     def forget_write_sql(self, ledger: QueueAddress) -> str:
         return f"DELETE FROM {self.qualified_name(ledger)} WHERE WriteId = %(write)s"
-
-    # -- staged sends (Spark's JDBC writer) ------------------------------
-
-    def create_stage_sql(self, stage: QueueAddress) -> str:
-        # UNLOGGED: what a bulk loader puts here is copied into the queue (logged) at once, or
-        # dropped; writing it to the WAL first would double the cost of every row. The column
-        # names are lower case, as Spark's JDBC writer quotes the DataFrame's names.
-        return (
-            f"CREATE UNLOGGED TABLE {self.qualified_name(stage)} "
-            "(rowkey bigint NOT NULL, id text NOT NULL, headers text NOT NULL, body bytea, ttbr_ms bigint)"
-        )
-
-    def stages_sql(self) -> str:
-        return (
-            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-            "WHERE n.nspname = %(schema)s AND c.relkind = 'r' AND c.relpersistence = 'u' "
-            "AND starts_with(c.relname, %(prefix)s)"
-        )
-
-    def send_staged_sql(self, address: QueueAddress, stage: QueueAddress) -> str:
-        # One row per row key: a task Spark ran twice (a retry after its commit, a speculative copy)
-        # staged its rows twice, under the same keys. Seq is drawn in row-key order, as a batched
-        # INSERT draws it in the batch's order.
-        return (
-            f"INSERT INTO {self.qualified_name(address)} (Id, Expires, Headers, Body) "
-            f"SELECT s.id::uuid, {_UTC_NOW} + s.ttbr_ms * interval '1 millisecond', s.headers, s.body "
-            f"FROM (SELECT DISTINCT ON (rowkey) * FROM {self.qualified_name(stage)} ORDER BY rowkey) AS s "
-            "ORDER BY s.rowkey"
-        )
-
-    def drop_stage_sql(self, stage: QueueAddress) -> str:
-        return f"DROP TABLE IF EXISTS {self.qualified_name(stage)}"
 
     def claim_to_error_sql(self, address: QueueAddress, error_address: QueueAddress, shape: TableShape) -> str:
         f = self.qualified_name(self.inflight_address(address))

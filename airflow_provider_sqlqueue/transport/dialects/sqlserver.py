@@ -40,7 +40,7 @@ from ..errors import (
     TransportUnavailableError,
 )
 from ..logs import logger
-from .base import WHOLE_WRITE, Dialect, SendRow, TableShape
+from .base import Dialect, SendRow, TableShape
 
 log = logger("airflow_provider_sqlqueue.transport")
 
@@ -926,18 +926,11 @@ class SqlServerDialect(Dialect):
     def record_write_sql(self, ledger: QueueAddress) -> str:
         # UPDLOCK + HOLDLOCK make the check and the insert one step: a second recorder of the same
         # key waits for the first one's transaction, then finds its row (or none, if it rolled back).
-        # A write sent whole (WHOLE_WRITE) has every partition sent.
         t = self.qualified_name(ledger)
         return (
             "DECLARE @write uniqueidentifier = %(write)s, @part int = %(part)s; "
             f"INSERT INTO {t} (WriteId, Part) SELECT @write, @part WHERE NOT EXISTS "
-            f"(SELECT 1 FROM {t} WITH (UPDLOCK, HOLDLOCK) WHERE WriteId = @write AND Part IN (@part, {WHOLE_WRITE}))"
-        )
-
-    def recorded_parts_sql(self, ledger: QueueAddress) -> str:
-        return (
-            "DECLARE @write uniqueidentifier = %(write)s; "
-            f"SELECT Part FROM {self.qualified_name(ledger)} WHERE WriteId = @write ORDER BY Part"
+            f"(SELECT 1 FROM {t} WITH (UPDLOCK, HOLDLOCK) WHERE WriteId = @write AND Part = @part)"
         )
 
     def forget_write_sql(self, ledger: QueueAddress) -> str:

@@ -252,6 +252,9 @@ class _BlockingCopy:
     async def write_row(self, row: Any) -> None:
         self._copy.write_row(row)
 
+    async def write(self, chunk: Any) -> None:
+        self._copy.write(chunk)
+
 
 class _Blocking:
     """A blocking psycopg connection behind psycopg's asyncio interface: each coroutine blocks and
@@ -597,7 +600,7 @@ class PsycopgSession(Session):
             return await self._begin_with(step)
         with translated(self.dialect, STATEMENT_ERRORS, step):
             async with self._db.cursor() as cursor:
-                if step.fetch is Fetch.COPY:
+                if step.fetch in (Fetch.COPY, Fetch.LOAD):
                     return await _copy(cursor, step)
                 if step.fetch is Fetch.ALL_UUID_TEXT:  # the server's text of a uuid, as it sends it
                     cursor.adapters.register_loader("uuid", TextLoader)
@@ -606,11 +609,18 @@ class PsycopgSession(Session):
 
 
 async def _copy(cursor: Any, step: Step) -> int:
-    """Run a COPY ... FROM STDIN step (:attr:`Fetch.COPY`): its rows in binary, typed as it says."""
-    async with cursor.copy(step.sql) as copy:
-        copy.set_types(list(step.params["types"]))
-        for row in step.params["rows"]:
-            await copy.write_row(row)
+    """Run a COPY ... FROM STDIN step: its rows in binary, typed as it says (:attr:`Fetch.COPY`), or
+    its chunks as they are (:attr:`Fetch.LOAD`)."""
+    # The dialect doubles % in names for psycopg's placeholders; a COPY has none, so psycopg sends
+    # its text as it is and the names must be given back their single %.
+    async with cursor.copy(step.sql.replace("%%", "%")) as copy:
+        if step.fetch is Fetch.LOAD:
+            for chunk in step.params["chunks"]:
+                await copy.write(chunk)
+        else:
+            copy.set_types(list(step.params["types"]))
+            for row in step.params["rows"]:
+                await copy.write_row(row)
     return int(cursor.rowcount)
 
 

@@ -14,7 +14,6 @@ One module per capability, named by the glossary's words: :mod:`.steps` (the cor
 write ``ops.claim(...)`` whichever module defines it.
 """
 
-from ..dialects import WHOLE_WRITE
 from .audit import ack_audited, audit
 from .claim import (
     HeldColumns,
@@ -57,11 +56,10 @@ from .inspection import (
     queue_stats,
     seq_range,
 )
-from .ledger import create_writes, forget_write, record_write, recorded_parts
+from .ledger import create_writes, forget_write, record_write
 from .publish import create_subscriptions, publish, subscribe, subscribers, unsubscribe
 from .receive import Taken, move_to_error, purge_all, purge_expired_batch, receive
-from .send import copies_sends, send, send_copied
-from .staging import STAGE_PREFIX, StagesSends, create_stage, drop_stage, send_staged, stages_sends
+from .send import copies_sends, send, send_copied, send_csv
 from .steps import Fetch, Operation, Step, autocommitted, drive, needs_no_transaction
 from .tables import (
     NotifiesInserts,
@@ -77,8 +75,6 @@ from .tables import (
 )
 
 __all__ = [
-    "STAGE_PREFIX",
-    "WHOLE_WRITE",
     "BrowseColumns",
     "BrowsePage",
     "ClaimInfo",
@@ -93,7 +89,6 @@ __all__ = [
     "QueuePage",
     "QueueStats",
     "RetryPage",
-    "StagesSends",
     "Step",
     "Taken",
     "ack",
@@ -113,13 +108,11 @@ __all__ = [
     "create_delayed",
     "create_inflight",
     "create_queue",
-    "create_stage",
     "create_subscriptions",
     "create_writes",
     "depth",
     "drive",
     "drop_queue",
-    "drop_stage",
     "error_summary",
     "extend",
     "extend_held",
@@ -149,17 +142,15 @@ __all__ = [
     "queue_stats",
     "receive",
     "record_write",
-    "recorded_parts",
     "release_lapsed",
     "retry_from_error",
     "send",
     "send_copied",
+    "send_csv",
     "send_delayed",
-    "send_staged",
     "seq_range",
     "settle",
     "settle_then_claim",
-    "stages_sends",
     "subscribe",
     "subscribers",
     "table_shape",

@@ -40,7 +40,7 @@ def claim(
     """Claim up to ``limit`` messages: first those whose lease ran out, then fresh ones from the queue.
 
     ``bodies=False`` leaves the messages' bodies in the claim store (every body handed back is
-    empty): for a holder that reads them there in bulk (:func:`held_columns`, a JDBC read).
+    empty): for a holder that reads them there in bulk (:func:`held_columns`, the Spark data source's claim read).
 
     ``reclaim=False`` skips looking for lapsed claims (one statement less), for a caller that has
     just seen there are none (:func:`.inspection.peek_claims`); claims lapsing meanwhile wait for the next look.

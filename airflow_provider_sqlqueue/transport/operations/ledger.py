@@ -28,14 +28,6 @@ def record_write(d: Dialect, ledger: QueueAddress, write: uuid.UUID, part: int) 
 
 
 @autocommitted
-def recorded_parts(d: Dialect, ledger: QueueAddress, write: uuid.UUID) -> Operation[list[int]]:
-    """The parts of ``write`` the ledger holds, in order (:data:`WHOLE_WRITE` first, if sent whole)."""
-    yield from table_of(d, ledger, "writes")
-    rows = yield Step(d.recorded_parts_sql(ledger), {"write": write}, Fetch.ALL, d.qualified_name(ledger))
-    return [int(part) for (part,) in rows]
-
-
-@autocommitted
 def forget_write(d: Dialect, ledger: QueueAddress, write: uuid.UUID) -> Operation[int]:
     """Delete the ledger rows of a write that is over; returns how many."""
     yield from table_of(d, ledger, "writes")

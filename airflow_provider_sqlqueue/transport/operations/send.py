@@ -4,12 +4,13 @@ load (COPY) where the database has one.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Protocol, runtime_checkable
 
 from ..addressing import QueueAddress
 from ..dialects import Dialect, SendRow, TableShape
+from ..errors import ArgumentTypeError, TransportMisconfiguredError
 from ..message import Message, wire_timestamp
 from .steps import Autocommit, Fetch, Operation, Step
 from .tables import table_shape
@@ -78,6 +79,9 @@ class CopiesSends(Protocol):
     def copy_send_sql(self, address: QueueAddress, shape: TableShape) -> tuple[str, tuple[str, ...]]:
         """The COPY statement loading (Id, Headers, Body) rows, Expires left NULL; and the columns' types."""
 
+    def copy_csv_sql(self, address: QueueAddress, shape: TableShape) -> str:
+        """The COPY statement loading (Id, Headers, Body) rows given as CSV, Expires left NULL."""
+
 
 def copies_sends(d: Dialect) -> bool:
     """Whether :func:`send_copied` can send to ``d``'s queue tables."""
@@ -102,3 +106,35 @@ def send_copied(d: Dialect, address: QueueAddress, messages: Sequence[Message]) 
     sql, types = d.copy_send_sql(address, shape)
     yield Step(sql, {"rows": rows, "types": types}, Fetch.COPY, d.qualified_name(address))
     return len(rows)
+
+
+def send_csv(d: Dialect, address: QueueAddress, chunks: Iterable[bytes]) -> Operation[int]:
+    """Load (Id, Headers, Body) rows a bulk loader wrote as CSV (Spark's rows, built by its SQL
+    engine, written by Arrow) into a queue table; returns how many.
+
+    The rows are not messages the library built, so the database checks every value (a malformed
+    id, an empty Headers, a row of the wrong width fails the load, and the caller's transaction
+    with it); the table must be a queue the library may write. PostgreSQL only: SQL Server has no
+    COPY, and a refusal says so.
+    """
+    if not isinstance(d, CopiesSends):
+        raise TransportMisconfiguredError(f"a CSV load needs PostgreSQL's COPY, which {d.name} does not have")
+    if isinstance(chunks, (str, bytes, bytearray, memoryview)) or not isinstance(chunks, Iterable):
+        raise ArgumentTypeError(f"chunks must be an iterable of bytes (CSV text), got {type(chunks).__name__}")
+    shape = yield from table_shape(d, address)
+    if shape.ascii_headers:
+        raise TransportMisconfiguredError(
+            f"{d.qualified_name(address)} keeps its Headers as varchar, whose non-ASCII text must be written "
+            "\\u-escaped, which a CSV load does not do: send the messages with send"
+        )
+    count = yield Step(
+        d.copy_csv_sql(address, shape), {"chunks": _bytes_only(chunks)}, Fetch.LOAD, d.qualified_name(address)
+    )
+    return int(count)
+
+
+def _bytes_only(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    for chunk in chunks:
+        if not isinstance(chunk, (bytes, bytearray, memoryview)):
+            raise ArgumentTypeError(f"a CSV load's chunks are bytes, got {type(chunk).__name__}")
+        yield chunk

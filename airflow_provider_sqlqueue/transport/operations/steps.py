@@ -33,6 +33,9 @@ class Fetch(Enum):
     ALL_UUID_TEXT = "all_uuid_text"
     #: COPY ... FROM STDIN of ``params["rows"]`` typed ``params["types"]``; the result is the row count.
     COPY = "copy"
+    #: COPY ... FROM STDIN of ``params["chunks"]``, bytes already in the statement's format; the
+    #: result is the row count.
+    LOAD = "load"
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,8 @@
-"""The JVM path in one local Spark (``local[2,4]``: two cores, a failed task tried up to four times)
-with PostgreSQL's JDBC driver on its classpath (tests/conftest.py puts it there).
+"""The JVM path in one local Spark (``local[2,4]``: two cores, a failed task tried up to four times).
 
 What it must keep from the data source's Python path: the same messages (headers and JSON bodies,
-compared value by value with the Python path's for the same rows), writes that are all or nothing
-and send a retried task's rows once, and no password in any plan.
+compared value by value with the Python path's for the same rows), one transaction per partition
+recorded in the write ledger (a retried task's rows sent once), and no password in any plan.
 """
 
 from __future__ import annotations
@@ -21,8 +20,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from airflow_provider_sqlqueue.spark import JDBC_DRIVER, JdbcTarget, Options, RowLayout, jdbc_target, register
-from airflow_provider_sqlqueue.spark.jdbc import _probe, layout_reason, write_through_jdbc
+from airflow_provider_sqlqueue.spark import Options, RowLayout, register
+from airflow_provider_sqlqueue.spark.jvm import _loader, jvm_reason, layout_reason, message_rows, write_in_jvm
 from airflow_provider_sqlqueue.transport import InvalidArgumentError, QueueAddress, QueueClient
 from tests.test_contract import SECRET, with_password
 
@@ -38,7 +37,7 @@ def local_spark_fixture() -> Iterator[Any]:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     session = (
         SparkSession.builder.master("local[2,4]")
-        .appName("sqlqueue-jdbc-tests")
+        .appName("sqlqueue-jvm-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .getOrCreate()
@@ -50,7 +49,7 @@ def local_spark_fixture() -> Iterator[Any]:
 @pytest.fixture(name="shop")  # tests/test_spark_functions.py imports it
 def shop_fixture(pg_uri: str) -> Iterator[tuple[str, str]]:
     """A schema with queues ``a``, ``b`` and ``error``: (schema, a URI with a password trust ignores)."""
-    schema = f"jdbc_{uuid.uuid4().hex[:10]}"
+    schema = f"jvm_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(pg_uri, autocommit=True) as raw:
         raw.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
         try:
@@ -63,54 +62,8 @@ def shop_fixture(pg_uri: str) -> Iterator[tuple[str, str]]:
             raw.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
 
 
-def target_of(uri: str) -> JdbcTarget:
-    target = jdbc_target(uri)
-    assert isinstance(target, JdbcTarget), target
-    return target
-
-
 def options(uri: str, schema: str, queue: str, **more: str) -> Options:
     return Options.parse({"url": uri, "queue": f'{queue}@"{schema}"', **more})
-
-
-# -- the JDBC target of a connection string --------------------------------------------------------
-
-
-def test_the_jdbc_url_carries_no_secret_and_the_properties_carry_the_rest() -> None:
-    target = target_of(f"postgresql://app:{SECRET}@db.example:6543/shop?sslmode=require&application_name=etl")
-    assert target.url == "jdbc:postgresql://db.example:6543/shop"
-    assert dict(target.properties) == {
-        "user": "app",
-        "password": SECRET,
-        "sslmode": "require",
-        "ApplicationName": "etl",
-        "driver": JDBC_DRIVER,
-    }
-    assert SECRET not in repr(target)
-    many = target_of("host=10.0.0.1,::1 port=5432,5433 dbname=x user=u")
-    assert many.url == "jdbc:postgresql://10.0.0.1:5432,[::1]:5433/x"
-
-
-@pytest.mark.parametrize(
-    ("url", "reason"),
-    [
-        ("dbname=test user=postgres", "Unix socket"),
-        ("host=/var/run/postgresql dbname=test", "Unix socket"),
-        ("host=db dbname=test keepalives=1", "keepalives have no JDBC property"),
-    ],
-)
-def test_a_url_jdbc_cannot_follow_gives_a_reason(url: str, reason: str) -> None:
-    found = jdbc_target(url)
-    assert isinstance(found, str) and reason in found
-
-
-def test_a_missing_driver_class_is_named_with_how_to_give_it(local_spark, shop) -> None:
-    _, uri = shop
-    target = target_of(uri)
-    missing = JdbcTarget(target.url, {**target.properties, "driver": "org.example.NoSuchDriver"})
-    reason = _probe(local_spark, missing)
-    assert reason is not None and "spark.jars" in reason and SECRET not in reason
-    assert _probe(local_spark, target) is None
 
 
 # -- writes ----------------------------------------------------------------------------------------
@@ -129,10 +82,10 @@ def test_a_json_row_becomes_the_same_message_on_both_paths(local_spark, shop) ->
     df = local_spark.createDataFrame(ROWS, SCHEMA)
     layout = RowLayout.of(df.schema)
     assert layout_reason(layout) is None
-    jvm = options(uri, schema, "a", messageType="Shop.Row", timeToBeReceived="90")
-    assert write_through_jdbc(df, jvm, layout, target_of(uri)) == 3
+    jvm = options(uri, schema, "a", messageType="Shop.Row")
+    assert write_in_jvm(df, jvm, layout) == 3
     register(local_spark)
-    python = {"url": uri, "queue": f'b@"{schema}"', "messageType": "Shop.Row", "timeToBeReceived": "90"}
+    python = {"url": uri, "queue": f'b@"{schema}"', "messageType": "Shop.Row"}
     df.write.format("sqlqueue").options(**python).mode("append").save()
     with QueueClient.connect(uri) as client:
         through_jvm = client.browse(QueueAddress("a", schema))
@@ -148,7 +101,8 @@ def test_a_json_row_becomes_the_same_message_on_both_paths(local_spark, shop) ->
             k: v for k, v in other.headers.items() if k not in DYNAMIC
         }
         assert one.headers["NServiceBus.MessageId"] == str(one.id)
-        assert one.headers["NServiceBus.TimeToBeReceived"] == "00:01:30"
+        assert one.id.version == 7  # time-ordered, as NServiceBus's own ids
+    assert len({m.id for m in through_jvm}) == 3
 
 
 def test_a_body_column_and_a_headers_column_are_sent_as_given(local_spark, shop) -> None:
@@ -158,17 +112,18 @@ def test_a_body_column_and_a_headers_column_are_sent_as_given(local_spark, shop)
         (None, None),
     ]
     df = local_spark.createDataFrame(rows, "body binary, headers map<string,string>")
-    assert write_through_jdbc(df, options(uri, schema, "a"), RowLayout.of(df.schema), target_of(uri)) == 2
+    assert write_in_jvm(df, options(uri, schema, "a"), RowLayout.of(df.schema)) == 2
     with QueueClient.connect(uri) as client:
-        first, second = client.browse(QueueAddress("a", schema))
+        # one partition per row: they commit in either order
+        first, second = sorted(client.browse(QueueAddress("a", schema)), key=lambda m: "Shop.Tenant" not in m.headers)
     assert first.body == b"\x00\xff" and first.headers["Shop.Tenant"] == "é"
     assert first.headers["NServiceBus.MessageId"] == str(first.id)  # null asks for the default
     assert second.body == b"" and set(second.headers) == set(DYNAMIC)
 
 
 def test_a_task_that_fails_mid_write_is_retried_and_its_rows_are_sent_once(local_spark, shop) -> None:
-    """The first attempt of partition 1 dies after staging part of its rows (its JDBC transaction
-    rolls back); Spark runs it again; every row is a message exactly once."""
+    """The first attempt of partition 1 dies after loading part of its rows (its transaction rolls
+    back); Spark runs it again; every row is a message exactly once."""
     from pyspark.sql import functions as sf
     from pyspark.sql.types import LongType
 
@@ -184,20 +139,17 @@ def test_a_task_that_fails_mid_write_is_retried_and_its_rows_are_sent_once(local
 
     failing = sf.udf(fail_first_attempt, LongType())
     df = local_spark.range(0, 20_000, numPartitions=2).select(failing("id").alias("n"))
-    assert write_through_jdbc(df, options(uri, schema, "a"), RowLayout.of(df.schema), target_of(uri)) == 20_000
+    assert write_in_jvm(df, options(uri, schema, "a"), RowLayout.of(df.schema)) == 20_000
     with QueueClient.connect(uri) as client:
         numbers = sorted(json.loads(m.body)["n"] for m in client.browse(QueueAddress("a", schema), 30_000))
     assert numbers == list(range(20_000))
 
 
-def test_a_write_that_fails_sends_nothing_and_leaves_no_stage(local_spark, shop, pg_uri) -> None:
+def test_a_partition_holding_nan_sends_nothing_and_is_refused_in_the_librarys_words(local_spark, shop) -> None:
     schema, uri = shop
-    df = local_spark.createDataFrame([(1.0,), (float("nan"),)], "x double")
+    df = local_spark.createDataFrame([(1.0,), (float("nan"),)], "x double").coalesce(1)
     with pytest.raises(InvalidArgumentError, match="a row holds NaN or an infinite number in x, which JSON cannot"):
-        write_through_jdbc(df, options(uri, schema, "a"), RowLayout.of(df.schema), target_of(uri))
-    with psycopg.connect(pg_uri) as raw:
-        tables = raw.execute("SELECT tablename FROM pg_tables WHERE schemaname = %s ORDER BY 1", (schema,)).fetchall()
-    assert [t for (t,) in tables if t.startswith("sqlqueue_stage_")] == []
+        write_in_jvm(df, options(uri, schema, "a"), RowLayout.of(df.schema))
     with QueueClient.connect(uri) as client:
         assert client.depth(QueueAddress("a", schema)) == 0
 
@@ -213,17 +165,26 @@ def test_layouts_the_jvm_cannot_write_as_the_python_path_does_are_named(local_sp
         assert found is not None and reason in found, (ddl, found)
 
 
-def test_no_plan_holds_the_password(local_spark, shop) -> None:
-    from airflow_provider_sqlqueue.spark.jdbc import _staged
+def test_a_time_to_be_received_or_sql_server_is_the_python_paths() -> None:
+    from pyspark.sql.types import LongType, StructField, StructType
 
+    layout = RowLayout.of(StructType([StructField("n", LongType())]))
+    found = jvm_reason(Options.parse({"url": "postgresql://h/db", "queue": "q", "timeToBeReceived": "60"}), layout)
+    assert found is not None and "timeToBeReceived" in found
+    found = jvm_reason(Options.parse({"url": "mssql://h/db", "queue": "q"}), layout)
+    assert found is not None and "SQL Server" in found
+    assert jvm_reason(Options.parse({"url": "postgresql://h/db", "queue": "q"}), layout) is None
+
+
+def test_no_plan_holds_the_password(local_spark, shop) -> None:
     schema, uri = shop
     df = local_spark.range(0, 10)
-    staged = _staged(df, RowLayout.of(df.schema), options(uri, schema, "a"))
-    target = target_of(uri)
-    rows = local_spark.read.jdbc(target.url, f'"{schema}".a', properties=dict(target.properties))
-    for plan in (staged._jdf.queryExecution().toString(), rows._jdf.queryExecution().toString()):
+    parsed = options(uri, schema, "a")
+    rows = message_rows(df, RowLayout.of(df.schema), parsed)
+    loading = rows.mapInArrow(_loader(parsed, uuid.uuid4()), "part int, sent long")
+    for plan in (rows._jdf.queryExecution().toString(), loading._jdf.queryExecution().toString()):
         assert SECRET not in plan
-    assert write_through_jdbc(df, options(uri, schema, "a"), RowLayout.of(df.schema), target) == 10
+    assert write_in_jvm(df, parsed, RowLayout.of(df.schema)) == 10
 
 
 def test_columns_named_with_any_character_are_written(local_spark, shop) -> None:
@@ -232,13 +193,13 @@ def test_columns_named_with_any_character_are_written(local_spark, shop) -> None
     df = local_spark.createDataFrame(
         [tuple(range(len(names)))], ", ".join(f"`{n.replace('`', '``')}` int" for n in names)
     )
-    assert write_through_jdbc(df, options(uri, schema, "a"), RowLayout.of(df.schema), target_of(uri)) == 1
+    assert write_in_jvm(df, options(uri, schema, "a"), RowLayout.of(df.schema)) == 1
     with QueueClient.connect(uri) as client:
         [message] = client.browse(QueueAddress("a", schema))
     assert json.loads(message.body) == {name: n for n, name in enumerate(names)}
 
 
-def test_a_schema_with_a_percent_sign_takes_the_jvm_path(local_spark, pg_uri) -> None:
+def test_a_schema_and_queue_with_percent_signs_take_the_jvm_path(local_spark, pg_uri) -> None:
     schema = f"per%cent_{uuid.uuid4().hex[:6]}"
     with psycopg.connect(pg_uri, autocommit=True) as raw:
         raw.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
@@ -247,7 +208,7 @@ def test_a_schema_with_a_percent_sign_takes_the_jvm_path(local_spark, pg_uri) ->
                 client.create_queue(QueueAddress("a%b", schema))
             df = local_spark.range(0, 100)
             parsed = Options.parse({"url": pg_uri, "queue": f'a%b@"{schema}"'})
-            assert write_through_jdbc(df, parsed, RowLayout.of(df.schema), target_of(pg_uri)) == 100
+            assert write_in_jvm(df, parsed, RowLayout.of(df.schema)) == 100
             with QueueClient.connect(pg_uri) as client:
                 assert client.depth(QueueAddress("a%b", schema)) == 100
         finally:
