@@ -55,6 +55,13 @@ AUDIT_QUEUE: ArgSpec = (("--audit-queue",), {"help": "include the audit queue, b
 SECONDARY: ArgSpec = (("--secondary",), {"metavar": "MACHINE", "help": "include the secondary queue <queue>.<MACHINE>"})
 NO_DELAYED: ArgSpec = (("--no-delayed",), {"action": "store_true", "help": "leave out the delayed-message tables"})
 BODY_STRING: ArgSpec = (("--body-string",), {"action": "store_true", "help": "add the computed BodyString column"})
+NOTIFY_ON_INSERT: ArgSpec = (
+    ("--notify-on-insert",),
+    {
+        "action": "store_true",
+        "help": "add a trigger that wakes each queue's listeners on every insert, whoever makes it (PostgreSQL)",
+    },
+)
 SUBSCRIPTIONS: ArgSpec = (
     ("--subscriptions",),
     {"action": "store_true", "help": f"include the subscription table ({defaults.SUBSCRIPTION_TABLE!r})"},
@@ -115,7 +122,7 @@ LOCK_TIMEOUT: ArgSpec = (
 )
 
 PLAN_ARGS = [QUEUES, DIALECT, ERROR_QUEUE, AUDIT, AUDIT_QUEUE, SECONDARY, NO_DELAYED, BODY_STRING, SUBSCRIPTIONS]
-PLAN_ARGS += [SUBSCRIPTION_TABLE, WRITE_LEDGER, WRITE_LEDGER_TABLE, CONN, CONN_ID]
+PLAN_ARGS += [SUBSCRIPTION_TABLE, WRITE_LEDGER, WRITE_LEDGER_TABLE, NOTIFY_ON_INSERT, CONN, CONN_ID]
 
 
 @dataclass(frozen=True)
@@ -161,6 +168,8 @@ def _installation(args: argparse.Namespace) -> Installation:
     if args.write_ledger or args.write_ledger_table is not None:
         ledger = defaults.WRITE_LEDGER if args.write_ledger_table is None else args.write_ledger_table
         plan = plan.with_write_ledgers([addressing.beside(ledger, addressing.address(queue)) for queue in args.queues])
+    if args.notify_on_insert:
+        plan = plan.with_notify_on_insert([addressing.address(queue) for queue in args.queues])
     return plan
 
 

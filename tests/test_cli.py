@@ -130,6 +130,27 @@ def test_the_printed_ddl_is_what_create_queue_runs(pg_uri, schema):
     assert printed.stdout.count("CREATE TABLE") == 9
 
 
+def test_ddl_notify_on_insert_makes_a_plain_sql_insert_wake_a_listener(pg_uri, schema):
+    """The script with --notify-on-insert, run by hand: an INSERT no library makes notifies the
+    queue's channel, as create_queue(notify_on_insert=True) would have it; SQL Server is refused."""
+    [queue] = with_schema(schema, ["orders"])
+    printed = sqlqueue("ddl", queue, "--dialect", "postgres", "--notify-on-insert")
+    assert printed.returncode == 0, printed.stderr
+    channel = get_dialect("postgres").notify_channel(QueueAddress("orders", schema))
+    with psycopg.connect(pg_uri, autocommit=True) as installer, psycopg.connect(pg_uri, autocommit=True) as listener:
+        installer.execute(printed.stdout)
+        listener.execute(f"LISTEN {channel}")
+        installer.execute(
+            f'INSERT INTO "{schema}".orders (Id, Headers, Body) VALUES (gen_random_uuid(), %s, %s)',
+            ('{"NServiceBus.MessageId":"x"}', b"plain"),
+        )
+        woken = list(listener.notifies(timeout=10, stop_after=1))
+    assert [n.channel for n in woken] == [channel]
+    refused = sqlqueue("ddl", "orders", "--dialect", "sqlserver", "--notify-on-insert")
+    assert refused.returncode == 1 and "has no notifications" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+
+
 def test_ddl_run_as_the_installer_and_the_grants_give_a_runtime_role_what_it_needs(pg_uri, schema, raw, roles):
     installer_uri, runtime_uri = roles
     queues = with_schema(schema, ["orders", "billing"])

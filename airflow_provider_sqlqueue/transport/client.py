@@ -526,14 +526,12 @@ class AsyncQueueClient(Addressing):
         notifying the queue's listeners of every insert, whoever makes it (PostgreSQL). Idempotent,
         safe from several processes at once; needs CREATE on the schema. Returns the queue tables.
         """
-        if flag("notify_on_insert", notify_on_insert):
-            ops.notifies_inserts(self.dialect)  # refused before anything is created
         installation = self.installation(
             queue, error_queue=error_queue, secondary=secondary, body_string=body_string, delayed=delayed
         )
+        if flag("notify_on_insert", notify_on_insert):  # refused before anything is created
+            installation = installation.with_notify_on_insert([self.address(queue)])
         await self._install_plan(installation)
-        if notify_on_insert:
-            await self._run(ops.notify_on_insert(self.dialect, self.address(queue)))
         return installation.queue_tables()
 
     async def _install_plan(self, plan: Installation) -> None:

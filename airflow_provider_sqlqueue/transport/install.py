@@ -37,6 +37,8 @@ class Installation:
     dialect: Dialect
     tables: tuple[tuple[TableKind, QueueAddress], ...]
     body_string: bool = False
+    #: Queues whose every insert notifies their listeners (:func:`~.operations.notify_on_insert`).
+    notifying: tuple[QueueAddress, ...] = ()
 
     def __post_init__(self) -> None:
         _one_kind_each(self.dialect, self.tables)
@@ -53,7 +55,8 @@ class Installation:
         seen: dict[tuple[str | None, str, str], tuple[TableKind, QueueAddress]] = {}
         for kind, address in tables:
             seen.setdefault(dialect.name_key(address), (kind, address))
-        return cls(dialect, tuple(seen.values()), any(plan.body_string for plan in plans))
+        notifying = {dialect.name_key(a): a for plan in plans for a in plan.notifying}
+        return cls(dialect, tuple(seen.values()), any(plan.body_string for plan in plans), tuple(notifying.values()))
 
     def with_subscriptions(self, table: QueueAddress) -> Installation:
         """This plan plus NServiceBus's subscription table (publishers and subscribers share it)."""
@@ -62,6 +65,12 @@ class Installation:
     def with_write_ledgers(self, ledgers: Iterable[QueueAddress]) -> Installation:
         """This plan plus the Spark data source's write ledgers, made ahead so a writing role needs no CREATE."""
         return Installation.combine([self, Installation(self.dialect, tuple((TableKind.WRITES, a) for a in ledgers))])
+
+    def with_notify_on_insert(self, queues: Iterable[QueueAddress]) -> Installation:
+        """This plan plus a trigger on each of ``queues`` that notifies its listeners of every insert,
+        whoever makes it; refused, before anything is made, where the database has no notifications."""
+        ops.notifies_inserts(self.dialect)
+        return Installation.combine([self, Installation(self.dialect, (), notifying=tuple(queues))])
 
     def queue_tables(self) -> list[QueueAddress]:
         return [address for kind, address in self.tables if kind is TableKind.QUEUE]
@@ -80,7 +89,7 @@ class Installation:
             if kind is TableKind.QUEUE
             else partial(makers[kind], d, address)
             for kind, address in self.tables
-        ]
+        ] + [partial(ops.notify_on_insert, d, address) for address in self.notifying]
 
     def check(self) -> ops.Operation[None]:
         """Refuse the plan, before anything is created, when one of its tables exists as something else
@@ -104,6 +113,8 @@ class Installation:
                 statements += d.create_writes_sql(address)
             else:
                 statements += d.create_subscriptions_sql(address)
+        for address in self.notifying:
+            statements += ops.notifies_inserts(d).notify_on_insert_sql(address)
         return statements
 
     def grants(self, role: str) -> list[str]:
