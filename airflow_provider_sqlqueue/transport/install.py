@@ -84,12 +84,13 @@ class Installation:
             TableKind.SUBSCRIPTIONS: ops.create_subscriptions,
             TableKind.WRITES: ops.create_writes,
         }
-        return [
+        made: list[Callable[[], ops.Operation[None]]] = [
             partial(ops.create_queue, d, address, self.body_string)
             if kind is TableKind.QUEUE
             else partial(makers[kind], d, address)
             for kind, address in self.tables
-        ] + [partial(ops.notify_on_insert, d, address) for address in self.notifying]
+        ]
+        return made + [partial(ops.notify_on_insert, d, address) for address in self.notifying]
 
     def check(self) -> ops.Operation[None]:
         """Refuse the plan, before anything is created, when one of its tables exists as something else
