@@ -145,6 +145,21 @@ def test_bad_options_are_refused_before_anything_is_sent(local_spark, shop) -> N
     assert depth(uri, schema, "a") == 0
 
 
+def test_every_engine_refuses_a_table_that_is_not_a_queue_in_the_librarys_words(local_spark, shop, pg_uri) -> None:
+    import psycopg
+
+    from airflow_provider_sqlqueue.transport import NotAQueueError, QueueNotFoundError
+
+    schema, uri = shop
+    with psycopg.connect(pg_uri, autocommit=True) as raw:
+        raw.execute(f'CREATE TABLE "{schema}".customers (id int, name text)')
+    for engine in ("auto", "jvm", "python"):
+        with pytest.raises(NotAQueueError):
+            save_to_queue(local_spark.range(0, 1), url=uri, queue=f'customers@"{schema}"', engine=engine)
+        with pytest.raises(QueueNotFoundError):
+            save_to_queue(local_spark.range(0, 1), url=uri, queue=f'missing@"{schema}"', engine=engine)
+
+
 def test_a_database_that_does_not_exist_is_named_without_the_password(local_spark, shop) -> None:
     from tests.test_contract import SECRET
 

@@ -285,7 +285,6 @@ def test_a_claim_on_the_error_queue_needs_another_error_queue(shop) -> None:
         ({"url": "postgresql://db/x"}, "option 'queue' is required"),
         ({"url": "http://db/x", "queue": "orders"}, "option 'url': cannot tell the database"),
         ({"url": "postgresql://db/x", "queue": "orders", "mode": "consume"}, "must be browse or claim"),
-        ({"url": "postgresql://db/x", "queue": "orders", "mode": "claim"}, "needs option 'holder'"),
         ({"url": "postgresql://db/x", "queue": "orders", "numPartitions": "two"}, "must be a whole number"),
         ({"url": "postgresql://db/x", "queue": "orders", "lease": "-5"}, "must be positive"),
         ({"url": "postgresql://db/x", "queue": "orders", "maxMessagesPerBatch": "0"}, "must be positive"),
@@ -302,6 +301,16 @@ def test_bad_options_are_refused_with_the_library_error(options, message):
 
     with pytest.raises(InvalidOptionError, match=message):
         SqlQueueDataSource(options)
+
+
+def test_claim_mode_without_a_holder_is_refused_for_a_read_and_named_a_read_option_for_a_write():
+    from airflow_provider_sqlqueue.spark import InvalidOptionError, Options
+
+    parsed = Options.parse({"url": "postgresql://db/x", "queue": "orders", "mode": "claim"})
+    with pytest.raises(InvalidOptionError, match="needs option 'holder'"):
+        parsed.check_use("read")
+    with pytest.raises(InvalidOptionError, match="option 'mode' applies only to reads"):
+        parsed.check_use("write")
 
 
 def test_a_password_option_joins_the_url_and_never_shows_in_the_options_repr(pg_uri):

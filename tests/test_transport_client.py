@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
+import uuid
 
 import psycopg
 import pytest
@@ -207,3 +208,30 @@ def test_close_from_another_thread_waits_for_an_open_native_block(pg_uri: str, q
         assert other.depth(queue) == 1  # the block's receive committed before the close
     with pytest.raises(ClientClosedError):
         client.depth(queue)
+
+
+def test_send_csv_loads_again_and_again_on_one_client_and_refuses_an_early_end_of_data(pg_uri, schema):
+    """A reused client (its table layout known, so the COPY is the transaction's first statement)
+    loads every time; a line of only a backslash and a dot, which would end PostgreSQL's data and
+    drop the rows after it, is refused and nothing of that load is sent; a name with % is named as given."""
+    from airflow_provider_sqlqueue.transport import InvalidArgumentError, QueueNotFoundError
+
+    queue = QueueAddress("csv%q", schema)
+
+    def row() -> bytes:
+        return f'{uuid.uuid4()},"{{""NServiceBus.MessageId"":""m""}}",\\x41\n'.encode()
+
+    with QueueClient.connect(pg_uri) as client:
+        client.create_queue(queue)
+        client.send(queue, Message("first"))
+        for _ in range(3):
+            assert client.send_csv(queue, [row(), row()]) == 2
+        with pytest.raises(InvalidArgumentError, match="end of data"):
+            client.send_csv(queue, [row(), b"\\.\n", row()])
+        with pytest.raises(InvalidArgumentError, match="end of data"):
+            client.send_csv(queue, [row() + b"\\", b".\r\n" + row()])
+        assert client.depth(queue) == 7
+        assert [m.body for m in client.browse(queue)][1:] == [b"A"] * 6
+        with pytest.raises(QueueNotFoundError) as missing:
+            client.send_csv(QueueAddress("no%such", schema), [row()])
+    assert '"no%such"' in str(missing.value) and "%%" not in str(missing.value)

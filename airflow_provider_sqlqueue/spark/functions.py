@@ -41,6 +41,8 @@ def save_to_queue(df: DataFrame, **options: str) -> None:
         if parsed.engine == "jvm":
             raise InvalidOptionError(f"option 'engine' 'jvm': {reason}")
         log.info("Write to %s takes the Python path: %s", parsed.queue, reason)
+    with parsed.connect() as client:  # a wrong target refused here in the library's words, not inside Spark's
+        parsed.check_sink(client)
     register(df.sparkSession)
     df.write.format(NAME).options(**options).mode("append").save()
 

@@ -203,11 +203,6 @@ class Options:
         if mode not in ("browse", "claim"):
             raise InvalidOptionError(f"option 'mode' must be browse or claim, got {mode!r}")
         holder = options.get("holder")
-        if mode == "claim" and holder is None:
-            raise InvalidOptionError(
-                "mode 'claim' needs option 'holder': the name the claims are taken under, which ack_held "
-                "and nack_held settle once the job's output is committed"
-            )
         ttbr = options.get("timeToBeReceived")
         engine = options.get("engine", "auto").lower()
         if engine not in ENGINES:
@@ -260,6 +255,12 @@ class Options:
                     f"option {name!r} applies only to {applies_to}, and this is a {use}: leave it out of the "
                     f"{use}'s options"
                 )
+        # Asked of reads only: a write given mode 'claim' is told that mode is a read option.
+        if use == "read" and self.mode == "claim" and self.holder is None:
+            raise InvalidOptionError(
+                "mode 'claim' needs option 'holder': the name the claims are taken under, which ack_held "
+                "and nack_held settle once the job's output is committed"
+            )
 
     def connect(self) -> QueueClient:
         return QueueClient.connect(self.url, error_queue=self.error_queue)

@@ -607,7 +607,8 @@ class AsyncQueueClient(Addressing):
 
     async def send_csv(self, queue: str | QueueAddress, chunks: Iterable[bytes]) -> int:
         """Load (Id, Headers, Body) rows a bulk loader wrote as CSV (Body as bytea hex) into ``queue`` by
-        PostgreSQL's COPY; returns how many. The database checks every value: a bad row fails the load."""
+        PostgreSQL's COPY; returns how many. The column types are checked (a bad row fails the load);
+        the Headers text is the loader's to make an NServiceBus JSON object (else it is poison)."""
         address = self.address(queue)
         sent = await self._run(ops.send_csv(self.dialect, address, chunks))
         self._counted("sent", address, sent)

@@ -496,6 +496,10 @@ class Dialect(ABC):
     def can_insert_sql(self) -> str:
         """Params table (:meth:`table_reference`) -> one row: whether the connection may insert into it."""
 
+    def shown_name(self, address: QueueAddress) -> str:
+        """The qualified name as people write it, for errors: without the drivers' ``%%`` escape."""
+        return self.qualified_name(address).replace("%%", "%")
+
     @abstractmethod
     def table_reference(self, address: QueueAddress) -> str:
         """The qualified name as the database's privilege functions take it, as a parameter value."""

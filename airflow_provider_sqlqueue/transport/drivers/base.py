@@ -30,7 +30,8 @@ ANY_STEP = Step("", {}, Fetch.NONE, "the database")
 
 def raise_translated(dialect: Dialect, exc: BaseException, step: Step) -> NoReturn:
     """Re-raise a driver error as the transport's error for it (keeping the driver's as its cause)."""
-    error = dialect.translate_error(exc, step.target)
+    # The target as people write it: the dialects double % in names for the drivers' placeholders.
+    error = dialect.translate_error(exc, step.target.replace("%%", "%"))
     if error is None:
         raise exc
     raise error from exc

@@ -176,9 +176,10 @@ def _psycopg_autocommits(connection: Any) -> bool:
 def _fusable(step: Step) -> bool:
     """Whether a statement's parameters are worth inlining to send it with BEGIN: small scalars only.
 
-    Large values would travel as escaped text, and arrays (batched sends) go faster in binary.
+    Large values would travel as escaped text, and arrays (batched sends) go faster in binary; a
+    COPY cannot travel with anything (psycopg runs it only through ``copy()``).
     """
-    if _BINARY_PLACEHOLDER.search(step.sql):
+    if step.fetch in (Fetch.COPY, Fetch.LOAD) or _BINARY_PLACEHOLDER.search(step.sql):
         return False
     size = 0
     for param in step.params.values():

@@ -64,7 +64,7 @@ def table_shape(d: Dialect, address: QueueAddress) -> Operation[TableShape]:
         target = d.qualified_name(address)
         columns = yield Step(d.queue_columns_sql(address), table_key(d, address), Fetch.ALL, target)
         if not columns:
-            raise QueueNotFoundError(target)
+            raise QueueNotFoundError(d.shown_name(address))
         shape = d.learn_table_shape(address, columns)
     return shape
 
@@ -110,7 +110,7 @@ def table_of(d: Dialect, address: QueueAddress, kind: str) -> Operation[None]:
         target = d.qualified_name(address)
         columns = yield Step(d.queue_columns_sql(address), table_key(d, address), Fetch.ALL, target)
         if not columns:
-            raise QueueNotFoundError(target)
+            raise QueueNotFoundError(d.shown_name(address))
         d.learn_table_of(kind, address, columns)
 
 
