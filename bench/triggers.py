@@ -3,7 +3,11 @@
 * Latency: one ``SqlQueueEventTrigger`` runs as the triggerer runs it (its ``run()`` under
   asyncio); a sender sends messages at random moments; the figure is the time from the send's
   commit to the trigger's event, p50 and p99, with a 1 s peek interval and polling only, then
-  with ``wake_on_notify`` and ``send(notify=True)``.
+  with ``wake_on_notify`` and ``send(notify=True)``, then with ``wake_on_notify`` and a plain SQL
+  ``INSERT`` (no library, no NOTIFY of its own) into a queue made with ``notify_on_insert``.
+* An idle sensor: a deferred sensor's ``SqlQueueTrigger`` (``wake_on_notify``) over an empty
+  ``notify_on_insert`` queue, a plain SQL ``INSERT`` at a random moment, the time from its commit
+  to the trigger's event; the queue emptied between rounds.
 * Scale: 1,000 ``SqlQueueTrigger`` instances (deferred sensors) over 100 empty queues with a 1 s
   peek interval, for 10 s: transactions per second the server counted (``pg_stat_database``,
   this database, less the same idle window measured first) and the process's memory growth.
@@ -41,18 +45,29 @@ def rss_mib() -> float:
     return float("nan")
 
 
-async def latency(uri: str, schema: str, notify: bool, count: int) -> dict[str, float]:
+#: A plain SQL insert, as an NServiceBus endpoint or a script makes one (no notification of its own).
+PLAIN_INSERT = """INSERT INTO "{schema}"."{table}" (Id, Headers, Body) VALUES (gen_random_uuid(), '{{}}', %s)"""
+
+
+def _plain_insert(uri: str, schema: str, table: str, body: str) -> None:
+    with psycopg.connect(uri, autocommit=True) as conn:
+        conn.execute(PLAIN_INSERT.format(schema=schema, table=table), (body.encode(),))
+
+
+async def latency(uri: str, schema: str, sender: str, count: int) -> dict[str, float]:
+    """``sender``: ``poll`` (send, polling only), ``notify`` (send(notify=True)) or ``insert`` (plain SQL)."""
     from airflow_provider_sqlqueue.triggers.sqlqueue import SqlQueueEventTrigger
 
-    queue = f'latency_{"notify" if notify else "poll"}@"{schema}"'
+    table = f"latency_{sender}"
+    queue = f'{table}@"{schema}"'
     with QueueClient.connect(uri, error_queue=QueueAddress("error", schema)) as client:
-        client.create_queue(client.session.dialect.parse_address(queue))
+        client.create_queue(client.session.dialect.parse_address(queue), notify_on_insert=sender == "insert")
     trigger = SqlQueueEventTrigger(
         sqlqueue_conn_id="bench",
         queue_name=queue,
         transaction_mode="none",
         peek_interval=1.0,
-        wake_on_notify=notify,
+        wake_on_notify=sender != "poll",
         max_messages=1,
     )
     sent_at: dict[str, float] = {}
@@ -64,7 +79,10 @@ async def latency(uri: str, schema: str, notify: bool, count: int) -> dict[str, 
             for n in range(count):
                 await asyncio.sleep(random.uniform(0.05, 0.6))
                 body = f"m{n}"
-                await asyncio.to_thread(client.send, address, Message(body), notify=notify)
+                if sender == "insert":
+                    await asyncio.to_thread(_plain_insert, uri, schema, table, body)
+                else:
+                    await asyncio.to_thread(client.send, address, Message(body), notify=sender == "notify")
                 sent_at[body] = time.perf_counter()  # after the commit returned
 
     sender = asyncio.create_task(send_all())
@@ -75,6 +93,36 @@ async def latency(uri: str, schema: str, notify: bool, count: int) -> dict[str, 
             break
     await events.aclose()
     await sender
+    delays.sort()
+    return {
+        "p50_ms": statistics.median(delays) * 1000,
+        "p99_ms": delays[min(len(delays) - 1, int(len(delays) * 0.99))] * 1000,
+        "messages": count,
+    }
+
+
+async def sensor_latency(uri: str, schema: str, count: int) -> dict[str, float]:
+    """An idle deferred sensor's trigger woken by a plain SQL insert into a ``notify_on_insert`` queue."""
+    from airflow_provider_sqlqueue.triggers.sqlqueue import SqlQueueTrigger
+
+    table = "sensor_insert"
+    queue = f'{table}@"{schema}"'
+    with QueueClient.connect(uri, error_queue=QueueAddress("error", schema)) as client:
+        address = client.session.dialect.parse_address(queue)
+        client.create_queue(address, notify_on_insert=True)
+    delays: list[float] = []
+    for n in range(count):
+        trigger = SqlQueueTrigger(sqlqueue_conn_id="bench", queue_name=queue, peek_interval=1.0, wake_on_notify=True)
+        events = trigger.run()
+        waiting = asyncio.create_task(anext(events))
+        await asyncio.sleep(random.uniform(0.3, 0.8))  # idle: listening, its last peek found nothing
+        await asyncio.to_thread(_plain_insert, uri, schema, table, f"s{n}")
+        inserted = time.perf_counter()
+        await waiting
+        delays.append(time.perf_counter() - inserted)
+        await events.aclose()
+        with QueueClient.connect(uri) as client:
+            client.purge(address)
     delays.sort()
     return {
         "p50_ms": statistics.median(delays) * 1000,
@@ -135,11 +183,23 @@ async def main_async(uri: str, count: int, triggers: int, queues: int, seconds: 
         server = conn.execute("SHOW server_version").fetchone()[0]
     os.environ["AIRFLOW_CONN_BENCH"] = json.dumps({"conn_type": "postgres", **_conn_fields(uri)})
     try:
-        polling = await latency(uri, schema, notify=False, count=count)
+        polling = await latency(uri, schema, "poll", count)
         print(f"latency, polling every 1 s: p50 {polling['p50_ms']:.0f} ms, p99 {polling['p99_ms']:.0f} ms", flush=True)
-        notified = await latency(uri, schema, notify=True, count=count)
+        notified = await latency(uri, schema, "notify", count)
         print(
             f"latency, NOTIFY:            p50 {notified['p50_ms']:.1f} ms, p99 {notified['p99_ms']:.1f} ms", flush=True
+        )
+        inserted = await latency(uri, schema, "insert", count)
+        print(
+            f"latency, plain SQL INSERT, notify_on_insert: p50 {inserted['p50_ms']:.1f} ms, "
+            f"p99 {inserted['p99_ms']:.1f} ms",
+            flush=True,
+        )
+        sensor = await sensor_latency(uri, schema, min(count, 100))
+        print(
+            f"idle sensor, plain SQL INSERT, notify_on_insert: p50 {sensor['p50_ms']:.1f} ms, "
+            f"p99 {sensor['p99_ms']:.1f} ms",
+            flush=True,
         )
         shared = await scale(uri, schema, triggers, queues, seconds)
         print(
@@ -152,7 +212,14 @@ async def main_async(uri: str, count: int, triggers: int, queues: int, seconds: 
     finally:
         with psycopg.connect(uri, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
-    return {"postgresql": server, "latency_polling": polling, "latency_notify": notified, "scale": shared}
+    return {
+        "postgresql": server,
+        "latency_polling": polling,
+        "latency_notify": notified,
+        "latency_plain_insert_notify_on_insert": inserted,
+        "idle_sensor_plain_insert_notify_on_insert": sensor,
+        "scale": shared,
+    }
 
 
 def _conn_fields(uri: str) -> dict[str, object]:

@@ -38,7 +38,12 @@ LEASE = (
 CONN, SPARK_CONN = "sqlqueue_default", "spark_default"
 #: NServiceBus's subscription table of the examples' publish/subscribe, beside their queues.
 SUBSCRIPTIONS = f'SubscriptionRouting@"{SCHEMA}"'
-BATCH = 10  # messages one run takes at most
+#: Messages one run takes at most. A stage runs one run at a time (``@continuous``) and each run
+#: costs Spark's fixed time whatever its size (a session, a job: 20-30 s per run measured on the
+#: chain benchmark), so a stage keeps up with a stream only if a run takes everything that arrived
+#: during the last one: 10 capped the sensor chain at 0.38 messages/s (BENCHMARKS.md); by the same
+#: arithmetic 100 allows about three a second. A larger batch makes a failing message's bisection longer.
+BATCH = 100
 #: The event the fan-out example publishes, and the queues subscribed to it (sqlqueue_setup subscribes them).
 ORDERS_CLEANED = "SqlQueue.Demo.OrdersCleaned"
 SUBSCRIBERS = {"fanout_summary": [ORDERS_CLEANED], "fanout_quality": [ORDERS_CLEANED]}
