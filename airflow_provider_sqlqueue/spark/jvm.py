@@ -59,6 +59,7 @@ from .write import (
     TTBR_COLUMN,
     RowLayout,
     _option_headers,
+    end_write,
     in_ledger,
     log,
 )
@@ -253,9 +254,7 @@ def write_in_jvm(df: DataFrame, options: Options, layout: RowLayout) -> int:
             raise InvalidArgumentError(refused) from None
         raise
     finally:
-        if options.write_id is None:  # a write that cannot be repeated: its ledger rows are done with
-            with options.connect() as client:
-                client.forget_write(options.ledger, key)
+        end_write(options, key)
     sent = sum(max(int(row["sent"]), 0) for row in results)
     before = sum(1 for row in results if row["sent"] < 0)
     log.info(
@@ -281,8 +280,6 @@ def _loader(options: Options, key: uuid.UUID) -> Callable[[Iterator[pa.RecordBat
         part = context.partitionId() if context is not None else 0
         with options.connect() as client:
             sent = in_ledger(client, (options.ledger, key, part), lambda: client.send_csv(options.queue, _csv(batches)))
-        if sent is None:
-            log.info("Partition %d of write %s committed before; sent nothing this time", part, key)
         yield pa.RecordBatch.from_pydict({"part": [part], "sent": [-1 if sent is None else sent]}, schema=_REPORT)
 
     return load

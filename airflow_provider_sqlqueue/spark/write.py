@@ -387,8 +387,19 @@ def in_ledger(client: QueueClient, ledger: tuple[str, uuid.UUID, int] | None, se
     when the partition had committed before and nothing was sent."""
     with client.transaction():
         if ledger is not None and not client.record_write(*ledger):
+            _, write, part = ledger
+            log.info("Partition %d of write %s committed before; sent nothing this time", part, write)
             return None
         return send()
+
+
+def end_write(options: Options, key: uuid.UUID) -> None:
+    """A write without a ``writeId`` cannot be repeated, so its ledger rows are done with once it
+    ends, committed or not; one with a ``writeId`` keeps them until the caller forgets the id
+    (:func:`forget_write`)."""
+    if options.write_id is None:
+        with options.connect() as client:
+            client.forget_write(options.ledger, key)
 
 
 def _send_partition(
@@ -458,8 +469,6 @@ class QueueWriter(DataSourceWriter):
             sent = _send_partition(
                 client, options.queue, messages, options.batch_size, (options.ledger, self.key, part)
             )
-        if sent is None:
-            log.info("Partition %d of write %s committed before; sent nothing this time", part, self.key)
         return WritePart(part, sent)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
@@ -474,7 +483,7 @@ class QueueWriter(DataSourceWriter):
             len(parts),
             skipped,
         )
-        self._forget()
+        end_write(self.options, self.key)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         committed = [m.part for m in messages if isinstance(m, WritePart)]
@@ -484,14 +493,7 @@ class QueueWriter(DataSourceWriter):
             self.options.queue,
             committed,
         )
-        self._forget()
-
-    def _forget(self) -> None:
-        """A write without a ``writeId`` cannot be repeated, so its ledger rows are done with; one
-        with a ``writeId`` keeps them until the caller forgets the id (:func:`forget_write`)."""
-        if self.options.write_id is None:
-            with self.options.connect() as client:
-                client.forget_write(self.options.ledger, self.key)
+        end_write(self.options, self.key)
 
 
 class QueueArrowWriter(QueueWriter, DataSourceArrowWriter):

@@ -593,7 +593,7 @@ class PostgresDialect(Dialect):
         return "SELECT has_table_privilege(%(table)s, 'INSERT')"
 
     def table_reference(self, address: QueueAddress) -> str:
-        return self.qualified_name(address).replace("%%", "%")
+        return self.shown_name(address)
 
     def subscribe_sql(self, table: QueueAddress) -> str:
         return (

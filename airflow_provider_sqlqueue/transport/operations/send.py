@@ -151,10 +151,11 @@ def _bytes_only(chunks: Iterable[bytes]) -> Iterator[bytes]:
     for chunk in chunks:
         if not isinstance(chunk, (bytes, bytearray, memoryview)):
             raise ArgumentTypeError(f"a CSV load's chunks are bytes, got {type(chunk).__name__}")
-        data = before + bytes(chunk)
-        if _END_OF_DATA.search(data):
+        data = chunk if isinstance(chunk, bytes) else bytes(chunk)  # a load's chunks are searched, not copied
+        # A line of five bytes at most: one that spans the boundary lies in the 4 bytes either side of it.
+        if _END_OF_DATA.search(before + data[:4]) or _END_OF_DATA.search(data):
             raise _end_of_data()
-        before = data[-4:]
+        before = (before + data[-4:])[-4:]
         yield chunk
     if _END_OF_DATA_AT_END.search(before):
         raise _end_of_data()
