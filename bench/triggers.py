@@ -85,14 +85,14 @@ async def latency(uri: str, schema: str, sender: str, count: int) -> dict[str, f
                     await asyncio.to_thread(client.send, address, Message(body), notify=sender == "notify")
                 sent_at[body] = time.perf_counter()  # after the commit returned
 
-    sender = asyncio.create_task(send_all())
+    sending = asyncio.create_task(send_all())
     events = trigger.run()
     async for event in events:
         delays.append(time.perf_counter() - sent_at.get(event.payload["body"], time.perf_counter()))
         if len(delays) == count:
             break
     await events.aclose()
-    await sender
+    await sending
     delays.sort()
     return {
         "p50_ms": statistics.median(delays) * 1000,

@@ -8,7 +8,7 @@ import pytest
 
 from airflow_provider_sqlqueue.transport import AsyncQueueClient, Message, QueueAddress, QueueClient
 from airflow_provider_sqlqueue.transport.errors import QueueNotFoundError
-from airflow_provider_sqlqueue.transport.watch import Poller, shared_poller
+from airflow_provider_sqlqueue.transport.watch import IDLE_GRACE_SECONDS, Poller, shared_poller
 
 
 async def test_waiters_on_several_queues_share_one_poller_and_wake_when_theirs_fills(
@@ -43,3 +43,38 @@ async def test_a_waiter_on_a_missing_queue_gets_the_error(pg_uri: str, schema: s
     poller = Poller(open_client, interval=0.05, listen=False)
     with pytest.raises(QueueNotFoundError):
         await asyncio.wait_for(poller.wait(f'nowhere@"{schema}"', include_claims=False), 10)
+
+
+async def test_woken_waiters_receive_on_clients_the_poller_lends_and_keeps(
+    pg_uri: str, client: QueueClient, queue: QueueAddress
+) -> None:
+    """A woken sensor receives at once on a kept connection instead of opening one; a client an
+    error left behind is closed, never lent again; the poller closes what it kept when it stops."""
+    opened: list[AsyncQueueClient] = []
+
+    async def open_client() -> AsyncQueueClient:
+        opened.append(await AsyncQueueClient.connect(pg_uri))
+        return opened[-1]
+
+    poller = Poller(open_client, interval=0.05, listen=False)
+    received: list[str] = []
+    for n in range(3):
+        await asyncio.to_thread(client.send, queue, Message(f"m{n}"))
+        await asyncio.wait_for(poller.wait(str(queue), include_claims=False), 10)
+        async with poller.client() as lent:
+            received += [m.text for m in await lent.receive(queue, 10)]
+    assert received == ["m0", "m1", "m2"]
+    assert len(opened) == 2  # the poller's own connection and one lent three times
+    failed = opened[1]
+    with pytest.raises(QueueNotFoundError):
+        async with poller.client() as lent:
+            assert lent is failed
+            await lent.receive(f"nowhere@{queue.schema}", 1)
+    assert failed.session.closed
+    async with poller.client() as lent:
+        assert lent is not failed
+        kept = lent
+    task = poller._task  # noqa: SLF001  # the poller's loop: it ends when no one has waited for a while
+    assert task is not None
+    await asyncio.wait_for(task, IDLE_GRACE_SECONDS + 10)
+    assert kept.session.closed and opened[0].session.closed

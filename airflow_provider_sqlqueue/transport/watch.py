@@ -6,13 +6,15 @@ the database would answer a query per sensor per interval and hold a connection 
 someone waits on once per interval -- and, where the database has notifications and senders use
 them, wakes at once on a send -- and releases that queue's waiters when messages are there. Each
 waiter then receives for itself, so competing waiters still get distinct messages through the
-queue's own row locking.
+queue's own row locking, on a client the poller lends (:meth:`Poller.client`): opening a connection
+costs more than the receive, and a deferred sensor that has just been woken is waiting for it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from . import defaults
@@ -26,6 +28,9 @@ log = logger("airflow_provider_sqlqueue.watch")
 
 #: How long a poller with no waiters keeps its connection before it stops.
 IDLE_GRACE_SECONDS = 5.0
+
+#: Clients a poller keeps for its waiters' receives once they are done with them; more are closed.
+LENT_CLIENTS_KEPT = 4
 
 
 @dataclass
@@ -46,7 +51,9 @@ class _Watch:
 class Poller:
     """Peeks, on one connection, every queue of one database that a waiter of this process waits on.
 
-    :param open_client: opens the poller's connection (reopened after a transport error).
+    :param open_client: opens the poller's connection (reopened after a transport error) and the
+        clients it lends its waiters; their defaults (error and audit queue) must be the database's,
+        not one waiter's, since any waiter may borrow them.
     :param interval: seconds between rounds of peeks while the queues are empty.
     :param listen: also wake on the queues' send notifications (PostgreSQL LISTEN/NOTIFY); the
         interval stays as the fallback for senders that do not notify.
@@ -63,6 +70,7 @@ class Poller:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self._on_stop: Callable[[], None] | None = None
+        self._idle_clients: list[AsyncQueueClient] = []
         #: Peeks run so far (observability and benchmarks).
         self.peeks = 0
 
@@ -89,6 +97,25 @@ class Poller:
             watch.waiters -= 1
         if watch.error is not None:
             raise watch.error
+
+    @asynccontextmanager
+    async def client(self) -> AsyncIterator[AsyncQueueClient]:
+        """A client for a woken waiter's receive: one a waiter gave back, else a new one.
+
+        It is kept for the next waiter only when the block ended without an error (a client an
+        error left, or a cancelled receive, may be in any state) and the poller still runs; the
+        poller closes the ones it keeps when it stops.
+        """
+        client = self._idle_clients.pop() if self._idle_clients else await self._open_client()
+        try:
+            yield client
+        except BaseException:
+            await close_quietly(client)
+            raise
+        if self._task is None or self._task.done() or len(self._idle_clients) >= LENT_CLIENTS_KEPT:
+            await close_quietly(client)
+        else:
+            self._idle_clients.append(client)
 
     async def _run(self) -> None:
         breaker = CircuitBreaker(
@@ -134,8 +161,10 @@ class Poller:
                     continue
                 await self._pause(client, [queue for queue, _ in waited])
         finally:
-            if client is not None:
-                await close_quietly(client)
+            idle, self._idle_clients = [client, *self._idle_clients], []
+            for each in idle:
+                if each is not None:
+                    await close_quietly(each)
             if self._on_stop is not None:
                 self._on_stop()
 

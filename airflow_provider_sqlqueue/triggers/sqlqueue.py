@@ -39,7 +39,6 @@ from ..transport.errors import InvalidArgumentError, SqlQueueError
 from ..transport.message import TransactionMode, check_positive, duration, flag
 
 if TYPE_CHECKING:
-    from ..hooks.sqlqueue import SqlQueueHook
     from ..transport.client import AsyncQueueClient
     from ..transport.watch import Poller
 
@@ -226,20 +225,28 @@ class SqlQueueTrigger(BaseTrigger):
             )
         return await client.receive(self.queue_name, self.max_messages, error_queue=self.error_queue)
 
-    def _poller(self, hook: SqlQueueHook) -> Poller:
+    def _poller(self) -> Poller:
+        from ..hooks.sqlqueue import SqlQueueHook
         from ..transport.watch import Poller, shared_poller
 
         key = (self.sqlqueue_conn_id, self.peek_interval, self.wake_on_notify)  # peeking needs nothing else
+        # The poller's clients have the connection's own defaults: any trigger of it borrows them
+        # and names its own error queue when it receives.
         return shared_poller(
-            key, lambda: Poller(hook.async_client, interval=self.peek_interval, listen=self.wake_on_notify)
+            key,
+            lambda: Poller(
+                SqlQueueHook(self.sqlqueue_conn_id).async_client,
+                interval=self.peek_interval,
+                listen=self.wake_on_notify,
+            ),
         )
 
     async def batches(self) -> AsyncIterator[list[dict[str, Any]]]:
         """Wait until messages are there, receive them, yield them as dicts; forever.
 
         Errors that retrying can fix (database down, connection killed) are logged and backed off
-        from; anything else (missing table, bad connection) propagates. The trigger holds a
-        connection only while receiving: waiting is the shared poller's.
+        from; anything else (missing table, bad connection) propagates. The trigger borrows a
+        connection from the shared poller only while receiving: waiting is the poller's.
         """
         await asyncio.to_thread(_import_runtime)
         release = _report_health(self.sqlqueue_conn_id, await asyncio.to_thread(_health_interval))
@@ -250,15 +257,12 @@ class SqlQueueTrigger(BaseTrigger):
             release()
 
     async def _batches(self) -> AsyncIterator[list[dict[str, Any]]]:
-        from ..hooks.sqlqueue import SqlQueueHook
         from ..transport.breaker import CircuitBreaker
-        from ..transport.drivers import close_quietly
         from ..transport.errors import TransportUnavailableError
         from ..transport.pump import check_peek_interval
 
         for warning in check_peek_interval(self.peek_interval):
             self.log.warning("Queue %s: %s", self.queue_name, warning)
-        hook = SqlQueueHook(self.sqlqueue_conn_id, error_queue=self.error_queue)
         breaker = CircuitBreaker(
             base_delay=min(self.peek_interval, 1.0),
             max_backoff=defaults.MAX_BACKOFF_SECONDS,
@@ -274,23 +278,18 @@ class SqlQueueTrigger(BaseTrigger):
         )
         full = False
         while True:
+            poller = self._poller()
             if not full:
-                await self._poller(hook).wait(
-                    self.queue_name, include_claims=self.transaction_mode == TransactionMode.CLAIM.value
-                )
-            client: AsyncQueueClient | None = None
+                await poller.wait(self.queue_name, include_claims=self.transaction_mode == TransactionMode.CLAIM.value)
             try:
-                client = await hook.async_client()
-                address = client.canonical_address(self.queue_name)
-                received = await self._receive(client)
+                async with poller.client() as client:
+                    address = client.canonical_address(self.queue_name)
+                    received = await self._receive(client)
                 breaker.success()
             except TransportUnavailableError as exc:
                 full = False
                 await asyncio.sleep(breaker.failure(exc, self.queue_name))
                 continue
-            finally:
-                if client is not None:
-                    await close_quietly(client)
             full = len(received) == self.max_messages  # more may wait: receive again before waiting
             if not received:
                 self.log.debug("Queue %s: woken, but other consumers took the messages", address)
