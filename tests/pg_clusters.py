@@ -31,7 +31,6 @@ import pytest
 BIN = Path("/usr/lib/postgresql/15/bin")
 #: Settings every test cluster starts with: small, quick to start, its log kept for counting.
 BASE_SETTINGS = {
-    "listen_addresses": "'127.0.0.1'",
     "max_connections": "40",
     "shared_buffers": "16MB",
     "fsync": "on",  # a crash must behave as on a real server
@@ -120,8 +119,9 @@ def workspace() -> Iterator[Path]:
 class Cluster:
     """One PostgreSQL 15 server: its data directory, port and log."""
 
-    def __init__(self, root: Path, name: str, port: int | None = None) -> None:
+    def __init__(self, root: Path, name: str, port: int | None = None, host: str = "127.0.0.1") -> None:
         self.name = name
+        self.host = host
         self.data = root / name
         self.port = port or free_port()
         self.log = root / f"{name}.log"
@@ -129,13 +129,15 @@ class Cluster:
 
     @property
     def uri(self) -> str:
-        return f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres"
+        return f"host={self.host} port={self.port} user=postgres dbname=postgres"
 
     def init(self, **settings: str) -> Cluster:
         """initdb (trust authentication on 127.0.0.1, replication included) and the settings given."""
         self.data.mkdir()
         chown_postgres(self.data)
         as_postgres(BIN / "initdb", "-D", self.data, "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8")
+        with open(self.data / "pg_hba.conf", "a") as hba:  # servers on other loopback addresses (127.0.0.2)
+            hba.write("host all all 127.0.0.0/8 trust\nhost replication all 127.0.0.0/8 trust\n")
         self.configure(**settings)
         return self
 
@@ -143,7 +145,13 @@ class Cluster:
         """Add settings to postgresql.auto.conf (read at the next start or reload)."""
         self.sockets.mkdir(exist_ok=True)
         chown_postgres(self.sockets)
-        merged = {**BASE_SETTINGS, "port": str(self.port), "unix_socket_directories": f"'{self.sockets}'", **settings}
+        merged = {
+            **BASE_SETTINGS,
+            "listen_addresses": f"'{self.host}'",
+            "port": str(self.port),
+            "unix_socket_directories": f"'{self.sockets}'",
+            **settings,
+        }
         with open(self.data / "postgresql.auto.conf", "a") as conf:
             conf.writelines(f"{key} = {value}\n" for key, value in merged.items())
 
@@ -194,15 +202,17 @@ class Cluster:
         regex = re.compile(pattern)
         return sum(1 for line in self.log.read_text(errors="replace").splitlines() if regex.search(line))
 
-    def standby(self, root: Path, name: str, *, application_name: str) -> Cluster:
-        """A streaming standby of this (running) server: pg_basebackup -R, its own port."""
-        replica = Cluster(root, name)
+    def standby(
+        self, root: Path, name: str, *, application_name: str, host: str = "127.0.0.1", port: int | None = None
+    ) -> Cluster:
+        """A streaming standby of this (running) server: pg_basebackup -R, its own port (or address)."""
+        replica = Cluster(root, name, port, host)
         replica.data.mkdir(mode=0o700)
         chown_postgres(replica.data)
         as_postgres(
             BIN / "pg_basebackup",
             "-h",
-            "127.0.0.1",
+            self.host,
             "-p",
             str(self.port),
             "-U",
@@ -215,7 +225,7 @@ class Cluster:
             "-c",
             "fast",
             "-d",
-            f"host=127.0.0.1 port={self.port} user=postgres application_name={application_name}",
+            f"host={self.host} port={self.port} user=postgres application_name={application_name}",
         )
         # Promoted, it stands alone: a commit must not wait for a standby of its own that never comes.
         replica.configure(synchronous_standby_names="''")

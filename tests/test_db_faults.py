@@ -12,6 +12,7 @@ asserted, and no bound on time that load could break.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 import uuid
@@ -22,6 +23,7 @@ from datetime import timedelta
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from airflow_provider_sqlqueue.transport import (
     AsyncPsycopgPool,
@@ -522,3 +524,76 @@ def test_no_connection_slot_free_is_retried_and_named() -> None:
         error = dialect.translate_error(psycopg.OperationalError(f"connection failed: {text}"), "the database")
         assert isinstance(error, TransportUnavailableError), text
         assert "no connection slot free" in str(error) and "CONNECTION LIMIT" in str(error), error
+
+
+# -- failover through an Airflow connection ---------------------------------------------------------
+
+
+@needs_clusters
+def test_failover_through_an_airflow_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An Airflow connection naming a primary and its standby (``host=a,b``, one port, with
+    ``target_session_attrs=read-write``): the hook's blocking client, its asyncio client (what the
+    triggers use) and its connection string (what Spark executors get) follow the promoted standby."""
+    from airflow_provider_sqlqueue.hooks.sqlqueue import SqlQueueHook
+
+    started = time.monotonic()
+    with pg_clusters.workspace() as root:
+        primary = Cluster(root, "primary")
+        primary.init()
+        primary.start()
+        # The same port on another loopback address: an Airflow connection has one port for all its hosts.
+        standby = primary.standby(root, "standby", application_name="standby", host="127.0.0.2", port=primary.port)
+        standby.start()
+        _wait_for(lambda: primary.sql("SELECT state FROM pg_stat_replication") == [("streaming",)])
+        orders = QueueAddress("orders", "public")
+        with QueueClient.connect(primary.uri) as client:
+            client.create_queue(orders)
+            client.send(orders, Message("before"))
+        _wait_for(lambda: standby.sql("SELECT count(*) FROM public.orders") == [(1,)])
+        connection = {
+            "conn_type": "postgres",
+            "host": f"{primary.host},{standby.host}",
+            "port": primary.port,
+            "login": "postgres",
+            "schema": "postgres",
+            "extra": {"target_session_attrs": "read-write", "connect_timeout": 3},
+        }
+        monkeypatch.setenv("AIRFLOW_CONN_REPLICATED", json.dumps(connection))
+        hook = SqlQueueHook("replicated")
+        conninfo = hook.conninfo()
+        assert conninfo_to_dict(conninfo)["host"] == "127.0.0.1,127.0.0.2", conninfo
+
+        async def follow() -> dict[str, object]:
+            blocking = hook.client()
+            aclient = await hook.async_client()
+            poller = Poller(hook.async_client, interval=PEEK, listen=False)
+            assert blocking.depth(orders) == 1 and await aclient.depth(orders) == 1
+            await asyncio.to_thread(primary.crash)
+            await asyncio.to_thread(standby.pg_ctl, "promote")
+            outcome: dict[str, object] = {}
+            for name, call in (
+                ("blocking client", lambda: asyncio.to_thread(blocking.send, orders, Message("blocking"))),
+                ("asyncio client", lambda: aclient.send(orders, Message("asyncio"))),
+            ):
+                tries = 0
+                while True:
+                    tries += 1
+                    try:
+                        await call()
+                        break
+                    except TransportUnavailableError:
+                        assert tries < 50, f"the {name} did not follow the promoted standby"
+                        await asyncio.sleep(0.2)
+                outcome[name] = tries
+            with QueueClient.connect(conninfo) as executor:  # a Spark executor's client
+                outcome["executor depth"] = executor.depth(orders)
+            await asyncio.wait_for(poller.wait(str(orders), include_claims=False), RESUME_BOUND)
+            blocking.close()
+            await aclient.close()
+            return outcome
+
+        outcome = asyncio.run(follow())
+        print(
+            f"through an Airflow connection: calls until each followed: {outcome}; wall {time.monotonic() - started:.1f}s"
+        )
+        assert outcome["executor depth"] == 3
