@@ -171,10 +171,15 @@ class Cluster:
             return None
 
     def crash(self) -> None:
-        """SIGKILL the server and every process of it (a host that loses power, for its clients)."""
+        """SIGKILL the server and every process of it (a host that loses power, for its clients), and
+        remove the System V shared memory segment it leaves (only a server that exits frees it)."""
         pid = self.postmaster_pid()
         if pid is None:
             return
+        try:  # postmaster.pid's 7th line: the segment's key and id
+            segment: str | None = (self.data / "postmaster.pid").read_text().splitlines()[6].split()[1]
+        except (OSError, IndexError):
+            segment = None
         try:
             if os.getpgid(pid) == pid:  # pg_ctl starts the postmaster in a session of its own
                 os.killpg(pid, signal.SIGKILL)
@@ -191,6 +196,8 @@ class Cluster:
             time.sleep(0.05)
         with contextlib.suppress(FileNotFoundError):
             (self.data / "postmaster.pid").unlink()
+        if segment is not None:
+            subprocess.run(["ipcrm", "-m", segment], capture_output=True, check=False)
 
     def sql(self, statement: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
         with psycopg.connect(self.uri, autocommit=True, connect_timeout=10) as conn:
