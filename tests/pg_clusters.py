@@ -26,7 +26,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
-import pytest
 
 BIN = Path("/usr/lib/postgresql/15/bin")
 #: Settings every test cluster starts with: small, quick to start, its log kept for counting.
@@ -247,10 +246,6 @@ def mount_tmpfs(path: Path, size: str) -> None:
     chown_postgres(path)
 
 
-def resize_tmpfs(path: Path, size: str) -> None:
-    subprocess.run(["mount", "-o", f"remount,size={size}", str(path)], check=True)
-
-
 def can_mount() -> str | None:
     """Why a tmpfs cannot be mounted here (None: it can)."""
     probe = Path(tempfile.mkdtemp(prefix="sqlqueue-mount-probe-"))
@@ -262,9 +257,3 @@ def can_mount() -> str | None:
         return None
     finally:
         shutil.rmtree(probe, ignore_errors=True)
-
-
-def require_clusters() -> None:
-    reason = skip_reason()
-    if reason:
-        pytest.skip(reason)

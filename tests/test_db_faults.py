@@ -159,7 +159,8 @@ def prepare(uri: str) -> None:
         conn.execute("CREATE TABLE public.work (id uuid NOT NULL)")
 
 
-async def _drained(conninfo: str, counts: dict[str, Counts]) -> None:
+async def _drained(conninfo: str) -> None:
+    """Wait until every queue is empty and no claim is held (or DRAIN_TIMEOUT passed)."""
     deadline = time.monotonic() + DRAIN_TIMEOUT
     while time.monotonic() < deadline:
         try:
@@ -190,7 +191,7 @@ def collect(uri: str, counts: dict[str, Counts]) -> None:
         counts["native"].committed_work = [row[0] for row in conn.execute("SELECT id FROM public.work")]
 
 
-def run_load(conninfo: str, fault: Callable[[], tuple[float, float]]) -> dict[str, Counts]:
+def run_load(conninfo: str, fault: Callable[[], tuple[float, float]]) -> tuple[dict[str, Counts], dict[str, float]]:
     """Senders and a pump per mode on ``conninfo``; ``fault`` (blocking) runs after BEFORE seconds and
     returns when the clients lost the server and when it was back. The load goes on AFTER seconds
     more, then the queues drain."""
@@ -209,19 +210,17 @@ def run_load(conninfo: str, fault: Callable[[], tuple[float, float]]) -> dict[st
         await asyncio.sleep(AFTER)
         stop.set()
         await asyncio.gather(*senders)
-        await _drained(conninfo, counts)
+        await _drained(conninfo)
         for p in pumps:
             p.stop()
         await asyncio.gather(*runs)
         await pool.close()
 
     asyncio.run(main())
-    counts["_times"] = times  # type: ignore[assignment]
-    return counts
+    return counts, times
 
 
-def reports(counts: dict[str, Counts]) -> dict[str, dict[str, object]]:
-    times: dict[str, float] = counts.pop("_times")  # type: ignore[assignment]
+def reports(counts: dict[str, Counts], times: dict[str, float]) -> dict[str, dict[str, object]]:
     out = {mode: counts[mode].report(mode, times["cut"], times["back"]) for mode in MODES}
     for line in out.values():
         print(line)
@@ -261,10 +260,9 @@ def test_failover_to_a_promoted_standby(replication: str) -> None:
             _wait_for(lambda: standby.sql("SELECT pg_is_in_recovery()") == [(False,)])
             return cut, time.monotonic()
 
-        counts = run_load(conninfo, fail_over)
-        times = counts["_times"]  # type: ignore[index]
+        counts, times = run_load(conninfo, fail_over)
         collect(standby.uri, counts)
-        out = reports(counts)
+        out = reports(counts, times)
         found = found_on_the_old_primary(primary, counts)
         print(
             f"{replication}: promoted in {times['back'] - times['cut']:.2f}s; lost sends found on the old primary: "
@@ -275,7 +273,7 @@ def test_failover_to_a_promoted_standby(replication: str) -> None:
             # to look); none mode may also have lost the batch its pump had received when the primary died.
             assert line["lost"] - found[mode] <= (BATCH if mode == "none" else 0), (line, found)
             assert not [e for e in line["send_errors"] if ":" in e], line  # only "unavailable", never a permanent error
-            assert line["claims_left"] == 0, line
+            assert line["claims_left"] == 0 and line["in_error_queue"] == 0, line
             for resumed in (line["sends_resumed_s"], line["handles_resumed_s"]):
                 assert resumed is not None and resumed <= times["back"] - times["cut"] + RESUME_BOUND, line
             if sync:
@@ -323,14 +321,13 @@ def test_restart_under_load(how: str) -> None:
             server.pg_ctl("-m", how, "restart", "-l", str(server.log))
             return cut, time.monotonic()
 
-        counts = run_load(server.uri + " connect_timeout=3", restart)
+        counts, times = run_load(server.uri + " connect_timeout=3", restart)
         collect(server.uri, counts)
-        times = counts["_times"]  # type: ignore[index]
-        out = reports(counts)
+        out = reports(counts, times)
         print(f"restart -m {how}: down {times['back'] - times['cut']:.2f}s; wall {time.monotonic() - started:.1f}s")
         for mode, line in out.items():
             assert not [e for e in line["send_errors"] if ":" in e], line
-            assert line["claims_left"] == 0, line
+            assert line["claims_left"] == 0 and line["in_error_queue"] == 0, line
             for resumed in (line["sends_resumed_s"], line["handles_resumed_s"]):
                 assert resumed is not None and resumed <= times["back"] - times["cut"] + RESUME_BOUND, line
             assert line["lost"] <= (BATCH if mode == "none" else 0), line
