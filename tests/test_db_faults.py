@@ -444,7 +444,7 @@ MOST_ATTEMPTS = 5
 
 
 @needs_clusters
-def test_connections_exhausted() -> None:
+def test_connections_exhausted(caplog: pytest.LogCaptureFixture) -> None:
     """A role with ``CONNECTION LIMIT 2`` whose two slots are taken: the pump and the triggerer's
     poller get the library's "unavailable" error naming the limit, back off instead of looping
     (connection attempts counted in the server's log), and recover once slots free up."""
@@ -459,7 +459,8 @@ def test_connections_exhausted() -> None:
             client.create_queue(orders)
         server.sql("GRANT ALL ON ALL TABLES IN SCHEMA public TO limited")
         server.sql("GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO limited")
-        limited = f"host=127.0.0.1 port={server.port} user=limited dbname=postgres"
+        secret = "s3cret-fault-pw"  # the server trusts the address; the password must still show nowhere
+        limited = f"host=127.0.0.1 port={server.port} user=limited password={secret} dbname=postgres"
         refused = "too many connections for role"
 
         hogs = [psycopg.connect(limited, autocommit=True) for _ in range(2)]
@@ -516,6 +517,7 @@ def test_connections_exhausted() -> None:
 
         asyncio.run(poller_phase())
         print(f"connections exhausted: {results}; wall {time.monotonic() - started:.1f}s")
+        assert "too many connections" in caplog.text and secret not in caplog.text + str(results)
         for loop in ("pump", "poller"):
             attempts = results[f"{loop}_attempts"]
             assert isinstance(attempts, int) and 1 <= attempts <= MOST_ATTEMPTS, results
