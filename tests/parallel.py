@@ -56,6 +56,7 @@ HEAVY: tuple[str, ...] = (
     "test_crash_mid_receive.py",
     "test_competing_consumers.py",
     "test_contract.py",
+    "test_db_faults.py",
 )
 
 #: The other stacks, handed out last: a worker that takes one waits for the stack before it, so it

@@ -25,6 +25,7 @@ from airflow_provider_sqlqueue.transport.errors import (
     PermissionDeniedError,
     QueueNotFoundError,
     StatementRejectedError,
+    StorageFullError,
     TransportMisconfiguredError,
     TransportUnavailableError,
 )
@@ -89,6 +90,16 @@ CASES = [
     (pymssql_error(3960, "Snapshot isolation transaction aborted due to update conflict."), TransportUnavailableError),
     (pymssql_error(40613, "Database 'queues' on server 'x' is not currently available."), TransportUnavailableError),
     (pymssql_error(tsql.ROLLED_BACK_NUMBER, tsql.ROLLED_BACK_TEXT), StatementRejectedError),
+    # No space left: the server answers, only an operator can help (not "unavailable").
+    (
+        pymssql_error(
+            1105,
+            "Could not allocate space for object 'dbo.orders' in database 'queues' because the 'PRIMARY' "
+            "filegroup is full.",
+        ),
+        StorageFullError,
+    ),
+    (pymssql_error(9002, "The transaction log for database 'queues' is full due to 'LOG_BACKUP'."), StorageFullError),
     # pymssql: FreeTDS DB-Lib's own numbers for a connection that failed or died.
     (
         pymssql.exceptions.OperationalError(

@@ -366,9 +366,13 @@ class SqlQueueHook(BaseHook):
                 # address DNS may move; newer libpq's defaults such as sslcertmode an older one refuses).
                 chosen = CONNINFO_KEYS | set(_extras(conn))  # a queue extra is no libpq setting: never in `used`
                 used = connection.info.get_parameters()
-                return make_conninfo(
-                    "", password=connection.info.password, **{key: used[key] for key in chosen if key in used}
-                )
+                settings = {key: used[key] for key in chosen if key in used}
+                if "," in (conn.host or ""):
+                    # Several hosts (a primary and its standbys, with target_session_attrs): every one, as
+                    # configured. libpq names only the host this connection reached, and a client that
+                    # reopens its connection after a failover must try the others.
+                    settings["host"] = conn.host
+                return make_conninfo("", password=connection.info.password, **settings)
             finally:
                 connection.close()
         hook = _driver_hook(conn)

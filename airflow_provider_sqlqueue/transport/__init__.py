@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # the same names, for type checkers (re-exported)
     from .errors import QueueNotFoundError as QueueNotFoundError
     from .errors import SqlQueueError as SqlQueueError
     from .errors import StatementRejectedError as StatementRejectedError
+    from .errors import StorageFullError as StorageFullError
     from .errors import TransactionAbortedError as TransactionAbortedError
     from .errors import TransportMisconfiguredError as TransportMisconfiguredError
     from .errors import TransportUnavailableError as TransportUnavailableError
@@ -63,6 +64,7 @@ _HOMES = {
     "QueueNotFoundError": ".errors",
     "SqlQueueError": ".errors",
     "StatementRejectedError": ".errors",
+    "StorageFullError": ".errors",
     "TransactionAbortedError": ".errors",
     "TransportMisconfiguredError": ".errors",
     "ClientClosedError": ".errors",

@@ -99,6 +99,16 @@ class TransactionAbortedError(StatementRejectedError):
     pump does not back off for it."""
 
 
+class StorageFullError(StatementRejectedError):
+    """The database has no space left to write the statement's rows: PostgreSQL's disk_full (SQLSTATE
+    53100, a tablespace's disk), SQL Server's full filegroup (1101, 1105) or transaction log (9002).
+
+    Nothing was written. It is no outage -- the database answers, and receives and acks, which need
+    little or no new space, go on -- and no retry succeeds until an operator frees space or moves the
+    table to a larger tablespace, so a sender is told at once instead of retrying for ever.
+    """
+
+
 class ObjectExistsError(StatementRejectedError):
     """Another installer created the same table or index a moment earlier (the installer re-checks)."""
 

@@ -253,9 +253,13 @@ class MessagePump:
 
         Looks every ``DELAYED_INTERVAL`` seconds, at once again after a full batch. A queue
         without a delayed table (``create_queue(..., delayed=False)``) is said once and left
-        alone; other failures are logged and retried at the next look, never stopping the pump.
+        alone; other failures are retried, never stopping the pump, after a back-off of its own
+        (the pump's settings): a mover retrying every second through an outage would open a
+        connection a second -- taking a slot from others when the database has none free -- and
+        log each failure.
         """
         delayed = self.queue.delayed()
+        breaker = CircuitBreaker(defaults.DELAYED_INTERVAL, self.breaker.max_backoff, self.breaker.alarm_after)
         while not self._stop.is_set():
             try:
                 async with self.pool.session() as session:
@@ -268,9 +272,10 @@ class MessagePump:
             except (PermissionDeniedError, NotAQueueError, InvalidArgumentError, TransportMisconfiguredError) as exc:
                 log.error("Queue %s: not moving delayed messages (retrying cannot help): %s", self.name, exc)
                 return
-            except Exception as exc:  # noqa: BLE001  # the consumer loop reports lasting outages; this one retries
-                log.warning("Queue %s: moving due delayed messages failed (%s); trying again", self.name, exc)
-                moved = 0
+            except Exception as exc:  # noqa: BLE001  # an outage: back off, never stop the pump
+                await self._sleep(breaker.failure(exc, f"{self.name} (moving due delayed messages)"))
+                continue
+            breaker.success()
             if moved:
                 log.info("Queue %s: moved %d due delayed message(s) into place", self.name, moved)
                 self._reporter.count("moved_due", self.queue, moved)

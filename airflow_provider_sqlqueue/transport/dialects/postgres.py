@@ -29,6 +29,7 @@ from ..errors import (
     QueueNotFoundError,
     SqlQueueError,
     StatementRejectedError,
+    StorageFullError,
     TransactionAbortedError,
     TransportMisconfiguredError,
     TransportUnavailableError,
@@ -63,10 +64,13 @@ _MISCONFIGURED = {
     "28P01": "wrong password",
     "3D000": "unknown database",
 }
-#: The same, recognised in the server's FATAL message: libpq reports no SQLSTATE for a refused
-#: connection. These are the server's English texts; with other lc_messages the error stays
-#: "unavailable" (retried), as before.
-_MISCONFIGURED_TEXT = (
+#: SQLSTATE too_many_connections: no connection slot was free.
+TOO_MANY_CONNECTIONS = "53300"
+#: The SQLSTATEs of refused connections (the misconfigurations above, and no slot free), recognised
+#: in the server's FATAL message: libpq reports no SQLSTATE for a refused connection. These are the
+#: server's English texts; with other lc_messages the error stays "unavailable" (retried), in words
+#: less precise.
+_CONNECT_TEXT = (
     (re.compile(r'FATAL:\s+role "[^"]*" does not exist'), "28000"),
     (re.compile(r'FATAL:\s+role "[^"]*" is not permitted to log in'), "28000"),
     (re.compile(r"FATAL:\s+no pg_hba\.conf entry"), "28000"),
@@ -93,6 +97,15 @@ _MISCONFIGURED_TEXT = (
     ),
     # sslmode=require (or stricter) against a server without SSL: the setting must change.
     (re.compile(r"server does not support SSL, but SSL was required"), SETTINGS),
+    # No connection slot free (too_many_connections): max_connections, or a role's or database's
+    # CONNECTION LIMIT. Not a misconfiguration: a slot frees when another session closes.
+    (
+        re.compile(
+            r"FATAL:\s+(too many connections for (role|database)|sorry, too many clients already"
+            r"|remaining connection slots are reserved)"
+        ),
+        TOO_MANY_CONNECTIONS,
+    ),
 )
 _CANONICAL = re.compile(r'^(?P<table>.+)@(?P<schema>"(?:[^"]|"")+")$', re.DOTALL)
 
@@ -907,7 +920,7 @@ class PostgresDialect(Dialect):
 
     def translate_error(self, exc: BaseException, address: str) -> SqlQueueError | None:
         sqlstate = getattr(exc, "sqlstate", None) or next(
-            (code for pattern, code in _MISCONFIGURED_TEXT if pattern.search(str(exc))), None
+            (code for pattern, code in _CONNECT_TEXT if pattern.search(str(exc))), None
         )
         detail = _QUERY_EXCERPT.sub("", str(exc)).strip()
         if sqlstate == "23505":  # unique_violation: the only unique keys are Id (and Seq, which the database sets)
@@ -949,6 +962,16 @@ class PostgresDialect(Dialect):
             return TransportMisconfiguredError(
                 f"the database refused the connection ({_MISCONFIGURED[sqlstate]}): {detail}; fix the connection's "
                 "settings, retrying will not help"
+            )
+        if sqlstate == TOO_MANY_CONNECTIONS:
+            return TransportUnavailableError(
+                f"the database has no connection slot free for {address} (max_connections, or the role's or the "
+                f"database's CONNECTION LIMIT, is reached): {detail}; retry once other sessions close"
+            )
+        if sqlstate == "53100":  # disk_full: the server answers; only freeing space (or a bigger tablespace) helps
+            return StorageFullError(
+                f"the database has no disk space left to write to {address}, so nothing was written: {detail}; free "
+                "space on the disk of the table's tablespace, or move the table to a larger one, then send again"
             )
         if connection_lost(sqlstate):
             return TransportUnavailableError(f"database connection lost while working on {address}: {detail}")

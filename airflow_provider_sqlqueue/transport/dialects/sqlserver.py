@@ -36,6 +36,7 @@ from ..errors import (
     QueueNotFoundError,
     SqlQueueError,
     StatementRejectedError,
+    StorageFullError,
     TransportMisconfiguredError,
     TransportUnavailableError,
 )
@@ -155,6 +156,9 @@ _EXISTS_NUMBERS = {2714, 1913}
 #: A date computed from a duration left what datetime can hold (8115: overflow converting to int
 #: or datetime; 517: adding to a datetime overflowed).
 _OVERFLOW_NUMBERS = {8115, 517}
+#: No space left to write (1101: no new page in the filegroup; 1105: filegroup full; 9002: transaction
+#: log full): the server answers, but only an operator freeing or adding space helps.
+_FULL_NUMBERS = {1101, 1105, 9002}
 
 
 #: The claim tokens of a statement's @tokens parameter (a JSON array, see ``token_list``).
@@ -1007,6 +1011,12 @@ class SqlServerDialect(Dialect):
             return StatementRejectedError(
                 f"the transaction on {address} was rolled back by an error inside it: {text}. In native mode a "
                 "handler that catches a database error must re-raise it (the message is received again)",
+                number,
+            )
+        if number in _FULL_NUMBERS:
+            return StorageFullError(
+                f"the database has no space left to write to {address} (error {number}), so nothing was written: "
+                f"{text}; free or add space to its filegroup or transaction log, then send again",
                 number,
             )
         if number is not None:
