@@ -58,9 +58,10 @@ def database() -> Iterator[str]:
             server.cleanup()
 
 
-def install_examples(pg_uri: str, schema: str) -> list[str]:
+def install_examples(pg_uri: str, schema: str, *, notify_on_insert: bool = True) -> list[str]:
     """The installer's step, as the ``sqlqueue_setup`` DAG does it: every queue of the examples (each
-    with ``error`` beside it) and the fan-out's subscriptions, in ``schema``; returns the queues' names.
+    with ``error`` beside it, every insert notifying its listeners unless ``notify_on_insert`` is
+    False) and the fan-out's subscriptions, in ``schema``; returns the queues' names.
 
     The names come from the examples' own ``sqlqueue_stages.py``, so the demo, the end-to-end tests
     and the chain benchmark create exactly what the DAGs use.
@@ -74,7 +75,7 @@ def install_examples(pg_uri: str, schema: str) -> list[str]:
 
     with QueueClient.connect(pg_uri) as installer:
         for name in QUEUES:
-            installer.create_queue(QueueAddress(name, schema))
+            installer.create_queue(QueueAddress(name, schema), notify_on_insert=notify_on_insert)
         routing = installer.create_subscription_table(QueueAddress("SubscriptionRouting", schema))
         for name, events in SUBSCRIBERS.items():
             installer.subscribe(QueueAddress(name, schema), events, table=routing)

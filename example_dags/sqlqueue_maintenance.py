@@ -38,6 +38,9 @@ with DAG(
         CreateQueueOperator(  # + error@"SCHEMA"; subscribers also subscribe to their events
             task_id=f"create_{name}",
             queue_name=queue(name),
+            # Inserts by anyone (the examples' stages, a Spark write, plain SQL, an NServiceBus
+            # endpoint) wake the sensors and watchers waiting on the queue at once.
+            notify_on_insert=True,
             subscribe_to=SUBSCRIBERS.get(name, ()),
             subscription_table=SUBSCRIPTIONS,
         )

@@ -44,7 +44,11 @@ def watched(queue_name: str, name: str) -> Asset:
             AssetWatcher(
                 name=f"{name}_watcher",
                 trigger=MessageQueueTrigger(
-                    scheme="sqlqueue", sqlqueue_conn_id=CONN, queue_name=queue_name, lease=LEASE.total_seconds()
+                    scheme="sqlqueue",
+                    sqlqueue_conn_id=CONN,
+                    queue_name=queue_name,
+                    lease=LEASE.total_seconds(),
+                    wake_on_notify=True,  # sqlqueue_setup makes the queues with notify_on_insert
                 ),
             )
         ],

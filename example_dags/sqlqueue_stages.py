@@ -128,7 +128,14 @@ def stage(
         tags=["sqlqueue", "spark"],
         doc_md=doc_md,
     ) as dag:
-        wait = SqlQueueSensor(task_id="wait", queue_name=source, max_messages=BATCH, lease=LEASE, deferrable=True)
+        wait = SqlQueueSensor(
+            task_id="wait",
+            queue_name=source,
+            max_messages=BATCH,
+            lease=LEASE,
+            deferrable=True,
+            wake_on_notify=True,  # every insert notifies: the queues are made with notify_on_insert
+        )
 
         @task.pyspark(task_id=task_id, conn_id=SPARK_CONN, multiple_outputs=True)
         def run_job(messages: list[dict], spark=None) -> dict:

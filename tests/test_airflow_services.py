@@ -105,7 +105,7 @@ def pipeline(pg_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     home = tmp_path_factory.mktemp("airflow-services")
     with psycopg.connect(pg_uri, autocommit=True) as admin:
         admin.execute(f'CREATE SCHEMA "{schema}"')
-    install_examples(pg_uri, schema)
+    install_examples(pg_uri, schema, notify_on_insert=False)  # the sqlqueue_setup DAG adds the triggers
     try:
         with metadata_database(pg_uri) as metadata_uri, SparkConnect(home / "spark") as spark:
             services = AirflowServices(
@@ -130,6 +130,31 @@ def pipeline(pg_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 def percentile(values: list[float], share: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+def test_the_setup_dag_makes_every_example_queue_notify_on_insert(pipeline: Pipeline) -> None:
+    """sqlqueue_setup (``@once``, unpaused at creation) runs under the services: its
+    CreateQueueOperator(notify_on_insert=True) adds the insert trigger to queues that existed
+    without it, and the stages' triggers listen for it."""
+
+    def setup_ran() -> bool:
+        states = pipeline.services.metadata("SELECT state FROM dag_run WHERE dag_id = 'sqlqueue_setup'")
+        assert all(state != "failed" for (state,) in states), f"sqlqueue_setup failed; logs in {pipeline.services.logs}"
+        return [state for (state,) in states] == ["success"]
+
+    pipeline.wait_until(setup_ran, 300, "sqlqueue_setup succeeded")
+    with psycopg.connect(pipeline.pg_uri, autocommit=True) as connection:
+        notifying = connection.execute(
+            "SELECT c.relname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND t.tgname = 'sqlqueue_notify_insert'",
+            (pipeline.schema,),
+        ).fetchall()
+    from sqlqueue_stages import QUEUES as EXAMPLE_QUEUES  # on sys.path since install_examples
+
+    assert sorted(name for (name,) in notifying) == sorted(EXAMPLE_QUEUES)
+    pipeline.wait_until(
+        lambda: pipeline.services.log_lines("triggerer", "woken by NOTIFY"), 120, "a stage's trigger listened"
+    )
 
 
 def test_burst_of_20_on_both_chains_reports_each_dataset_exactly_once(pipeline: Pipeline) -> None:
