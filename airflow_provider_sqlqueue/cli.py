@@ -158,7 +158,11 @@ def _installation(args: argparse.Namespace) -> Installation:
         addressing.audit_address(address)
         plans.append(
             addressing.installation(
-                address, secondary=args.secondary, body_string=args.body_string, delayed=not args.no_delayed
+                address,
+                secondary=args.secondary,
+                body_string=args.body_string,
+                delayed=not args.no_delayed,
+                notify_on_insert=args.notify_on_insert,
             )
         )
     plan = Installation.combine(plans)
@@ -168,8 +172,6 @@ def _installation(args: argparse.Namespace) -> Installation:
     if args.write_ledger or args.write_ledger_table is not None:
         ledger = defaults.WRITE_LEDGER if args.write_ledger_table is None else args.write_ledger_table
         plan = plan.with_write_ledgers([addressing.beside(ledger, addressing.address(queue)) for queue in args.queues])
-    if args.notify_on_insert:
-        plan = plan.with_notify_on_insert([addressing.address(queue) for queue in args.queues])
     return plan
 
 

@@ -164,6 +164,40 @@ def test_a_queue_made_to_notify_on_insert_wakes_listeners_of_every_sender(
         notifies_inserts(get_dialect("sqlserver"))
 
 
+def test_notify_on_insert_is_made_whole_by_installers_at_once_and_reaches_the_secondary_queue(
+    pg_uri: str, schema: str
+) -> None:
+    """Several processes creating notifying queues of one schema at once (they share its trigger
+    function) all succeed and every queue gets its trigger; an endpoint's secondary queue gets one
+    too, since the endpoint receives from it."""
+    names = [f"n{n}" for n in range(30)]
+    errors: list[BaseException] = []
+
+    def install(share: list[str]) -> None:
+        try:
+            with QueueClient.connect(pg_uri) as installer:
+                for name in share:
+                    installer.create_queue(QueueAddress(name, schema), notify_on_insert=True)
+        except BaseException as exc:  # reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=install, args=(names[n::3],)) for n in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert errors == []
+    with QueueClient.connect(pg_uri) as client:
+        client.create_queue(QueueAddress("sales", schema), secondary="W1", notify_on_insert=True)
+    with psycopg.connect(pg_uri, autocommit=True) as connection:
+        notifying = connection.execute(
+            "SELECT c.relname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n "
+            "ON n.oid = c.relnamespace WHERE n.nspname = %s AND t.tgname = 'sqlqueue_notify_insert'",
+            (schema,),
+        ).fetchall()
+    assert sorted(name for (name,) in notifying) == sorted([*names, "sales", "sales.W1"])
+
+
 async def test_a_closed_client_refuses_even_an_empty_send(pg_uri: str, queue: QueueAddress) -> None:
     with QueueClient.connect(pg_uri) as client:
         pass

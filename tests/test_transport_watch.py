@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
+import psycopg
 import pytest
 
 from airflow_provider_sqlqueue.transport import AsyncQueueClient, Message, QueueAddress, QueueClient
 from airflow_provider_sqlqueue.transport.errors import QueueNotFoundError
-from airflow_provider_sqlqueue.transport.watch import IDLE_GRACE_SECONDS, Poller, shared_poller
+from airflow_provider_sqlqueue.transport.watch import IDLE_GRACE_SECONDS, LENT_CLIENTS, Poller, shared_poller
 
 
 async def test_waiters_on_several_queues_share_one_poller_and_wake_when_theirs_fills(
@@ -66,15 +67,96 @@ async def test_woken_waiters_receive_on_clients_the_poller_lends_and_keeps(
     assert received == ["m0", "m1", "m2"]
     assert len(opened) == 2  # the poller's own connection and one lent three times
     failed = opened[1]
-    with pytest.raises(QueueNotFoundError):
+    borrowed: list[AsyncQueueClient] = []
+
+    async def receive_from_nowhere() -> None:
         async with poller.client() as lent:
-            assert lent is failed
+            borrowed.append(lent)
             await lent.receive(f"nowhere@{queue.schema}", 1)
-    assert failed.session.closed
+
+    with pytest.raises(QueueNotFoundError):
+        await receive_from_nowhere()
+    assert borrowed == [failed] and failed.session.closed
     async with poller.client() as lent:
         assert lent is not failed
         kept = lent
-    task = poller._task  # noqa: SLF001  # the poller's loop: it ends when no one has waited for a while
+    task = poller._task  # the poller's loop: it ends when no one has waited for a while
     assert task is not None
     await asyncio.wait_for(task, IDLE_GRACE_SECONDS + 10)
     assert kept.session.closed and opened[0].session.closed
+
+
+def _terminate(pg_uri: str, pid: int) -> None:
+    with psycopg.connect(pg_uri, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+
+def _backend_pid(client: AsyncQueueClient) -> int:
+    return int(client.session.connection.info.backend_pid)
+
+
+async def test_a_waiter_is_woken_after_the_pollers_listening_connection_was_cut(
+    pg_uri: str, client: QueueClient, queue: QueueAddress
+) -> None:
+    """The poller's connection killed while it listens: the poller reconnects and the waiter it had
+    is still woken by the next send, not left waiting on a loop that ended."""
+    opened: list[AsyncQueueClient] = []
+
+    async def open_client() -> AsyncQueueClient:
+        opened.append(await AsyncQueueClient.connect(pg_uri))
+        return opened[-1]
+
+    poller = Poller(open_client, interval=30, listen=True)  # only a notification can wake it in time
+    waiting = asyncio.create_task(poller.wait(str(queue), include_claims=False))
+    while not opened:
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)  # listening
+    await asyncio.to_thread(_terminate, pg_uri, _backend_pid(opened[0]))
+    await asyncio.sleep(2.5)  # the poller's back-off after the cut (1 s at a 30 s interval's base)
+    await asyncio.to_thread(client.send, queue, Message("after the cut"), notify=True)
+    await asyncio.wait_for(waiting, 20)
+    assert len(opened) == 2
+
+
+async def test_a_burst_of_woken_waiters_takes_turns_on_the_lent_clients(
+    pg_uri: str, client: QueueClient, queue: QueueAddress
+) -> None:
+    """Thirty woken waiters receive on at most LENT_CLIENTS connections; a kept client the server
+    cut while it waited is replaced before it is lent, so the borrower never sees the cut."""
+    opened: list[AsyncQueueClient] = []
+
+    async def open_client() -> AsyncQueueClient:
+        opened.append(await AsyncQueueClient.connect(pg_uri))
+        return opened[-1]
+
+    poller = Poller(open_client, interval=0.05, listen=False)
+    lent_at_once = 0
+    lent = 0
+
+    async def waiter() -> list[str]:
+        nonlocal lent, lent_at_once
+        await poller.wait(str(queue), include_claims=False)
+        async with poller.client() as borrowed:
+            lent += 1
+            lent_at_once = max(lent_at_once, lent)
+            received = [m.text for m in await borrowed.receive(queue, 1)]
+            await asyncio.sleep(0.01)
+            lent -= 1
+        return received
+
+    waiters = [asyncio.create_task(waiter()) for _ in range(30)]
+    await asyncio.sleep(0.3)
+    await asyncio.to_thread(client.send, queue, [Message(f"m{n}") for n in range(30)])
+    received = [text for got in await asyncio.wait_for(asyncio.gather(*waiters), 60) for text in got]
+    assert sorted(received) == sorted(f"m{n}" for n in range(30))  # each once
+    assert lent_at_once == LENT_CLIENTS
+    assert len(opened) <= 1 + LENT_CLIENTS  # the poller's own and the lent ones, not one per waiter
+    kept = list(poller._idle_clients)  # the clients the poller keeps for the next waiters
+    assert kept
+    for each in kept:
+        await asyncio.to_thread(_terminate, pg_uri, _backend_pid(each))
+    await asyncio.to_thread(client.send, queue, Message("after the kept ones were cut"))
+    await asyncio.wait_for(poller.wait(str(queue), include_claims=False), 10)
+    async with poller.client() as borrowed:
+        assert borrowed not in kept
+        assert [m.text for m in await borrowed.receive(queue, 1)] == ["after the kept ones were cut"]

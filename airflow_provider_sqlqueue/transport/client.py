@@ -321,8 +321,11 @@ class Addressing:
         secondary: str | None = None,
         body_string: bool = False,
         delayed: bool = True,
+        notify_on_insert: bool = False,
     ) -> Installation:
-        """Every table ``create_queue`` makes for ``queue``, in the order it makes them."""
+        """Every table ``create_queue`` makes for ``queue``, in the order it makes them; with
+        ``notify_on_insert``, the insert trigger on the queue and its secondary (the tables an
+        endpoint receives from), refused before anything is made where the database has no notifications."""
         address = self.address(queue)
         if address.table == self.dialect.inflight_table:
             raise InvalidQueueNameError(
@@ -330,6 +333,7 @@ class Addressing:
             )
         flag("body_string", body_string)
         flag("delayed", delayed)
+        notified = [address] if flag("notify_on_insert", notify_on_insert) else []
         error_address = self.error_address(error_queue, address)
         tables: list[tuple[TableKind, QueueAddress]] = [(TableKind.QUEUE, address), (TableKind.QUEUE, error_address)]
         audit_address = self._audit_of(address)
@@ -350,6 +354,7 @@ class Addressing:
                     f"the secondary queue {instance} of {address} cannot be its error or audit queue: name another"
                 )
             tables.append((TableKind.QUEUE, instance))
+            notified += [instance] if notified else []
         tables.append((TableKind.INFLIGHT, self.dialect.inflight_address(address)))
         if delayed:
             delayed_table = address.delayed()
@@ -364,7 +369,8 @@ class Addressing:
                     "delayed=False"
                 ) from None
             tables.append((TableKind.DELAYED, delayed_table))
-        return Installation(self.dialect, tuple(tables), body_string)
+        plan = Installation(self.dialect, tuple(tables), body_string)
+        return plan.with_notify_on_insert(notified) if notified else plan
 
 
 class TaskLock:
@@ -527,10 +533,13 @@ class AsyncQueueClient(Addressing):
         safe from several processes at once; needs CREATE on the schema. Returns the queue tables.
         """
         installation = self.installation(
-            queue, error_queue=error_queue, secondary=secondary, body_string=body_string, delayed=delayed
+            queue,
+            error_queue=error_queue,
+            secondary=secondary,
+            body_string=body_string,
+            delayed=delayed,
+            notify_on_insert=notify_on_insert,
         )
-        if flag("notify_on_insert", notify_on_insert):  # refused before anything is created
-            installation = installation.with_notify_on_insert([self.address(queue)])
         await self._install_plan(installation)
         return installation.queue_tables()
 

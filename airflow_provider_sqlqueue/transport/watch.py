@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from . import defaults
+from . import operations as ops
 from .breaker import CircuitBreaker
 from .client import AsyncQueueClient
 from .drivers import close_quietly
@@ -29,8 +30,9 @@ log = logger("airflow_provider_sqlqueue.watch")
 #: How long a poller with no waiters keeps its connection before it stops.
 IDLE_GRACE_SECONDS = 5.0
 
-#: Clients a poller keeps for its waiters' receives once they are done with them; more are closed.
-LENT_CLIENTS_KEPT = 4
+#: Clients a poller lends its woken waiters at once, and keeps for the next ones: a burst of woken
+#: waiters takes turns on these instead of opening a connection each.
+LENT_CLIENTS = 4
 
 
 @dataclass
@@ -71,6 +73,7 @@ class Poller:
         self._wake = asyncio.Event()
         self._on_stop: Callable[[], None] | None = None
         self._idle_clients: list[AsyncQueueClient] = []
+        self._lending = asyncio.Semaphore(LENT_CLIENTS)
         #: Peeks run so far (observability and benchmarks).
         self.peeks = 0
 
@@ -102,20 +105,36 @@ class Poller:
     async def client(self) -> AsyncIterator[AsyncQueueClient]:
         """A client for a woken waiter's receive: one a waiter gave back, else a new one.
 
-        It is kept for the next waiter only when the block ended without an error (a client an
-        error left, or a cancelled receive, may be in any state) and the poller still runs; the
-        poller closes the ones it keeps when it stops.
+        At most :data:`LENT_CLIENTS` are lent at once; more waiters wait for one. A kept client is
+        asked one cheap statement before it is lent, since the database may have cut it while it
+        waited, and replaced by a new one if it does not answer. It is kept for the next waiter
+        only when the block ended without an error (a client an error left, or a cancelled
+        receive, may be in any state) and the poller still runs; the poller closes the ones it
+        keeps when it stops. The block must leave the session's settings as it found them.
         """
-        client = self._idle_clients.pop() if self._idle_clients else await self._open_client()
-        try:
-            yield client
-        except BaseException:
-            await close_quietly(client)
-            raise
-        if self._task is None or self._task.done() or len(self._idle_clients) >= LENT_CLIENTS_KEPT:
-            await close_quietly(client)
-        else:
-            self._idle_clients.append(client)
+        async with self._lending:
+            client = await self._lendable()
+            try:
+                yield client
+            except BaseException:
+                await close_quietly(client)
+                raise
+            if self._task is None or self._task.done():
+                await close_quietly(client)
+            else:
+                self._idle_clients.append(client)
+
+    async def _lendable(self) -> AsyncQueueClient:
+        while self._idle_clients:
+            client = self._idle_clients.pop()
+            try:
+                await client.session.run(ops.probe(client.dialect))
+            except TransportUnavailableError as exc:
+                log.info("Poller: a kept connection was cut while it waited (%s); opening another", exc)
+                await close_quietly(client)
+                continue
+            return client
+        return await self._open_client()
 
     async def _run(self) -> None:
         breaker = CircuitBreaker(
@@ -154,12 +173,17 @@ class Poller:
                     continue
                 except Exception as exc:  # noqa: BLE001  # the connection itself is unusable (wrong type, bad settings)
                     log.error("Poller: cannot open the queues' connection: %s", exc)
-                    for key, watch in waited.items():
-                        watch.error = exc
-                        self._watches.pop(key, None)
-                        watch.wake()
+                    self._fail(waited, exc)
                     continue
-                await self._pause(client, [queue for queue, _ in waited])
+                try:
+                    await self._pause(client, [queue for queue, _ in waited])
+                except TransportUnavailableError as exc:  # cut while listening: reconnect as after a failed peek
+                    await close_quietly(client)
+                    client = None
+                    await asyncio.sleep(breaker.failure(exc, ", ".join(queue for queue, _ in waited)))
+        except Exception as exc:  # no waiter may wait for a loop that has ended: each gets the error
+            log.exception("Poller: stopped by an unexpected error; its waiters get it")
+            self._fail(dict(self._watches), exc)
         finally:
             idle, self._idle_clients = [client, *self._idle_clients], []
             for each in idle:
@@ -167,6 +191,13 @@ class Poller:
                     await close_quietly(each)
             if self._on_stop is not None:
                 self._on_stop()
+
+    def _fail(self, watches: dict[tuple[str, bool], _Watch], error: BaseException) -> None:
+        """Give ``watches``' waiters ``error`` and forget the queues: the next wait starts afresh."""
+        for key, watch in watches.items():
+            watch.error = error
+            self._watches.pop(key, None)
+            watch.wake()
 
     async def _peek(self, client: AsyncQueueClient, queue: str, include_claims: bool, watch: _Watch) -> None:
         try:
@@ -188,17 +219,29 @@ class Poller:
         """Wait out the interval, ending early for a new queue or (when listening) a send notification."""
         self._wake.clear()
         if client is None or not queues or not self.listen:
-            try:
-                await asyncio.wait_for(self._wake.wait(), self.interval)
-            except TimeoutError:
-                pass
+            await self._sleep_or_wake(self.interval)
             return
         # Listen in slices, so a queue that gets its first waiter meanwhile is peeked within one.
         deadline = self._loop.time() + self.interval
         while not self._wake.is_set():
             remaining = deadline - self._loop.time()
-            if remaining <= 0 or await client.wait_for_notifications(queues, min(remaining, 0.5)):
+            if remaining <= 0:
                 return
+            try:
+                if await client.wait_for_notifications(queues, min(remaining, 0.5)):
+                    return
+            except TransportUnavailableError:
+                raise
+            except Exception as exc:  # noqa: BLE001  # a queue gone meanwhile: the next peek tells its waiters
+                log.warning("Poller: cannot listen for %s now (%s); peeking at the interval", ", ".join(queues), exc)
+                await self._sleep_or_wake(remaining)
+                return
+
+    async def _sleep_or_wake(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._wake.wait(), seconds)
+        except TimeoutError:
+            pass
 
 
 _pollers: dict[Hashable, Poller] = {}

@@ -720,18 +720,28 @@ class PostgresDialect(Dialect):
         # NServiceBus endpoint's or plain SQL's insert wakes listeners as a library send does. The
         # channel is the trigger's argument, a literal of hexadecimal digits and a prefix.
         schema = address.schema or self.default_schema
-        function = self.qualified_name(QueueAddress("sqlqueue_notify_insert", schema))
+        function_address = QueueAddress("sqlqueue_notify_insert", schema)
+        function = self.qualified_name(function_address)
         notify = (
             f"CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $sqlqueue$ "
             "BEGIN PERFORM pg_notify(TG_ARGV[0], COALESCE((SELECT min(Seq) FROM sent)::text, '')); RETURN NULL; END "
             "$sqlqueue$"
         )
-        trigger = (
-            f"CREATE OR REPLACE TRIGGER sqlqueue_notify_insert AFTER INSERT ON {self.qualified_name(address)} "
-            "REFERENCING NEW TABLE AS sent FOR EACH STATEMENT "
-            f"EXECUTE FUNCTION {function}({quote_literal(self.notify_channel(address))})"
-        )
-        return [notify, trigger]
+        q = self.qualified_name(address)
+        return [
+            # Every notifying queue of the schema replaces the one function: installers of two queues
+            # at once would otherwise update its catalog row together ("tuple concurrently updated").
+            self.install_lock_sql(function_address),
+            notify,
+            # Dropped and made again (in the installer's transaction) rather than CREATE OR REPLACE
+            # TRIGGER, which PostgreSQL 13 lacks.
+            f"DROP TRIGGER IF EXISTS sqlqueue_notify_insert ON {q}",
+            (
+                f"CREATE TRIGGER sqlqueue_notify_insert AFTER INSERT ON {q} "
+                "REFERENCING NEW TABLE AS sent FOR EACH STATEMENT "
+                f"EXECUTE FUNCTION {function}({quote_literal(self.notify_channel(address))})"
+            ),
+        ]
 
     def listen_sql(self, channel: str) -> str | None:
         return f"LISTEN {quote_ident(channel)}"

@@ -53,6 +53,7 @@ from .inspection import (
     list_queues,
     peek,
     peek_claims,
+    probe,
     queue_stats,
     seq_range,
 )
@@ -136,6 +137,7 @@ __all__ = [
     "notify_on_insert",
     "peek",
     "peek_claims",
+    "probe",
     "publish",
     "purge_all",
     "purge_expired_batch",

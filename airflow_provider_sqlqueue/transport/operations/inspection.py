@@ -27,6 +27,12 @@ log = logger("airflow_provider_sqlqueue.transport")
 
 
 @autocommitted
+def probe(d: Dialect) -> Operation[None]:
+    """One cheap statement: whether a connection that sat idle still answers (the server may have
+    cut it meanwhile; a failure is the transport's TransportUnavailableError)."""
+    yield Step(d.current_catalog_sql(), {}, Fetch.ONE, "the database")
+
+
 def peek(d: Dialect, address: QueueAddress, include_claims: bool = False) -> Operation[int]:
     """Estimate pending messages cheaply (sequence range of unlocked rows); plus claims ready again.
 
