@@ -137,7 +137,8 @@ def test_unreachable_database_is_a_clear_error_without_the_password(airflow_db, 
     assert "s3cret-pw" not in str(caught.value)
 
 
-#: Run in a fresh interpreter where ``import pyodbc`` fails as it does on a host without unixODBC.
+#: Run in a fresh interpreter where ``import pyodbc`` fails as it does on a host without unixODBC,
+#: and pymssql as on a host that installed neither SQL Server extra.
 WITHOUT_ODBC = textwrap.dedent(
     """
     import sys
@@ -146,6 +147,8 @@ WITHOUT_ODBC = textwrap.dedent(
         def find_spec(self, name, path=None, target=None):
             if name == "pyodbc":
                 raise ImportError("libodbc.so.2: cannot open shared object file: No such file or directory")
+            if name == "pymssql":
+                raise ImportError("No module named 'pymssql'")
             return None
 
     sys.meta_path.insert(0, NoOdbc())
@@ -164,16 +167,25 @@ WITHOUT_ODBC = textwrap.dedent(
         client.send(queue, Message("without odbc"))
         print("RESULT", [m.text for m in client.receive(queue, 5)])
         client.drop_queue(queue)
-    try:
-        SqlQueueHook("odbc_db").client()
-    except UnsupportedConnectionError as exc:
-        print("RESULT odbc:", exc)
-    assert "pyodbc" not in sys.modules
+    for conn_id in ("odbc_db", "mssql_db"):
+        try:
+            SqlQueueHook(conn_id).client()
+        except UnsupportedConnectionError as exc:
+            print("RESULT hook:", exc)
+    from airflow_provider_sqlqueue.transport import QueueClient, TransportMisconfiguredError
+    for uri in ("mssql+pyodbc://sa:pw@127.0.0.1:1433/test?driver=FreeTDS", "mssql://sa:pw@127.0.0.1:1433/test"):
+        try:
+            QueueClient.connect(uri)
+        except TransportMisconfiguredError as exc:
+            print("RESULT client:", exc)
+    assert "pyodbc" not in sys.modules and "pymssql" not in sys.modules
     """
 )
 
 
-def test_a_host_without_unixodbc_runs_postgresql_queues_and_says_what_an_odbc_connection_lacks(pg_uri, raw) -> None:
+def test_a_host_without_sql_server_drivers_runs_postgresql_queues_and_names_the_extra_a_connection_needs(
+    pg_uri, raw
+) -> None:
     schema = f"t_{uuid.uuid4().hex[:12]}"
     raw.execute(f'CREATE SCHEMA "{schema}"')
     env = {
@@ -181,6 +193,7 @@ def test_a_host_without_unixodbc_runs_postgresql_queues_and_says_what_an_odbc_co
         "PYTHONPATH": os.getcwd(),
         "AIRFLOW_CONN_QUEUE_DB": pg_uri,
         "AIRFLOW_CONN_ODBC_DB": "odbc://sa:pw@127.0.0.1:1433/test",
+        "AIRFLOW_CONN_MSSQL_DB": "mssql://sa:pw@127.0.0.1:1433/test",
     }
     try:
         run = subprocess.run(
@@ -191,7 +204,14 @@ def test_a_host_without_unixodbc_runs_postgresql_queues_and_says_what_an_odbc_co
     assert run.returncode == 0, run.stderr[-3000:]
     lines = [line.removeprefix("RESULT ") for line in run.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines[0] == "['without odbc']"
-    assert lines[1].startswith("odbc: connection 'odbc_db' needs pyodbc") and "unixodbc" in lines[1], lines[1]
+    odbc_hook, mssql_hook, odbc_client, mssql_client = lines[1:]
+    assert odbc_hook.startswith("hook: connection 'odbc_db' is of type odbc"), odbc_hook
+    assert "airflow-provider-sqlqueue[odbc]" in odbc_hook and "unixodbc" in odbc_hook, odbc_hook
+    assert mssql_hook.startswith("hook: connection 'mssql_db' is of type mssql"), mssql_hook
+    assert "airflow-provider-sqlqueue[mssql]" in mssql_hook, mssql_hook
+    assert "airflow-provider-sqlqueue[odbc]" in odbc_client and "unixodbc" in odbc_client, odbc_client
+    assert "airflow-provider-sqlqueue[mssql]" in mssql_client, mssql_client
+    assert "pw" not in " ".join(lines[1:]).replace("pymssql", "").replace("pyodbc", "")
 
 
 def set_conn(monkeypatch, conn_id: str, pg_uri: str, **changes) -> None:

@@ -77,7 +77,10 @@ def test_the_wheel_holds_the_package_its_license_and_honest_metadata(wheel: Path
     assert not [n for n in names if n.split("/")[0] in ("tests", "example_dags", "bench", "demo", "docs")]
     assert metadata["License-Expression"] == "Apache-2.0"
     assert "Framework :: Apache Airflow :: Provider" in metadata.get_all("Classifier")
-    assert metadata.get_all("Provides-Extra") == ["spark"]  # the test tools are a dependency group, not an extra
+    # SQL Server's drivers are extras; the test tools are a dependency group, not an extra.
+    assert metadata.get_all("Provides-Extra") == ["mssql", "odbc", "spark"]
+    core = {r.name for r in map(Requirement, metadata.get_all("Requires-Dist")) if r.marker is None}
+    assert not core & {"pymssql", "pyodbc", "apache-airflow-providers-microsoft-mssql", "apache-airflow-providers-odbc"}
     tested = f"{sys.version_info.major}.{sys.version_info.minor}"
     assert metadata["Requires-Python"] == f">={tested}"  # the floor is what the suite runs on
     assert f"Programming Language :: Python :: {tested}" in metadata.get_all("Classifier")
@@ -100,23 +103,28 @@ with DAG("sqlqueue_smoke", start_date=datetime(2026, 1, 1), schedule=None, catch
 """
 
 
-def requirements(wheel: Path, extra: str | None = None) -> list[str]:
-    """The dependencies the wheel declares, with those of ``extra``, as requirement lines without markers."""
+#: Every extra the wheel has: the floors' install takes them all, so every declared floor is installed.
+EXTRAS = ("mssql", "odbc", "spark")
+
+
+def requirements(wheel: Path, extras: tuple[str, ...] = ()) -> list[str]:
+    """The dependencies the wheel declares, with those of ``extras``, as requirement lines without markers."""
     with zipfile.ZipFile(wheel) as archive:
         name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
         metadata = email.message_from_string(archive.read(name).decode())
     lines = []
     for requirement in map(Requirement, metadata.get_all("Requires-Dist")):
-        if requirement.marker is None or requirement.marker.evaluate({"extra": extra or ""}):
+        marker = requirement.marker
+        if marker is None or any(marker.evaluate({"extra": extra}) for extra in extras):
             extras = f"[{','.join(sorted(requirement.extras))}]" if requirement.extras else ""
             lines.append(f"{requirement.name}{extras}{requirement.specifier}")
     return lines
 
 
-def floors(wheel: Path, extra: str | None = None) -> dict[str, Version]:
+def floors(wheel: Path, extras: tuple[str, ...] = ()) -> dict[str, Version]:
     """The lower bound of each dependency the wheel declares (a pin is its own floor)."""
     found = {}
-    for requirement in map(Requirement, requirements(wheel, extra)):
+    for requirement in map(Requirement, requirements(wheel, extras)):
         [floor] = [spec.version for spec in requirement.specifier if spec.operator in (">=", "==")]
         found[canonicalize_name(requirement.name)] = Version(floor)
     return found
@@ -139,13 +147,13 @@ def test_the_wheel_alone_installs_registers_and_runs_a_dag_in_a_clean_virtualenv
     if resolution == "highest":
         uv(*install, str(wheel), timeout=900)
     else:
-        # lowest-direct lowers what the command names: the wheel's declared dependencies (with the
-        # spark extra's) are named too. A floor written as a series (psycopg 3.3) may resolve to a
+        # lowest-direct lowers what the command names: the wheel's declared dependencies (with every
+        # extra's) are named too. A floor written as a series (psycopg 3.3) may resolve to a
         # later release of that series where the first has no wheel for this platform.
         declared = tmp_path / "declared.txt"
-        declared.write_text("".join(f"{line}\n" for line in requirements(wheel, "spark")))
-        uv(*install, f"{wheel}[spark]", "-r", str(declared), timeout=900)
-        lowest, versions = floors(wheel, "spark"), installed(python)
+        declared.write_text("".join(f"{line}\n" for line in requirements(wheel, EXTRAS)))
+        uv(*install, f"{wheel}[{','.join(EXTRAS)}]", "-r", str(declared), timeout=900)
+        lowest, versions = floors(wheel, EXTRAS), installed(python)
         assert {n: versions[n].release[: len(f.release)] for n, f in lowest.items()} == {
             n: f.release for n, f in lowest.items()
         }
@@ -166,6 +174,19 @@ def test_the_wheel_alone_installs_registers_and_runs_a_dag_in_a_clean_virtualenv
         assert done.returncode == 0, f"{' '.join(command)}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
         return done.stdout
 
+    if resolution == "highest":  # the wheel alone: no SQL Server driver, and a clear word where one is needed
+        assert not {"pymssql", "pyodbc"} & set(installed(python))
+        refused = subprocess.run(
+            ["sqlqueue", "health", "--conn", "mssql://sa:secret-pw@127.0.0.1:1433/test"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+            cwd=tmp_path,
+            check=False,
+        )
+        assert refused.returncode == 1 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+        assert "airflow-provider-sqlqueue[mssql]" in refused.stderr and "secret-pw" not in refused.stderr
     assert run("sqlqueue", "--version").strip().startswith("sqlqueue ")
     assert "sqlqueue" in run("sqlqueue", "--help")
     run("airflow", "db", "migrate")

@@ -27,6 +27,7 @@ from ..transport import AsyncQueueClient, QueueClient, defaults
 from ..transport.client import Addressing
 from ..transport.dialects import get_dialect
 from ..transport.drivers import PsycopgSession, Session, ThreadSession, opening, session_over
+from ..transport.drivers.sqlserver import DRIVER_EXTRAS
 from ..transport.errors import SqlQueueError, TransportMisconfiguredError, one_line
 from ..transport.meter import Meter
 
@@ -188,9 +189,12 @@ def _driver_hook(conn: Connection) -> Any:
             return MsSqlHook(mssql_conn_id=conn.conn_id, connection=bare)
         from airflow.providers.odbc.hooks.odbc import OdbcHook
     except ImportError as exc:
-        library = "pyodbc (and unixODBC's libodbc, e.g. apt-get install unixodbc)" if odbc else "pymssql"
+        extra = DRIVER_EXTRAS["pyodbc" if odbc else "pymssql"]
+        system = " and unixODBC's libodbc (e.g. apt-get install unixodbc)" if odbc else ""
         raise UnsupportedConnectionError(
-            f"connection {conn.conn_id!r} needs {library}, which cannot be loaded here: {exc}"
+            f"connection {conn.conn_id!r} is of type {extra}, whose provider and driver cannot be loaded here "
+            f"({one_line(exc)}): install the package's {extra!r} extra "
+            f"(pip install 'airflow-provider-sqlqueue[{extra}]'){system}"
         ) from None
 
     class _OdbcHook(OdbcHook):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import re
 import uuid
 from abc import abstractmethod
@@ -12,13 +13,33 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ..dialects import get_dialect
 from ..dialects import sqlserver as tsql
-from ..errors import TransactionAbortedError, TransportMisconfiguredError
+from ..errors import TransactionAbortedError, TransportMisconfiguredError, one_line
 from ..operations.steps import Fetch, Step
 from .base import Session, finish, translated
 
 #: URI schemes of SQL Server, and which driver each one opens.
 PYMSSQL_SCHEMES = ("mssql", "sqlserver", "mssql+pymssql")
 PYODBC_SCHEMES = ("mssql+pyodbc",)
+
+
+#: The package extra that installs each SQL Server driver (pyproject.toml's optional dependencies).
+DRIVER_EXTRAS = {"pymssql": "mssql", "pyodbc": "odbc"}
+
+
+def import_driver(name: str) -> Any:
+    """Import SQL Server driver ``name``, or say which extra of this package installs it.
+
+    The drivers are extras: a host that serves only PostgreSQL queues has neither. pyodbc also
+    needs unixODBC's system library, which its import reports missing as an ImportError too.
+    """
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        system = " and unixODBC's libodbc (e.g. apt-get install unixodbc)" if name == "pyodbc" else ""
+        raise TransportMisconfiguredError(
+            f"{name} cannot be loaded here ({one_line(exc)}): SQL Server through {name} needs the package's "
+            f"{DRIVER_EXTRAS[name]!r} extra (pip install 'airflow-provider-sqlqueue[{DRIVER_EXTRAS[name]}]'){system}"
+        ) from None
 
 
 def is_odbc_string(target: str) -> bool:
@@ -286,7 +307,7 @@ class PymssqlSession(_SqlServerSession):
     @classmethod
     def connect(cls, uri: str, **kwargs: Any) -> PymssqlSession:
         """Open ``mssql://user:password@host:port/database?login_timeout=10`` in autocommit mode."""
-        import pymssql
+        pymssql = import_driver("pymssql")
 
         parts = urlsplit(uri)
         options: dict[str, Any] = {"login_timeout": 10, **dict(parse_qsl(parts.query)), **kwargs}
@@ -326,7 +347,7 @@ class PyodbcSession(_SqlServerSession):
     @classmethod
     def connect(cls, target: str, **kwargs: Any) -> PyodbcSession:
         """Open an ODBC connection string, or ``mssql+pyodbc://user:password@host:port/db?driver=FreeTDS``."""
-        import pyodbc
+        pyodbc = import_driver("pyodbc")
 
         connection_string = target if is_odbc_string(target) else odbc_connection_string(target)
         with translated(get_dialect("sqlserver"), pyodbc.Error):
