@@ -196,6 +196,17 @@ def test_one_airflow_floor_is_stated_everywhere() -> None:
     assert stated and {version for _, version in stated} == {floor}, sorted(stated)
 
 
+def test_the_python_versions_stated_are_the_classifiers() -> None:
+    """install.md's "Python 3.11 to 3.14" and pyproject's classifiers name the same versions."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    classified = [int(c.rsplit(".", 1)[1]) for c in project["classifiers"] if re.fullmatch(r".*Python :: 3\.\d+", c)]
+    low, high = re.search(r"Python 3\.(\d+) to 3\.(\d+)", (DOCS / "install.md").read_text(encoding="utf-8")).groups()  # type: ignore[union-attr]
+    assert classified == list(range(int(low), int(high) + 1))
+    assert project["requires-python"] == f">=3.{low}"
+
+
 def test_the_site_builds_without_a_warning(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", str(DOCS), str(tmp_path / "html")],
