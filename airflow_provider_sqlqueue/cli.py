@@ -563,7 +563,8 @@ def airflow_commands() -> list[Any]:
     return [
         GroupCommand(
             name="sqlqueue",
-            help=DESCRIPTION,
+            help="SQL queues: the sqlqueue command's scripts and looks at live queues",
+            description=DESCRIPTION,
             subcommands=[action(c) for c in COMMANDS],
         )
     ]

@@ -732,7 +732,7 @@ def test_both_help_texts_name_every_command() -> None:
     [group] = cli.airflow_commands()
     for command in cli.COMMANDS:
         assert command.name in cli.DESCRIPTION
-    assert group.help == cli.DESCRIPTION
+    assert group.description == cli.DESCRIPTION
     assert [sub.name for sub in group.subcommands] == [command.name for command in cli.COMMANDS]
     shown = cli.build_parser().format_help()
     assert all(command.name in shown for command in cli.COMMANDS)
