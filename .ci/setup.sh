@@ -1,9 +1,10 @@
 # Sourced by .ci/test and .ci/demo: brings a fresh machine to the point where the project runs.
 # Installs only from the repository's own files (pyproject.toml + uv.lock) and Debian's packages.
 # SQLQUEUE_SETUP=demo (set by .ci/demo) installs only what the demo uses: Java for Spark, the
-# package with its spark extra and the demo group. The tests also need unixODBC and FreeTDS (the
-# SQL Server drivers' statements are checked), Chromium (the Queues page's browser test) and the
-# dev group. Root is needed only to install missing Debian packages.
+# package with its spark extra and the demo group (a development .venv is synced whole instead).
+# The tests also need unixODBC and FreeTDS (the SQL Server drivers' statements are checked),
+# Chromium (the Queues page's browser test) and the dev group. Root is needed only to install
+# missing Debian packages.
 set -euo pipefail
 
 need_apt=()
@@ -39,7 +40,9 @@ else
     uv=("$tools/bin/uv")
 fi
 
-if [ "${SQLQUEUE_SETUP:-test}" = demo ]; then
+# The demo on a development checkout (a .venv with the dev group, which includes the demo's) keeps
+# the whole development environment: a demo-only sync would uninstall the test and docs tools.
+if [ "${SQLQUEUE_SETUP:-test}" = demo ] && [ ! -x .venv/bin/pytest ]; then
     echo ">> syncing .venv from uv.lock (the package, its spark extra and the demo group)"
     "${uv[@]}" sync --locked --extra spark --no-default-groups --group demo --python "$(command -v python3)" --quiet
 else

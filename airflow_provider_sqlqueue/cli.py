@@ -1,7 +1,8 @@
 """``sqlqueue`` (and ``airflow sqlqueue``): scripts a DBA reviews before anything runs, and a look at live queues.
 
 ``ddl`` and ``grants`` print, without connecting, what ``create_queue`` would create for the
-given queues and what a runtime role needs on it; ``health``, ``depths``, ``errors``, ``retry``, ``move-due``
+given queues and what a runtime role needs on it; ``health``, ``depths``, ``errors``, ``retry``,
+``release-lapsed``, ``move-due``
 and the subscription commands work on a database named by ``--conn`` (a URI, as ``QueueClient.connect`` takes; default
 ``$SQLQUEUE_CONN``) or, where Airflow is installed, by ``--conn-id`` (an Airflow connection).
 
@@ -21,19 +22,19 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TextIO
 
 from . import __version__
 from .exit_status import INTERRUPTED
-from .transport import QueueClient, defaults
+from .transport import QueueAddress, QueueClient, defaults
 from .transport import operations as ops
 from .transport.client import Addressing, lock_wait_span
 from .transport.dialects import Dialect, get_dialect
 from .transport.drivers import dialect_for, finish
 from .transport.errors import InvalidArgumentError, SqlQueueError, one_line, printable
 from .transport.install import Installation
-from .transport.message import check_positive
+from .transport.message import check_positive, shown_time
 
 if TYPE_CHECKING:
     from .hooks.sqlqueue import SqlQueueHook
@@ -298,7 +299,7 @@ def run_health(args: argparse.Namespace, out: TextIO) -> int:
     elif horizon.oldest is None:
         out.write("xmin horizon: held by no other session, prepared transaction or replication slot\n")
     for n, holder in enumerate(() if horizon is None else horizon.holders):
-        since = "-" if holder.since is None else f"{holder.since.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
+        since = shown_time(holder.since) or "-"
         who = printable(
             f"{holder.holder} ({holder.application or 'no application name'}, {holder.state or 'state hidden'})"
         )
@@ -320,7 +321,7 @@ def run_health(args: argparse.Namespace, out: TextIO) -> int:
             _age(s.overdue),
             f"{s.expired}{'+' if s.expired >= capped else ''}",
             "-" if s.dead_rows is None else s.dead_rows,
-            "never" if s.last_vacuum is None else f"{s.last_vacuum.astimezone(UTC):%Y-%m-%d %H:%M} UTC",
+            shown_time(s.last_vacuum) or "never",
         ]
         for s in health.queues
     ]
@@ -337,13 +338,41 @@ def run_health(args: argparse.Namespace, out: TextIO) -> int:
     return PROBLEMS_FOUND
 
 
+def _error_queues(client: QueueClient, args: argparse.Namespace) -> list[QueueAddress] | None:
+    """The error queues ``errors`` and ``retry`` read when neither ``--error-queue`` nor ``--queue`` says
+    (None when one does: the client's rule then chooses, in ``--queue``'s schema): those of the
+    database, found as ``health`` finds them -- in whichever schema the queues live, not only in the
+    connection's default one."""
+    if args.error_queue is not None or args.queue is not None:
+        return None
+    found = client.error_queues()
+    if not found:
+        raise SqlQueueError(
+            "found no error queue among the tables the connection may read; name one with --error-queue"
+        )
+    return found
+
+
 def run_errors(args: argparse.Namespace, out: TextIO) -> None:
+    """The groups of each error queue; each is named first when none was (several schemas may have one)."""
     with _client(args) as client:
-        groups = client.error_summary(queue=args.queue, limit=args.limit)
-    rows = [[g.count, g.source, g.exception_type, g.newest_failure or "-", g.newest_message] for g in groups]
-    _table(out, ["count", "failed in", "exception", "newest failure", "newest message"], rows)
-    if not rows:
-        out.write("(the error queue is empty)\n")
+        found = _error_queues(client, args)
+        summaries = [
+            (
+                None if error is None else client.canonical_address(error),
+                client.error_summary(error, queue=args.queue, limit=args.limit),
+            )
+            for error in ([None] if found is None else found)
+        ]
+    for n, (name, groups) in enumerate(summaries):
+        if name is not None:
+            out.write(("\n" if n else "") + f"{printable(name)}:\n")
+        rows = [
+            [g.count, g.source, g.exception_type, shown_time(g.newest_failure) or "-", g.newest_message] for g in groups
+        ]
+        _table(out, ["count", "failed in", "exception", "newest failure", "newest message"], rows)
+        if not rows:
+            out.write("(the error queue is empty)\n")
 
 
 def run_retry(args: argparse.Namespace, out: TextIO) -> None:
@@ -352,14 +381,28 @@ def run_retry(args: argparse.Namespace, out: TextIO) -> None:
     retried, after = 0, 0
     left: list[tuple[int, str]] = []
     with _client(args) as client:
+        found = _error_queues(client, args)
+        if found is not None and len(found) > 1:
+            raise SqlQueueError(
+                f"the database has {len(found)} error queues ({', '.join(map(client.canonical_address, found))}); "
+                "name the one to retry with --error-queue"
+            )
+        error = None if found is None else found[0]
         while True:
-            page = client.retry_errors_page(queue=args.queue, after=after, limit=args.limit - retried)
+            page = client.retry_errors_page(error, queue=args.queue, after=after, limit=args.limit - retried)
             retried, after = retried + page.retried, page.after
             left += page.skipped
             if page.done or retried >= args.limit:
                 break
     out.write(f"sent {retried} message(s) back to the queue(s) they failed in\n")
     out.writelines(f"left the message at seq {seq}: {one_line(Exception(reason))}\n" for seq, reason in left)
+
+
+def run_release_lapsed(args: argparse.Namespace, out: TextIO) -> None:
+    with _client(args) as client:
+        for name in args.queues:
+            released = client.release_lapsed(name)
+            out.write(f"{client.canonical_address(name)}: gave {released} lapsed claim(s) back to the queue\n")
 
 
 def run_move_due(args: argparse.Namespace, out: TextIO) -> None:
@@ -429,6 +472,12 @@ COMMANDS = [
         [CONN, CONN_ID, ERROR_QUEUE, QUEUE_FILTER, RETRY_LIMIT, LOCK_TIMEOUT],
     ),
     Command(
+        "release-lapsed",
+        "give lapsed claims (their holders died or stalled) back to their queues, where every receiver finds them",
+        run_release_lapsed,
+        [SOME_QUEUES, CONN, CONN_ID, LOCK_TIMEOUT],
+    ),
+    Command(
         "move-due",
         "move due delayed messages into their queues (where no pump runs the mover: cron, a maintenance DAG)",
         run_move_due,
@@ -468,11 +517,12 @@ def _run(command: Command, args: argparse.Namespace) -> int:
     return status or 0
 
 
-#: What ``sqlqueue --help`` says first: plain text, as a terminal shows it.
+#: What ``sqlqueue --help`` and ``airflow sqlqueue --help`` say first, naming every command of
+#: :data:`COMMANDS` (so neither can leave one out): plain text, as a terminal shows it.
 DESCRIPTION = (
-    "SQL queues from the command line: scripts a DBA reviews before anything runs (ddl, grants), "
-    "and a look at live queues (health, depths, errors, retry, move-due, subscriptions). "
-    "Connect with --conn URI (default $SQLQUEUE_CONN) or, where Airflow is installed, --conn-id."
+    f"SQL queues from the command line: {', '.join(c.name for c in COMMANDS)}. The scripts a DBA reviews "
+    "(ddl, grants) need no connection; the others connect with --conn URI (default $SQLQUEUE_CONN) or, "
+    "where Airflow is installed, --conn-id."
 )
 
 
@@ -515,7 +565,8 @@ def airflow_commands() -> list[Any]:
     return [
         GroupCommand(
             name="sqlqueue",
-            help="SQL queues: DBA scripts, depths, errors, retry",
+            help="SQL queues: the sqlqueue command's scripts and looks at live queues",
+            description=DESCRIPTION,
             subcommands=[action(c) for c in COMMANDS],
         )
     ]

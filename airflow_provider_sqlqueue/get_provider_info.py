@@ -8,11 +8,21 @@ from . import __version__
 from .transport import defaults
 
 INTEGRATION = "SQL Queue"
+PACKAGE = "airflow-provider-sqlqueue"
+
+
+def documentation_url() -> str:
+    """Where this provider's documentation is: ``[project.urls] Documentation`` of pyproject.toml, as the
+    installed package's metadata carries it, so the address has one home."""
+    from importlib.metadata import metadata
+
+    urls: dict[str, str] = dict(entry.split(", ", 1) for entry in metadata(PACKAGE).get_all("Project-URL") or [])
+    return urls["Documentation"]
 
 
 def get_provider_info() -> dict[str, Any]:
     return {
-        "package-name": "airflow-provider-sqlqueue",
+        "package-name": PACKAGE,
         "name": "SQL Queue",
         "description": "Durable message queues in PostgreSQL and SQL Server tables, wire-compatible with "
         "NServiceBus's SQL transports; sensors, triggers and event-driven scheduling on them.",
@@ -20,7 +30,7 @@ def get_provider_info() -> dict[str, Any]:
         "integrations": [
             {
                 "integration-name": INTEGRATION,
-                "external-doc-url": "https://docs.particular.net/transports/sql/",
+                "external-doc-url": documentation_url(),
                 "tags": ["software"],
             }
         ],

@@ -42,5 +42,6 @@ html_title = "airflow-provider-sqlqueue"
 html_theme_options = {"description": "NServiceBus-compatible queues in PostgreSQL and SQL Server tables, for Airflow"}
 
 autodoc_member_order = "bysource"
-autodoc_typehints = "none"  # the signatures show the types; Airflow's and psycopg's are not all resolvable
+autodoc_typehints = "signature"  # each parameter's type where it is named, as the code declares it
+python_use_unqualified_type_names = True  # ``QueueAddress``, not its module path, wherever it is documented
 autodoc_default_options = {"members": True, "show-inheritance": True}

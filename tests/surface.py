@@ -512,4 +512,4 @@ def good_value(kind: Kind, parameter: str, world: World) -> Any:
 #: Public methods that take no hostile input: they are called with no arguments.
 NO_INPUT = {"close", "queues", "connection", "database", "get_conn", "async_client", "client", "conninfo"}
 NO_INPUT |= {"test_connection", "aconnection", "dialect_name", "error_queue", "audit_queue", "transaction"}
-NO_INPUT |= {"horizon", "meter"}
+NO_INPUT |= {"horizon", "meter", "error_queues"}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -628,3 +629,110 @@ def test_the_longest_postgres_names_are_made_whole(pg_uri, schema, client):
     for table in (with_delayed, f"{with_delayed}.Delayed", without):
         assert {table, f"{table}_Expires"} <= made or {table, f"{table}_Due"} <= made, table
     assert {f"{with_delayed}_seq_seq", f"{without}_seq_seq"} <= made
+
+
+def test_release_lapsed_gives_lapsed_claims_back(pg_uri, schema, client, queue):
+    """What health's lapsed problem tells the operator to run."""
+    client.send(queue, [Message("a"), Message("b")])
+    client.claim(queue, 2, lease=0.001)
+    time.sleep(0.05)
+    found = sqlqueue("health", f'orders@"{schema}"', "--conn", pg_uri)
+    assert found.returncode == 3
+    [lapsed] = [line for line in found.stdout.splitlines() if line.startswith("PROBLEM lapsed")]
+    assert f"`sqlqueue release-lapsed 'orders@\"{schema}\"'`" in lapsed and "Give back" in lapsed
+    done = sqlqueue("release-lapsed", f'orders@"{schema}"', "--conn", pg_uri)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f'orders@"{schema}": gave 2 lapsed claim(s) back to the queue\n'
+    assert (client.lapsed_claims(queue), client.in_flight(queue), client.depth(queue)) == (0, 0, 2)
+    missing = sqlqueue("release-lapsed", f'nowhere@"{schema}"', "--conn", pg_uri)
+    assert missing.returncode == 1 and len(missing.stderr.splitlines()) == 1 and missing.stdout == ""
+
+
+@pytest.fixture
+def database(pg_uri: str) -> Iterator[str]:
+    """The URI of a database of its own, whose every table the test knows: no public.error in it."""
+    name = f"cli_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(pg_uri, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield make_conninfo(pg_uri, dbname=name)
+    finally:
+        with psycopg.connect(pg_uri, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+def test_errors_and_retry_look_where_health_finds_the_error_queue(database):
+    """Queues in a schema of their own: errors and retry without --queue read that schema's error
+    queue, as health finds it, not public.error; the failure's time is ISO 8601 in UTC."""
+    with QueueClient.connect(database) as client:
+        client.session.connection.execute('CREATE SCHEMA "shop"')
+        orders = QueueAddress("orders", "shop")
+        client.create_queue(orders)
+        client.send(orders, Message("to fail"))
+        [failing] = client.claim(orders)
+        client.fail(orders, failing, ValueError("no price"))
+        env = {"SQLQUEUE_CONN": database}
+
+        health = sqlqueue("health", env=env)
+        assert health.returncode == 3 and 'PROBLEM failed (error@"shop")' in health.stdout
+        assert "`sqlqueue errors --error-queue 'error@\"shop\"'`" in health.stdout
+        errors = sqlqueue("errors", env=env)
+        assert errors.returncode == 0, errors.stderr
+        heading, header, row = errors.stdout.splitlines()
+        assert heading == 'error@"shop":' and header.split()[:5] == ["count", "failed", "in", "exception", "newest"]
+        count, source, exception, when, *_ = row.split()
+        assert (count, source, exception) == ("1", 'orders@"shop"', "builtins.ValueError")
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", when), row  # not NServiceBus's header form
+
+        client.session.connection.execute('CREATE SCHEMA "billing"')
+        client.create_queue(QueueAddress("invoices", "billing"))
+        both = sqlqueue("errors", env=env)
+        assert both.returncode == 0 and 'error@"billing":' in both.stdout.splitlines()
+        ambiguous = sqlqueue("retry", env=env)
+        assert ambiguous.returncode == 1 and ambiguous.stdout == ""
+        assert ambiguous.stderr.splitlines() == [
+            (
+                'sqlqueue retry: the database has 2 error queues (error@"billing", error@"shop"); '
+                "name the one to retry with --error-queue"
+            )
+        ]
+        client.drop_queue(QueueAddress("invoices", "billing"))
+        client.drop_queue(QueueAddress("error", "billing"))
+        retry = sqlqueue("retry", env=env)
+        assert retry.returncode == 0, retry.stderr
+        assert retry.stdout == "sent 1 message(s) back to the queue(s) they failed in\n"
+        assert client.depth(orders) == 1
+
+        client.drop_queue(orders)
+        client.drop_queue(QueueAddress("error", "shop"))
+        none = sqlqueue("errors", env=env)
+        assert none.returncode == 1 and none.stderr.splitlines() == [
+            (
+                "sqlqueue errors: found no error queue among the tables the connection may read; name one with "
+                "--error-queue"
+            )
+        ]
+
+
+def test_times_are_shown_in_iso_8601_utc_whatever_wrote_them() -> None:
+    from datetime import UTC, datetime, timedelta, timezone
+
+    from airflow_provider_sqlqueue.transport.message import shown_time, wire_timestamp
+
+    moment = datetime(2026, 1, 31, 10, 5, 2, 123456, tzinfo=timezone(timedelta(hours=1)))
+    assert shown_time(moment) == "2026-01-31T09:05:02Z"
+    assert shown_time(wire_timestamp(moment)) == "2026-01-31T09:05:02Z"  # NServiceBus's TimeOfFailure
+    assert shown_time(moment.astimezone(UTC).replace(tzinfo=None).isoformat()) != "2026-01-31T09:05:02Z"
+    assert shown_time("yesterday") == "yesterday"  # a sender's own text: shown as written
+    assert shown_time(None) is None
+
+
+def test_both_help_texts_name_every_command() -> None:
+    """``sqlqueue --help`` and ``airflow sqlqueue --help`` say the commands from the one list."""
+    [group] = cli.airflow_commands()
+    for command in cli.COMMANDS:
+        assert command.name in cli.DESCRIPTION
+    assert group.description == cli.DESCRIPTION
+    assert [sub.name for sub in group.subcommands] == [command.name for command in cli.COMMANDS]
+    shown = cli.build_parser().format_help()
+    assert all(command.name in shown for command in cli.COMMANDS)

@@ -40,6 +40,7 @@ COMMANDS: dict[str, list[str]] = {
     "errors": ["errors", "--conn", "{uri}", "--error-queue", "{e}"],
     "retry": ["retry", "--conn", "{uri}", "--error-queue", "{e}"],
     "move-due": ["move-due", "{q}", "--conn", "{uri}"],
+    "release-lapsed": ["release-lapsed", "{q}", "--conn", "{uri}"],
     "subscribe": ["subscribe", "{q}", "Contract.Topic", "--subscription-table", "{s}", "--conn", "{uri}"],
     "unsubscribe": ["unsubscribe", "{q}", "Contract.Topic", "--subscription-table", "{s}", "--conn", "{uri}"],
     "subscribers": ["subscribers", "Contract.Topic", "--subscription-table", "{s}", "--conn", "{uri}"],
@@ -120,6 +121,7 @@ ROUTES: dict[tuple[str, str], dict[str, Any]] = {
     ("POST", "/api/connections/{connection_id}/errors/retry"): {"error_queue": "{e}", "seqs": [1]},
     ("POST", "/api/connections/{connection_id}/purge-expired"): {"queue": "{q}"},
     ("POST", "/api/connections/{connection_id}/release-lapsed"): {"queue": "{q}"},
+    ("POST", "/api/connections/{connection_id}/move-due"): {"queue": "{q}"},
 }
 
 HOSTILE_FIELDS: list[tuple[str, Any]] = [

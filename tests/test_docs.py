@@ -96,6 +96,25 @@ def test_every_python_block_of_the_page_runs(
     assert ran == [b.where() for b in ALL[page] if not b.skip]
 
 
+#: Pages whose every block runs on its own, as a reader who starts at any block pastes it.
+STANDALONE = [DOCS / "quickstart.md"]
+
+
+@pytest.mark.parametrize("page", STANDALONE, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_block_of_a_standalone_page_runs_on_its_own(
+    page: Path, pg_uri: str, schema: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("SQLQUEUE_CONN", pg_uri)
+    monkeypatch.setenv("SQLQUEUE_SCHEMA", schema)
+    blocks = [b for b in ALL[page] if not b.skip and not b.dag]
+    assert len(blocks) > 1
+    for block in blocks:
+        try:
+            exec(compile(block.code, block.where(), "exec"), {"__name__": "docs_standalone"})  # noqa: S102
+        except Exception as exc:
+            raise AssertionError(f"{block.where()}: the example raised {exc!r} when run on its own") from exc
+
+
 def parse_dag_file(block: Block, tmp_path: Path) -> None:
     """A DAG file of the docs, parsed as Airflow's dag-processor parses a DAGs folder: it defines that one DAG."""
     from airflow.dag_processing.dagbag import DagBag
@@ -132,6 +151,60 @@ def test_the_reference_documents_every_operator_sensor_and_trigger() -> None:
         assert public
         for name in public:
             assert f"autoclass:: {module.__name__}.{name}" in api, f"{name} is missing from docs/reference/api.rst"
+
+
+def test_the_reference_documents_the_public_api_and_no_internals() -> None:
+    """Every name the transport exports, the hook's errors and the Spark functions a user calls; not
+    the Spark package's layout (its module docstring, written for whoever changes it)."""
+    from airflow_provider_sqlqueue import transport
+    from airflow_provider_sqlqueue.transport import errors
+
+    api = (DOCS / "reference" / "api.rst").read_text(encoding="utf-8")
+    for name in transport.__all__:
+        if not hasattr(errors, name):  # the errors module is documented whole
+            assert f"autoclass:: airflow_provider_sqlqueue.transport.{name}" in api, f"{name} is missing"
+    for name in ("ConnectionNotDefinedError", "UnsupportedConnectionError"):
+        assert f"autoexception:: airflow_provider_sqlqueue.hooks.sqlqueue.{name}" in api, f"{name} is missing"
+    spark = set(re.findall(r"auto\w+:: airflow_provider_sqlqueue\.spark\.(\w+)", api))
+    assert spark == {
+        "register", "save_to_queue", "batch_writer", "ack_held", "nack_held", "forget_write", "send_rows",
+        "read_queue", "InvalidOptionError",
+    }  # fmt: skip
+    assert "automodule:: airflow_provider_sqlqueue.spark" not in api
+
+
+def test_signatures_show_their_types() -> None:
+    config: dict[str, object] = {"__file__": str(DOCS / "conf.py")}
+    exec(compile((DOCS / "conf.py").read_text(encoding="utf-8"), "conf.py", "exec"), config)  # noqa: S102
+    assert config["autodoc_typehints"] in ("signature", "both")
+
+
+def test_one_airflow_floor_is_stated_everywhere() -> None:
+    """The floor pyproject declares, and no other Airflow version, wherever the docs name one."""
+    import tomllib
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["dependencies"]
+    [floor] = [re.search(r">=([\d.]+)", d)[1] for d in declared if d.startswith("apache-airflow>")]  # type: ignore[index]
+    stated = {
+        (page.relative_to(ROOT).as_posix(), version)
+        for page in PAGES
+        if page.name != "changelog.md"
+        for version in re.findall(r"Airflow (3\.\d+(?:\.\d+)?)|Apache Airflow \| (3\.[\d.]+)", page.read_text())
+        for version in version
+        if version
+    }
+    assert stated and {version for _, version in stated} == {floor}, sorted(stated)
+
+
+def test_the_python_versions_stated_are_the_classifiers() -> None:
+    """install.md's "Python 3.11 to 3.14" and pyproject's classifiers name the same versions."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    classified = [int(c.rsplit(".", 1)[1]) for c in project["classifiers"] if re.fullmatch(r".*Python :: 3\.\d+", c)]
+    low, high = re.search(r"Python 3\.(\d+) to 3\.(\d+)", (DOCS / "install.md").read_text(encoding="utf-8")).groups()  # type: ignore[union-attr]
+    assert classified == list(range(int(low), int(high) + 1))
+    assert project["requires-python"] == f">=3.{low}"
 
 
 def test_the_site_builds_without_a_warning(tmp_path: Path) -> None:

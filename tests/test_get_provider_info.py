@@ -22,6 +22,14 @@ def test_provider_info_matches_airflows_schema():
     assert info["queues"] == ["airflow_provider_sqlqueue.queues.sqlqueue.SqlQueueMessageQueueProvider"]
 
 
+def test_the_integration_links_to_this_providers_documentation() -> None:
+    import tomllib
+
+    declared = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["project"]["urls"]
+    [integration] = get_provider_info()["integrations"]
+    assert integration["external-doc-url"] == declared["Documentation"]
+
+
 @pytest.mark.parametrize(
     ("command", "expected"),
     [

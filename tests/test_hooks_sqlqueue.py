@@ -339,3 +339,44 @@ def test_a_connection_string_carries_what_the_connection_set_not_what_libpq_fill
     params = conninfo_to_dict(SqlQueueHook(conn_id).conninfo())
     assert "hostaddr" not in params and "sslcertmode" not in params
     assert params["connect_timeout"] == "10"
+
+
+def test_a_trigger_finds_a_connection_of_the_metadata_database_under_airflow_dags_test(pg_uri, queue, schema):
+    """``airflow dags test`` runs a deferred task's trigger in its own process, over comms that answer
+    only blocking requests (Airflow's InProcessSupervisorComms has no ``asend``): the trigger must
+    still find a connection only Airflow's API knows (``airflow connections add``), as a triggerer does."""
+    import asyncio
+
+    from airflow.sdk.execution_time.comms import ConnectionResult, GetConnection
+    from airflow.sdk.execution_time.supervisor import InProcessSupervisorComms, set_supervisor_comms
+
+    params = conninfo_to_dict(pg_uri)
+    conn_id = f"stored_{uuid.uuid4().hex[:8]}"
+    asked: list[str] = []
+
+    class Supervisor:  # what InProcessTestSupervisor does with a request: ask the API, queue the answer
+        def _handle_request(self, msg: object, log: object, req_id: int) -> None:
+            assert isinstance(msg, GetConnection)
+            asked.append(msg.conn_id)
+            answer = ConnectionResult(
+                conn_id=msg.conn_id,
+                conn_type="postgres",
+                host=params.get("host", "127.0.0.1"),
+                port=int(params.get("port", 5432)),
+                login=params.get("user", "postgres"),
+                schema=params.get("dbname", "test"),
+                password=params.get("password"),
+                extra=None,
+            )
+            comms.messages.append(answer)
+
+    comms = InProcessSupervisorComms(supervisor=Supervisor())  # type: ignore[arg-type]
+    assert os.environ.get(f"AIRFLOW_CONN_{conn_id.upper()}") is None
+
+    async def wait_as_the_trigger_does() -> int:
+        async with await SqlQueueHook(conn_id).async_client() as client:
+            return await client.depth(queue)
+
+    with set_supervisor_comms(comms):
+        assert asyncio.run(wait_as_the_trigger_does()) == 0
+    assert asked == [conn_id]

@@ -11,7 +11,9 @@ the tables, actions with what they moved.
 from __future__ import annotations
 
 import json
+import re
 import secrets
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -257,6 +259,10 @@ def test_a_reader_cannot_act_and_an_operator_can(api: Api) -> None:
                 "text",
             )
             assert failure["exception_type"] == "builtins.ValueError" and page["next_before"] is None
+            # Times as every time shown: ISO 8601 in UTC (the page shows them in the viewer's zone).
+            [group] = summary["groups"]
+            for shown in (failure["time_of_failure"], group["newest_failure"]):
+                assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", shown), shown
             retry = {"error_queue": error, "seqs": [failure["seq"]]}
             assert api.post("operator", "/connections/shop/errors/retry", retry).json()["retried"] == 1
             assert api.post("operator", "/connections/shop/errors/retry", retry).json()["retried"] == 0
@@ -267,6 +273,11 @@ def test_a_reader_cannot_act_and_an_operator_can(api: Api) -> None:
                 "skipped": [],
             }
             assert [m.text for m in client.browse(orders)] == ["x", "to fail"]
+            client.send(orders, Message("due"), delay=0.001)
+            time.sleep(0.05)
+            assert api.post("reader", "/connections/shop/move-due", target).status_code == 403
+            assert api.post("operator", "/connections/shop/move-due", target).json() == {**target, "count": 1}
+            assert [m.text for m in client.browse(orders)] == ["x", "to fail", "due"]
         finally:
             client.purge(orders)
 

@@ -106,8 +106,8 @@ def test_what_each_user_is_listed(api: Api) -> None:
     assert listed("operator") == {"shop": (True, True)}
     [watched] = [c for c in api.get("watcher", "/connections").json() if c["connection_id"] == "shop"]
     assert watched["actions_refusal"] == (
-        "retrying, purging and giving claims back on connection 'shop' needs edit access to the connection "
-        "(PUT on Connections); you may only watch its queues"
+        "retrying, purging, giving claims back and moving due messages on connection 'shop' needs edit access "
+        "to the connection (PUT on Connections); you may only watch its queues"
     )
     assert watched["messages_refusal"] == (
         "reading the messages of connection 'shop' (headers, bodies, exception messages) needs read access to the "

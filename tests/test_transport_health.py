@@ -174,7 +174,7 @@ def test_findings_come_database_first_then_in_the_order_of_the_queues() -> None:
         QueueStats(one, 0, None, 0, 0, 1),
         QueueStats(two, 5, None, 0, 0, 0, due_delayed=3, overdue=timedelta(minutes=5)),
     ]
-    found = problems(stats, held, set(), now)
+    found = problems(stats, held, set(), now, named)
     assert [(p.concern, p.queue) for p in found] == [("horizon", None), ("lapsed", one), ("overdue", two)]
     assert "for 3 h" in found[0].message
     # A slot has no start: judged by the transactions it holds back.
@@ -183,7 +183,26 @@ def test_findings_come_database_first_then_in_the_order_of_the_queues() -> None:
     young = Holder("standby_1", "replication slot", "replication slot", None, 10)
     assert horizon_problem(Horizon((young,), True), now) is None
     assert horizon_problem(Horizon((), False), now) is None
-    assert queue_problems(QueueStats(one, 9, None, 0, None, None), is_error_queue=False) == []
+    assert queue_problems(QueueStats(one, 9, None, 0, None, None), is_error_queue=False, named=named) == []
+
+
+def named(queue: QueueAddress) -> str:
+    """An address as the commands take it (what a client's canonical_address gives)."""
+    return f'{queue.table}@"{queue.schema}"'
+
+
+def test_each_problem_that_can_be_set_right_names_its_command_and_the_pages_action() -> None:
+    """A finding says what to run, the queue written so the command can be pasted, and what to press."""
+    queue, error = QueueAddress("orders", "shop"), QueueAddress("error", "shop")
+    stats = [
+        QueueStats(queue, 0, None, 0, 0, 2, due_delayed=1, overdue=timedelta(minutes=5), last_vacuum=None),
+        QueueStats(error, 3, None, 0, None, None),
+    ]
+    found = {p.concern: p.message for p in problems(stats, None, {error}, datetime.now(UTC), named)}
+    assert "`sqlqueue release-lapsed 'orders@\"shop\"'`" in found["lapsed"] and "Give back" in found["lapsed"]
+    assert "`sqlqueue move-due 'orders@\"shop\"'`" in found["overdue"] and "Move due" in found["overdue"]
+    assert "`sqlqueue errors --error-queue 'error@\"shop\"'`" in found["failed"]
+    assert "`sqlqueue retry --error-queue 'error@\"shop\"'`" in found["failed"] and "Retry" in found["failed"]
 
 
 def test_a_role_without_pg_read_all_stats_is_told_what_it_cannot_see(pg_uri: str, raw: Any, pin: Any) -> None:

@@ -283,10 +283,18 @@ class SqlQueueHook(BaseHook):
         return self._connection
 
     async def aconnection(self) -> Connection:
-        """The connection, looked up without blocking the event loop (for triggers)."""
+        """The connection, looked up on a worker thread so the event loop is not blocked (for triggers).
+
+        Airflow's blocking lookup, not its asynchronous one (``aget_connection``): ``airflow dags
+        test`` runs a deferred task's trigger in its own process over comms that answer only
+        blocking requests, where the asynchronous lookup's request to Airflow's API fails and is
+        taken for "no such connection" -- a connection made with ``airflow connections add`` was
+        reported missing there, though a triggerer finds it. The blocking lookup asks the same
+        places in the same order (environment, secrets backends, Airflow's API) in both.
+        """
         if self._connection is None:
             with _defined(self.sqlqueue_conn_id):
-                self._connection = await self.aget_connection(self.sqlqueue_conn_id)
+                self._connection = await asyncio.to_thread(self.get_connection, self.sqlqueue_conn_id)
         return self._connection
 
     @property

@@ -12,7 +12,8 @@ process, whatever ``[core] lazy_discover_providers`` says):
     lets a user without connection rights watch every queue connection the page lists, read only:
     claims' last errors and failures' exception messages are left out for them;
   - messages' headers and bodies need read access to the connection (GET);
-  - retrying, purging and giving claims back need edit access to the connection (PUT);
+  - retrying, purging, giving claims back and moving due delayed messages need edit access to the
+    connection (PUT);
 
   a refusal is a 403 whose message names the permission missing;
 - the page itself (``/sqlqueue/``: static HTML, CSS and JavaScript, no build step), which renders
@@ -26,7 +27,7 @@ each action is recorded in Airflow's audit log with who did it.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -56,8 +57,8 @@ from ..transport.errors import (
     one_line,
 )
 from ..transport.logs import logger
-from ..transport.message import EXCEPTION_MESSAGE, TIME_OF_FAILURE, storable_text
-from ..transport.operations import FailedMessage, Horizon, QueueStats
+from ..transport.message import EXCEPTION_MESSAGE, TIME_OF_FAILURE, shown_time, storable_text
+from ..transport.operations import ErrorGroup, FailedMessage, Horizon, QueueStats
 
 log = logger("airflow_provider_sqlqueue.plugins")
 
@@ -150,7 +151,7 @@ class Group(BaseModel):
     source: str
     exception_type: str
     count: int
-    newest_failure: str | None
+    newest_failure: str | None  #: ISO 8601 in UTC (:func:`~..transport.message.shown_time`)
     newest_message: str | None  #: None for a caller who may not read the connection's messages
 
 
@@ -167,7 +168,7 @@ class FailedMessageView(BaseModel):
     source: str
     exception_type: str
     exception_message: str | None
-    time_of_failure: str | None
+    time_of_failure: str | None  #: ISO 8601 in UTC, as ``newest_failure``
     headers: dict[str, str | None] | None  #: None: unreadable headers
     body_size: int | None
     body_preview: str  #: text, or hex when the body is not UTF-8
@@ -213,7 +214,7 @@ class ConnectionInfo(BaseModel):
     connection_id: str
     conn_type: str
     may_read_messages: bool  #: headers, bodies, exception messages (read access to the connection)
-    may_act: bool  #: retry, purge, give claims back (edit access to the connection)
+    may_act: bool  #: retry, purge, give claims back, move due messages (edit access to the connection)
     messages_refusal: str | None  #: why not, naming the missing permission (None: may)
     actions_refusal: str | None  #: why not, naming the missing permission (None: may)
 
@@ -238,7 +239,9 @@ class Access(BaseModel):
             f"{READ_PERMISSION}{figures}"
         )
 
-    def actions_refusal(self, action: str = "retrying, purging and giving claims back") -> str | None:
+    def actions_refusal(
+        self, action: str = "retrying, purging, giving claims back and moving due messages"
+    ) -> str | None:
         if self.edit:
             return None
         watching = "; you may only watch its queues" if self.read or self.monitor else ""
@@ -409,6 +412,18 @@ def _shown(text: str | None) -> str | None:
     return None if text is None else storable_text(text, defaults.HEADER_PREVIEW_CHARS)
 
 
+def _group(group: ErrorGroup, may_read: bool) -> Group:
+    """A group as the page shows it: its newest failure's time as every time (ISO 8601), its newest
+    exception message only for a caller who may read the connection's messages."""
+    return Group(
+        source=group.source,
+        exception_type=group.exception_type,
+        count=group.count,
+        newest_failure=shown_time(group.newest_failure),
+        newest_message=group.newest_message if may_read else None,
+    )
+
+
 def _failure(message: FailedMessage) -> FailedMessageView:
     headers = {_shown(key) or "": _shown(value) for key, value in (message.headers or {}).items()}
     preview, encoding, truncated = _preview(message)
@@ -419,7 +434,7 @@ def _failure(message: FailedMessage) -> FailedMessageView:
         source=_shown(source) or "",
         exception_type=_shown(exception_type) or "",
         exception_message=headers.get(EXCEPTION_MESSAGE),
-        time_of_failure=headers.get(TIME_OF_FAILURE),
+        time_of_failure=shown_time(headers.get(TIME_OF_FAILURE)),
         headers=None if message.headers is None else headers,
         body_size=message.body_size,
         body_preview=preview,
@@ -532,14 +547,10 @@ def create_app() -> FastAPI:
                 page = client.queue_page(search, offset=offset, limit=limit)
                 health = client.health(page.queues, report_unreadable=True)
                 kinds = {address: client.kind(address) for address in page.queues}
-                # Error queues of every schema, for the error panel: named as the error queue is named;
-                # the one holding the most failures first, so the panel opens on it.
-                named = client.error_address(None, QueueAddress("q")).table
-                candidates = [
-                    a for a in client.queue_page(named, limit=defaults.MAX_BATCH).queues if client.kind(a) == "error"
-                ]
-                # (one dropped meanwhile is left out, as the page leaves out a queue it cannot measure)
-                errors = client.health(candidates, report_unreadable=True).queues
+                # Error queues of every schema, for the error panel, the one holding the most failures
+                # first, so the panel opens on it (one dropped meanwhile is left out, as the page leaves
+                # out a queue it cannot measure).
+                errors = client.health(client.error_queues(), report_unreadable=True).queues
                 error_queues = [client.canonical_address(e.queue) for e in sorted(errors, key=lambda e: -e.waiting)]
                 # The problems name the page's queues, and the error queues of theirs that hold failures.
                 named_by_problems = [problem.queue for problem in health.problems if problem.queue is not None]
@@ -603,9 +614,7 @@ def create_app() -> FastAPI:
                 error_queue=client.canonical_address(error_queue),
                 waiting=waiting,
                 window=defaults.ERROR_SUMMARY_ROWS,
-                groups=[
-                    Group(**{**vars(group), **({} if access.read else {"newest_message": None})}) for group in groups
-                ],
+                groups=[_group(group, access.read) for group in groups],
             )
 
     @app.get("/api/connections/{connection_id}/errors/messages", dependencies=[ReadMessages])
@@ -648,21 +657,32 @@ def create_app() -> FastAPI:
         skipped = [Skipped(seq=seq, reason=one_line(Exception(reason))) for seq, reason in page.skipped]
         return RetryAnswer(retried=page.retried, after=page.after, done=page.done, skipped=skipped)
 
-    @app.post("/api/connections/{connection_id}/purge-expired", dependencies=[_edit("purging expired messages")])
-    def purge_expired(connection_id: str, body: Annotated[QueueRequest, Body()], user: GetUserDep) -> Count:
-        with _answering(connection_id), _client(connection_id) as client:
-            purged = client.purge_expired(body.queue)
-        _record(user, "purge_expired", connection_id, queue=body.queue, purged=purged)
-        return Count(queue=body.queue, count=purged)
-
-    @app.post("/api/connections/{connection_id}/release-lapsed", dependencies=[_edit("giving lapsed claims back")])
-    def release_lapsed(connection_id: str, body: Annotated[QueueRequest, Body()], user: GetUserDep) -> Count:
-        with _answering(connection_id), _client(connection_id) as client:
-            released = client.release_lapsed(body.queue)
-        _record(user, "release_lapsed", connection_id, queue=body.queue, released=released)
-        return Count(queue=body.queue, count=released)
+    for path, action, run in QUEUE_ACTIONS:
+        _add_queue_action(app, path, action, run)
 
     return app
+
+
+#: The actions on one queue: the route (also the audit log's event), what the action is called in a
+#: refusal, and the client's call, whose count the answer carries. Each is what a problem of the
+#: queue (:mod:`~..transport.health`) names besides its ``sqlqueue`` command.
+QUEUE_ACTIONS: list[tuple[str, str, Callable[[QueueClient, str], int]]] = [
+    ("purge-expired", "purging expired messages", lambda client, queue: client.purge_expired(queue)),
+    ("release-lapsed", "giving lapsed claims back", lambda client, queue: client.release_lapsed(queue)),
+    ("move-due", "moving due delayed messages", lambda client, queue: client.move_due(queue)),
+]
+
+
+def _add_queue_action(app: FastAPI, path: str, action: str, run: Callable[[QueueClient, str], int]) -> None:
+    """``POST /api/connections/{connection_id}/<path>`` with ``{"queue": ...}``: ``run`` on that queue,
+    for a caller with edit access, recorded in the audit log; answered with how many messages it touched."""
+
+    @app.post(f"/api/connections/{{connection_id}}/{path}", dependencies=[_edit(action)], name=path)
+    def act(connection_id: str, body: Annotated[QueueRequest, Body()], user: GetUserDep) -> Count:
+        with _answering(connection_id), _client(connection_id) as client:
+            count = run(client, body.queue)
+        _record(user, path.replace("-", "_"), connection_id, queue=body.queue, count=count)
+        return Count(queue=body.queue, count=count)
 
 
 def _page_href() -> str:

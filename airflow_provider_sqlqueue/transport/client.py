@@ -1298,6 +1298,17 @@ class AsyncQueueClient(Addressing):
         check_positive("limit", limit)
         return await self._run(ops.list_queues(self.dialect, search, place("offset", offset), limit))
 
+    async def error_queues(self) -> list[QueueAddress]:
+        """Every error queue of the connection's database that it may read, in whichever schema: the
+        tables :meth:`kind` calls ``error``, as :meth:`health` tells them apart.
+
+        Where a look at failures starts when no queue is named: queues live in a schema of their
+        own as often as in the default one, and each schema has its error queue beside its queues.
+        """
+        named = self._error_of(None, None).table  # the database narrows by name; kind() decides
+        page = await self.queue_page(named, limit=defaults.MAX_BATCH)
+        return [address for address in page.queues if self.kind(address) == "error"]
+
     async def queue_stats(
         self,
         queues: str | QueueAddress | Iterable[str | QueueAddress],
@@ -1382,7 +1393,12 @@ class AsyncQueueClient(Addressing):
         horizon = await self.horizon()
         now = datetime.now(UTC)
         error_queues = {s.queue for s in stats + beside if self.kind(s.queue) == "error"}
-        return Health(stats, horizon, now, problems(stats + beside, horizon, error_queues, now) + unreadable)
+        return Health(
+            stats,
+            horizon,
+            now,
+            problems(stats + beside, horizon, error_queues, now, self.canonical_address) + unreadable,
+        )
 
     async def _error_queue_stats(
         self, queues: list[QueueAddress], expired_limit: int, lock_wait: timedelta
@@ -1570,6 +1586,7 @@ class QueueClient(Addressing):
     forget_write = _blocking(AsyncQueueClient.forget_write)
     queues = _blocking(AsyncQueueClient.queues)
     queue_page = _blocking(AsyncQueueClient.queue_page)
+    error_queues = _blocking(AsyncQueueClient.error_queues)
     queue_stats = _blocking(AsyncQueueClient.queue_stats)
     horizon = _blocking(AsyncQueueClient.horizon)
     health = _blocking(AsyncQueueClient.health)

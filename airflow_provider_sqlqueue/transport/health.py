@@ -11,12 +11,15 @@ agree on what is wrong.
 
 from __future__ import annotations
 
+import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
 from . import defaults
 from .addressing import QueueAddress
+from .message import shown_time
 from .operations.inspection import Horizon, QueueStats
 
 #: What a finding is about, as metrics tag it and the page sorts it.
@@ -71,17 +74,21 @@ def horizon_problem(horizon: Horizon | None, now: datetime) -> Problem | None:
     )
 
 
-def queue_problems(stats: QueueStats, *, is_error_queue: bool) -> list[Problem]:
-    """What is wrong with one queue, judged by its figures alone."""
+def queue_problems(stats: QueueStats, *, is_error_queue: bool, named: Callable[[QueueAddress], str]) -> list[Problem]:
+    """What is wrong with one queue, judged by its figures alone. Where a command or the Queues page
+    can set it right, the finding names both, the queue written (``named``: its address as the
+    commands take it) so the command can be pasted into a shell as it stands."""
     found: list[Problem] = []
     queue = stats.queue
+    shell = shlex.quote(named(queue))
     if stats.lapsed:
         found.append(
             Problem(
                 "lapsed",
                 queue,
                 f"{stats.lapsed:,} claim(s) lapsed: their holders died or stalled; receivers in claim mode take "
-                "them again, release_lapsed gives them back to every receiver",
+                f"them again; to give them back to every receiver now, run `sqlqueue release-lapsed {shell}` or "
+                "press Give back on the Queues page (release_lapsed)",
             )
         )
     if stats.due_delayed and stats.overdue is not None and stats.overdue >= defaults.OVERDUE_WARNING:
@@ -90,13 +97,12 @@ def queue_problems(stats: QueueStats, *, is_error_queue: bool) -> list[Problem]:
                 "overdue",
                 queue,
                 f"{stats.due_delayed:,} delayed message(s) due for {_ago(stats.overdue)} and not moved: no mover "
-                "runs for this queue (a MessagePump, move_due, `sqlqueue move-due` or its NServiceBus endpoint)",
+                "runs for this queue (a MessagePump or its NServiceBus endpoint); to move them now, run "
+                f"`sqlqueue move-due {shell}` or press Move due on the Queues page (move_due)",
             )
         )
     if stats.dead_rows is not None and stats.dead_rows >= defaults.DEAD_ROWS_WARNING:
-        vacuumed = (
-            "never vacuumed" if stats.last_vacuum is None else f"last vacuumed {stats.last_vacuum:%Y-%m-%d %H:%M} UTC"
-        )
+        vacuumed = "never vacuumed" if stats.last_vacuum is None else f"last vacuumed {shown_time(stats.last_vacuum)}"
         found.append(
             Problem(
                 "dead_rows",
@@ -106,15 +112,27 @@ def queue_problems(stats: QueueStats, *, is_error_queue: bool) -> list[Problem]:
             )
         )
     if is_error_queue and stats.waiting:
-        found.append(Problem("failed", queue, f"about {stats.waiting:,} failed message(s) wait in this error queue"))
+        found.append(
+            Problem(
+                "failed",
+                queue,
+                f"about {stats.waiting:,} failed message(s) wait in this error queue: see them with "
+                f"`sqlqueue errors --error-queue {shell}` and send them back with `sqlqueue retry --error-queue "
+                f"{shell}`, or press Show and Retry in the Queues page's error panel",
+            )
+        )
     return found
 
 
 def problems(
-    stats: list[QueueStats], horizon: Horizon | None, error_queues: set[QueueAddress], now: datetime
+    stats: list[QueueStats],
+    horizon: Horizon | None,
+    error_queues: set[QueueAddress],
+    now: datetime,
+    named: Callable[[QueueAddress], str],
 ) -> list[Problem]:
     """Every finding: the database's first, then each queue's, in the order the queues were given."""
     found = [p for p in [horizon_problem(horizon, now)] if p is not None]
     for figures in stats:
-        found += queue_problems(figures, is_error_queue=figures.queue in error_queues)
+        found += queue_problems(figures, is_error_queue=figures.queue in error_queues, named=named)
     return found

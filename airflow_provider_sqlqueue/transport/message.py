@@ -114,6 +114,24 @@ def parse_wire_timestamp(text: str | None) -> datetime | None:
         return None
 
 
+def shown_time(moment: datetime | str | None) -> str | None:
+    """A time as people are shown it: ISO 8601 in UTC to the second (``2026-01-31T09:05:02Z``).
+
+    ``moment`` is a time, or a header timestamp as NServiceBus writes it (``TimeOfFailure``), whose
+    own form (``2026-01-31 09:05:02:123456 Z``) no reader or program takes for a time; a header in
+    neither form is shown as its sender wrote it (it is theirs, not an error here). The one format of
+    the ``sqlqueue`` command's times and of the Queues page's answers, which the page shows in the
+    viewer's time zone.
+    """
+    if moment is None or isinstance(moment, datetime):
+        when = moment
+    else:
+        when = parse_wire_timestamp(moment)
+        if when is None:
+            return moment
+    return None if when is None else when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def wire_timespan(span: timedelta) -> str:
     """Format a duration as a .NET ``TimeSpan`` (``[d.]hh:mm:ss[.fffffff]``), as NServiceBus headers hold TTBR."""
     total_us = span.days * 86_400_000_000 + span.seconds * 1_000_000 + span.microseconds

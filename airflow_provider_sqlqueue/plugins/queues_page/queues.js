@@ -120,6 +120,13 @@ function age(seconds) {
   return `${(seconds / 86400).toFixed(1)} d`;
 }
 
+// A time the API gives (ISO 8601 in UTC) in the viewer's own zone; a header in no time's form as its sender wrote it.
+function when(iso) {
+  if (!iso) return "–";
+  const moment = new Date(iso);
+  return Number.isNaN(moment.getTime()) ? iso : moment.toLocaleString(undefined, { dateStyle: "medium", timeStyle: "medium" });
+}
+
 const number = (value) => (value === null || value === undefined ? "–" : value.toLocaleString("en-US"));
 
 // -- queues -----------------------------------------------------------------------------------
@@ -195,7 +202,7 @@ async function loadQueues() {
     const due = q.due_delayed ? `${dueCount} (${age(q.overdue_seconds)})` : number(q.due_delayed);
     cell(row, due, `num due-delayed${q.due_delayed ? " warn" : ""}`);
     const dead = cell(row, number(q.dead_rows), "num dead-rows");
-    dead.title = q.last_vacuum ? `Last vacuumed ${q.last_vacuum}` : "Never vacuumed since the statistics were reset";
+    dead.title = q.last_vacuum ? `Last vacuumed ${when(q.last_vacuum)}` : "Never vacuumed since the statistics were reset";
     const actions = cell(row, "");
     if (q.lapsed) {
       actions.appendChild(button("Give back", async () => {
@@ -203,6 +210,13 @@ async function loadQueues() {
         say(`${number(done.count)} lapsed claim(s) of ${q.address} given back to the queue.`);
         await refresh();
       }, "Move lapsed claims back into the queue, where every receiver finds them", allowed().actions_refusal));
+    }
+    if (q.due_delayed) {
+      actions.appendChild(button("Move due", async () => {
+        const done = await call(connectionPath("move-due"), { queue: q.address });
+        say(`${number(done.count)} due delayed message(s) of ${q.address} moved into the queue.`);
+        await refresh();
+      }, "Move the due delayed messages into the queue, as a mover would (sqlqueue move-due)", allowed().actions_refusal));
     }
     if (q.expired) {
       actions.appendChild(button("Purge expired", async () => {
@@ -303,7 +317,7 @@ async function loadErrors() {
     cell(row, number(g.count), "num");
     cell(row, g.source, "address");
     cell(row, g.exception_type);
-    const newest = cell(row, g.newest_failure);
+    const newest = cell(row, when(g.newest_failure));
     if (g.newest_message) newest.title = g.newest_message;
     const actions = cell(row, "");
     actions.appendChild(button("Show", async () => { state.group = [g.source, g.exception_type]; state.before = null; await loadFailures(); },
@@ -355,7 +369,7 @@ async function loadFailures(append) {
     pick.setAttribute("aria-label", `select message ${f.id}`);
     pick.addEventListener("change", updateSelection);
     title.appendChild(pick);
-    for (const [text, className] of [[f.time_of_failure || "", "muted"], [f.exception_type, "bad"], [f.source, "address"], [f.id, "muted"]]) {
+    for (const [text, className] of [[f.time_of_failure ? when(f.time_of_failure) : "", "muted"], [f.exception_type, "bad"], [f.source, "address"], [f.id, "muted"]]) {
       const span = document.createElement("span");
       span.className = className;
       span.textContent = text;
