@@ -11,15 +11,6 @@ INTEGRATION = "SQL Queue"
 PACKAGE = "airflow-provider-sqlqueue"
 
 
-def documentation_url() -> str:
-    """Where this provider's documentation is: ``[project.urls] Documentation`` of pyproject.toml, as the
-    installed package's metadata carries it, so the address has one home."""
-    from importlib.metadata import metadata
-
-    urls: dict[str, str] = dict(entry.split(", ", 1) for entry in metadata(PACKAGE).get_all("Project-URL") or [])
-    return urls["Documentation"]
-
-
 def get_provider_info() -> dict[str, Any]:
     return {
         "package-name": PACKAGE,
@@ -28,11 +19,9 @@ def get_provider_info() -> dict[str, Any]:
         "NServiceBus's SQL transports; sensors, triggers and event-driven scheduling on them.",
         "versions": [__version__],
         "integrations": [
-            {
-                "integration-name": INTEGRATION,
-                "external-doc-url": documentation_url(),
-                "tags": ["software"],
-            }
+            # No external-doc-url: the documentation is the docs/ site built from this package's
+            # repository, which has no public address of its own.
+            {"integration-name": INTEGRATION, "tags": ["software"]}
         ],
         "hooks": [{"integration-name": INTEGRATION, "python-modules": ["airflow_provider_sqlqueue.hooks.sqlqueue"]}],
         "operators": [
