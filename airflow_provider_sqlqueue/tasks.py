@@ -20,6 +20,7 @@ from typing import Any
 from airflow.sdk import get_current_context
 
 from .hooks.sqlqueue import SqlQueueHook
+from .lineage import collect_inputs
 from .transport import Failure, LeaseKeeper, LeaseLostError, QueueClient, ReceivedMessage, defaults
 from .transport.errors import ArgumentTypeError, InvalidArgumentError
 from .transport.message import check_positive, duration
@@ -256,6 +257,7 @@ def hold_messages(
     hook = SqlQueueHook(sqlqueue_conn_id)
     hook.connection  # noqa: B018  # a connection that is not defined fails the task now, holding nothing
     taken = take_reserved(hook, context, lease, limit) if messages is None else claimed_messages(messages, context)
+    collect_inputs(hook, (str(m["queue"]) for m in taken))
     with LeaseKeeper(hook.client, tokens_by_queue(taken), lease) as keeper:
         held = HeldMessages(
             (dict(m) for m in taken if uuid.UUID(str(m["claim_token"])) in keeper.held.get(str(m["queue"]), ())),

@@ -12,6 +12,7 @@ any queue, the in-flight store or the error queue.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import statistics
@@ -90,6 +91,23 @@ class Pipeline:
         with QueueClient.connect(self.pg_uri) as client:
             return client.browse(self.address("reports"), 10_000)
 
+    def lineage(self) -> dict[tuple[str, str], tuple[set[str], set[str]]]:
+        """The tables each task reported reading and writing in its OpenLineage COMPLETE events,
+        by (dag, task), as ``schema.table`` of this database."""
+        found: dict[tuple[str, str], tuple[set[str], set[str]]] = {}
+        path = self.services.home / "lineage.jsonl"
+        for line in path.read_text().splitlines() if path.exists() else []:
+            event = json.loads(line)
+            dag, _, task = event["job"]["name"].partition(".")
+            if event.get("eventType") != "COMPLETE" or not task:
+                continue
+            read, written = found.setdefault((dag, task), (set(), set()))
+            for key, into in (("inputs", read), ("outputs", written)):
+                into.update(
+                    d["name"].split(".", 1)[1] for d in event.get(key, []) if d["namespace"].startswith("postgres://")
+                )
+        return found
+
     def wait_until(self, done, timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -113,7 +131,14 @@ def pipeline(pg_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
                 metadata_uri,
                 pg_uri,
                 Path(EXAMPLE_DAGS),
-                env=SETTINGS | {"SQLQUEUE_SCHEMA": schema},
+                env=SETTINGS
+                | {
+                    "SQLQUEUE_SCHEMA": schema,
+                    # OpenLineage's events, one JSON document a line, for the lineage test to read back.
+                    "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(
+                        {"type": "file", "log_file_path": str(home / "lineage.jsonl"), "append": True}
+                    ),
+                },
                 spark_connection=spark.connection(),
             )
             try:
@@ -316,6 +341,29 @@ def running_holder(
                 return f"{dag_id}.{task_id}", pid, held
         time.sleep(0.5)
     raise AssertionError("no running Spark task held claims")
+
+
+def test_openlineage_names_each_queue_table_the_chains_read_and_write(pipeline: Pipeline) -> None:
+    """After the chains ran: the sensor reports its queue, ForwardMessagesOperator the queue its
+    claims came from and the one it sent to, and the event chain's task, which takes its messages
+    with hold_messages, the queue it read (through Airflow's hook lineage)."""
+
+    def table(name: str) -> str:
+        return f"{pipeline.schema}.{name}"
+
+    expected = {
+        ("sqlqueue_spark_clean", "wait"): ({table("ingest")}, set()),
+        ("sqlqueue_spark_clean", "forward"): ({table("ingest")}, {table("cleaned")}),
+        ("sqlqueue_spark_summarise", "forward"): ({table("cleaned")}, {table("reports")}),
+        ("sqlqueue_spark_clean_events", "clean"): ({table("ingest_events")}, set()),
+        ("sqlqueue_spark_clean_events", "forward"): ({table("ingest_events")}, {table("cleaned_events")}),
+    }
+
+    def reported() -> bool:
+        found = pipeline.lineage()
+        return all(found.get(key) == datasets for key, datasets in expected.items())
+
+    pipeline.wait_until(reported, 120, f"OpenLineage events naming the queues (found {pipeline.lineage()})")
 
 
 def test_fan_out_each_dataset_reaches_both_subscribed_stages_exactly_once(pipeline: Pipeline) -> None:

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 from airflow.sdk import BaseOperator
 
 from ..hooks.sqlqueue import SqlQueueHook, configured_conn_ids
+from ..lineage import queue_lineage
 from ..tasks import claimed_messages, failure_source, received_times, settling, tokens_by_queue
 from ..transport import Failure, Message, defaults
 from ..transport.client import delay_ms
@@ -25,6 +26,8 @@ class _QueueOperator(BaseOperator):
     """Holds the connection settings every queue operator shares: connection, error queue, audit queue (as the hook takes them)."""
 
     ui_color = "#d8ecf3"
+    #: The queues the task read and wrote, as its execute saw them: its lineage.
+    _lineage: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
 
     def __init__(
         self,
@@ -42,6 +45,10 @@ class _QueueOperator(BaseOperator):
     @property
     def hook(self) -> SqlQueueHook:
         return SqlQueueHook(self.sqlqueue_conn_id, error_queue=self.error_queue, audit_queue=self.audit_queue)
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """The queue tables this task read and wrote, for the openlineage provider (:mod:`...lineage`)."""
+        return queue_lineage(self.hook, *self._lineage)
 
 
 class CreateQueueOperator(_QueueOperator):
@@ -108,6 +115,7 @@ class CreateQueueOperator(_QueueOperator):
                 notify_on_insert=self.notify_on_insert,
             )
             names = [client.canonical_address(address) for address in created]
+            self._lineage = ((), tuple(names))
             self.log.info("Queue tables ready: %s", ", ".join(names))
             if topics:
                 client.subscribe(self.queue_name, topics, table=self.subscription_table)
@@ -214,6 +222,7 @@ class SendMessageOperator(_SendingOperator):
             raise InvalidArgumentError(f"due {str(self.due)[:60]!r} is not an ISO 8601 date and time") from None
         with self.hook.client() as client:
             client.send(self.queue_name, batch, notify=self.notify, delay=self.delay, due=due)
+        self._lineage = ((), (self.queue_name,))
         ids = [str(message.id) for message in batch]
         if due is not None or self.delay is not None:
             self.log.info(
@@ -292,6 +301,7 @@ class PublishMessageOperator(_SendingOperator):
                 started=received_times(claimed),
             )
             reached = [client.canonical_address(address) for address in addresses]
+        self._lineage = (tuple(claims), tuple(reached))
         self.log.info(
             "Published %d message(s) on %s to %d queue(s): %s", len(batch), self.topics, len(reached), reached
         )
@@ -329,6 +339,7 @@ class ForwardMessagesOperator(_SendingOperator):
         batch = self._batch(self.messages or [])
         with self.hook.client() as client, settling(client, claims, context):
             sent = client.forward(claims, {self.queue_name: batch}, notify=self.notify, started=received_times(claimed))
+        self._lineage = (tuple(claims), (self.queue_name,))
         self.log.info(
             "Queue %s: sent %d result(s) and acknowledged %d claim(s) in one transaction",
             self.queue_name,
@@ -365,6 +376,7 @@ class AckMessagesOperator(_QueueOperator):
         acknowledged = expired = 0
         with self.hook.client() as client:
             acked = {queue: len(client.ack(queue, tokens, started=started)) for queue, tokens in grouped.items()}
+        self._lineage = (tuple(grouped), ())
         for queue, tokens in grouped.items():
             held = acked[queue]
             acknowledged += held
@@ -409,6 +421,7 @@ class NackMessagesOperator(_QueueOperator):
                 queue: len(client.nack(queue, tokens, error=reason, delay=self.delay))
                 for queue, tokens in grouped.items()
             }
+        self._lineage = (tuple(grouped), ())
         for queue, tokens in grouped.items():
             held = returned[queue]
             given_back += held
@@ -429,6 +442,7 @@ class PurgeExpiredMessagesOperator(_QueueOperator):
     def execute(self, context: Any) -> int:
         with self.hook.client() as client:
             purged = client.purge_expired(self.queue_name, self.batch_size)
+        self._lineage = ((self.queue_name,), (self.queue_name,))
         self.log.info("Queue %s: purged %d expired message(s)", self.queue_name, purged)
         return purged
 

@@ -10,6 +10,7 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
 from airflow.sdk.exceptions import AirflowException
 
 from ..hooks.sqlqueue import SqlQueueHook
+from ..lineage import queue_lineage
 from ..tasks import as_dicts, claim_holder
 from ..transport import TransactionMode, defaults
 from ..transport.message import check_positive
@@ -104,6 +105,10 @@ class SqlQueueSensor(BaseSensorOperator):
         if messages:
             self.log.info("Queue %s: received %d message(s)", messages[0]["queue"], len(messages))
         return messages
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """The queue table the sensor reads, for the openlineage provider (:mod:`...lineage`)."""
+        return queue_lineage(self.hook, [self.queue_name], [])
 
     def poke(self, context: Any) -> PokeReturnValue:
         messages = self._receive(context)

@@ -1,0 +1,67 @@
+"""Queue tables as lineage: what the operators and the sensor report to OpenLineage, named as the
+database providers name tables, so a queue a stage writes and a SQL task reads are one dataset."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+import pytest
+from airflow.providers.postgres.assets.postgres import convert_asset_to_openlineage
+from airflow.sdk import Asset
+
+from airflow_provider_sqlqueue.hooks.sqlqueue import SqlQueueHook
+from airflow_provider_sqlqueue.lineage import queue_lineage, table_names
+from airflow_provider_sqlqueue.operators.sqlqueue import (
+    CreateQueueOperator,
+    PurgeExpiredMessagesOperator,
+    SendMessageOperator,
+)
+from airflow_provider_sqlqueue.sensors.sqlqueue import SqlQueueSensor
+
+pytestmark = pytest.mark.usefixtures("conn_id")
+
+
+def names(datasets: list) -> list[tuple[str, str]]:
+    return [(d.namespace, d.name) for d in datasets]
+
+
+def test_operators_report_the_queue_tables_they_read_and_wrote(pg_uri: str, schema: str) -> None:
+    server = urlsplit(pg_uri)
+    namespace = f"postgres://{server.hostname}:{server.port or 5432}"
+    database = server.path.lstrip("/")
+    queue = f'orders@"{schema}"'
+    create = CreateQueueOperator(task_id="create", sqlqueue_conn_id="sqlqueue_test", queue_name=queue)
+    create.execute({})
+    created = create.get_openlineage_facets_on_complete(None)
+    assert created.inputs == []
+    assert names(created.outputs) == [
+        (namespace, f"{database}.{schema}.orders"),
+        (namespace, f"{database}.{schema}.error"),
+    ]
+    send = SendMessageOperator(task_id="send", sqlqueue_conn_id="sqlqueue_test", queue_name=queue, body="x")
+    send.execute({})
+    assert names(send.get_openlineage_facets_on_complete(None).outputs) == [(namespace, f"{database}.{schema}.orders")]
+    purge = PurgeExpiredMessagesOperator(task_id="purge", sqlqueue_conn_id="sqlqueue_test", queue_name=queue)
+    purge.execute({})
+    purged = purge.get_openlineage_facets_on_complete(None)
+    assert names(purged.inputs) == names(purged.outputs) == [(namespace, f"{database}.{schema}.orders")]
+    sensor = SqlQueueSensor(task_id="wait", sqlqueue_conn_id="sqlqueue_test", queue_name=queue)
+    assert names(sensor.get_openlineage_facets_on_complete(None).inputs) == [(namespace, f"{database}.{schema}.orders")]
+    # An operator that has not run reports nothing rather than guessing.
+    assert (
+        SendMessageOperator(task_id="idle", queue_name=queue, body="x").get_openlineage_facets_on_complete(None).outputs
+        == []
+    )
+
+
+def test_a_queue_is_named_as_the_postgres_provider_names_its_table(schema: str) -> None:
+    """The asset URI the task helpers hand to the hook lineage collector becomes, through the postgres
+    provider's own converter, the dataset the operators report: one dataset, whoever reports it."""
+    hook = SqlQueueHook("sqlqueue_test")
+    for queue, table in ((f'orders@"{schema}"', "orders"), (f'sales.W1@"{schema}"', "sales.W1"), ("plain", "plain")):
+        namespace, database, in_schema, name = table_names(hook, queue)
+        assert name == table and in_schema == (schema if "@" in queue else "public")
+        [reported] = queue_lineage(hook, [queue], []).inputs
+        asset = Asset(uri=f"{namespace}/{database}/{in_schema}/{name}")
+        converted = convert_asset_to_openlineage(asset, None)
+        assert (converted.namespace, converted.name) == (reported.namespace, reported.name)
