@@ -257,8 +257,9 @@ def hold_messages(
     hook = SqlQueueHook(sqlqueue_conn_id)
     hook.connection  # noqa: B018  # a connection that is not defined fails the task now, holding nothing
     taken = take_reserved(hook, context, lease, limit) if messages is None else claimed_messages(messages, context)
-    collect_inputs(hook, (str(m["queue"]) for m in taken))
-    with LeaseKeeper(hook.client, tokens_by_queue(taken), lease) as keeper:
+    claims = tokens_by_queue(taken)  # refuses messages that are no claims' dicts
+    collect_inputs(hook, claims)
+    with LeaseKeeper(hook.client, claims, lease) as keeper:
         held = HeldMessages(
             (dict(m) for m in taken if uuid.UUID(str(m["claim_token"])) in keeper.held.get(str(m["queue"]), ())),
             hook,
