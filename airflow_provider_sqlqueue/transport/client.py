@@ -454,6 +454,7 @@ class AsyncQueueClient(Addressing):
     async def _run(self, op: ops.Operation[T]) -> T:
         """Run an operation in its own transaction, or in the caller's (:meth:`transaction`), one caller at a time."""
         async with self._lock:
+            self._refuse_closed()  # also inside a block whose code closed the client
             return await self.session.run(op)
 
     async def _in_batches(self, make: Callable[[], ops.Operation[int]], batch_size: int) -> int:
@@ -507,6 +508,7 @@ class AsyncQueueClient(Addressing):
         """
         async with self._lock, self.session.transaction():
             yield
+            self._refuse_closed()  # close() inside the block: its transaction is rolled back, not committed
 
     # -- installation ------------------------------------------------------------------------
 
@@ -778,6 +780,7 @@ class AsyncQueueClient(Addressing):
             self._reporter.taken(self.address(queue), received)
             started = datetime.now(UTC)
             yield received[0] if received else None
+            self._refuse_closed()
             if audit is not None and received:
                 op = ops.audit(self.dialect, self.address(queue), audit, received, {received[0].id: started})
                 await ops.drive(op, self.session.execute)

@@ -921,6 +921,11 @@ class PostgresDialect(Dialect):
                 "idle_in_transaction_session_timeout; a native-mode handler must finish within it (or the role's "
                 f"setting must be raised). The transaction was rolled back ({detail})"
             )
+        if sqlstate == "25P02":  # in_failed_sql_transaction: an error the caller caught aborted the transaction
+            return TransactionAbortedError(
+                f"the transaction working on {address} was aborted by an earlier error that was caught: nothing more "
+                f"runs in it and nothing done in it can commit; roll it back ({detail})"
+            )
         if sqlstate in ("42P07", "42710"):  # duplicate_table / duplicate_object: another installer won a race
             return ObjectExistsError(f"another installer created part of {address} at the same time: {detail}")
         if sqlstate == "42P01":  # undefined_table: the queue's, or the claim store beside it

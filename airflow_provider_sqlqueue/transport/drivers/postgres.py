@@ -91,6 +91,23 @@ _ANOTHER_TRANSACTION = (
 )
 
 
+#: Why nothing more can run in the connection's transaction: an error aborted it earlier.
+_ABORTED_BEFORE = (
+    "a statement earlier in the connection's transaction failed and its error was caught: PostgreSQL aborted "
+    "the transaction, so nothing more runs in it and nothing done in it can commit; roll it back and start "
+    "again (let database errors propagate, or put the statement in a savepoint: connection.transaction())"
+)
+
+
+def refuse_in_aborted(connection: Any) -> None:
+    """Raise before sending anything into a transaction an error aborted. PostgreSQL would refuse the
+    statement ("current transaction is aborted"), and a savepoint opened for it fails too, so that
+    psycopg logs the failed rollback of a savepoint it never made; the caller's mistake is the caught
+    error, said once, in the library's words."""
+    if connection.info.transaction_status == TransactionStatus.INERROR:
+        raise TransactionAbortedError(_ABORTED_BEFORE)
+
+
 def transaction_broken(connection: Any) -> str | None:
     """Inside a transaction block: why the transaction can no longer commit as one (None: it can).
     INERROR: an error aborted it. IDLE: the code inside sent COMMIT or ROLLBACK itself, so the
@@ -491,6 +508,7 @@ class PsycopgSession(Session):
     @asynccontextmanager
     async def transaction(self, *, begun_by_first_statement: bool = False) -> AsyncIterator[None]:
         await self._revive()
+        refuse_in_aborted(self.connection)
         if self.autocommits():
             async with self._own_transaction(begin_now=not begun_by_first_statement):
                 yield
@@ -597,6 +615,7 @@ class PsycopgSession(Session):
         return transaction_broken(self.connection)
 
     async def execute(self, step: Step) -> Any:
+        refuse_in_aborted(self.connection)
         if self._send_pending_begin():
             return await self._begin_with(step)
         with translated(self.dialect, STATEMENT_ERRORS, step):
