@@ -11,8 +11,11 @@ from typing import Any, NoReturn
 from urllib.parse import unquote
 
 import psycopg
+from psycopg import postgres
+from psycopg.adapt import AdaptersMap
 from psycopg.conninfo import conninfo_to_dict
-from psycopg.pq import TransactionStatus
+from psycopg.pq import PipelineStatus, TransactionStatus
+from psycopg.rows import tuple_row
 from psycopg.types.string import TextLoader
 
 from .. import defaults
@@ -274,26 +277,72 @@ class _BlockingCopy:
         self._copy.write(chunk)
 
 
+#: psycopg's default adapters, as no caller changed them: what the library's cursors dump its
+#: parameters and load its rows with.
+_ADAPTERS = AdaptersMap(types=postgres.types)
+postgres.register_default_adapters(_ADAPTERS)
+
+
+def own_cursor(cls: Any, connection: Any) -> Any:
+    """A cursor of psycopg's class ``cls`` on ``connection`` that reads rows as tuples with psycopg's
+    default adapters, whatever ``cursor_factory``, ``row_factory`` and adapters (a uuid read as
+    text, bytea as str) a borrowed connection was given: the library's statements and the rows they
+    read do not depend on how the caller set the connection up. (A cursor copies its connection's
+    adapters when made; psycopg has no argument to give it others. The version is locked.)"""
+    cursor = cls(connection, row_factory=tuple_row)
+    cursor._adapters = AdaptersMap(_ADAPTERS)
+    return cursor
+
+
 class _Blocking:
     """A blocking psycopg connection behind psycopg's asyncio interface: each coroutine blocks and
-    returns without suspending, so one :class:`PsycopgSession` serves blocking and asyncio callers."""
+    returns without suspending, so one :class:`PsycopgSession` serves blocking and asyncio callers.
+    Its cursors are the library's own (:func:`own_cursor`)."""
 
     def __init__(self, connection: Any) -> None:
         self._connection = connection
 
     async def execute(self, query: str, *, prepare: bool | None = None) -> None:
-        with _cancelled_if_interrupted(self._connection):
-            self._connection.execute(query, prepare=prepare)
+        async with self.cursor() as cursor:
+            await cursor.execute(query, prepare=prepare)
 
     @asynccontextmanager
     async def cursor(self) -> AsyncIterator[_BlockingCursor]:
-        with self._connection.cursor() as cursor:
+        with own_cursor(psycopg.Cursor, self._connection) as cursor:
             yield _BlockingCursor(cursor)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[None]:
         with self._connection.transaction():
             yield
+
+
+class _Async:
+    """An asyncio psycopg connection with the library's own cursors (see :class:`_Blocking`)."""
+
+    def __init__(self, connection: Any) -> None:
+        self._connection = connection
+
+    async def execute(self, query: str, *, prepare: bool | None = None) -> None:
+        async with self.cursor() as cursor:
+            await cursor.execute(query, prepare=prepare)
+
+    def cursor(self) -> Any:
+        return own_cursor(psycopg.AsyncCursor, self._connection)
+
+    def transaction(self) -> Any:
+        return self._connection.transaction()
+
+
+def refuse_unusable(connection: Any) -> None:
+    """Refuse, before anything is sent, a connection in a mode the library's statements cannot run
+    in: a pipeline (psycopg's ``connection.pipeline()`` block), where a statement of several
+    commands, as the library's BEGIN travels, is refused and errors surface at a later sync."""
+    if connection.info.pipeline_status != PipelineStatus.OFF:
+        raise TransportMisconfiguredError(
+            "the connection given is in pipeline mode (inside connection.pipeline()): the library's statements "
+            "cannot run in a pipeline; call the client outside the pipeline block"
+        )
 
 
 class PsycopgSession(Session):
@@ -333,13 +382,14 @@ class PsycopgSession(Session):
     @property
     def _db(self) -> Any:
         """The connection behind psycopg's asyncio interface."""
-        return _Blocking(self.connection) if self.blocking else self.connection
+        return _Blocking(self.connection) if self.blocking else _Async(self.connection)
 
     async def _revive(self) -> None:
         """Open again an owned connection the server dropped: the call that met the loss said "retry"
         (TransportUnavailableError), and the retry must be able to succeed. A new connection listens afresh."""
         if self.closed:  # closed by its caller, not lost: nothing is opened again
             raise ClientClosedError()
+        refuse_unusable(self.connection)
         # A command still in progress between calls: a call was interrupted while it waited for the server
         # (a signal handler's exception, a task timeout). The connection refuses every command until that
         # one's result is read; the server session may hold a transaction and its locks meanwhile.
@@ -416,7 +466,7 @@ class PsycopgSession(Session):
         with translated(self.dialect, psycopg.Error):
             for channel in channels:
                 if channel not in self._listening:
-                    await self.connection.execute(self.dialect.listen_sql(channel))
+                    await self._db.execute(self.dialect.listen_sql(channel))
                     self._listening.add(channel)
             payloads = [n.payload async for n in self.connection.notifies(timeout=timeout, stop_after=1)]
             if payloads:
@@ -448,7 +498,7 @@ class PsycopgSession(Session):
         with translated(self.dialect, STATEMENT_ERRORS, step or ANY_STEP):
             if fused is not None:
                 client_cursor = psycopg.ClientCursor if self.blocking else psycopg.AsyncClientCursor
-                texts.append(client_cursor(self.connection).mogrify(fused.sql, fused.params))
+                texts.append(own_cursor(client_cursor, self.connection).mogrify(fused.sql, fused.params))
             async with self._db.cursor() as cursor:
                 # No parameters and never prepared (prepare_threshold=0 would try): one simple-protocol message.
                 await cursor.execute("; ".join(texts), prepare=False)
