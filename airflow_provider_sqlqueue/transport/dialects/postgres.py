@@ -197,11 +197,17 @@ def quote_literal(text: str) -> str:
 
 #: A column's type as the catalog queries report it. ``Seq`` without a default (a sequence or an
 #: identity) is reported as another type: rows sent to such a table get no Seq, and no receive,
-#: which reads in Seq order, would ever see them.
+#: which reads in Seq order, would ever see them. format_type's quotes are dropped: a session with
+#: ``quote_all_identifiers`` on would name every type quoted ("uuid"), and no table would be a queue.
+_TYPE_NAME = "replace(format_type(a.atttypid, NULL), '\"', '')"
 _COLUMN_TYPE = (
     "CASE WHEN a.attname = 'seq' AND NOT (a.atthasdef OR a.attidentity <> '') "
-    "THEN format_type(a.atttypid, NULL) || ' without a default' ELSE format_type(a.atttypid, NULL) END"
+    f"THEN {_TYPE_NAME} || ' without a default' ELSE {_TYPE_NAME} END"
 )
+
+#: What a connection the library opened is switched to when a role's or the URI's setting chose
+#: another client encoding: names, headers and failure text travel as UTF-8.
+CLIENT_ENCODING_SQL = "SET client_encoding TO 'UTF8'"
 
 
 class PostgresDialect(Dialect):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, NoReturn
 from urllib.parse import unquote
@@ -21,6 +21,7 @@ from psycopg.types.string import TextLoader
 from .. import defaults
 from ..dialects import Dialect, get_dialect
 from ..dialects.postgres import (
+    CLIENT_ENCODING_SQL,
     NOT_THE_SAME_TRANSACTION,
     TRANSACTION_STARTED_SQL,
     check_started_sql,
@@ -241,9 +242,11 @@ class _BlockingCursor:
     def nextset(self) -> bool | None:
         return self._cursor.nextset()  # type: ignore[no-any-return]
 
-    async def execute(self, query: str, params: Any = None, *, prepare: bool | None = None) -> None:
+    async def execute(
+        self, query: str, params: Any = None, *, prepare: bool | None = None, binary: bool | None = None
+    ) -> None:
         with _cancelled_if_interrupted(self._cursor.connection):
-            self._cursor.execute(query, params, prepare=prepare)
+            self._cursor.execute(query, params, prepare=prepare, binary=binary)
 
     async def fetchall(self) -> list[Any]:
         return self._cursor.fetchall()  # type: ignore[no-any-return]
@@ -334,6 +337,20 @@ class _Async:
         return self._connection.transaction()
 
 
+def typed_nulls(params: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Parameters with each list of only None (a batch of messages none of which expires) given as
+    NULL. psycopg cannot type such a list and sends it as the text ``{NULL,...}``, which a session
+    with ``array_nulls = off`` reads as the string NULL. A NULL array is the same to the statements
+    that take lists: ``unnest`` pads it with NULLs to the longest array beside it, and ``= ANY``
+    matches nothing in it."""
+    if not any(isinstance(value, list) for value in params.values()):
+        return params
+    return {
+        name: None if isinstance(value, list) and value and all(v is None for v in value) else value
+        for name, value in params.items()
+    }
+
+
 def refuse_unusable(connection: Any) -> None:
     """Refuse, before anything is sent, a connection in a mode the library's statements cannot run
     in: a pipeline (psycopg's ``connection.pipeline()`` block), where a statement of several
@@ -390,6 +407,7 @@ class PsycopgSession(Session):
         if self.closed:  # closed by its caller, not lost: nothing is opened again
             raise ClientClosedError()
         refuse_unusable(self.connection)
+        await self._in_utf8()
         # A command still in progress between calls: a call was interrupted while it waited for the server
         # (a signal handler's exception, a task timeout). The connection refuses every command until that
         # one's result is read; the server session may hold a transaction and its locks meanwhile.
@@ -413,6 +431,7 @@ class PsycopgSession(Session):
             log.info("The database connection was lost; opening a new one")
             self.connection = await self._reopen()
             self._listening.clear()
+            await self._in_utf8()
         elif self._reopen is None and self.connection.closed and not self.connection.broken:
             # The caller closed the connection it lent: no retry can succeed (a broken one, cut by the
             # server or the network, is reported as unavailable by the statement that meets it).
@@ -441,8 +460,26 @@ class PsycopgSession(Session):
             async def reopen() -> Any:
                 return (await cls.connect(conninfo, blocking=blocking, **kwargs)).connection
 
-            return cls(connection, owned=True, reopen=reopen)
+            session = cls(connection, owned=True, reopen=reopen)
+            await session._in_utf8()  # also for the pool, whose sessions over it do not own it
+            return session
         raise error
+
+    async def _in_utf8(self) -> None:
+        """Make sure text travels as UTF-8. A role's, a database's or the URI's ``client_encoding``
+        may choose another: LATIN1 cannot carry most text a header holds, and with SQL_ASCII psycopg
+        reads text as bytes. A connection the library opened is switched to UTF-8; a borrowed one
+        is the caller's to set, and is refused, saying so, rather than failing on some text later."""
+        if self.connection.closed or self.connection.info.encoding == "utf-8":
+            return
+        if not self.owned and self._reopen is None:
+            raise TransportMisconfiguredError(
+                f"the connection given uses client_encoding {self.connection.info.parameter_status('client_encoding')}: "
+                "queue names, headers and failure text travel as UTF-8; give the client a connection with "
+                "client_encoding UTF8 (connection.execute(\"SET client_encoding TO 'UTF8'\"))"
+            )
+        with translated(self.dialect, STATEMENT_ERRORS):
+            await self._db.execute(CLIENT_ENCODING_SQL, prepare=False)
 
     def autocommits(self) -> bool:
         return not self._begin_pending and _psycopg_autocommits(self.connection)
@@ -498,7 +535,7 @@ class PsycopgSession(Session):
         with translated(self.dialect, STATEMENT_ERRORS, step or ANY_STEP):
             if fused is not None:
                 client_cursor = psycopg.ClientCursor if self.blocking else psycopg.AsyncClientCursor
-                texts.append(own_cursor(client_cursor, self.connection).mogrify(fused.sql, fused.params))
+                texts.append(own_cursor(client_cursor, self.connection).mogrify(fused.sql, typed_nulls(fused.params)))
             async with self._db.cursor() as cursor:
                 # No parameters and never prepared (prepare_threshold=0 would try): one simple-protocol message.
                 await cursor.execute("; ".join(texts), prepare=False)
@@ -672,9 +709,13 @@ class PsycopgSession(Session):
             async with self._db.cursor() as cursor:
                 if step.fetch in (Fetch.COPY, Fetch.LOAD):
                     return await _copy(cursor, step)
-                if step.fetch is Fetch.ALL_UUID_TEXT:  # the server's text of a uuid, as it sends it
+                text = step.fetch is Fetch.ALL_UUID_TEXT  # the server's text of a uuid, as it sends it
+                if text:
                     cursor.adapters.register_loader("uuid", TextLoader)
-                await cursor.execute(step.sql, step.params)
+                # Rows in binary, whose form no session setting changes: the text of a timestamp
+                # follows DateStyle, which psycopg reads in ISO only, and an interval's IntervalStyle
+                # (uuids, text, bytea and integers read as text are the same under every setting).
+                await cursor.execute(step.sql, typed_nulls(step.params), binary=not text)
                 return await fetch(cursor, step)
 
 
