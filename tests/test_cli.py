@@ -628,3 +628,18 @@ def test_the_longest_postgres_names_are_made_whole(pg_uri, schema, client):
     for table in (with_delayed, f"{with_delayed}.Delayed", without):
         assert {table, f"{table}_Expires"} <= made or {table, f"{table}_Due"} <= made, table
     assert {f"{with_delayed}_seq_seq", f"{without}_seq_seq"} <= made
+
+
+def test_health_by_a_role_that_can_read_no_queue_says_so_and_fails(pg_uri, raw, queue):
+    from psycopg import sql
+
+    role = f"cli_blind_{uuid.uuid4().hex[:8]}"
+    raw.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    try:
+        survey = sqlqueue("health", "--conn", make_conninfo(pg_uri, user=role))
+    finally:
+        raw.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+    assert survey.returncode == 3, survey.stderr  # never "no problems found" for a survey of nothing
+    assert "no problems found" not in survey.stdout
+    assert "PROBLEM unreadable (database): this role could read no queue" in survey.stdout
+    assert "lacks SELECT" in survey.stdout and "sqlqueue grants" in survey.stdout

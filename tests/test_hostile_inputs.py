@@ -538,3 +538,32 @@ async def test_an_async_connection_in_pipeline_mode_is_refused_with_why(pg_uri, 
         assert await client.depth(queue) == 0
     finally:
         await connection.close()
+
+
+#: Calls that create or use a table, each given a name in a schema that does not exist.
+IN_A_MISSING_SCHEMA = {
+    "create_queue": lambda c, s: c.create_queue(QueueAddress("orders", s)),
+    "create_queue_alone": lambda c, s: c.create_queue(QueueAddress("orders", s), delayed=False),
+    "create_subscription_table": lambda c, s: c.create_subscription_table(QueueAddress("routing", s)),
+    "create_writes": lambda c, s: c.create_writes(QueueAddress("ledger", s)),
+    "send": lambda c, s: c.send(QueueAddress("orders", s), Message("x")),
+    "receive": lambda c, s: c.receive(QueueAddress("orders", s)),
+    "depth": lambda c, s: c.depth(QueueAddress("orders", s)),
+    "subscribe": lambda c, s: c.subscribe(QueueAddress("billing", s), "Topic", table=QueueAddress("routing", s)),
+}
+
+
+@pytest.mark.parametrize("call", sorted(IN_A_MISSING_SCHEMA))
+def test_a_schema_that_does_not_exist_is_named_with_what_to_create(client, call) -> None:
+    from airflow_provider_sqlqueue.transport import QueueNotFoundError
+
+    with pytest.raises(QueueNotFoundError, match="CREATE SCHEMA") as caught:
+        IN_A_MISSING_SCHEMA[call](client, "no_such_schema_anywhere")
+    assert "create_queue" not in str(caught.value)  # the advice that cannot work: it makes no schema
+
+
+def test_a_queue_missing_from_a_schema_that_exists_is_still_create_queues_to_make(client, schema) -> None:
+    from airflow_provider_sqlqueue.transport import QueueNotFoundError
+
+    with pytest.raises(QueueNotFoundError, match=r"create it first \(create_queue"):
+        client.send(QueueAddress("nope", schema), Message("x"))

@@ -42,7 +42,7 @@ from .errors import (
     TransportUnavailableError,
     one_line,
 )
-from .health import Health, Problem, problems
+from .health import Health, Problem, nothing_read, problems
 from .install import Installation, TableKind
 from .logs import logger
 from .message import (
@@ -1372,6 +1372,8 @@ class AsyncQueueClient(Addressing):
                     raise
                 log.warning("Leaving %s out of the health figures: %s", self.dialect.qualified_name(address), exc)
                 unreadable.append(Problem("unreadable", address, f"cannot be measured: {one_line(exc)}"))
+        if queues is None and not addresses:  # a survey of nothing is no clean bill of health
+            unreadable.append(nothing_read(await self._run(ops.unreadable_queues(self.dialect))))
         beside = [] if queues is None else await self._error_queue_stats(addresses, expired_limit, wait)
         horizon = await self.horizon()
         now = datetime.now(UTC)

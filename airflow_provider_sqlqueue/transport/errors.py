@@ -29,11 +29,19 @@ class InvalidHeadersError(InvalidArgumentError):
 
 
 class QueueNotFoundError(SqlQueueError):
-    """The queue's table does not exist (create it with the installer first)."""
+    """The queue's table does not exist (create it with the installer first), or its schema does not
+    (create that first: the installer creates tables, not schemas)."""
 
-    def __init__(self, address: str, detail: str = "", *, claim_store: str | None = None) -> None:
+    def __init__(
+        self, address: str, detail: str = "", *, claim_store: str | None = None, schema_missing: bool = False
+    ) -> None:
         self.address = address
         message = f"queue table {address} does not exist; create it first (create_queue / CreateQueueOperator)"
+        if schema_missing:  # create_queue cannot help: it creates tables in a schema that must exist
+            message = (
+                f"the schema of {address} does not exist (or this role may not see it): create the schema first "
+                "(CREATE SCHEMA, by a role allowed to); the library creates tables, never schemas"
+            )
         if claim_store is not None:  # the queue is there; claim mode's store beside it is not
             message = (
                 f"the claim store {claim_store} that claim mode keeps beside {address} does not exist: run "

@@ -420,20 +420,36 @@ class PostgresDialect(Dialect):
             "ORDER BY a.attnum"
         )
 
-    def list_queues_sql(self) -> str:
+    def schema_exists_sql(self, address: QueueAddress) -> str:
+        return "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %(schema)s)"
+
+    def _queue_tables(self, condition: str) -> str:
+        """The queue tables (a queue's columns and types; the claim stores left out) meeting ``condition``."""
         pairs = ", ".join(
             f"({quote_literal(name)}, {quote_literal(type_name)})"
             for name, accepted in self.column_types.items()
             for type_name in accepted
         )
         return (
-            "WITH q AS (SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "SELECT n.oid AS nspoid, n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
             "WHERE c.relkind IN ('r', 'p') AND NOT starts_with(n.nspname, 'pg_') AND n.nspname <> 'information_schema' "
-            f"AND c.relname <> {quote_literal(self.inflight_table)} "
-            "AND strpos(lower(n.nspname || '.' || c.relname), lower(%(search)s)) > 0 "
-            "AND has_table_privilege(c.oid, 'SELECT') "
+            f"AND c.relname <> {quote_literal(self.inflight_table)} AND {condition} "
             "AND (SELECT count(*) FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped "
-            f"AND (a.attname::text, {_COLUMN_TYPE}) IN ({pairs})) = {len(self.column_types)}) "
+            f"AND (a.attname::text, {_COLUMN_TYPE}) IN ({pairs})) = {len(self.column_types)}"
+        )
+
+    def unreadable_queues_sql(self) -> str:
+        hidden = self._queue_tables("NOT has_table_privilege(c.oid, 'SELECT')")
+        return (
+            f"SELECT count(*), count(*) FILTER (WHERE NOT has_schema_privilege(nspoid, 'USAGE')) FROM ({hidden}) AS q"
+        )
+
+    def list_queues_sql(self) -> str:
+        readable = self._queue_tables(
+            "strpos(lower(n.nspname || '.' || c.relname), lower(%(search)s)) > 0 AND has_table_privilege(c.oid, 'SELECT')"
+        )
+        return (
+            f"WITH q AS ({readable}) "
             "SELECT t.total, p.nspname, p.relname FROM (SELECT count(*) AS total FROM q) AS t LEFT JOIN "
             "(SELECT nspname, relname FROM q ORDER BY nspname, relname OFFSET %(offset)s LIMIT %(limit)s) AS p ON true "
             "ORDER BY p.nspname, p.relname"
@@ -938,7 +954,7 @@ class PostgresDialect(Dialect):
             store = re.search(rf'relation "((?:[^"]+\.)?{re.escape(self.inflight_table)})" does not exist', detail)
             return QueueNotFoundError(address, detail, claim_store=store.group(1) if store else None)
         if sqlstate == "3F000":  # invalid_schema_name
-            return QueueNotFoundError(address, detail)
+            return QueueNotFoundError(address, detail, schema_missing=True)
         if sqlstate == "42501":  # insufficient_privilege
             return PermissionDeniedError(
                 f"permission denied on {address}: {detail}. Creating queues needs CREATE on the schema "
