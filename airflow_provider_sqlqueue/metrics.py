@@ -162,7 +162,8 @@ def emit_queue_metrics(
             for name, value in {
                 "horizon_age": 0.0 if held is None else held.total_seconds(),
                 "horizon_xid_age": 0 if oldest is None else oldest.xid_age or 0,
-                "horizon_problems": problems[None],
+                # The horizon's own: a survey that could read no queue is a problem of the database too.
+                "horizon_problems": sum(p.concern == "horizon" for p in health.problems),
             }.items():
                 Stats.gauge(f"sqlqueue.{name}", value, tags={"conn_id": conn_id})
                 if legacy:

@@ -287,3 +287,32 @@ emit_queue_metrics(["shop"], lambda conn_id: SqlQueueHook(conn_id).client())
     names = {line.split(":", 1)[0] for line in lines}
     assert "airflow.sqlqueue.sent" in names and "airflow.sqlqueue.waiting" in names
     assert not [name for name in names if name.startswith("airflow.sqlqueue.") and name.count(".") > 2]
+
+
+def test_a_connection_whose_role_can_read_no_queue_is_not_counted_a_horizon_problem(pg_uri, monkeypatch):
+    from airflow.sdk.observability.stats import Stats
+    from psycopg import sql
+    from psycopg.conninfo import make_conninfo
+
+    from airflow_provider_sqlqueue.metrics import emit_queue_metrics
+
+    gauges: dict[str, float] = {}
+    monkeypatch.setattr(Stats, "gauge", lambda name, value, *a, **k: gauges.__setitem__(name, value))
+    seen = []
+
+    def open_client(conn_id: str) -> QueueClient:
+        client = QueueClient.connect(make_conninfo(pg_uri, user=role))
+        survey = client.health
+        client.health = lambda **kw: seen.append(survey(**kw)) or seen[-1]  # the survey the gauges come from
+        return client
+
+    role = f"metrics_blind_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_uri, autocommit=True) as raw:
+        raw.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        try:
+            assert emit_queue_metrics(["blind"], open_client) == {"blind": 0}
+        finally:
+            raw.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+    [health] = seen
+    assert [p.concern for p in health.problems if p.queue is None and "could read no queue" in p.message]
+    assert gauges["sqlqueue.horizon_problems"] == sum(p.concern == "horizon" for p in health.problems)
