@@ -20,6 +20,7 @@ from airflow_provider_sqlqueue.transport.drivers import open_pool
 from airflow_provider_sqlqueue.transport.errors import (
     ClientClosedError,
     TransactionAbortedError,
+    TransportMisconfiguredError,
     TransportUnavailableError,
 )
 from airflow_provider_sqlqueue.transport.message import EXCEPTION_MESSAGE, EXCEPTION_TYPE
@@ -217,3 +218,25 @@ def test_close_inside_a_block_says_closed_and_rolls_the_block_back(backend, clie
         borrowed.close()
     assert not isinstance(caught.value, TransportUnavailableError)  # not "retry": it is closed
     assert [m.text for m in client.browse(queue)] == ["kept"]  # the receive and the send were undone
+
+
+def close_the_connection_inside(client, connection, block, queue, *, then_send: bool) -> None:
+    with client.receive_native(queue) if block == "receive_native" else client.transaction():
+        client.send(queue, Message("inside"))
+        connection.close()
+        if then_send:
+            client.send(queue, Message("late"))
+
+
+@pytest.mark.parametrize("then_send", [False, True], ids=["", "then-send"])
+@pytest.mark.parametrize("autocommit", [True, False], ids=["autocommit", "in-transaction"])
+@pytest.mark.parametrize("block", ["transaction", "receive_native"])
+def test_a_lent_connection_closed_inside_a_block_is_misconfigured_not_unavailable(
+    backend, client, queue, block, autocommit, then_send
+):
+    client.send(queue, Message("kept"))
+    connection = psycopg.connect(backend.uri, autocommit=autocommit)
+    borrowing = QueueClient.connect(connection)
+    with pytest.raises(TransportMisconfiguredError, match="connection given to the client is closed"):
+        close_the_connection_inside(borrowing, connection, block, queue, then_send=then_send)
+    assert [m.text for m in client.browse(queue)] == ["kept"]

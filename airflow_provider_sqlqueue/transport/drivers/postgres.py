@@ -420,6 +420,7 @@ class PsycopgSession(Session):
                 "the connection given to the client is still in the middle of a command an interrupted call "
                 "left: close it and give the client a new connection"
             )
+        self._refuse_lent_closed()
         lost = self.connection.closed or self.connection.broken or stuck
         if lost and self._blocks:
             # Inside a transaction block the transaction died with its connection: a new connection
@@ -432,9 +433,12 @@ class PsycopgSession(Session):
             self.connection = await self._reopen()
             self._listening.clear()
             await self._in_utf8()
-        elif self._reopen is None and self.connection.closed and not self.connection.broken:
-            # The caller closed the connection it lent: no retry can succeed (a broken one, cut by the
-            # server or the network, is reported as unavailable by the statement that meets it).
+
+    def _refuse_lent_closed(self) -> None:
+        """Raise when the caller closed the connection it lent -- before a call, or inside a block,
+        whose transaction went with it: no retry can succeed (a broken one, cut by the server or the
+        network, is reported as unavailable by the statement that meets it)."""
+        if self._reopen is None and self.connection.closed and not self.connection.broken:
             raise TransportMisconfiguredError(
                 "the connection given to the client is closed: give the client an open connection"
             )
@@ -619,6 +623,7 @@ class PsycopgSession(Session):
                     raise
                 finally:
                     self._blocks -= 1
+                self._refuse_lent_closed()
                 refuse_aborted(self)
                 if checked:
                     await self._commit_checked(started, commit=False)  # psycopg's COMMIT follows
@@ -658,6 +663,7 @@ class PsycopgSession(Session):
             finally:
                 begun = self._end_pending()
             if begun:
+                self._refuse_lent_closed()
                 refuse_aborted(self)
                 if self._checked:
                     await self._commit_checked(self._started, commit=True)
