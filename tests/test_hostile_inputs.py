@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 
 import psycopg
 import pytest
@@ -567,3 +568,42 @@ def test_a_queue_missing_from_a_schema_that_exists_is_still_create_queues_to_mak
 
     with pytest.raises(QueueNotFoundError, match=r"create it first \(create_queue"):
         client.send(QueueAddress("nope", schema), Message("x"))
+
+
+#: Calls that need a table of a kind other than a queue, each given one that is missing: the error
+#: names the kind and the call that makes it (create_queue makes neither a subscription table nor a ledger).
+MISSING_TABLE_OF_A_KIND = {
+    "subscribe": (
+        lambda c, s: c.subscribe(QueueAddress("orders", s), "T", table=QueueAddress("nosubs", s)),
+        "create_subscription_table",
+    ),
+    "subscribers": (lambda c, s: c.subscribers("T", table=QueueAddress("nosubs", s)), "create_subscription_table"),
+    "publish": (
+        lambda c, s: c.publish("T", Message("x"), table=QueueAddress("nosubs", s)),
+        "create_subscription_table",
+    ),
+    "record_write": (lambda c, s: c.record_write(QueueAddress("noledger", s), uuid.uuid4(), 0), "create_writes"),
+    "forget_write": (lambda c, s: c.forget_write(QueueAddress("noledger", s), uuid.uuid4()), "create_writes"),
+}
+
+
+@pytest.mark.parametrize("call", sorted(MISSING_TABLE_OF_A_KIND))
+def test_a_missing_table_of_another_kind_is_named_with_the_call_that_makes_it(client, queue, schema, call) -> None:
+    from airflow_provider_sqlqueue.transport import QueueNotFoundError
+
+    attempt, maker = MISSING_TABLE_OF_A_KIND[call]
+    with pytest.raises(QueueNotFoundError, match=rf"create it first \({maker}") as caught:
+        attempt(client, schema)
+    assert "queue table" not in str(caught.value) and "create_queue" not in str(caught.value)
+
+
+def test_a_missing_delayed_table_is_create_queues_to_add(client, queue, raw, schema) -> None:
+    from airflow_provider_sqlqueue.transport import QueueNotFoundError
+
+    raw.execute(f'DROP TABLE "{schema}"."orders.Delayed"')
+    with pytest.raises(
+        QueueNotFoundError, match=r"delayed-message table .* create it first \(create_queue, which adds"
+    ):
+        client.send(queue, Message("later"), delay=60)
+    client.create_queue(queue)  # as the error says: the queue stays, its delayed table is added
+    client.send(queue, Message("later"), delay=60)
