@@ -506,6 +506,7 @@ class AsyncQueueClient(Addressing):
         What a caller needs when several calls must commit together (a Spark partition recorded in
         the write ledger with the messages it sends). Other callers of the client wait meanwhile.
         """
+        self._refuse_closed()  # what any driver says after close(), before it touches the connection
         async with self._lock, self.session.transaction():
             yield
             self._refuse_closed()  # close() inside the block: its transaction is rolled back, not committed
@@ -775,6 +776,7 @@ class AsyncQueueClient(Addressing):
         """
         receive = self._receive_op(queue, 1, error_queue, atomic=True)
         audit = self.audit_address(self.address(queue))  # refused before the handler runs, not after
+        self._refuse_closed()
         async with self._lock, self.session.transaction(begun_by_first_statement=True):
             received = await ops.drive(receive, self.session.execute)
             self._reporter.taken(self.address(queue), received)
