@@ -1347,7 +1347,9 @@ class AsyncQueueClient(Addressing):
         ``report_unreadable``: a queue that cannot be measured -- dropped since it was listed, no
         longer a queue, its claim store or delayed table broken, no rights on it -- is reported as an
         ``unreadable`` problem and the others are measured, instead of the call failing: what a survey
-        of many queues (a dashboard, a monitoring check) wants. A lost connection still fails it.
+        of many queues (a dashboard, a monitoring check) wants. A lost connection still fails it. A survey
+        of every queue that finds none the connection may read is an ``unreadable`` problem of the database,
+        naming the rights it lacks: nothing was looked at, which is no clean bill of health.
 
         ``lock_wait``: how long the first locked table is waited for, as in :meth:`queue_stats`; once
         one was found locked, the survey's other tables are waited for at most
