@@ -34,15 +34,14 @@ queue, tagged like the gauges: ``sqlqueue.sent``, ``sqlqueue.received``, ``sqlqu
 Each queue figure is sent tagged (``conn_id``, ``schema``, ``queue``) for backends with tags, and, as Airflow
 does for pools and DAGs while ``[metrics] legacy_names_on`` is true (its default), once more with the
 names in the metric for plain StatsD:
-``sqlqueue.waiting.<conn_id>.<schema>.<queue>``, characters StatsD does not take replaced by ``_``
-(and a short hash of the name appended, so that no two names share a metric).
+``sqlqueue.waiting.<conn_id>.<schema>.<queue>``, each part escaped (:func:`metric_name_part`:
+``a.b`` is ``a-2e-b``) so that no two queues share a metric.
 Figures come from indexes and the database's statistics (``QueueClient.health``), so a run costs a
 few queries per queue.
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -59,20 +58,34 @@ if TYPE_CHECKING:
 
 log = logger("airflow_provider_sqlqueue.metrics")
 
-_NOT_IN_A_NAME = re.compile(r"[^A-Za-z0-9_-]")
+#: Characters a part of a metric name keeps as they are (Airflow's validator also allows ``-``,
+#: which is kept for the escapes).
+_KEPT = re.compile(r"[A-Za-z0-9_]+")
 
 
 def metric_name_part(text: str) -> str:
-    """``text`` as one dotted part of a metric name (Airflow's validator allows letters, digits, ``_`` and ``-``).
+    """``text`` as one dotted part of a metric name, which Airflow's validator allows letters,
+    digits, ``_`` and ``-`` in: letters, digits and ``_`` as they are; ``-`` doubled; any other
+    character as ``-``, its code point in hex, ``-`` (``a.b`` is ``a-2e-b``); the empty text as a
+    lone ``-``.
 
-    Where characters had to be replaced, a short hash of the original follows, so that two names
-    differing only there (``dot.in.name`` and ``dot_in_name``, two non-ASCII names of one length)
-    never share a metric.
+    The escaping can be undone, so it is injective: two different names never share a metric,
+    whatever they hold (a name that reads like another's escape, ``a-2e-b``, is ``a--2e--b``).
     """
-    shown = _NOT_IN_A_NAME.sub("_", text)
-    if shown == text and text:
-        return text
-    return f"{shown}_{hashlib.sha256(text.encode('utf-8', 'surrogatepass')).hexdigest()[:6]}"
+    if not text:
+        return "-"
+    parts: list[str] = []
+    at = 0
+    while at < len(text):
+        kept = _KEPT.match(text, at)
+        if kept is not None:
+            parts.append(kept.group())
+            at = kept.end()
+            continue
+        char = text[at]
+        parts.append("--" if char == "-" else f"-{ord(char):x}-")
+        at += 1
+    return "".join(parts)
 
 
 class StatsMeter(Meter):
@@ -149,7 +162,8 @@ def emit_queue_metrics(
             for name, value in {
                 "horizon_age": 0.0 if held is None else held.total_seconds(),
                 "horizon_xid_age": 0 if oldest is None else oldest.xid_age or 0,
-                "horizon_problems": problems[None],
+                # The horizon's own: a survey that could read no queue is a problem of the database too.
+                "horizon_problems": sum(p.concern == "horizon" for p in health.problems),
             }.items():
                 Stats.gauge(f"sqlqueue.{name}", value, tags={"conn_id": conn_id})
                 if legacy:

@@ -736,3 +736,18 @@ def test_both_help_texts_name_every_command() -> None:
     assert [sub.name for sub in group.subcommands] == [command.name for command in cli.COMMANDS]
     shown = cli.build_parser().format_help()
     assert all(command.name in shown for command in cli.COMMANDS)
+
+
+def test_health_by_a_role_that_can_read_no_queue_says_so_and_fails(pg_uri, raw, queue):
+    from psycopg import sql
+
+    role = f"cli_blind_{uuid.uuid4().hex[:8]}"
+    raw.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    try:
+        survey = sqlqueue("health", "--conn", make_conninfo(pg_uri, user=role))
+    finally:
+        raw.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+    assert survey.returncode == 3, survey.stderr  # never "no problems found" for a survey of nothing
+    assert "no problems found" not in survey.stdout
+    assert "PROBLEM unreadable (database): this role could read no queue" in survey.stdout
+    assert "lacks SELECT" in survey.stdout and "sqlqueue grants" in survey.stdout

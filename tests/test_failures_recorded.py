@@ -14,10 +14,15 @@ import os
 import psycopg
 import pytest
 
-from airflow_provider_sqlqueue.transport import Message, MessagePump, QueueAddress
+from airflow_provider_sqlqueue.transport import AsyncQueueClient, Message, MessagePump, QueueAddress, QueueClient
 from airflow_provider_sqlqueue.transport.defaults import MAX_FAILURE_TEXT
 from airflow_provider_sqlqueue.transport.drivers import open_pool
-from airflow_provider_sqlqueue.transport.errors import TransactionAbortedError
+from airflow_provider_sqlqueue.transport.errors import (
+    ClientClosedError,
+    TransactionAbortedError,
+    TransportMisconfiguredError,
+    TransportUnavailableError,
+)
 from airflow_provider_sqlqueue.transport.message import EXCEPTION_MESSAGE, EXCEPTION_TYPE
 
 pytestmark = pytest.mark.postgres_only
@@ -130,3 +135,108 @@ def test_a_native_block_that_swallows_a_database_error_raises_and_keeps_the_mess
     with pytest.raises(TransactionAbortedError, match="rolled"):
         swallow()
     assert [m.text for m in client.receive(queue)] == ["kept"]  # the receive was rolled back with the rest
+
+
+# -- every call after a caught error, and close(), inside a block ----------------------------------
+
+#: Calls of the client a block's code may make after it caught a database error: each is refused
+#: with the documented error before anything is sent, never "current transaction is aborted".
+AFTER_A_CAUGHT_ERROR = {
+    "send": lambda c, q: c.send(q, Message("late")),
+    "receive": lambda c, q: c.receive(q),
+    "claim": lambda c, q: c.claim(q),
+    "depth": lambda c, q: c.depth(q),
+    "browse": lambda c, q: c.browse(q),
+    "queue_stats": lambda c, q: c.queue_stats(q),
+    "purge": lambda c, q: c.purge(q),
+    "nested": lambda c, q: c.transaction().__enter__(),
+}
+
+
+def call_after_a_caught_error(user, block, call, queue) -> None:
+    with block:
+        try:
+            user.connection.execute("SELECT 1 / 0")
+        except psycopg.Error:
+            pass
+        AFTER_A_CAUGHT_ERROR[call](user, queue)
+
+
+@pytest.mark.parametrize("call", sorted(AFTER_A_CAUGHT_ERROR))
+@pytest.mark.parametrize("block", ["transaction", "receive_native", "borrowed"])
+def test_a_call_after_a_caught_database_error_in_a_block_is_transaction_aborted(
+    backend, client, queue, call, block, caplog
+):
+    client.send(queue, Message("kept"))
+    borrowed = psycopg.connect(backend.uri) if block == "borrowed" else None  # not autocommit: its own transaction
+    user = client if borrowed is None else type(client).connect(borrowed)
+    opened = {"receive_native": client.receive_native(queue), "transaction": client.transaction()}.get(block)
+    with caplog.at_level("WARNING"), pytest.raises(TransactionAbortedError, match="error was caught") as caught:
+        call_after_a_caught_error(user, opened or user.transaction(), call, queue)
+    if borrowed is not None:
+        borrowed.close()
+    assert "current transaction is aborted" not in str(caught.value)
+    assert not [r for r in caplog.records if r.name.startswith("psycopg")]  # no ignored rollback logged
+    assert [m.text for m in client.browse(queue)] == ["kept"]  # nothing of the block committed
+
+
+async def send_after_a_caught_error(client, queue) -> None:
+    async with client.receive_native(queue):
+        try:
+            await client.connection.execute("SELECT 1 / 0")
+        except psycopg.Error:
+            pass
+        await client.send(queue, Message("late"))
+
+
+async def test_an_async_call_after_a_caught_database_error_in_a_block_is_transaction_aborted(backend, queue):
+    async with await AsyncQueueClient.connect(backend.uri) as client:
+        await client.send(queue, Message("kept"))
+        with pytest.raises(TransactionAbortedError, match="error was caught"):
+            await send_after_a_caught_error(client, queue)
+        assert [m.text for m in await client.browse(queue)] == ["kept"]
+
+
+def close_inside(client, block, queue, *, then_send: bool) -> None:
+    with client.receive_native(queue) if block == "receive_native" else client.transaction():
+        client.send(queue, Message("inside"))
+        client.close()
+        if then_send:
+            client.send(queue, Message("late"))
+
+
+@pytest.mark.parametrize("then_send", [False, True], ids=["", "then-send"])
+@pytest.mark.parametrize("owned", [True, False], ids=["owned", "borrowed"])
+@pytest.mark.parametrize("block", ["transaction", "receive_native"])
+def test_close_inside_a_block_says_closed_and_rolls_the_block_back(backend, client, queue, block, owned, then_send):
+    client.send(queue, Message("kept"))
+    borrowed = None if owned else psycopg.connect(backend.uri, autocommit=True)
+    closing = QueueClient.connect(backend.uri if borrowed is None else borrowed)
+    with pytest.raises(ClientClosedError, match="closed") as caught:
+        close_inside(closing, block, queue, then_send=then_send)
+    if borrowed is not None:
+        borrowed.close()
+    assert not isinstance(caught.value, TransportUnavailableError)  # not "retry": it is closed
+    assert [m.text for m in client.browse(queue)] == ["kept"]  # the receive and the send were undone
+
+
+def close_the_connection_inside(client, connection, block, queue, *, then_send: bool) -> None:
+    with client.receive_native(queue) if block == "receive_native" else client.transaction():
+        client.send(queue, Message("inside"))
+        connection.close()
+        if then_send:
+            client.send(queue, Message("late"))
+
+
+@pytest.mark.parametrize("then_send", [False, True], ids=["", "then-send"])
+@pytest.mark.parametrize("autocommit", [True, False], ids=["autocommit", "in-transaction"])
+@pytest.mark.parametrize("block", ["transaction", "receive_native"])
+def test_a_lent_connection_closed_inside_a_block_is_misconfigured_not_unavailable(
+    backend, client, queue, block, autocommit, then_send
+):
+    client.send(queue, Message("kept"))
+    connection = psycopg.connect(backend.uri, autocommit=autocommit)
+    borrowing = QueueClient.connect(connection)
+    with pytest.raises(TransportMisconfiguredError, match="connection given to the client is closed"):
+        close_the_connection_inside(borrowing, connection, block, queue, then_send=then_send)
+    assert [m.text for m in client.browse(queue)] == ["kept"]

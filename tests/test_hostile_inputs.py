@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 
 import psycopg
 import pytest
@@ -416,3 +417,193 @@ async def test_an_async_client_refuses_a_blocking_connection(pg_uri) -> None:
         pytest.raises(ArgumentTypeError, match="AsyncConnection"),
     ):
         await AsyncQueueClient.connect(connection)
+
+
+# -- borrowed connections set up unlike the library's own --------------------------------------
+
+
+class SubclassedConnection(psycopg.Connection):
+    """A psycopg connection class of an application's own, defined outside psycopg."""
+
+
+class SubclassedAsyncConnection(psycopg.AsyncConnection):
+    """An asyncio psycopg connection class of an application's own."""
+
+
+def _text_loaders(connection):
+    """Loaders a caller may register on its connection: uuid, bytea, integers and times read as text."""
+    from psycopg.types.string import TextLoader
+
+    for name in ("uuid", "bytea", "int4", "int8", "timestamptz", "text", "jsonb"):
+        connection.adapters.register_loader(name, TextLoader)
+    return connection
+
+
+#: Connections a caller may lend, each set up otherwise than psycopg's defaults.
+BORROWED_SETUPS = {
+    "dict_row": {"row_factory": psycopg.rows.dict_row},
+    "namedtuple_row": {"row_factory": psycopg.rows.namedtuple_row},
+    "scalar_row": {"row_factory": psycopg.rows.scalar_row},
+    "client_cursor": {"cursor_factory": psycopg.ClientCursor},
+    "raw_cursor": {"cursor_factory": psycopg.RawCursor},
+    "subclass": {},
+    "text_loaders": {},
+}
+
+
+def run_representative_calls(client, queue):
+    """Send, browse, receive, claim and ack, native receive, inspection and health: what each returns."""
+    client.send(queue, [Message("a", {"k": "v"}), Message("b"), Message("c"), Message("d")])
+    seen = [(m.text, m.headers.get("k")) for m in client.browse(queue)]
+    [received] = client.receive(queue, 1)
+    claimed = client.claim(queue, 1)
+    acked = client.ack(queue, [m.claim_token for m in claimed]) == {m.claim_token for m in claimed}
+    with client.receive_native(queue) as native:
+        native_text = native.text
+    stats = client.queue_stats(queue)[0]
+    health = client.health(queue)
+    depth, peek = client.depth(queue), client.peek(queue)
+    client.purge(queue)
+    return (
+        seen, received.text, [m.text for m in claimed], acked, native_text, stats.waiting, stats.in_flight,
+        list(health.problems), depth, peek, client.horizon() is not None,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("setup", sorted(BORROWED_SETUPS))
+def test_a_borrowed_connection_set_up_otherwise_gives_the_same_results(pg_uri, client, queue, setup) -> None:
+    expected = run_representative_calls(client, queue)
+    cls = SubclassedConnection if setup == "subclass" else psycopg.Connection
+    with cls.connect(pg_uri, autocommit=True, **BORROWED_SETUPS[setup]) as connection:
+        if setup == "text_loaders":
+            _text_loaders(connection)
+        assert run_representative_calls(QueueClient.connect(connection), queue) == expected
+
+
+@pytest.mark.parametrize("setup", ["dict_row", "raw_cursor", "text_loaders", "subclass"])
+async def test_a_borrowed_async_connection_set_up_otherwise_gives_the_same_results(pg_uri, client, queue, setup):
+    client.send(queue, [Message("a", {"k": "v"}), Message("b")])
+    expected = [(m.id, m.text, m.headers) for m in client.browse(queue)]
+    options = {
+        "dict_row": {"row_factory": psycopg.rows.dict_row},
+        "raw_cursor": {"cursor_factory": psycopg.AsyncRawCursor},
+    }
+    cls = SubclassedAsyncConnection if setup == "subclass" else psycopg.AsyncConnection
+    connection = await cls.connect(pg_uri, autocommit=True, **options.get(setup, {}))
+    try:
+        if setup == "text_loaders":
+            _text_loaders(connection)
+        borrowed = await AsyncQueueClient.connect(connection)
+        assert [(m.id, m.text, m.headers) for m in await borrowed.browse(queue)] == expected
+        [claimed] = await borrowed.claim(queue, 1)
+        assert await borrowed.ack(queue, claimed.claim_token) is True
+        assert (await borrowed.health(queue)).problems == [] and await borrowed.depth(queue) == 1
+    finally:
+        await connection.close()
+
+
+def test_a_cursor_given_where_a_connection_belongs_is_refused_by_name(pg_uri) -> None:
+    with psycopg.connect(pg_uri, autocommit=True) as connection:
+        for cursor in (connection.cursor(), psycopg.ClientCursor(connection), connection.cursor(name="server")):
+            with pytest.raises(ArgumentTypeError, match="cursor was given where a connection belongs"):
+                QueueClient.connect(cursor)
+
+
+async def test_an_async_cursor_given_where_a_connection_belongs_is_refused_by_name(pg_uri) -> None:
+    connection = await psycopg.AsyncConnection.connect(pg_uri, autocommit=True)
+    try:
+        with pytest.raises(ArgumentTypeError, match="cursor was given where a connection belongs"):
+            await AsyncQueueClient.connect(connection.cursor())
+    finally:
+        await connection.close()
+
+
+def test_a_connection_in_pipeline_mode_is_refused_with_why(pg_uri, queue) -> None:
+    with psycopg.connect(pg_uri, autocommit=True) as connection:
+        client = QueueClient.connect(connection)
+        with connection.pipeline():
+            for call in (lambda: client.send(queue, Message("x")), lambda: client.depth(queue)):
+                with pytest.raises(TransportMisconfiguredError, match="pipeline mode"):
+                    call()
+        client.send(queue, Message("after"))  # outside the pipeline the connection serves again
+        assert client.depth(queue) == 1
+
+
+async def test_an_async_connection_in_pipeline_mode_is_refused_with_why(pg_uri, queue) -> None:
+    connection = await psycopg.AsyncConnection.connect(pg_uri, autocommit=True)
+    try:
+        client = await AsyncQueueClient.connect(connection)
+        async with connection.pipeline():
+            with pytest.raises(TransportMisconfiguredError, match="pipeline mode"):
+                await client.send(queue, Message("x"))
+        assert await client.depth(queue) == 0
+    finally:
+        await connection.close()
+
+
+#: Calls that create or use a table, each given a name in a schema that does not exist.
+IN_A_MISSING_SCHEMA = {
+    "create_queue": lambda c, s: c.create_queue(QueueAddress("orders", s)),
+    "create_queue_alone": lambda c, s: c.create_queue(QueueAddress("orders", s), delayed=False),
+    "create_subscription_table": lambda c, s: c.create_subscription_table(QueueAddress("routing", s)),
+    "create_writes": lambda c, s: c.create_writes(QueueAddress("ledger", s)),
+    "send": lambda c, s: c.send(QueueAddress("orders", s), Message("x")),
+    "receive": lambda c, s: c.receive(QueueAddress("orders", s)),
+    "depth": lambda c, s: c.depth(QueueAddress("orders", s)),
+    "subscribe": lambda c, s: c.subscribe(QueueAddress("billing", s), "Topic", table=QueueAddress("routing", s)),
+}
+
+
+@pytest.mark.parametrize("call", sorted(IN_A_MISSING_SCHEMA))
+def test_a_schema_that_does_not_exist_is_named_with_what_to_create(client, call) -> None:
+    from airflow_provider_sqlqueue.transport import QueueNotFoundError
+
+    with pytest.raises(QueueNotFoundError, match="CREATE SCHEMA") as caught:
+        IN_A_MISSING_SCHEMA[call](client, "no_such_schema_anywhere")
+    assert "create_queue" not in str(caught.value)  # the advice that cannot work: it makes no schema
+
+
+def test_a_queue_missing_from_a_schema_that_exists_is_still_create_queues_to_make(client, schema) -> None:
+    from airflow_provider_sqlqueue.transport import QueueNotFoundError
+
+    with pytest.raises(QueueNotFoundError, match=r"create it first \(create_queue"):
+        client.send(QueueAddress("nope", schema), Message("x"))
+
+
+#: Calls that need a table of a kind other than a queue, each given one that is missing: the error
+#: names the kind and the call that makes it (create_queue makes neither a subscription table nor a ledger).
+MISSING_TABLE_OF_A_KIND = {
+    "subscribe": (
+        lambda c, s: c.subscribe(QueueAddress("orders", s), "T", table=QueueAddress("nosubs", s)),
+        "create_subscription_table",
+    ),
+    "subscribers": (lambda c, s: c.subscribers("T", table=QueueAddress("nosubs", s)), "create_subscription_table"),
+    "publish": (
+        lambda c, s: c.publish("T", Message("x"), table=QueueAddress("nosubs", s)),
+        "create_subscription_table",
+    ),
+    "record_write": (lambda c, s: c.record_write(QueueAddress("noledger", s), uuid.uuid4(), 0), "create_writes"),
+    "forget_write": (lambda c, s: c.forget_write(QueueAddress("noledger", s), uuid.uuid4()), "create_writes"),
+}
+
+
+@pytest.mark.parametrize("call", sorted(MISSING_TABLE_OF_A_KIND))
+def test_a_missing_table_of_another_kind_is_named_with_the_call_that_makes_it(client, queue, schema, call) -> None:
+    from airflow_provider_sqlqueue.transport import QueueNotFoundError
+
+    attempt, maker = MISSING_TABLE_OF_A_KIND[call]
+    with pytest.raises(QueueNotFoundError, match=rf"create it first \({maker}") as caught:
+        attempt(client, schema)
+    assert "queue table" not in str(caught.value) and "create_queue" not in str(caught.value)
+
+
+def test_a_missing_delayed_table_is_create_queues_to_add(client, queue, raw, schema) -> None:
+    from airflow_provider_sqlqueue.transport import QueueNotFoundError
+
+    raw.execute(f'DROP TABLE "{schema}"."orders.Delayed"')
+    with pytest.raises(
+        QueueNotFoundError, match=r"delayed-message table .* create it first \(create_queue, which adds"
+    ):
+        client.send(queue, Message("later"), delay=60)
+    client.create_queue(queue)  # as the error says: the queue stays, its delayed table is added
+    client.send(queue, Message("later"), delay=60)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -13,7 +15,9 @@ from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
+import hypothesis
 import psycopg
+import pytest
 
 from airflow_provider_sqlqueue.metrics import metric_name_part
 from airflow_provider_sqlqueue.transport import Message, QueueAddress, QueueClient
@@ -21,12 +25,67 @@ from demo.services import airflow_connection
 
 
 def test_metric_name_parts_keep_only_what_airflow_accepts():
-    assert metric_name_part("orders_2-b") == "orders_2-b"  # nothing replaced: the name itself
-    weird = metric_name_part('we"ird.name@x y')
-    assert weird.startswith("we_ird_name_x_y_") and len(weird) == len("we_ird_name_x_y_") + 6
-    assert metric_name_part("").startswith("_") and metric_name_part("") != metric_name_part("_")
-    # Names that differ only where characters were replaced keep apart.
-    assert len({metric_name_part(n) for n in ("dot.in.name", "dot_in_name", "ünï😀code", "ünï_code", "a\ud800")}) == 5
+    assert metric_name_part("orders_2") == "orders_2"  # letters, digits and _: the name itself
+    assert metric_name_part("sqlqueue_default") == "sqlqueue_default"
+    assert metric_name_part("Sales.Orders") == "Sales-2e-Orders"
+    assert metric_name_part('we"ird.name@x y') == "we-22-ird-2e-name-40-x-20-y"
+    assert metric_name_part("") == "-" and metric_name_part("-") == "--"
+    for name in ("", "-", "a.b", "ünï😀code", "a\ud800", "x" * 200):
+        assert re.fullmatch(r"[A-Za-z0-9_-]+", metric_name_part(name))
+
+
+def unescaped(part: str) -> str:
+    """The name a metric name part was made from: the inverse of ``metric_name_part``, which shows
+    that no two names share a part."""
+    if part == "-":
+        return ""
+    out, at = [], 0
+    while at < len(part):
+        if part[at] != "-":
+            out.append(part[at])
+            at += 1
+        elif part[at + 1] == "-":
+            out.append("-")
+            at += 2
+        else:
+            end = part.index("-", at + 1)
+            out.append(chr(int(part[at + 1 : end], 16)))
+            at = end + 1
+    return "".join(out)
+
+
+#: Pairs of legal names whose parts collided, or could, under a replace-and-hash escaping: a name
+#: and the escape of another, a name and its own escape, names differing only in escaped characters.
+ADVERSARIAL_PAIRS = [
+    ("a.b", "a_b_" + hashlib.sha256(b"a.b").hexdigest()[:6]),  # the old escaping made these one metric
+    ("a.b", "a-2e-b"),
+    ("a.b", "a_b"),
+    ("a.b", "a b"),
+    ("a-b", "a--b"),
+    ("", "-"),
+    ("", "_"),
+    ("-", "--"),
+    ("a-2e-", "a."),
+    ("a-", "a-2d-"),
+    ("ü", "-fc-"),
+    ("\ud800", "-d800-"),
+    ("😀", "-1f600-"),
+    ("a-2e-b", "a--2e--b"),
+]
+
+
+@pytest.mark.parametrize(("one", "other"), ADVERSARIAL_PAIRS)
+def test_two_different_names_never_share_a_metric(one, other):
+    assert metric_name_part(one) != metric_name_part(other)
+    assert unescaped(metric_name_part(one)) == one and unescaped(metric_name_part(other)) == other
+
+
+@hypothesis.settings(max_examples=2000, deadline=None)
+@hypothesis.given(hypothesis.strategies.text(alphabet=hypothesis.strategies.characters(codec=None), max_size=40))
+def test_a_metric_name_part_gives_back_its_name(name):
+    part = metric_name_part(name)
+    assert re.fullmatch(r"[A-Za-z0-9_-]+", part) and "." not in part  # one dotted part, as Airflow takes it
+    assert unescaped(part) == name
 
 
 def test_queue_metrics_reach_statsd_tagged_and_named_per_queue(airflow_db, pg_uri):
@@ -228,3 +287,32 @@ emit_queue_metrics(["shop"], lambda conn_id: SqlQueueHook(conn_id).client())
     names = {line.split(":", 1)[0] for line in lines}
     assert "airflow.sqlqueue.sent" in names and "airflow.sqlqueue.waiting" in names
     assert not [name for name in names if name.startswith("airflow.sqlqueue.") and name.count(".") > 2]
+
+
+def test_a_connection_whose_role_can_read_no_queue_is_not_counted_a_horizon_problem(pg_uri, monkeypatch):
+    from airflow.sdk.observability.stats import Stats
+    from psycopg import sql
+    from psycopg.conninfo import make_conninfo
+
+    from airflow_provider_sqlqueue.metrics import emit_queue_metrics
+
+    gauges: dict[str, float] = {}
+    monkeypatch.setattr(Stats, "gauge", lambda name, value, *a, **k: gauges.__setitem__(name, value))
+    seen = []
+
+    def open_client(conn_id: str) -> QueueClient:
+        client = QueueClient.connect(make_conninfo(pg_uri, user=role))
+        survey = client.health
+        client.health = lambda **kw: seen.append(survey(**kw)) or seen[-1]  # the survey the gauges come from
+        return client
+
+    role = f"metrics_blind_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_uri, autocommit=True) as raw:
+        raw.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        try:
+            assert emit_queue_metrics(["blind"], open_client) == {"blind": 0}
+        finally:
+            raw.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+    [health] = seen
+    assert [p.concern for p in health.problems if p.queue is None and "could read no queue" in p.message]
+    assert gauges["sqlqueue.horizon_problems"] == sum(p.concern == "horizon" for p in health.problems)

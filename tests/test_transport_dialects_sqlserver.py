@@ -58,6 +58,7 @@ STATEMENTS: dict[str, Statement] = {
     "create_inflight": lambda d, a, e: list(d.create_inflight_sql(a)),
     "drop_queue": lambda d, a, e: d.drop_queue_sql(a),
     "queue_columns": lambda d, a, e: d.queue_columns_sql(a),
+    "schema_exists": lambda d, a, e: d.schema_exists_sql(a),
     "has_expires_index": lambda d, a, e: d.has_expires_index_sql(a),
     "expires_index_ddl": lambda d, a, e: d.expires_index_ddl_sql(a),
     "send": lambda d, a, e: d.send_sql(a, SHAPE),

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import pytest
+
 from airflow_provider_sqlqueue.transport import AsyncQueueClient, Message, QueueAddress
 from airflow_provider_sqlqueue.transport.drivers import ThreadSession, ThreadSessionPool, finish, open_session
 
@@ -53,3 +55,31 @@ async def test_a_thread_session_pool_hands_out_at_most_its_size(pg_uri: str) -> 
         assert most == 2
     finally:
         await pool.close()
+
+
+async def close_inside_a_block(client: AsyncQueueClient, queue: QueueAddress) -> None:
+    async with client.transaction():
+        await client.send(queue, Message("inside"))
+        await client.close()
+
+
+async def test_a_closed_thread_session_says_closed_not_what_its_executor_says(pg_uri: str, queue: QueueAddress) -> None:
+    """Calls after close(), and a block whose code closed the client, end with ClientClosedError (they
+    raised the executor's RuntimeError "cannot schedule new futures after shutdown")."""
+    from airflow_provider_sqlqueue.transport import ClientClosedError, QueueClient
+
+    for attempt in ("after", "inside"):
+        client = AsyncQueueClient(await ThreadSession.open(lambda: finish(open_session(pg_uri, blocking=True))))
+        if attempt == "inside":
+            with pytest.raises(ClientClosedError):
+                await close_inside_a_block(client, queue)
+        else:
+            await client.close()
+            with pytest.raises(ClientClosedError):
+                await client.depth(queue)
+        with pytest.raises(ClientClosedError):
+            await client.send(queue, Message("after"))
+        with pytest.raises(ClientClosedError):
+            await close_inside_a_block(client, queue)
+    with QueueClient.connect(pg_uri) as reader:
+        assert reader.depth(queue) == 0  # the block's send went with its connection

@@ -429,3 +429,54 @@ def test_a_queue_named_alone_is_looked_at_with_its_error_queue(
     with psycopg.connect(pg_uri) as holder:
         holder.execute(f'LOCK TABLE "{schema}"."error" IN ACCESS EXCLUSIVE MODE')
         assert client.health([queue], lock_wait=0.2).problems == []
+
+
+def test_a_survey_by_a_role_that_can_read_no_queue_says_so_and_what_it_lacks(
+    pg_uri: str, raw: Any, queue: QueueAddress, schema: str
+) -> None:
+    import uuid
+
+    from psycopg import sql
+    from psycopg.conninfo import make_conninfo
+
+    role = f"health_blind_{uuid.uuid4().hex[:8]}"
+    raw.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    try:
+        with QueueClient.connect(make_conninfo(pg_uri, user=role)) as client:
+            health = client.health()  # every queue it may read: none
+            assert client.queues() == [] and health.queues == []
+            [problem] = [p for p in health.problems if p.concern == "unreadable"]
+            assert problem.queue is None
+            assert "could read no queue" in problem.message and "lacks SELECT" in problem.message
+            assert "USAGE on the schemas of" in problem.message  # the test's schema is not its to use
+            assert "sqlqueue grants" in problem.message
+            raw.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(schema), sql.Identifier(role)))
+            raw.execute(
+                sql.SQL("GRANT SELECT ON ALL TABLES IN SCHEMA {} TO {}").format(
+                    sql.Identifier(schema), sql.Identifier(role)
+                )
+            )
+            readable = client.health()  # reading some, it surveys them, and no such problem is made up
+            assert queue in [s.queue for s in readable.queues]
+            assert not [p for p in readable.problems if p.queue is None and p.concern == "unreadable"]
+    finally:
+        raw.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+        raw.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+async def test_the_asyncio_survey_by_a_role_that_can_read_no_queue_says_so(pg_uri: str, raw: Any, queue) -> None:
+    import uuid
+
+    from psycopg import sql
+    from psycopg.conninfo import make_conninfo
+
+    role = f"health_blind_{uuid.uuid4().hex[:8]}"
+    raw.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    try:
+        async with await AsyncQueueClient.connect(make_conninfo(pg_uri, user=role)) as client:
+            health = await client.health()
+        assert [p.concern for p in health.problems if p.queue is None and "could read no queue" in p.message] == [
+            "unreadable"
+        ]
+    finally:
+        raw.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))

@@ -26,7 +26,7 @@ from ..metrics import StatsMeter
 from ..transport import AsyncQueueClient, QueueClient, defaults
 from ..transport.client import Addressing
 from ..transport.dialects import get_dialect
-from ..transport.drivers import PsycopgSession, Session, ThreadSession, opening, session_over
+from ..transport.drivers import PsycopgSession, Session, ThreadSession, driver_of, opening, session_over
 from ..transport.drivers.sqlserver import DRIVER_EXTRAS
 from ..transport.errors import SqlQueueError, TransportMisconfiguredError, one_line
 from ..transport.meter import Meter
@@ -220,7 +220,7 @@ def _open_connection(conn: Connection) -> Any:
             f"{type(exc).__name__}: {text}"
         )
     else:
-        if dialect_of(conn) == "postgres" and type(connection).__module__.split(".")[0] != "psycopg":
+        if dialect_of(conn) == "postgres" and driver_of(connection) != "psycopg":
             connection.close()
             raise UnsupportedConnectionError(
                 f"connection {conn.conn_id!r}: the postgres provider opened a {type(connection).__module__} "

@@ -42,7 +42,7 @@ from .errors import (
     TransportUnavailableError,
     one_line,
 )
-from .health import Health, Problem, problems
+from .health import Health, Problem, nothing_read, problems
 from .install import Installation, TableKind
 from .logs import logger
 from .message import (
@@ -460,6 +460,7 @@ class AsyncQueueClient(Addressing):
     async def _run(self, op: ops.Operation[T]) -> T:
         """Run an operation in its own transaction, or in the caller's (:meth:`transaction`), one caller at a time."""
         async with self._lock:
+            self._refuse_closed()  # also inside a block whose code closed the client
             return await self.session.run(op)
 
     async def _in_batches(self, make: Callable[[], ops.Operation[int]], batch_size: int) -> int:
@@ -511,8 +512,10 @@ class AsyncQueueClient(Addressing):
         What a caller needs when several calls must commit together (a Spark partition recorded in
         the write ledger with the messages it sends). Other callers of the client wait meanwhile.
         """
+        self._refuse_closed()  # what any driver says after close(), before it touches the connection
         async with self._lock, self.session.transaction():
             yield
+            self._refuse_closed()  # close() inside the block: its transaction is rolled back, not committed
 
     # -- installation ------------------------------------------------------------------------
 
@@ -782,11 +785,13 @@ class AsyncQueueClient(Addressing):
         """
         receive = self._receive_op(queue, 1, error_queue, atomic=True)
         audit = self.audit_address(self.address(queue))  # refused before the handler runs, not after
+        self._refuse_closed()
         async with self._lock, self.session.transaction(begun_by_first_statement=True):
             received = await ops.drive(receive, self.session.execute)
             self._reporter.taken(self.address(queue), received)
             started = datetime.now(UTC)
             yield received[0] if received else None
+            self._refuse_closed()
             if audit is not None and received:
                 op = ops.audit(self.dialect, self.address(queue), audit, received, {received[0].id: started})
                 await ops.drive(op, self.session.execute)
@@ -1362,7 +1367,9 @@ class AsyncQueueClient(Addressing):
         ``report_unreadable``: a queue that cannot be measured -- dropped since it was listed, no
         longer a queue, its claim store or delayed table broken, no rights on it -- is reported as an
         ``unreadable`` problem and the others are measured, instead of the call failing: what a survey
-        of many queues (a dashboard, a monitoring check) wants. A lost connection still fails it.
+        of many queues (a dashboard, a monitoring check) wants. A lost connection still fails it. A survey
+        of every queue that finds none the connection may read is an ``unreadable`` problem of the database,
+        naming the rights it lacks: nothing was looked at, which is no clean bill of health.
 
         ``lock_wait``: how long the first locked table is waited for, as in :meth:`queue_stats`; once
         one was found locked, the survey's other tables are waited for at most
@@ -1389,6 +1396,8 @@ class AsyncQueueClient(Addressing):
                     raise
                 log.warning("Leaving %s out of the health figures: %s", self.dialect.qualified_name(address), exc)
                 unreadable.append(Problem("unreadable", address, f"cannot be measured: {one_line(exc)}"))
+        if queues is None and not addresses:  # a survey of nothing is no clean bill of health
+            unreadable.append(nothing_read(await self._run(ops.unreadable_queues(self.dialect))))
         beside = [] if queues is None else await self._error_queue_stats(addresses, expired_limit, wait)
         horizon = await self.horizon()
         now = datetime.now(UTC)

@@ -28,12 +28,37 @@ class InvalidHeadersError(InvalidArgumentError):
     """Headers that are not a flat JSON object of string keys to string-or-null values."""
 
 
-class QueueNotFoundError(SqlQueueError):
-    """The queue's table does not exist (create it with the installer first)."""
+#: The tables the library works with besides queues, by kind: what each is called, and what creates it.
+_MADE_BY = {
+    "delayed": ("the delayed-message table", "create_queue, which adds it beside an existing queue"),
+    "subscriptions": ("the subscription table", "create_subscription_table, or `sqlqueue ddl --subscriptions`"),
+    "writes": ("the write ledger", "create_writes"),
+}
 
-    def __init__(self, address: str, detail: str = "", *, claim_store: str | None = None) -> None:
+
+class QueueNotFoundError(SqlQueueError):
+    """The queue's table does not exist (create it with the installer first), or its schema does not
+    (create that first: the installer creates tables, not schemas). ``kind``: a table of another kind
+    that the call needs (a delayed-message table, a subscription table, a write ledger), each made
+    by a call of its own."""
+
+    def __init__(
+        self,
+        address: str,
+        detail: str = "",
+        *,
+        claim_store: str | None = None,
+        schema_missing: bool = False,
+        kind: str | None = None,
+    ) -> None:
         self.address = address
-        message = f"queue table {address} does not exist; create it first (create_queue / CreateQueueOperator)"
+        what, made_by = _MADE_BY.get(kind or "", ("queue table", "create_queue / CreateQueueOperator"))
+        message = f"{what} {address} does not exist; create it first ({made_by})"
+        if schema_missing:  # create_queue cannot help: it creates tables in a schema that must exist
+            message = (
+                f"the schema of {address} does not exist (or this role may not see it): create the schema first "
+                "(CREATE SCHEMA, by a role allowed to); the library creates tables, never schemas"
+            )
         if claim_store is not None:  # the queue is there; claim mode's store beside it is not
             message = (
                 f"the claim store {claim_store} that claim mode keeps beside {address} does not exist: run "

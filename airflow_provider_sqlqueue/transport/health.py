@@ -136,3 +136,24 @@ def problems(
     for figures in stats:
         found += queue_problems(figures, is_error_queue=figures.queue in error_queues, named=named)
     return found
+
+
+def nothing_read(unreadable: tuple[int, int] | None) -> Problem:
+    """A survey of every queue that found none it may read: never "no problems", since nothing was
+    looked at. ``unreadable``: the queue tables the role may not read and how many of those lie in
+    schemas it may not use (None: the database hides them from it, as SQL Server does)."""
+    grants = "grant the role what `sqlqueue grants` prints"
+    if unreadable is None:
+        why = (
+            "none exists in this database, or the login lacks the rights to see them (SQL Server lists only "
+            f"tables a login may use: it needs SELECT on the queue tables); {grants}"
+        )
+    elif unreadable[0] == 0:
+        why = "there is no queue table in this database: is it the one the queues are in?"
+    else:
+        schemas = f", and USAGE on the schemas of {unreadable[1]:,} of them" if unreadable[1] else ""
+        why = (
+            f"{unreadable[0]:,} queue table(s) exist that it lacks SELECT on{schemas}; {grants} (USAGE on each "
+            "schema, SELECT on the queue tables and on the schema's sqlqueue_inflight)"
+        )
+    return Problem("unreadable", None, f"this role could read no queue, so no queue was looked at: {why}")

@@ -25,6 +25,9 @@ DROP TABLE IF EXISTS [dbo].[orders];
 -- plain: queue_columns
 SELECT LOWER(col.name), CASE WHEN LOWER(col.name) = N'rowversion' AND col.is_identity = 0 THEN typ.name + N' without identity' ELSE typ.name END FROM sys.columns AS col JOIN sys.types AS typ ON typ.user_type_id = col.user_type_id JOIN sys.tables AS tab ON tab.object_id = col.object_id JOIN sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE sch.name = @p_schema AND tab.name = @p_table ORDER BY col.column_id;
 
+-- plain: schema_exists
+SELECT CASE WHEN EXISTS (SELECT 1 FROM sys.schemas WHERE name = @p_schema) THEN 1 ELSE 0 END;
+
 -- plain: has_expires_index
 SELECT CASE WHEN EXISTS (SELECT 1 FROM sys.index_columns AS ic JOIN sys.columns AS col ON col.object_id = ic.object_id AND col.column_id = ic.column_id JOIN sys.tables AS tab ON tab.object_id = ic.object_id JOIN sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE sch.name = @p_schema AND tab.name = @p_table AND ic.key_ordinal = 1 AND col.name = N'Expires') THEN 1 ELSE 0 END;
 
@@ -228,6 +231,9 @@ DROP TABLE IF EXISTS [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s];
 
 -- escaping: queue_columns
 SELECT LOWER(col.name), CASE WHEN LOWER(col.name) = N'rowversion' AND col.is_identity = 0 THEN typ.name + N' without identity' ELSE typ.name END FROM sys.columns AS col JOIN sys.types AS typ ON typ.user_type_id = col.user_type_id JOIN sys.tables AS tab ON tab.object_id = col.object_id JOIN sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE sch.name = @p_schema AND tab.name = @p_table ORDER BY col.column_id;
+
+-- escaping: schema_exists
+SELECT CASE WHEN EXISTS (SELECT 1 FROM sys.schemas WHERE name = @p_schema) THEN 1 ELSE 0 END;
 
 -- escaping: has_expires_index
 SELECT CASE WHEN EXISTS (SELECT 1 FROM sys.index_columns AS ic JOIN sys.columns AS col ON col.object_id = ic.object_id AND col.column_id = ic.column_id JOIN sys.tables AS tab ON tab.object_id = ic.object_id JOIN sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE sch.name = @p_schema AND tab.name = @p_table AND ic.key_ordinal = 1 AND col.name = N'Expires') THEN 1 ELSE 0 END;
@@ -433,6 +439,9 @@ DROP TABLE IF EXISTS [Shop's DB].[ops].[Sales.WORKER01];
 -- catalog: queue_columns
 SELECT LOWER(col.name), CASE WHEN LOWER(col.name) = N'rowversion' AND col.is_identity = 0 THEN typ.name + N' without identity' ELSE typ.name END FROM [Shop's DB].sys.columns AS col JOIN [Shop's DB].sys.types AS typ ON typ.user_type_id = col.user_type_id JOIN [Shop's DB].sys.tables AS tab ON tab.object_id = col.object_id JOIN [Shop's DB].sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE sch.name = @p_schema AND tab.name = @p_table ORDER BY col.column_id;
 
+-- catalog: schema_exists
+SELECT CASE WHEN EXISTS (SELECT 1 FROM [Shop's DB].sys.schemas WHERE name = @p_schema) THEN 1 ELSE 0 END;
+
 -- catalog: has_expires_index
 SELECT CASE WHEN EXISTS (SELECT 1 FROM [Shop's DB].sys.index_columns AS ic JOIN [Shop's DB].sys.columns AS col ON col.object_id = ic.object_id AND col.column_id = ic.column_id JOIN [Shop's DB].sys.tables AS tab ON tab.object_id = ic.object_id JOIN [Shop's DB].sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE sch.name = @p_schema AND tab.name = @p_table AND ic.key_ordinal = 1 AND col.name = N'Expires') THEN 1 ELSE 0 END;
 
@@ -636,6 +645,9 @@ DROP TABLE IF EXISTS [ünï].[東京 queue];
 
 -- unicode: queue_columns
 SELECT LOWER(col.name), CASE WHEN LOWER(col.name) = N'rowversion' AND col.is_identity = 0 THEN typ.name + N' without identity' ELSE typ.name END FROM sys.columns AS col JOIN sys.types AS typ ON typ.user_type_id = col.user_type_id JOIN sys.tables AS tab ON tab.object_id = col.object_id JOIN sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE sch.name = @p_schema AND tab.name = @p_table ORDER BY col.column_id;
+
+-- unicode: schema_exists
+SELECT CASE WHEN EXISTS (SELECT 1 FROM sys.schemas WHERE name = @p_schema) THEN 1 ELSE 0 END;
 
 -- unicode: has_expires_index
 SELECT CASE WHEN EXISTS (SELECT 1 FROM sys.index_columns AS ic JOIN sys.columns AS col ON col.object_id = ic.object_id AND col.column_id = ic.column_id JOIN sys.tables AS tab ON tab.object_id = ic.object_id JOIN sys.schemas AS sch ON sch.schema_id = tab.schema_id WHERE sch.name = @p_schema AND tab.name = @p_table AND ic.key_ordinal = 1 AND col.name = N'Expires') THEN 1 ELSE 0 END;

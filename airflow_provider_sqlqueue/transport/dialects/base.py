@@ -391,6 +391,17 @@ class Dialect(ABC):
         """
 
     @abstractmethod
+    def schema_exists_sql(self, address: QueueAddress) -> str:
+        """Params schema -> one row, whether ``address``'s schema exists: asked only when a table was not
+        found, so that the error says what to create (a schema is not something create_queue makes)."""
+
+    def unreadable_queues_sql(self) -> str | None:
+        """No params -> one row (queue tables the connection may not read, how many of them lie in
+        schemas it may not use), or None where the catalog hides from a login what it has no rights on
+        (SQL Server): what a survey that could read no queue says is missing."""
+        return None
+
+    @abstractmethod
     def list_queues_sql(self) -> str:
         """%(search)s, %(offset)s, %(limit)s -> rows (total, schema, table): one page, by schema and name, of the
         tables of the connection's database that have a queue table's columns and types (:attr:`column_types`),

@@ -58,6 +58,26 @@ _BY_TOKENS = "Token = ANY(%(tokens)s::uuid[]) AND (Queue = %(queue)s) IS TRUE"
 #: Connection errors that retrying cannot fix, by SQLSTATE.
 #: Not a SQLSTATE: connection settings libpq refuses before it reaches any server.
 SETTINGS = "settings"
+#: SQLSTATEs that end the caller's transaction, and what each tells the caller (``address``, ``detail``).
+_ABORTED = {
+    # idle_in_transaction_session_timeout: the server ended the session the code idled in
+    "25P03": (
+        "the server ended the session working on {address}: its transaction stayed idle longer than "
+        "idle_in_transaction_session_timeout; a native-mode handler must finish within it (or the role's "
+        "setting must be raised). The transaction was rolled back ({detail})"
+    ),
+    # in_failed_sql_transaction: an error the caller caught aborted the transaction
+    "25P02": (
+        "the transaction working on {address} was aborted by an earlier error that was caught: nothing more "
+        "runs in it and nothing done in it can commit; roll it back ({detail})"
+    ),
+    # invalid_savepoint_specification: a nested block's savepoint went with its transaction
+    "3B001": (
+        "the code inside a nested transaction block ended the transaction it was nested in (COMMIT or "
+        "ROLLBACK on the connection), and the block's savepoint with it: the block's work cannot be kept "
+        "or undone on its own; leave ending the transaction to the outermost block ({detail})"
+    ),
+}
 _MISCONFIGURED = {
     SETTINGS: "connection settings libpq cannot use",
     "28000": "invalid authorization: unknown role, or not allowed by pg_hba.conf",
@@ -210,11 +230,17 @@ def quote_literal(text: str) -> str:
 
 #: A column's type as the catalog queries report it. ``Seq`` without a default (a sequence or an
 #: identity) is reported as another type: rows sent to such a table get no Seq, and no receive,
-#: which reads in Seq order, would ever see them.
+#: which reads in Seq order, would ever see them. format_type's quotes are dropped: a session with
+#: ``quote_all_identifiers`` on would name every type quoted ("uuid"), and no table would be a queue.
+_TYPE_NAME = "replace(format_type(a.atttypid, NULL), '\"', '')"
 _COLUMN_TYPE = (
     "CASE WHEN a.attname = 'seq' AND NOT (a.atthasdef OR a.attidentity <> '') "
-    "THEN format_type(a.atttypid, NULL) || ' without a default' ELSE format_type(a.atttypid, NULL) END"
+    f"THEN {_TYPE_NAME} || ' without a default' ELSE {_TYPE_NAME} END"
 )
+
+#: What a connection the library opened is switched to when a role's or the URI's setting chose
+#: another client encoding: names, headers and failure text travel as UTF-8.
+CLIENT_ENCODING_SQL = "SET client_encoding TO 'UTF8'"
 
 
 class PostgresDialect(Dialect):
@@ -427,20 +453,36 @@ class PostgresDialect(Dialect):
             "ORDER BY a.attnum"
         )
 
-    def list_queues_sql(self) -> str:
+    def schema_exists_sql(self, address: QueueAddress) -> str:
+        return "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %(schema)s)"
+
+    def _queue_tables(self, condition: str) -> str:
+        """The queue tables (a queue's columns and types; the claim stores left out) meeting ``condition``."""
         pairs = ", ".join(
             f"({quote_literal(name)}, {quote_literal(type_name)})"
             for name, accepted in self.column_types.items()
             for type_name in accepted
         )
         return (
-            "WITH q AS (SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "SELECT n.oid AS nspoid, n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
             "WHERE c.relkind IN ('r', 'p') AND NOT starts_with(n.nspname, 'pg_') AND n.nspname <> 'information_schema' "
-            f"AND c.relname <> {quote_literal(self.inflight_table)} "
-            "AND strpos(lower(n.nspname || '.' || c.relname), lower(%(search)s)) > 0 "
-            "AND has_table_privilege(c.oid, 'SELECT') "
+            f"AND c.relname <> {quote_literal(self.inflight_table)} AND {condition} "
             "AND (SELECT count(*) FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped "
-            f"AND (a.attname::text, {_COLUMN_TYPE}) IN ({pairs})) = {len(self.column_types)}) "
+            f"AND (a.attname::text, {_COLUMN_TYPE}) IN ({pairs})) = {len(self.column_types)}"
+        )
+
+    def unreadable_queues_sql(self) -> str:
+        hidden = self._queue_tables("NOT has_table_privilege(c.oid, 'SELECT')")
+        return (
+            f"SELECT count(*), count(*) FILTER (WHERE NOT has_schema_privilege(nspoid, 'USAGE')) FROM ({hidden}) AS q"
+        )
+
+    def list_queues_sql(self) -> str:
+        readable = self._queue_tables(
+            "strpos(lower(n.nspname || '.' || c.relname), lower(%(search)s)) > 0 AND has_table_privilege(c.oid, 'SELECT')"
+        )
+        return (
+            f"WITH q AS ({readable}) "
             "SELECT t.total, p.nspname, p.relname FROM (SELECT count(*) AS total FROM q) AS t LEFT JOIN "
             "(SELECT nspname, relname FROM q ORDER BY nspname, relname OFFSET %(offset)s LIMIT %(limit)s) AS p ON true "
             "ORDER BY p.nspname, p.relname"
@@ -938,19 +980,15 @@ class PostgresDialect(Dialect):
                 f"a message with this id is already in {address}: ids are unique per queue; send a new Message "
                 f"(a new id) unless it is the same message resent ({detail})"
             )
-        if sqlstate == "25P03":  # idle_in_transaction_session_timeout: the server ended the session the code idled in
-            return TransactionAbortedError(
-                f"the server ended the session working on {address}: its transaction stayed idle longer than "
-                "idle_in_transaction_session_timeout; a native-mode handler must finish within it (or the role's "
-                f"setting must be raised). The transaction was rolled back ({detail})"
-            )
+        if sqlstate in _ABORTED:
+            return TransactionAbortedError(_ABORTED[sqlstate].format(address=address, detail=detail))
         if sqlstate in ("42P07", "42710"):  # duplicate_table / duplicate_object: another installer won a race
             return ObjectExistsError(f"another installer created part of {address} at the same time: {detail}")
         if sqlstate == "42P01":  # undefined_table: the queue's, or the claim store beside it
             store = re.search(rf'relation "((?:[^"]+\.)?{re.escape(self.inflight_table)})" does not exist', detail)
             return QueueNotFoundError(address, detail, claim_store=store.group(1) if store else None)
         if sqlstate == "3F000":  # invalid_schema_name
-            return QueueNotFoundError(address, detail)
+            return QueueNotFoundError(address, detail, schema_missing=True)
         if sqlstate == "42501":  # insufficient_privilege
             return PermissionDeniedError(
                 f"permission denied on {address}: {detail}. Creating queues needs CREATE on the schema "
@@ -961,12 +999,6 @@ class PostgresDialect(Dialect):
             return LockTimeoutError(
                 f"{address} is locked by another session (a migration, VACUUM FULL, LOCK TABLE): "
                 f"{detail.splitlines()[0] if detail else 'lock timeout'}"
-            )
-        if sqlstate == "3B001":  # invalid_savepoint_specification: a nested block's savepoint went with its transaction
-            return TransactionAbortedError(
-                "the code inside a nested transaction block ended the transaction it was nested in (COMMIT or "
-                "ROLLBACK on the connection), and the block's savepoint with it: the block's work cannot be kept "
-                f"or undone on its own; leave ending the transaction to the outermost block ({detail})"
             )
         if sqlstate in _MISCONFIGURED:
             return TransportMisconfiguredError(

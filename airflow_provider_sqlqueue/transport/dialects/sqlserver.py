@@ -459,6 +459,10 @@ class SqlServerDialect(Dialect):
             "WHERE sch.name = %(schema)s AND tab.name = %(table)s ORDER BY col.column_id"
         )
 
+    def schema_exists_sql(self, address: QueueAddress) -> str:
+        c = self._catalog_prefix(address)
+        return f"SELECT CASE WHEN EXISTS (SELECT 1 FROM {c}sys.schemas WHERE name = %(schema)s) THEN 1 ELSE 0 END"
+
     def list_queues_sql(self) -> str:
         pairs = ", ".join(
             _unicode_literal(f"{name}:{type_name}")
@@ -975,7 +979,7 @@ class SqlServerDialect(Dialect):
             store = re.search(rf"Invalid object name '((?:[^']+\.)?{re.escape(self.inflight_table)})'", text)
             return QueueNotFoundError(address, text, claim_store=store.group(1) if store else None)
         if number == 2760:  # the schema does not exist (or is not visible to this login)
-            return QueueNotFoundError(address, text)
+            return QueueNotFoundError(address, text, schema_missing=True)
         if number in (2627, 2601):  # duplicate key: the message id is the queue's key
             return DuplicateMessageError(
                 f"a message with this id is already in {address}: ids are unique per queue; send a new Message "

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import psycopg
+
 from ..dialects import Dialect, get_dialect
 from ..errors import ArgumentTypeError, InvalidArgumentError
 from .base import Session, SessionPool, blocking_context, close_quietly, finish, opening
@@ -32,6 +34,7 @@ __all__ = [
     "blocking_context",
     "close_quietly",
     "dialect_for",
+    "driver_of",
     "finish",
     "open_pool",
     "open_session",
@@ -58,12 +61,30 @@ def dialect_for(target: object) -> Dialect:
             f"cannot tell the database from {scheme or 'this connection string'!r}; use a postgresql:// or "
             "mssql:// URI (mssql+pyodbc:// or an ODBC connection string for pyodbc)"
         )
-    module = type(target).__module__.split(".", 1)[0]
-    if module == "psycopg":
+    driver = driver_of(target)
+    if driver == "psycopg":
         return get_dialect("postgres")
-    if module in ("pymssql", "pyodbc"):
+    if driver in ("pymssql", "pyodbc"):
         return get_dialect("sqlserver")
     raise ArgumentTypeError(f"unsupported connection type {type(target).__module__}.{type(target).__qualname__}")
+
+
+def driver_of(target: object) -> str | None:
+    """The driver (psycopg, pymssql, pyodbc) whose connection ``target`` is, a subclass included
+    wherever it is defined; None for anything else. A cursor is refused by name: it runs
+    statements, but has no transactions of its own to begin and end, and belongs to a connection."""
+    if isinstance(target, (psycopg.Connection, psycopg.AsyncConnection)):
+        return "psycopg"
+    for cls in type(target).__mro__:
+        driver = cls.__module__.split(".", 1)[0]
+        if driver in ("psycopg", "pymssql", "pyodbc"):
+            if "cursor" in cls.__name__.lower():
+                raise ArgumentTypeError(
+                    f"a {driver} cursor was given where a connection belongs: pass its connection "
+                    "(cursor.connection), which the client runs its own cursors and transactions on"
+                )
+            return driver if driver != "psycopg" else None  # psycopg's other objects are no connection
+    return None
 
 
 async def open_session(target: Any, *, blocking: bool) -> Session:
@@ -94,7 +115,7 @@ def session_over(connection: Any, *, owned: bool, reopen: Callable[[], Awaitable
     again when the server dropped it.
     """
     dialect = dialect_for(connection)
-    module = type(connection).__module__.split(".", 1)[0]
+    module = driver_of(connection)
     if dialect.name == "postgres":
         if owned:
             connection.autocommit = True

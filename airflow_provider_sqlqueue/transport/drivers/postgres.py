@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any, NoReturn
 from urllib.parse import unquote
 
@@ -18,6 +18,7 @@ from psycopg.types.string import TextLoader
 from .. import defaults
 from ..dialects import Dialect, get_dialect
 from ..dialects.postgres import (
+    CLIENT_ENCODING_SQL,
     NOT_THE_SAME_TRANSACTION,
     TRANSACTION_STARTED_SQL,
     check_started_sql,
@@ -46,6 +47,7 @@ from .base import (
     raise_translated,
     translated,
 )
+from .psycopg_access import Async, Blocking, own_cursor, refuse_in_aborted, refuse_unusable, typed_nulls
 
 #: A placeholder psycopg binds in binary format, ``%(name)b``.
 _BINARY_PLACEHOLDER = re.compile(r"%\(\w+\)b")
@@ -189,101 +191,11 @@ def _fusable(step: Step) -> bool:
     return size <= _FUSE_LIMIT
 
 
-@contextmanager
-def _cancelled_if_interrupted(connection: Any) -> Iterator[None]:
-    """Cancel the statement a blocking wait leaves running when something other than the database
-    interrupts it: an exception from a signal handler (a task timeout) ends the wait, not the
-    statement -- a receive waiting for a lock would go on to take its message for nobody. psycopg
-    does this itself for KeyboardInterrupt. The connection is then replaced by the next call."""
-    try:
-        yield
-    except psycopg.Error:
-        raise
-    except BaseException:
-        if not connection.closed and connection.info.transaction_status == TransactionStatus.ACTIVE:
-            try:
-                connection.cancel_safe(timeout=defaults.CANCEL_TIMEOUT_SECONDS)
-            except Exception as exc:  # noqa: BLE001  # the interruption is what the caller must see
-                log.warning("Could not cancel the statement an interrupted call left running: %s", exc)
-        raise
-
-
-class _BlockingCursor:
-    """A blocking psycopg cursor behind the asyncio cursor's interface (see :class:`_Blocking`)."""
-
-    def __init__(self, cursor: Any) -> None:
-        self._cursor = cursor
-
-    @property
-    def rowcount(self) -> int:
-        return int(self._cursor.rowcount)
-
-    def nextset(self) -> bool | None:
-        return self._cursor.nextset()  # type: ignore[no-any-return]
-
-    async def execute(self, query: str, params: Any = None, *, prepare: bool | None = None) -> None:
-        with _cancelled_if_interrupted(self._cursor.connection):
-            self._cursor.execute(query, params, prepare=prepare)
-
-    async def fetchall(self) -> list[Any]:
-        return self._cursor.fetchall()  # type: ignore[no-any-return]
-
-    async def fetchone(self) -> Any:
-        return self._cursor.fetchone()
-
-    @property
-    def adapters(self) -> Any:
-        return self._cursor.adapters
-
-    @asynccontextmanager
-    async def copy(self, statement: str) -> AsyncIterator[_BlockingCopy]:
-        with self._cursor.copy(statement) as copy:
-            yield _BlockingCopy(copy)
-
-
-class _BlockingCopy:
-    """A blocking psycopg ``Copy`` behind the asyncio ``AsyncCopy``'s interface."""
-
-    def __init__(self, copy: Any) -> None:
-        self._copy = copy
-
-    def set_types(self, types: list[str]) -> None:
-        self._copy.set_types(types)
-
-    async def write_row(self, row: Any) -> None:
-        self._copy.write_row(row)
-
-    async def write(self, chunk: Any) -> None:
-        self._copy.write(chunk)
-
-
-class _Blocking:
-    """A blocking psycopg connection behind psycopg's asyncio interface: each coroutine blocks and
-    returns without suspending, so one :class:`PsycopgSession` serves blocking and asyncio callers."""
-
-    def __init__(self, connection: Any) -> None:
-        self._connection = connection
-
-    async def execute(self, query: str, *, prepare: bool | None = None) -> None:
-        with _cancelled_if_interrupted(self._connection):
-            self._connection.execute(query, prepare=prepare)
-
-    @asynccontextmanager
-    async def cursor(self) -> AsyncIterator[_BlockingCursor]:
-        with self._connection.cursor() as cursor:
-            yield _BlockingCursor(cursor)
-
-    @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[None]:
-        with self._connection.transaction():
-            yield
-
-
 class PsycopgSession(Session):
     """A psycopg 3 connection: a blocking ``Connection`` or an asyncio ``AsyncConnection``.
 
     The session is written once against psycopg's asyncio interface; a blocking connection is
-    reached through :class:`_Blocking`, whose coroutines never suspend (see :class:`~.base.Session`).
+    reached through :class:`~.psycopg_access.Blocking`, whose coroutines never suspend (see :class:`~.base.Session`).
     """
 
     def __init__(
@@ -316,13 +228,15 @@ class PsycopgSession(Session):
     @property
     def _db(self) -> Any:
         """The connection behind psycopg's asyncio interface."""
-        return _Blocking(self.connection) if self.blocking else self.connection
+        return Blocking(self.connection) if self.blocking else Async(self.connection)
 
     async def _revive(self) -> None:
         """Open again an owned connection the server dropped: the call that met the loss said "retry"
         (TransportUnavailableError), and the retry must be able to succeed. A new connection listens afresh."""
         if self.closed:  # closed by its caller, not lost: nothing is opened again
             raise ClientClosedError()
+        refuse_unusable(self.connection)
+        await self._in_utf8()
         # A command still in progress between calls: a call was interrupted while it waited for the server
         # (a signal handler's exception, a task timeout). The connection refuses every command until that
         # one's result is read; the server session may hold a transaction and its locks meanwhile.
@@ -335,6 +249,7 @@ class PsycopgSession(Session):
                 "the connection given to the client is still in the middle of a command an interrupted call "
                 "left: close it and give the client a new connection"
             )
+        self._refuse_lent_closed()
         lost = self.connection.closed or self.connection.broken or stuck
         if lost and self._blocks:
             # Inside a transaction block the transaction died with its connection: a new connection
@@ -346,9 +261,13 @@ class PsycopgSession(Session):
             log.info("The database connection was lost; opening a new one")
             self.connection = await self._reopen()
             self._listening.clear()
-        elif self._reopen is None and self.connection.closed and not self.connection.broken:
-            # The caller closed the connection it lent: no retry can succeed (a broken one, cut by the
-            # server or the network, is reported as unavailable by the statement that meets it).
+            await self._in_utf8()
+
+    def _refuse_lent_closed(self) -> None:
+        """Raise when the caller closed the connection it lent -- before a call, or inside a block,
+        whose transaction went with it: no retry can succeed (a broken one, cut by the server or the
+        network, is reported as unavailable by the statement that meets it)."""
+        if self._reopen is None and self.connection.closed and not self.connection.broken:
             raise TransportMisconfiguredError(
                 "the connection given to the client is closed: give the client an open connection"
             )
@@ -374,8 +293,26 @@ class PsycopgSession(Session):
             async def reopen() -> Any:
                 return (await cls.connect(conninfo, blocking=blocking, **kwargs)).connection
 
-            return cls(connection, owned=True, reopen=reopen)
+            session = cls(connection, owned=True, reopen=reopen)
+            await session._in_utf8()  # also for the pool, whose sessions over it do not own it
+            return session
         raise error
+
+    async def _in_utf8(self) -> None:
+        """Make sure text travels as UTF-8. A role's, a database's or the URI's ``client_encoding``
+        may choose another: LATIN1 cannot carry most text a header holds, and with SQL_ASCII psycopg
+        reads text as bytes. A connection the library opened is switched to UTF-8; a borrowed one
+        is the caller's to set, and is refused, saying so, rather than failing on some text later."""
+        if self.connection.closed or self.connection.info.encoding == "utf-8":
+            return
+        if not self.owned and self._reopen is None:
+            raise TransportMisconfiguredError(
+                f"the connection given uses client_encoding {self.connection.info.parameter_status('client_encoding')}: "
+                "queue names, headers and failure text travel as UTF-8; give the client a connection with "
+                "client_encoding UTF8 (connection.execute(\"SET client_encoding TO 'UTF8'\"))"
+            )
+        with translated(self.dialect, STATEMENT_ERRORS):
+            await self._db.execute(CLIENT_ENCODING_SQL, prepare=False)
 
     def autocommits(self) -> bool:
         return not self._begin_pending and _psycopg_autocommits(self.connection)
@@ -399,7 +336,7 @@ class PsycopgSession(Session):
         with translated(self.dialect, psycopg.Error):
             for channel in channels:
                 if channel not in self._listening:
-                    await self.connection.execute(self.dialect.listen_sql(channel))
+                    await self._db.execute(self.dialect.listen_sql(channel))
                     self._listening.add(channel)
             payloads = [n.payload async for n in self.connection.notifies(timeout=timeout, stop_after=1)]
             if payloads:
@@ -431,7 +368,7 @@ class PsycopgSession(Session):
         with translated(self.dialect, STATEMENT_ERRORS, step or ANY_STEP):
             if fused is not None:
                 client_cursor = psycopg.ClientCursor if self.blocking else psycopg.AsyncClientCursor
-                texts.append(client_cursor(self.connection).mogrify(fused.sql, fused.params))
+                texts.append(own_cursor(client_cursor, self.connection).mogrify(fused.sql, typed_nulls(fused.params)))
             async with self._db.cursor() as cursor:
                 # No parameters and never prepared (prepare_threshold=0 would try): one simple-protocol message.
                 await cursor.execute("; ".join(texts), prepare=False)
@@ -491,6 +428,7 @@ class PsycopgSession(Session):
     @asynccontextmanager
     async def transaction(self, *, begun_by_first_statement: bool = False) -> AsyncIterator[None]:
         await self._revive()
+        refuse_in_aborted(self.connection)
         if self.autocommits():
             async with self._own_transaction(begin_now=not begun_by_first_statement):
                 yield
@@ -514,6 +452,7 @@ class PsycopgSession(Session):
                     raise
                 finally:
                     self._blocks -= 1
+                self._refuse_lent_closed()
                 refuse_aborted(self)
                 if checked:
                     await self._commit_checked(started, commit=False)  # psycopg's COMMIT follows
@@ -553,6 +492,7 @@ class PsycopgSession(Session):
             finally:
                 begun = self._end_pending()
             if begun:
+                self._refuse_lent_closed()
                 refuse_aborted(self)
                 if self._checked:
                     await self._commit_checked(self._started, commit=True)
@@ -597,15 +537,20 @@ class PsycopgSession(Session):
         return transaction_broken(self.connection)
 
     async def execute(self, step: Step) -> Any:
+        refuse_in_aborted(self.connection)
         if self._send_pending_begin():
             return await self._begin_with(step)
         with translated(self.dialect, STATEMENT_ERRORS, step):
             async with self._db.cursor() as cursor:
                 if step.fetch in (Fetch.COPY, Fetch.LOAD):
                     return await _copy(cursor, step)
-                if step.fetch is Fetch.ALL_UUID_TEXT:  # the server's text of a uuid, as it sends it
+                text = step.fetch is Fetch.ALL_UUID_TEXT  # the server's text of a uuid, as it sends it
+                if text:
                     cursor.adapters.register_loader("uuid", TextLoader)
-                await cursor.execute(step.sql, step.params)
+                # Rows in binary, whose form no session setting changes: the text of a timestamp
+                # follows DateStyle, which psycopg reads in ISO only, and an interval's IntervalStyle
+                # (uuids, text, bytea and integers read as text are the same under every setting).
+                await cursor.execute(step.sql, typed_nulls(step.params), binary=not text)
                 return await fetch(cursor, step)
 
 

@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from ..dialects import Dialect, get_dialect
-from ..errors import SqlQueueError, TransportUnavailableError
+from ..errors import ClientClosedError, SqlQueueError, TransportUnavailableError
 from ..operations.steps import Step
 from .base import Session, SessionPool, T, close_quietly, finish
 
@@ -46,12 +46,17 @@ class ThreadSession(Session):
 
     @asynccontextmanager
     async def transaction(self, *, begun_by_first_statement: bool = False) -> AsyncIterator[None]:
+        if self.closed:
+            raise ClientClosedError()
         manager = self._session.transaction(begun_by_first_statement=begun_by_first_statement)
         await self._call(manager.__aenter__())
         try:
             yield
+            if self.closed:  # closed inside the block: its transaction went with the connection
+                raise ClientClosedError()
         except BaseException as exc:
-            await self._call(manager.__aexit__(type(exc), exc, exc.__traceback__))
+            if not self.closed:  # else the thread is gone, and nothing is left to roll back
+                await self._call(manager.__aexit__(type(exc), exc, exc.__traceback__))
             raise
         await self._call(manager.__aexit__(None, None, None))
 
@@ -59,9 +64,12 @@ class ThreadSession(Session):
         return self._session.autocommits()
 
     async def execute(self, step: Step) -> Any:
+        if self.closed:  # its thread is gone: said as for any closed client, not as the executor says it
+            raise ClientClosedError()
         return await self._call(self._session.execute(step))
 
     async def close(self) -> None:
+        self.closed = True
         try:
             await self._call(self._session.close())
         finally:

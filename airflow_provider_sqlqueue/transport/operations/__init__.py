@@ -56,6 +56,7 @@ from .inspection import (
     probe,
     queue_stats,
     seq_range,
+    unreadable_queues,
 )
 from .ledger import create_writes, forget_write, record_write
 from .publish import create_subscriptions, publish, subscribe, subscribers, unsubscribe
@@ -157,5 +158,6 @@ __all__ = [
     "subscribers",
     "table_shape",
     "take",
+    "unreadable_queues",
     "unsubscribe",
 ]

@@ -373,6 +373,17 @@ def _queue_figures(d: Dialect, addresses: Sequence[QueueAddress], expired_limit:
 
 
 @autocommitted
+def unreadable_queues(d: Dialect) -> Operation[tuple[int, int] | None]:
+    """How many queue tables the connection may not read, and how many of those lie in schemas it may
+    not use; None where the catalog hides them from it (SQL Server)."""
+    sql = d.unreadable_queues_sql()
+    if sql is None:
+        return None
+    row = yield Step(sql, {}, Fetch.ONE, "the database's catalog")
+    return int(row[0]), int(row[1])
+
+
+@autocommitted
 def horizon(d: Dialect, limit: int) -> Operation[Horizon | None]:
     """The database's :class:`Horizon`, its ``limit`` oldest holders; None where the database keeps none (SQL Server)."""
     sql = d.horizon_sql()

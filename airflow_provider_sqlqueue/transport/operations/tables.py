@@ -64,7 +64,7 @@ def table_shape(d: Dialect, address: QueueAddress) -> Operation[TableShape]:
         target = d.qualified_name(address)
         columns = yield Step(d.queue_columns_sql(address), table_key(d, address), Fetch.ALL, target)
         if not columns:
-            raise QueueNotFoundError(d.shown_name(address))
+            raise (yield from not_found(d, address))
         shape = d.learn_table_shape(address, columns)
     return shape
 
@@ -110,8 +110,16 @@ def table_of(d: Dialect, address: QueueAddress, kind: str) -> Operation[None]:
         target = d.qualified_name(address)
         columns = yield Step(d.queue_columns_sql(address), table_key(d, address), Fetch.ALL, target)
         if not columns:
-            raise QueueNotFoundError(d.shown_name(address))
+            raise (yield from not_found(d, address, kind))
         d.learn_table_of(kind, address, columns)
+
+
+def not_found(d: Dialect, address: QueueAddress, kind: str | None = None) -> Operation[QueueNotFoundError]:
+    """The error for a table that is not there (a queue, or a table of ``kind``), saying what to
+    create: the table, with the call that makes its kind, or, when its schema is missing too, the
+    schema first, which no call of the library makes."""
+    row = yield Step(d.schema_exists_sql(address), table_key(d, address), Fetch.ONE, d.qualified_name(address))
+    return QueueNotFoundError(d.shown_name(address), schema_missing=not (row and row[0]), kind=kind)
 
 
 def create_inflight(d: Dialect, address: QueueAddress) -> Operation[None]:
