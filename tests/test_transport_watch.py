@@ -66,15 +66,19 @@ async def test_woken_waiters_receive_on_clients_the_poller_lends_and_keeps(
     assert received == ["m0", "m1", "m2"]
     assert len(opened) == 2  # the poller's own connection and one lent three times
     failed = opened[1]
-    with pytest.raises(QueueNotFoundError):
+
+    async def receive_from_nowhere() -> None:
         async with poller.client() as lent:
             assert lent is failed
             await lent.receive(f"nowhere@{queue.schema}", 1)
+
+    with pytest.raises(QueueNotFoundError):
+        await receive_from_nowhere()
     assert failed.session.closed
     async with poller.client() as lent:
         assert lent is not failed
         kept = lent
-    task = poller._task  # noqa: SLF001  # the poller's loop: it ends when no one has waited for a while
+    task = poller._task  # the poller's loop: it ends when no one has waited for a while
     assert task is not None
     await asyncio.wait_for(task, IDLE_GRACE_SECONDS + 10)
     assert kept.session.closed and opened[0].session.closed
