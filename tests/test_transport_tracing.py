@@ -300,3 +300,60 @@ def test_the_headers_are_json_strings_an_nservicebus_endpoint_reads(client, queu
     headers = json.loads(text)
     assert all(isinstance(value, str) for value in headers.values())
     assert {TRACEPARENT, START_NEW_TRACE} <= set(headers)
+
+
+def test_a_native_receives_block_runs_inside_the_process_span(client, queue, spans):
+    client.send(queue, Message(b"x"))
+    (send,) = by_name(spans, "send ")
+    with client.receive_native(queue) as message:
+        assert message is not None
+        with tracer().start_as_current_span("user work"):
+            pass
+    (process,) = by_name(spans, "process ")
+    (user,) = by_name(spans, "user work")
+    assert user.parent.span_id == process.context.span_id and process.parent.span_id == send.context.span_id
+
+
+def test_hold_messages_work_runs_in_a_process_span_per_message_or_batch(conn_id, client, queue, schema, spans):
+    from airflow_provider_sqlqueue.tasks import hold_messages
+    from tests.test_tasks import context as task_context
+
+    client.send(queue, [Message("a")])
+    client.send(queue, [Message("b")])
+    sends = by_name(spans, "send ")
+    claimed = [m.to_dict(f'orders@"{schema}"') for m in client.claim(queue, 2)]
+
+    def work(message: Any) -> str:
+        with tracer().start_as_current_span("user work"):
+            return str(message)
+
+    with hold_messages(claimed, sqlqueue_conn_id=conn_id, context=task_context()) as held:
+        held.map(work)
+        held.batch(lambda messages: [work(m) for m in messages])
+    one_a, one_b, both = by_name(spans, "process ")
+    assert [one_a.parent.span_id, one_b.parent.span_id] == [s.context.span_id for s in sends]
+    assert [link.context.span_id for link in both.links] == [s.context.span_id for s in sends]
+    users = by_name(spans, "user work")
+    assert [u.parent.span_id for u in users] == [
+        one_a.context.span_id,
+        one_b.context.span_id,
+        *[both.context.span_id] * 2,
+    ]
+
+
+def test_a_spark_claim_read_links_each_partitions_read_to_its_messages(pg_uri, client, queue, schema, spans):
+    pytest.importorskip("pyspark")
+    from tests.test_spark_read import read
+
+    for i in range(3):
+        client.send(queue, Message(f"m{i}"))
+    sends = by_name(spans, "send ")
+    name = f'orders@"{schema}"'
+    got = read({"url": pg_uri, "queue": name, "mode": "claim", "holder": "h1", "numPartitions": "1"})
+    assert sum(batch.num_rows for batch in got) == 3
+    (claim,) = by_name(spans, "claim ")
+    (partition,) = by_name(spans, "read ")
+    for span in (claim, partition):
+        assert sorted(link.context.span_id for link in span.links) == sorted(s.context.span_id for s in sends)
+    browse = read({"url": pg_uri, "queue": name, "numPartitions": "1"})
+    assert sum(batch.num_rows for batch in browse) == 0  # claimed: nothing waits

@@ -58,6 +58,7 @@ from .message import (
     uuid_value,
 )
 from .meter import Event, Meter, Reporter
+from .tracing import processing
 
 T = TypeVar("T")
 
@@ -770,6 +771,7 @@ class AsyncQueueClient(Addressing):
         Leaving the block normally commits the receive together with anything the block did on
         :attr:`connection` (and the message's audit copy, when the client audits); an exception
         rolls them all back and the message stays in the queue. Yields None when the queue is empty.
+        The block runs in the message's ``process`` span, when tracing (:mod:`.tracing`).
         """
         receive = self._receive_op(queue, 1, error_queue, atomic=True)
         audit = self.audit_address(self.address(queue))  # refused before the handler runs, not after
@@ -777,7 +779,10 @@ class AsyncQueueClient(Addressing):
             received = await ops.drive(receive, self.session.execute)
             self._reporter.taken(self.address(queue), received)
             started = datetime.now(UTC)
-            yield received[0] if received else None
+            with processing(
+                lambda: self.dialect.format_address(self.address(queue)), received, database=self.dialect.name
+            ):
+                yield received[0] if received else None
             if audit is not None and received:
                 op = ops.audit(self.dialect, self.address(queue), audit, received, {received[0].id: started})
                 await ops.drive(op, self.session.execute)

@@ -23,10 +23,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol
 
 from .logs import logger
-from .message import Message, ReceivedMessage
+from .message import Message
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -51,6 +51,24 @@ SCOPE: Final = "airflow_provider_sqlqueue"
 #: Receives and takes of a batch link to at most this many messages' contexts (the SDK's default
 #: limit of links per span is 128; more would be dropped by it anyway, after costing their parsing).
 MAX_LINKS: Final = 128
+
+
+class Received(Protocol):
+    """What a consumer span needs of a message: its id and headers (a :class:`~.message.ReceivedMessage`, a :class:`Carried`)."""
+
+    @property
+    def id(self) -> object: ...
+
+    @property
+    def headers(self) -> Mapping[str, str | None]: ...
+
+
+class Carried(NamedTuple):
+    """A message's id and headers, for readers that hold them apart from a :class:`~.message.ReceivedMessage`
+    (a Spark read's columns, a task's message dicts)."""
+
+    id: object
+    headers: Mapping[str, str | None]
 
 
 class _Otel:
@@ -189,7 +207,7 @@ def _with_context(message: Message, carrier: Mapping[str, str]) -> Message:
 def consumed(
     operation: str,
     destination: Callable[[], str],
-    messages: Sequence[ReceivedMessage],
+    messages: Sequence[Received],
     started: int,
     *,
     database: str | None = None,
@@ -220,7 +238,7 @@ def consumed(
 
 @contextmanager
 def processing(
-    destination: Callable[[], str], messages: Sequence[ReceivedMessage], *, database: str | None = None
+    destination: Callable[[], str], messages: Sequence[Received], *, database: str | None = None
 ) -> Iterator[None]:
     """The CONSUMER ``process`` span around a handler, made the current span so that the spans
     the handler makes nest under it. Related to the messages as :func:`consumed` relates a receive.
@@ -247,7 +265,7 @@ def processing(
             raise
 
 
-def _relation(otel: _Otel, messages: Sequence[ReceivedMessage]) -> tuple[Context | None, list[Link] | None]:
+def _relation(otel: _Otel, messages: Sequence[Received]) -> tuple[Context | None, list[Link] | None]:
     """A consumer span's parent context and links, by NServiceBus's rule.
 
     One message with a readable ``traceparent``: its sender's span is the parent, unless
@@ -274,7 +292,7 @@ def _relation(otel: _Otel, messages: Sequence[ReceivedMessage]) -> tuple[Context
     return None, links
 
 
-def _remote(otel: _Otel, message: ReceivedMessage) -> Context | None:
+def _remote(otel: _Otel, message: Received) -> Context | None:
     """The context a message's headers carry, or None: no ``traceparent``, or one W3C's format
     rejects (logged at debug: a sender's malformed header is the sender's, never the receiver's failure)."""
     headers = message.headers
