@@ -180,12 +180,11 @@ def producing(
     )
     carrier: dict[str, str] = {}
     otel.propagator.inject(carrier, context=otel.trace.set_span_in_context(span))
-    outgoing = list(messages) if carrier else messages
-    if carrier:
-        carrier[START_NEW_TRACE] = "True" if start_new_trace else "False"
-        for i, message in enumerate(messages):
-            if TRACEPARENT not in message.headers:
-                outgoing[i] = _with_context(message, carrier)  # type: ignore[index]  # a list when carrier is set
+    outgoing = messages
+    if carrier:  # nothing when the span's context is invalid (a sampler's or a disabled SDK's) and has no baggage
+        if TRACEPARENT in carrier:  # NServiceBus stamps the decision only beside a context
+            carrier[START_NEW_TRACE] = "True" if start_new_trace else "False"
+        outgoing = [m if TRACEPARENT in m.headers else _with_context(m, carrier) for m in messages]
     try:
         yield outgoing
     except GeneratorExit:  # the operation was abandoned before its statements ran: not a failure
