@@ -262,6 +262,33 @@ async def test_the_pumps_handler_runs_inside_the_process_span(pg_uri, client, qu
     assert not any("says no" in str(v) for v in processes[1].attributes.values())
 
 
+async def test_the_asyncio_client_traces_as_the_blocking_one(pg_uri, queue, spans):
+    from airflow_provider_sqlqueue.transport import AsyncQueueClient
+
+    async with await AsyncQueueClient.connect(pg_uri) as client:
+        with tracer().start_as_current_span("work") as work:
+            await client.send(queue, Message(b"x"))
+        (message,) = await client.receive(queue)
+    (send,) = by_name(spans, "send ")
+    (receive,) = by_name(spans, "receive ")
+    assert send.parent.span_id == work.get_span_context().span_id
+    assert receive.parent.span_id == send.context.span_id
+    assert message.headers[TRACEPARENT].split("-")[2] == f"{send.context.span_id:016x}"
+
+
+def test_an_unsampled_send_still_carries_its_context(client, queue, spans):
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+    _reset_global_provider()
+    trace.set_tracer_provider(TracerProvider(sampler=ALWAYS_OFF))
+    client.send(queue, Message(b"x"))
+    (headers,) = stored_headers(client, queue)
+    assert W3C_TRACEPARENT.match(headers[TRACEPARENT]) and int(headers[TRACEPARENT][-2:], 16) & 1 == 0  # not sampled
+    assert headers[START_NEW_TRACE] == "False"
+    client.receive(queue)
+    assert not spans.get_finished_spans()
+
+
 def test_without_a_tracer_provider_nothing_is_written_or_made(client, queue):
     _reset_global_provider()
     assert tracing.clock() == 0
