@@ -276,6 +276,25 @@ async def test_the_asyncio_client_traces_as_the_blocking_one(pg_uri, queue, span
     assert message.headers[TRACEPARENT].split("-")[2] == f"{send.context.span_id:016x}"
 
 
+async def test_the_triggers_receive_continues_the_senders_trace(pg_uri, client, queue, schema, spans):
+    from airflow_provider_sqlqueue.transport import AsyncQueueClient
+    from airflow_provider_sqlqueue.triggers.sqlqueue import SqlQueueTrigger
+
+    client.send(queue, Message(b"reserved"))
+    client.send(queue, Message(b"received"))
+    first, second = by_name(spans, "send ")
+    for mode in ("claim", "none"):  # a reservation (claim mode) takes the oldest
+        trigger = SqlQueueTrigger(
+            sqlqueue_conn_id="unused", queue_name=f'orders@"{schema}"', max_messages=1, transaction_mode=mode
+        )
+        async with await AsyncQueueClient.connect(pg_uri) as lent:
+            assert len(await trigger._receive(lent)) == 1
+    (reserve,) = by_name(spans, "reserve ")
+    (receive,) = by_name(spans, "receive ")
+    assert reserve.parent.span_id == first.context.span_id
+    assert receive.parent.span_id == second.context.span_id
+
+
 def test_an_unsampled_send_still_carries_its_context(client, queue, spans):
     from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
