@@ -295,6 +295,23 @@ async def test_the_triggers_receive_continues_the_senders_trace(pg_uri, client, 
     assert receive.parent.span_id == second.context.span_id
 
 
+def test_a_failing_tracer_never_fails_a_send_a_receive_or_a_handler(client, queue, spans, monkeypatch, caplog):
+    class Broken:
+        def start_span(self, *args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("the tracer is broken")
+
+    assert tracing._api() is not None
+    monkeypatch.setattr(tracing._otel, "tracer", Broken())
+    with caplog.at_level(logging.DEBUG, logger="airflow_provider_sqlqueue.transport"):
+        client.send(queue, [Message(b"a"), Message(b"b")])
+        assert TRACEPARENT not in stored_headers(client, queue)[0]
+        assert [m.text for m in client.receive(queue, 1)] == ["a"]
+        with client.receive_native(queue) as message:
+            assert message is not None and message.text == "b"
+    assert client.depth(queue) == 0
+    assert any("Not tracing" in r.getMessage() for r in caplog.records)
+
+
 def test_an_unsampled_send_still_carries_its_context(client, queue, spans):
     from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 

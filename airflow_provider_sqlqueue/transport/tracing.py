@@ -169,22 +169,15 @@ def producing(
     tracing, the messages come back as given.
     """
     otel = _api()
-    if otel is None or not messages:
+    traced = (
+        None
+        if otel is None or not messages
+        else _outgoing(otel, operation, destination, messages, database, start_new_trace)
+    )
+    if otel is None or traced is None:
         yield messages
         return
-    where = destination()
-    span = otel.tracer.start_span(
-        f"{operation} {where}",
-        kind=otel.producer,
-        attributes=_attributes(operation, "send", where, len(messages), messages[0].id, database),
-    )
-    carrier: dict[str, str] = {}
-    otel.propagator.inject(carrier, context=otel.trace.set_span_in_context(span))
-    outgoing = messages
-    if carrier:  # nothing when the span's context is invalid (a sampler's or a disabled SDK's) and has no baggage
-        if TRACEPARENT in carrier:  # NServiceBus stamps the decision only beside a context
-            carrier[START_NEW_TRACE] = "True" if start_new_trace else "False"
-        outgoing = [m if TRACEPARENT in m.headers else _with_context(m, carrier) for m in messages]
+    span, outgoing = traced
     try:
         yield outgoing
     except GeneratorExit:  # the operation was abandoned before its statements ran: not a failure
@@ -194,6 +187,35 @@ def producing(
         raise
     finally:
         span.end()
+
+
+def _outgoing(
+    otel: _Otel,
+    operation: str,
+    destination: Callable[[], str],
+    messages: Sequence[Message],
+    database: str | None,
+    start_new_trace: bool,
+) -> tuple[Span, Sequence[Message]] | None:
+    """:func:`producing`'s span and the messages with its context; None when that fails (logged at
+    debug: a send never fails because of its tracing)."""
+    try:
+        where = destination()
+        span = otel.tracer.start_span(
+            f"{operation} {where}",
+            kind=otel.producer,
+            attributes=_attributes(operation, "send", where, len(messages), messages[0].id, database),
+        )
+        carrier: dict[str, str] = {}
+        otel.propagator.inject(carrier, context=otel.trace.set_span_in_context(span))
+    except Exception as exc:  # noqa: BLE001  # tracing is an observer: whatever it raises, the send goes on untraced
+        log.debug("Not tracing a %s: %s: %s", operation, type(exc).__name__, exc)
+        return None
+    if not carrier:  # an invalid context (a sampler's or a disabled SDK's) without baggage
+        return span, messages
+    if TRACEPARENT in carrier:  # NServiceBus stamps the decision only beside a context
+        carrier[START_NEW_TRACE] = "True" if start_new_trace else "False"
+    return span, [m if TRACEPARENT in m.headers else _with_context(m, carrier) for m in messages]
 
 
 def _with_context(message: Message, carrier: Mapping[str, str]) -> Message:
@@ -222,17 +244,19 @@ def consumed(
     otel = _api()
     if otel is None:
         return
-    parent, links = _relation(otel, messages)
-    where = destination()
-    span = otel.tracer.start_span(
-        f"{operation} {where}",
-        context=parent,
-        kind=otel.consumer,
-        links=links,
-        attributes=_attributes(operation, "receive", where, len(messages), messages[0].id, database),
-        start_time=started,
-    )
-    span.end()
+    try:
+        parent, links = _relation(otel, messages)
+        where = destination()
+        otel.tracer.start_span(
+            f"{operation} {where}",
+            context=parent,
+            kind=otel.consumer,
+            links=links,
+            attributes=_attributes(operation, "receive", where, len(messages), messages[0].id, database),
+            start_time=started,
+        ).end()
+    except Exception as exc:  # noqa: BLE001  # the messages are taken already: their tracing must not lose them
+        log.debug("Not tracing a %s: %s: %s", operation, type(exc).__name__, exc)
 
 
 @contextmanager
@@ -246,17 +270,21 @@ def processing(
     if otel is None or not messages:
         yield
         return
-    parent, links = _relation(otel, messages)
-    where = destination()
-    with otel.tracer.start_as_current_span(
-        f"process {where}",
-        context=parent,
-        kind=otel.consumer,
-        links=links,
-        attributes=_attributes("process", "process", where, len(messages), messages[0].id, database),
-        record_exception=False,
-        set_status_on_exception=False,
-    ) as span:
+    try:
+        parent, links = _relation(otel, messages)
+        where = destination()
+        span = otel.tracer.start_span(
+            f"process {where}",
+            context=parent,
+            kind=otel.consumer,
+            links=links,
+            attributes=_attributes("process", "process", where, len(messages), messages[0].id, database),
+        )
+    except Exception as exc:  # noqa: BLE001  # tracing is an observer: the handler runs untraced
+        log.debug("Not tracing a handler: %s: %s", type(exc).__name__, exc)
+        yield
+        return
+    with otel.trace.use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False):
         try:
             yield
         except BaseException as exc:
