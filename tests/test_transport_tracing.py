@@ -218,11 +218,24 @@ def test_forward_and_delayed_sends_carry_the_context_of_their_send(client, queue
     assert client.move_due(later) == 1
     got = client.receive(later, 10)
     assert [m.text for m in got] == ["result", "delayed"]
+    # NServiceBus: a delayed message's receive starts a new trace linked to its send; a send continues.
+    assert [m.headers[START_NEW_TRACE] for m in got] == ["False", "True"]
     (receive,) = by_name(spans, "receive ")
     assert [link.context.span_id for link in receive.links] == [
         forward_send.context.span_id,
         delayed_send.context.span_id,
     ]
+
+
+def test_a_delayed_message_starts_a_new_trace_linked_to_its_send(client, queue, spans):
+    client.send(queue, Message(b"later"), delay=timedelta(milliseconds=1))
+    (send,) = by_name(spans, "send ")
+    asyncio.run(asyncio.sleep(0.05))
+    assert client.move_due(queue) == 1
+    (message,) = client.receive(queue)
+    (receive,) = by_name(spans, "receive ")
+    assert message.headers[START_NEW_TRACE] == "True"
+    assert receive.parent is None and [link.context.span_id for link in receive.links] == [send.context.span_id]
 
 
 async def test_the_pumps_handler_runs_inside_the_process_span(pg_uri, client, queue, schema, spans):

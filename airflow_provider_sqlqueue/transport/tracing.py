@@ -3,7 +3,8 @@
 NServiceBus (version 8 and later) propagates W3C Trace Context in three message headers --
 ``traceparent``, ``tracestate`` and ``baggage`` -- and says in a fourth,
 ``NServiceBus.OpenTelemetry.StartNewTrace`` (``True``/``False``), whether the receiver continues
-the sender's trace or starts a new one linked to it: sends continue it, publishes start a new one.
+the sender's trace or starts a new one linked to it: sends continue it, publishes and delayed
+sends start a new one.
 This module writes and reads those headers the same way, so a trace passes between this library
 and NServiceBus endpoints in either direction.
 
@@ -12,7 +13,8 @@ call asks for it. Without it, or with no tracer provider configured (the API's n
 function here returns at its first check: no header is written, no span made, no message copied --
 a send or receive pays a function call and an ``isinstance``. One module for every caller, sync or
 async: the operations call it from inside their generators (the statements they yield run in
-between), the pump around its handler.
+between), the pump, ``hold_messages`` and the Spark reads around their work. Tracing only
+observes: whatever it raises is logged at debug and the call goes on untraced.
 
 Spans carry the messaging semantic conventions' attributes -- names, ids and counts, never a body,
 a header's value or a connection's credentials.
@@ -162,7 +164,8 @@ def producing(
     """A PRODUCER span around one send call (``operation``: ``send`` or ``publish``), and the
     messages to write: each one without a ``traceparent`` gets the span's context (``traceparent``,
     ``tracestate``, ``baggage``) and, unless it has one, ``NServiceBus.OpenTelemetry.StartNewTrace``
-    (``True`` for a publish, ``False`` for a send, as NServiceBus stamps them). A header a message
+    (``start_new_trace``: ``True`` for a publish or a delayed send, ``False`` for a send, as
+    NServiceBus decides). A header a message
     already has is never replaced: a message passed on keeps the trace it came with.
 
     ``destination`` is called only when tracing (the address's text costs a formatting). Not

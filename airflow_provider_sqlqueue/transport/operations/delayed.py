@@ -55,8 +55,9 @@ def send_delayed(
     yield from table_shape(d, address)
     yield from table_of(d, delayed, "delayed")
     destination = d.format_address(address)
-    # A send span to the queue, as a delayed NServiceBus send makes: the receiver continues its trace.
-    with producing("send", lambda: destination, messages, database=d.name) as outgoing:
+    # A send span to the queue; its receiver starts a new trace linked to it, as NServiceBus has a
+    # delayed message's (received at another moment), unless the message says otherwise.
+    with producing("send", lambda: destination, messages, database=d.name, start_new_trace=True) as outgoing:
         yield from _store_delayed(d, delayed, outgoing, destination, delay_ms)
     return len(messages)
 
