@@ -13,7 +13,7 @@ import copy
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -24,6 +24,7 @@ from .lineage import collect_inputs
 from .transport import Failure, LeaseKeeper, LeaseLostError, QueueClient, ReceivedMessage, defaults
 from .transport.errors import ArgumentTypeError, InvalidArgumentError
 from .transport.message import check_positive, duration
+from .transport.tracing import Carried, processing
 
 #: What a task author uses; the rest serves the operators.
 __all__ = ["HeldMessages", "hold_messages"]
@@ -121,7 +122,8 @@ class HeldMessages:
         results, kept = [], []
         for message in self.messages:
             try:
-                results.append(function(copy.deepcopy(message)))
+                with _processing([message]):
+                    results.append(function(copy.deepcopy(message)))
             except Exception as exc:  # noqa: BLE001  # one message's failure is its own: recoverability, not a crashed batch
                 self.give_back([message], Failure.of(exc, self._source))
             else:
@@ -149,7 +151,8 @@ class HeldMessages:
         while pending:
             part = pending.pop(0)
             try:
-                answer = function(copy.deepcopy(part))
+                with _processing(part):
+                    answer = function(copy.deepcopy(part))
                 counted = len(answer) if isinstance(answer, (list, tuple)) else len(part)
                 if counted != len(part):
                     raise InvalidArgumentError(
@@ -215,6 +218,13 @@ class HeldMessages:
             self._hook.log.error(
                 "Queue %s: gave back %d message(s) after %s: %s", queue, given, failure.type, failure.message
             )
+
+
+def _processing(messages: Sequence[Mapping[str, Any]]) -> AbstractContextManager[None]:
+    """The ``process`` span a task's work on message dicts runs in (:mod:`.transport.tracing`): the
+    child of one message's sender, or linked to each of a batch's; the spans the work makes nest under it."""
+    carried = [Carried(m.get("id"), m.get("headers") or {}) for m in messages]
+    return processing(lambda: ", ".join(dict.fromkeys(str(m["queue"]) for m in messages)), carried)
 
 
 @contextmanager

@@ -78,7 +78,7 @@ def test_the_wheel_holds_the_package_its_license_and_honest_metadata(wheel: Path
     assert metadata["License-Expression"] == "Apache-2.0"
     assert "Framework :: Apache Airflow :: Provider" in metadata.get_all("Classifier")
     # SQL Server's drivers are extras; the test tools are a dependency group, not an extra.
-    assert metadata.get_all("Provides-Extra") == ["mssql", "odbc", "spark"]
+    assert metadata.get_all("Provides-Extra") == ["mssql", "odbc", "otel", "spark"]
     core = {r.name for r in map(Requirement, metadata.get_all("Requires-Dist")) if r.marker is None}
     assert not core & {"pymssql", "pyodbc", "apache-airflow-providers-microsoft-mssql", "apache-airflow-providers-odbc"}
     tested = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -104,7 +104,7 @@ with DAG("sqlqueue_smoke", start_date=datetime(2026, 1, 1), schedule=None, catch
 
 
 #: Every extra the wheel has: the floors' install takes them all, so every declared floor is installed.
-EXTRAS = ("mssql", "odbc", "spark")
+EXTRAS = ("mssql", "odbc", "otel", "spark")
 
 
 def requirements(wheel: Path, extras: tuple[str, ...] = ()) -> list[str]:

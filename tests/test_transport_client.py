@@ -16,9 +16,10 @@ import psycopg
 import pytest
 
 from airflow_provider_sqlqueue.transport import AsyncQueueClient, Message, QueueAddress, QueueClient
-from airflow_provider_sqlqueue.transport.client import TaskLock, same_table
+from airflow_provider_sqlqueue.transport.client import same_table
 from airflow_provider_sqlqueue.transport.dialects import get_dialect
 from airflow_provider_sqlqueue.transport.errors import ArgumentTypeError, ClientClosedError, TransportMisconfiguredError
+from airflow_provider_sqlqueue.transport.locks import TaskLock
 
 #: What only one of the two clients has, and why: the context manager protocols differ, and only
 #: asyncio callers (the shared poller, the pump) wait for send notifications between peeks.

@@ -21,6 +21,7 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import BinaryType, IntegerType, MapType, StringType, StructField, StructType
 
 from ..transport import QueueClient, defaults
+from ..transport.tracing import Carried, clock, consumed
 from .options import Options
 
 if TYPE_CHECKING:
@@ -109,9 +110,21 @@ def _batch(
 
 
 def read_share(options: Options, share: HeldShare) -> Iterator[pa.RecordBatch]:
+    started = clock()
     with options.connect() as client:
         held = client.held_columns(options.queue, share.holder, parts=share.parts, part=share.part)
+    _traced("read", options, held.ids, held.headers, started)
     return _column_batches(held.ids, held.headers, held.bodies, held.deliveries)
+
+
+def _traced(
+    operation: str, options: Options, ids: Sequence[str], headers: Sequence[Mapping[str, str | None]], started: int
+) -> None:
+    """A partition's read as a receive span linking to its messages' contexts (:mod:`..transport.tracing`);
+    nothing unless tracing (``started`` is then 0)."""
+    if started:
+        carried = [Carried(i, h) for i, h in zip(ids, headers, strict=True)]
+        consumed(operation, lambda: options.queue, carried, started)
 
 
 def holder_shares(holder: str, parts: int) -> list[HeldShare]:
@@ -149,7 +162,9 @@ class QueueReader(DataSourceReader):
         after = partition.after
         with options.connect() as client:
             while after < partition.last:
+                started = clock()
                 page = client.browse_columns(options.queue, options.fetch_size, after=after, last=partition.last)
+                _traced("browse", options, page.ids, page.headers, started)
                 yield from _column_batches(page.ids, page.headers, page.bodies, None)
                 if page.after is None:
                     return

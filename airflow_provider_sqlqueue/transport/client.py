@@ -12,11 +12,9 @@ Each call runs in its own short transaction, except in a ``transaction()`` block
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import os
 import socket
-import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping
 from contextlib import AbstractContextManager, asynccontextmanager
@@ -44,6 +42,7 @@ from .errors import (
 )
 from .health import Health, Problem, nothing_read, problems
 from .install import Installation, TableKind
+from .locks import TaskLock, ThreadLock
 from .logs import logger
 from .message import (
     Failure,
@@ -58,6 +57,7 @@ from .message import (
     uuid_value,
 )
 from .meter import Event, Meter, Reporter
+from .tracing import processing
 
 T = TypeVar("T")
 
@@ -373,48 +373,6 @@ class Addressing:
         return plan.with_notify_on_insert(notified) if notified else plan
 
 
-class TaskLock:
-    """asyncio's lock, re-entrant for the task that holds it, as ``threading.RLock`` is for a thread.
-
-    Calls on one client take turns on its one connection. A task inside :meth:`AsyncQueueClient.transaction`
-    or :meth:`AsyncQueueClient.receive_native` holds the lock and may call the client again (its
-    calls then join that transaction); other tasks wait -- including tasks the block itself starts
-    (``asyncio.gather``, and ``asyncio.wait_for`` before Python 3.12, which runs its argument as a new
-    task), which would wait for the block to end: call the client from the task that holds it.
-    """
-
-    def __init__(self) -> None:
-        self._lock = asyncio.Lock()
-        self._owner: object = None
-        self._depth = 0
-
-    async def __aenter__(self) -> None:
-        task = asyncio.current_task()
-        if self._owner is not task:
-            await self._lock.acquire()
-            self._owner = task
-        self._depth += 1
-
-    async def __aexit__(self, *exc: object) -> None:
-        self._depth -= 1
-        if not self._depth:
-            self._owner = None
-            self._lock.release()
-
-
-class ThreadLock:
-    """``threading.RLock`` behind :class:`TaskLock`'s interface, for a client whose calls block (:class:`QueueClient`)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.RLock()
-
-    async def __aenter__(self) -> None:
-        self._lock.acquire()
-
-    async def __aexit__(self, *exc: object) -> None:
-        self._lock.release()
-
-
 class AsyncQueueClient(Addressing):
     """Queue operations over one connection, for asyncio callers (the message pump, Airflow's triggers).
 
@@ -422,7 +380,7 @@ class AsyncQueueClient(Addressing):
     coroutines over a blocking session, where they finish without suspending. ``connect(uri)``
     opens and owns a connection (psycopg's asyncio connection for PostgreSQL; SQL Server's drivers
     on a thread of their own); ``AsyncQueueClient(session)`` runs over a session the caller opened.
-    Tasks sharing a client take turns on its connection (:class:`TaskLock`).
+    Tasks sharing a client take turns on its connection (:class:`~.locks.TaskLock`).
     """
 
     def __init__(
@@ -782,6 +740,7 @@ class AsyncQueueClient(Addressing):
         Leaving the block normally commits the receive together with anything the block did on
         :attr:`connection` (and the message's audit copy, when the client audits); an exception
         rolls them all back and the message stays in the queue. Yields None when the queue is empty.
+        The block runs in the message's ``process`` span, when tracing (:mod:`.tracing`).
         """
         receive = self._receive_op(queue, 1, error_queue, atomic=True)
         audit = self.audit_address(self.address(queue))  # refused before the handler runs, not after
@@ -790,7 +749,10 @@ class AsyncQueueClient(Addressing):
             received = await ops.drive(receive, self.session.execute)
             self._reporter.taken(self.address(queue), received)
             started = datetime.now(UTC)
-            yield received[0] if received else None
+            with processing(
+                lambda: self.dialect.format_address(self.address(queue)), received, database=self.dialect.name
+            ):
+                yield received[0] if received else None
             self._refuse_closed()
             if audit is not None and received:
                 op = ops.audit(self.dialect, self.address(queue), audit, received, {received[0].id: started})

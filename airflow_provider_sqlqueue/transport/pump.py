@@ -62,6 +62,7 @@ from .pump_native import BatchHandler as BatchHandler
 from .pump_native import FailureCounter as FailureCounter
 from .pump_native import NativeReceiver
 from .pump_native import aborted as aborted
+from .tracing import processing
 
 log = logger("airflow_provider_sqlqueue.pump")
 
@@ -667,7 +668,8 @@ class MessagePump:
             raise ArgumentTypeError("this pump has a batch_handler")
         began = time.monotonic()
         try:
-            await self.handler(message, connection)
+            with processing(lambda: self.dialect.format_address(self.queue), [message], database=self.dialect.name):
+                await self.handler(message, connection)
         except BaseException as exc:  # noqa: BLE001  # the handler's failure is data for recoverability, not a pump crash
             self._reporter.handler_time(self.queue, time.monotonic() - began)
             handler_failure(exc)

@@ -25,6 +25,7 @@ from .logs import logger
 from .message import ReceivedMessage, error_text, storable_text
 from .meter import Reporter
 from .pump_checks import SETUP_ERRORS, handler_failure
+from .tracing import processing
 
 log = logger("airflow_provider_sqlqueue.pump")  # the pump's own: these are the pump's receives
 
@@ -212,7 +213,10 @@ class NativeReceiver:
                                 self._note_ttbr(message)
                             started = datetime.now(UTC)
                             try:
-                                await batch_handler(batch, session.connection)
+                                with processing(
+                                    lambda: pump.dialect.format_address(pump.queue), batch, database=pump.dialect.name
+                                ):
+                                    await batch_handler(batch, session.connection)
                             except BaseException as exc:  # the batch's failure rolls it back; the pump goes on
                                 handler_failure(exc)
                                 outcome = exc

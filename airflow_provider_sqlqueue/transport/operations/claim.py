@@ -15,6 +15,7 @@ from ..dialects import ClaimedRow, Dialect, HeldRow
 from ..errors import InvalidHeadersError
 from ..logs import logger
 from ..message import DELIVERY_COUNT, Failure, Headers, ReceivedMessage, decode_headers, encode_headers, failure_headers
+from ..tracing import clock, consumed
 from .audit import ack_audited
 from .inspection import body_bytes, id_texts, page_headers
 from .receive import Taken, log_poison, purge_expired_run
@@ -55,6 +56,7 @@ def claim(
     claims whose messages expired are deleted in bulk once one is met, as expired rows of the
     queue are: holders that died long ago cost a claim a few statements, not one each.
     """
+    started = clock()
     yield from table_shape(d, address)
     yield from table_shape(d, error_address)
     target = d.qualified_name(address)
@@ -107,6 +109,8 @@ def claim(
             )
         if len(rows) < wanted:
             break
+    operation = "reserve" if holder is None else "claim"
+    consumed(operation, lambda: d.format_address(address), claimed, started, database=d.name)
     return claimed
 
 
@@ -206,6 +210,7 @@ def take(
     Reservations that are gone (taken by someone else, lapsed and renewed, settled) are skipped;
     expired messages are dropped.
     """
+    started = clock()
     yield from table_shape(d, address)
     yield from table_shape(d, error_address)
     target = d.qualified_name(address)
@@ -218,7 +223,9 @@ def take(
         found = yield Step(d.take_sql(address), params, Fetch.ALL, target)
     else:
         return Taken()
-    return (yield from _hand_out(d, address, error_address, [HeldRow(*row) for row in found], 1, None))
+    taken = yield from _hand_out(d, address, error_address, [HeldRow(*row) for row in found], 1, None)
+    consumed("take", lambda: d.format_address(address), taken, started, database=d.name)
+    return taken
 
 
 @autocommitted

@@ -23,6 +23,7 @@ from ..message import (
     readable_headers,
     wire_timestamp,
 )
+from ..tracing import producing
 from .send import insert_rows
 from .steps import Fetch, Operation, Step, as_uuid
 from .tables import install_table, table_of, table_shape
@@ -51,10 +52,20 @@ def send_delayed(
                 "Delayed delivery of messages with TimeToBeReceived set is not supported. "
                 "Remove the time_to_be_received to delay this message."
             )
-    target = d.qualified_name(delayed)
     yield from table_shape(d, address)
     yield from table_of(d, delayed, "delayed")
     destination = d.format_address(address)
+    # A send span to the queue; its receiver starts a new trace linked to it, as NServiceBus has a
+    # delayed message's (received at another moment), unless the message says otherwise.
+    with producing("send", lambda: destination, messages, database=d.name, start_new_trace=True) as outgoing:
+        yield from _store_delayed(d, delayed, outgoing, destination, delay_ms)
+    return len(messages)
+
+
+def _store_delayed(
+    d: Dialect, delayed: QueueAddress, messages: Sequence[Message], destination: str, delay_ms: int
+) -> Operation[None]:
+    target = d.qualified_name(delayed)
     sent_at = wire_timestamp(datetime.now(UTC))
     stored = [
         Message(m.body, {**m.headers, FORWARD_DESTINATION: destination}, id=m.id).wire_headers(sent_at)
@@ -64,12 +75,11 @@ def send_delayed(
     batch_sql = d.store_delayed_batch_sql(delayed)
     if batch_sql is not None and len(messages) > 1:
         yield Step(batch_sql, {"headers": stored, "bodies": bodies, "delay_ms": delay_ms}, Fetch.NONE, target)
-        return len(messages)
+        return
     for headers, body in zip(stored, bodies, strict=True):
         yield Step(
             d.store_delayed_sql(delayed), {"headers": headers, "body": body, "delay_ms": delay_ms}, Fetch.NONE, target
         )
-    return len(messages)
 
 
 def move_due(

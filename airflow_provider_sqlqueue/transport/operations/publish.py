@@ -10,6 +10,7 @@ from ..addressing import QueueAddress
 from ..dialects import Dialect
 from ..logs import logger
 from ..message import ENCLOSED_MESSAGE_TYPES, MESSAGE_INTENT, Message
+from ..tracing import producing
 from .send import send_messages
 from .steps import Fetch, Operation, Step, autocommitted
 from .tables import install_table, table_of, table_shape
@@ -79,7 +80,10 @@ def publish(
         Message(m.body, {**event_headers, **m.headers}, id=m.id, time_to_be_received=m.time_to_be_received)
         for m in messages
     ]
-    for destination in destinations:
-        yield from send_messages(d, destination, published, notify)
+    # One span for the publish (named by the event's type), as NServiceBus makes one: its subscribers'
+    # process spans start new traces linked to it, unless a message says otherwise.
+    with producing("publish", lambda: topics[0], published, database=d.name, start_new_trace=True) as outgoing:
+        for destination in destinations:
+            yield from send_messages(d, destination, outgoing, notify, traced=False)
     log.debug("Published %d message(s) on %s to %d queue(s)", len(messages), ", ".join(topics), len(destinations))
     return destinations

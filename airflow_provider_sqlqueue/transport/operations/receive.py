@@ -14,6 +14,7 @@ from ..dialects import Dialect, ReceivedRow
 from ..errors import InvalidHeadersError
 from ..logs import logger
 from ..message import ReceivedMessage, decode_headers, encode_headers, failure_headers
+from ..tracing import clock, consumed
 from .steps import Autocommit, Fetch, Operation, Step, after_head, as_uuid, autocommitted
 from .tables import table_shape
 
@@ -51,6 +52,7 @@ _RECEIVED_SEQ = itemgetter(ReceivedRow._fields.index("seq"))
 
 
 def _receive(d: Dialect, address: QueueAddress, error_address: QueueAddress, limit: int) -> Operation[Taken]:
+    started = clock()
     yield from table_shape(d, address)
     yield from table_shape(d, error_address)  # a poison row must have somewhere to go: known before any receive
     target = d.qualified_name(address)
@@ -87,6 +89,7 @@ def _receive(d: Dialect, address: QueueAddress, error_address: QueueAddress, lim
             received.append(ReceivedMessage(as_uuid(message_id), headers, bytes(body or b"")))
         if len(rows) < wanted:
             break
+    consumed("receive", lambda: d.format_address(address), received, started, database=d.name)
     return received
 
 

@@ -13,6 +13,7 @@ from ..addressing import QueueAddress
 from ..dialects import Dialect, SendRow, TableShape
 from ..errors import ArgumentTypeError, InvalidArgumentError, TransportMisconfiguredError
 from ..message import Message, wire_timestamp
+from ..tracing import producing
 from .steps import Autocommit, Fetch, Operation, Step
 from .tables import table_shape
 
@@ -30,8 +31,21 @@ def send(d: Dialect, address: QueueAddress, messages: Sequence[Message], notify:
     return Autocommit(op) if len(messages) == 1 or d.one_statement_sends else op
 
 
-def send_messages(d: Dialect, address: QueueAddress, messages: Sequence[Message], notify: bool) -> Operation[int]:
+def send_messages(
+    d: Dialect, address: QueueAddress, messages: Sequence[Message], notify: bool, *, traced: bool = True
+) -> Operation[int]:
+    """:func:`send`'s statements, in a ``send`` span (:mod:`..tracing`) unless ``traced`` is False (a
+    publish, whose one span covers every subscriber's copy)."""
     shape = yield from table_shape(d, address)
+    if not traced:
+        return (yield from _insert_messages(d, address, shape, messages, notify))
+    with producing("send", lambda: d.format_address(address), messages, database=d.name) as outgoing:
+        return (yield from _insert_messages(d, address, shape, outgoing, notify))
+
+
+def _insert_messages(
+    d: Dialect, address: QueueAddress, shape: TableShape, messages: Sequence[Message], notify: bool
+) -> Operation[int]:
     sent_at = wire_timestamp(datetime.now(UTC))
     rows: list[SendRow] = [
         (m.id, m.ttbr_ms(), m.wire_headers(sent_at, ascii_only=shape.ascii_headers), m.body) for m in messages
@@ -102,10 +116,11 @@ def send_copied(d: Dialect, address: QueueAddress, messages: Sequence[Message]) 
     shape = yield from table_shape(d, address)
     if not messages:
         return 0
-    sent_at = wire_timestamp(datetime.now(UTC))
-    rows = [(m.id, m.wire_headers(sent_at, ascii_only=shape.ascii_headers), m.body) for m in messages]
-    sql, types = d.copy_send_sql(address, shape)
-    yield Step(sql, {"rows": rows, "types": types}, Fetch.COPY, d.qualified_name(address))
+    with producing("send", lambda: d.format_address(address), messages, database=d.name) as outgoing:
+        sent_at = wire_timestamp(datetime.now(UTC))
+        rows = [(m.id, m.wire_headers(sent_at, ascii_only=shape.ascii_headers), m.body) for m in outgoing]
+        sql, types = d.copy_send_sql(address, shape)
+        yield Step(sql, {"rows": rows, "types": types}, Fetch.COPY, d.qualified_name(address))
     return len(rows)
 
 
