@@ -7,7 +7,6 @@ let callers share a client, and transaction blocks.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import threading
 import uuid
@@ -19,7 +18,6 @@ from airflow_provider_sqlqueue.transport import AsyncQueueClient, Message, Queue
 from airflow_provider_sqlqueue.transport.client import same_table
 from airflow_provider_sqlqueue.transport.dialects import get_dialect
 from airflow_provider_sqlqueue.transport.errors import ArgumentTypeError, ClientClosedError, TransportMisconfiguredError
-from airflow_provider_sqlqueue.transport.locks import TaskLock
 
 #: What only one of the two clients has, and why: the context manager protocols differ, and only
 #: asyncio callers (the shared poller, the pump) wait for send notifications between peeks.
@@ -50,21 +48,6 @@ async def test_each_client_refuses_the_other_kind_of_connection(pg_uri: str) -> 
     async with await AsyncQueueClient.connect(pg_uri) as asynchronous:
         with pytest.raises(ArgumentTypeError, match="blocking session"):
             QueueClient(asynchronous.session)
-
-
-async def test_a_task_lock_lets_its_holder_in_again_and_keeps_other_tasks_out() -> None:
-    lock, order = TaskLock(), []
-
-    async def other() -> None:
-        async with lock:
-            order.append("other")
-
-    async with lock, lock:  # re-entered by the task that holds it
-        waiting = asyncio.create_task(other())
-        await asyncio.sleep(0.05)
-        order.append("holder")
-    await waiting
-    assert order == ["holder", "other"]
 
 
 def test_calls_in_a_transaction_block_commit_together_or_not_at_all(client: QueueClient, queue: QueueAddress) -> None:
