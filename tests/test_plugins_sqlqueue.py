@@ -371,3 +371,32 @@ def test_problems_come_first_with_the_horizon_holder_named(api: Api) -> None:
     holders = {h["application"]: h for h in page["horizon"]["holders"]}
     assert holders["page-health-pin"]["state"] == "idle in transaction" and page["horizon"]["complete"]
     assert holders["page-health-pin"]["held_seconds"] >= 0
+
+
+def test_a_connection_with_no_slot_free_gets_a_503_that_says_so_and_the_page_recovers(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database's connections exhausted (here a role's CONNECTION LIMIT, as max_connections
+    would be): the page's API answers 503 with the library's words naming the limit, not a 500,
+    and answers again as soon as a slot is free."""
+    from psycopg.conninfo import make_conninfo
+
+    role = f"sq_limit_{uuid.uuid4().hex[:8]}"
+    with QueueClient.connect(api.pg_uri) as admin:
+        admin.session.connection.execute(f'CREATE ROLE "{role}" LOGIN CONNECTION LIMIT 1')
+        admin.session.connection.execute(f'GRANT USAGE ON SCHEMA "{api.schema}" TO "{role}"')
+        admin.session.connection.execute(f'GRANT SELECT ON ALL TABLES IN SCHEMA "{api.schema}" TO "{role}"')
+    limited = make_conninfo(api.pg_uri, user=role)
+    monkeypatch.setenv("AIRFLOW_CONN_OTHER", airflow_connection(limited))
+    try:
+        with QueueClient.connect(limited):  # the role's one slot
+            refused = api.get("operator", "/connections/other/queues", search=api.schema)
+        assert refused.status_code == 503, refused.text
+        assert "no connection slot free" in refused.json()["detail"], refused.text
+        answered = api.get("operator", "/connections/other/queues", search=api.schema)
+        assert answered.status_code == 200, answered.text
+        assert address(api, "orders") in {q["address"] for q in answered.json()["queues"]}
+    finally:
+        with QueueClient.connect(api.pg_uri) as admin:
+            admin.session.connection.execute(f'DROP OWNED BY "{role}"')
+            admin.session.connection.execute(f'DROP ROLE "{role}"')
