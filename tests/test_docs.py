@@ -197,7 +197,7 @@ def test_one_airflow_floor_is_stated_everywhere() -> None:
 
 
 def test_the_python_versions_stated_are_the_classifiers() -> None:
-    """install.md's "Python 3.11 to 3.14" and pyproject's classifiers name the same versions."""
+    """install.md's "Python 3.11 to 3.13" and pyproject's classifiers name the same versions."""
     import tomllib
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]

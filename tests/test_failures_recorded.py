@@ -197,10 +197,11 @@ async def test_an_async_call_after_a_caught_database_error_in_a_block_is_transac
         assert [m.text for m in await client.browse(queue)] == ["kept"]
 
 
-def close_inside(client, block, queue, *, then_send: bool) -> None:
+def close_inside(client, close, block, queue, *, then_send: bool) -> None:
+    """Send in ``block``, then ``close`` (the client or the connection under it), then maybe send again."""
     with client.receive_native(queue) if block == "receive_native" else client.transaction():
         client.send(queue, Message("inside"))
-        client.close()
+        close()
         if then_send:
             client.send(queue, Message("late"))
 
@@ -213,19 +214,11 @@ def test_close_inside_a_block_says_closed_and_rolls_the_block_back(backend, clie
     borrowed = None if owned else psycopg.connect(backend.uri, autocommit=True)
     closing = QueueClient.connect(backend.uri if borrowed is None else borrowed)
     with pytest.raises(ClientClosedError, match="closed") as caught:
-        close_inside(closing, block, queue, then_send=then_send)
+        close_inside(closing, closing.close, block, queue, then_send=then_send)
     if borrowed is not None:
         borrowed.close()
     assert not isinstance(caught.value, TransportUnavailableError)  # not "retry": it is closed
     assert [m.text for m in client.browse(queue)] == ["kept"]  # the receive and the send were undone
-
-
-def close_the_connection_inside(client, connection, block, queue, *, then_send: bool) -> None:
-    with client.receive_native(queue) if block == "receive_native" else client.transaction():
-        client.send(queue, Message("inside"))
-        connection.close()
-        if then_send:
-            client.send(queue, Message("late"))
 
 
 @pytest.mark.parametrize("then_send", [False, True], ids=["", "then-send"])
@@ -238,5 +231,5 @@ def test_a_lent_connection_closed_inside_a_block_is_misconfigured_not_unavailabl
     connection = psycopg.connect(backend.uri, autocommit=autocommit)
     borrowing = QueueClient.connect(connection)
     with pytest.raises(TransportMisconfiguredError, match="connection given to the client is closed"):
-        close_the_connection_inside(borrowing, connection, block, queue, then_send=then_send)
+        close_inside(borrowing, connection.close, block, queue, then_send=then_send)
     assert [m.text for m in client.browse(queue)] == ["kept"]

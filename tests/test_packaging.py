@@ -15,6 +15,7 @@ from __future__ import annotations
 import email
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -130,6 +131,26 @@ def floors(wheel: Path, extras: tuple[str, ...] = ()) -> dict[str, Version]:
     return found
 
 
+def newest_python(wheel: Path) -> str:
+    """The interpreter of the newest Python version the wheel's classifiers declare, on this
+    machine's PATH or under pyenv; the test is skipped, saying so, where it has none."""
+    with zipfile.ZipFile(wheel) as archive:
+        name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        metadata = email.message_from_string(archive.read(name).decode())
+    versions = [
+        c.rsplit(" :: ", 1)[1]
+        for c in metadata.get_all("Classifier")
+        if c.startswith("Programming Language :: Python :: 3.")
+    ]
+    newest = max(versions, key=Version)
+    found = shutil.which(f"python{newest}") or next(
+        (str(p) for p in sorted(Path.home().glob(f".pyenv/versions/{newest}*/bin/python{newest}"))), None
+    )
+    if found is None:
+        pytest.skip(f"no Python {newest} here (the newest the package declares) to install the newest versions on")
+    return found
+
+
 def installed(python: Path) -> dict[str, Version]:
     listed = json.loads(uv("pip", "list", "--format", "json", "--python", str(python)).stdout)
     return {canonicalize_name(item["name"]): Version(item["version"]) for item in listed}
@@ -142,7 +163,14 @@ def test_the_wheel_alone_installs_registers_and_runs_a_dag_in_a_clean_virtualenv
 ) -> None:
     venv = tmp_path / "venv"
     python = venv / "bin" / "python"
-    uv("venv", "--quiet", "--python", sys.executable, str(venv))
+    # The floors on the oldest Python the package declares (the suite's), the newest versions on the newest.
+    uv(
+        "venv",
+        "--quiet",
+        "--python",
+        sys.executable if resolution == "lowest-direct" else newest_python(wheel),
+        str(venv),
+    )
     install = ("pip", "install", "--quiet", "--resolution", resolution, "--python", str(python))
     if resolution == "highest":
         uv(*install, str(wheel), timeout=900)
