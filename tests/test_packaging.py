@@ -143,12 +143,12 @@ def newest_python(wheel: Path) -> str:
         if c.startswith("Programming Language :: Python :: 3.")
     ]
     newest = max(versions, key=Version)
-    found = shutil.which(f"python{newest}") or next(
-        (str(p) for p in sorted(Path.home().glob(f".pyenv/versions/{newest}*/bin/python{newest}"))), None
-    )
-    if found is None:
-        pytest.skip(f"no Python {newest} here (the newest the package declares) to install the newest versions on")
-    return found
+    candidates = [str(p) for p in sorted(Path.home().glob(f".pyenv/versions/{newest}*/bin/python{newest}"))]
+    on_path = shutil.which(f"python{newest}")  # may be a pyenv shim that does not run
+    for candidate in [*candidates, *([on_path] if on_path else [])]:
+        if subprocess.run([candidate, "-c", "pass"], capture_output=True, timeout=60, check=False).returncode == 0:
+            return candidate
+    pytest.skip(f"no Python {newest} here (the newest the package declares) to install the newest versions on")
 
 
 def installed(python: Path) -> dict[str, Version]:
