@@ -123,6 +123,20 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(autouse=True)
+def _no_tracer_provider_from_an_earlier_test() -> None:
+    """Each test starts as a process that configured no OpenTelemetry tracer provider: with one,
+    every send carries a new traceparent, and tests that compare two sends' headers would differ.
+    The tracing tests set their own; the API lets a process set one once, so it is reset here."""
+    try:
+        from opentelemetry import trace
+        from opentelemetry.util._once import Once
+    except ImportError:
+        return
+    trace._TRACER_PROVIDER_SET_ONCE = Once()  # the API's own reset, as its test utilities do it
+    trace._TRACER_PROVIDER = None
+
+
+@pytest.fixture(autouse=True)
 def _stopped_by_sigterm_after_every_test() -> Iterator[None]:
     """Airflow's task runner, run in this process by ``dag.test()``, leaves its own SIGTERM handler
     behind (it only ends the task it ran): a CI timeout after it would no longer tear the run down."""
