@@ -9,6 +9,8 @@ statements, session views), and that lives here, one method per need.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -40,6 +42,31 @@ class Raw:
 
     def close(self) -> None:
         finish(self.session.close())
+
+
+#: How long a test's ``DROP SCHEMA`` waits for a lock before it steps back and tries again. Shorter
+#: than the server's ``deadlock_timeout`` (1 s): a survey of every schema that another test runs
+#: meanwhile (``health``, the Queues page, metrics) locks tables in another order than the drop, and
+#: the two would deadlock; with this, the drop yields its locks before the server looks for one.
+DROP_LOCK_WAIT_MS = 200
+DROP_ATTEMPTS = 150
+
+
+def drop_pg_schema(connection: Any, name: str, *, if_exists: bool = False) -> None:
+    """Drop a schema and all in it on a psycopg connection in autocommit, yielding to lock waits."""
+    import psycopg
+
+    exists = "IF EXISTS " if if_exists else ""
+    for attempt in itertools.count(1):
+        try:
+            with connection.transaction():
+                connection.execute(f"SET LOCAL lock_timeout = {DROP_LOCK_WAIT_MS}")
+                connection.execute(f'DROP SCHEMA {exists}"{name}" CASCADE')
+            return
+        except psycopg.errors.LockNotAvailable:
+            if attempt == DROP_ATTEMPTS:
+                raise
+            time.sleep(0.05)
 
 
 def execute_on(session: Any, sql: str, params: tuple[Any, ...] = ()) -> Any:
@@ -173,7 +200,7 @@ class PostgresBackend(Backend):
         raw.execute(f'CREATE SCHEMA "{name}"')
 
     def drop_schema(self, raw: Raw, name: str) -> None:
-        raw.execute(f'DROP SCHEMA "{name}" CASCADE')
+        drop_pg_schema(raw.session.connection, name)
 
     def nservicebus_send(
         self, raw: Raw, schema: str, table: str, message_id: uuid.UUID, headers: str, body: bytes

@@ -30,6 +30,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from psycopg.conninfo import make_conninfo
 
 from airflow_provider_sqlqueue.transport import LeaseLostError, Message, QueueAddress, QueueClient, defaults, heads
+from tests.backends import drop_pg_schema
 
 SCHEMAS = ("m_a", "m_b")
 #: Session time zones of the clients that send and move delayed messages: Due must not depend on them.
@@ -80,7 +81,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.uri = URI
         self.raw = psycopg.connect(self.uri, autocommit=True)
         for schema in SCHEMAS:
-            self.raw.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            drop_pg_schema(self.raw, schema, if_exists=True)
             self.raw.execute(f'CREATE SCHEMA "{schema}"')
         self.client = QueueClient.connect(self.uri)
         self.zoned = {
@@ -435,4 +436,4 @@ def test_queues_behave_like_the_model(pg_uri: str, monkeypatch: pytest.MonkeyPat
     finally:
         with psycopg.connect(pg_uri, autocommit=True) as connection:
             for schema in SCHEMAS:
-                connection.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+                drop_pg_schema(connection, schema, if_exists=True)
