@@ -525,6 +525,7 @@ def test_connections_exhausted(caplog: pytest.LogCaptureFixture) -> None:
             mark = server.log_lines(refused)
             await asyncio.sleep(WINDOW)
             results["poller_attempts"] = server.log_lines(refused) - mark
+            results["poller_attempts_in_all"] = server.log_lines(refused) - results["pump_attempts_in_all"]
             assert not waiter.done()
             freed = time.monotonic()
             for hog in hogs:
@@ -538,8 +539,11 @@ def test_connections_exhausted(caplog: pytest.LogCaptureFixture) -> None:
         print(f"connections exhausted: {results}; wall {time.monotonic() - started:.1f}s")
         assert "too many connections" in caplog.text and secret not in caplog.text + str(results)
         for loop in ("pump", "poller"):
-            attempts = results[f"{loop}_attempts"]
-            assert isinstance(attempts, int) and 1 <= attempts <= MOST_ATTEMPTS, results
+            # At most a few tries in the window (no tight loop); at least one in all (the loop kept
+            # trying): a loaded machine may delay a backed-off try past the window's end.
+            attempts, in_all = results[f"{loop}_attempts"], results[f"{loop}_attempts_in_all"]
+            assert isinstance(attempts, int) and attempts <= MOST_ATTEMPTS, results
+            assert isinstance(in_all, int) and in_all >= 1, results
             assert results[f"{loop}_resumed_s"] is not None, results
 
 
