@@ -2,7 +2,9 @@
 
 Each registered entry point (``tests/surface.py``) is called, in a schema of its own, with:
 
-- good values, from a session whose time zone is +14:00 (it must work);
+- good values, from a session a DBA set up unlike the defaults (time zone +14:00, a non-ISO
+  ``DateStyle``, ``IntervalStyle``, ``extra_float_digits``, ``bytea_output``; it must work:
+  ``tests/test_session_settings.py`` has the whole catalogue);
 - each hostile value of each of its arguments' kinds (it must fail with the library's own error,
   never "unavailable, retry", and change no row of any table in the schema, checksummed before
   and after);
@@ -43,6 +45,11 @@ from airflow_provider_sqlqueue.transport import (
 from tests.surface import ABSENT, CATALOGUE, KINDS, NO_INPUT, Kind, World, good_value
 
 SECRET = "contract-s3cret"
+#: The session of the good-values call: settings a role or database default may carry.
+ODD_SESSION = (
+    "-c TimeZone=Pacific/Kiritimati -c DateStyle=SQL,DMY -c IntervalStyle=sql_standard "
+    "-c extra_float_digits=-15 -c bytea_output=escape"
+)
 
 #: Every public method of QueueClient: the registry's first rows.
 CLIENT = {
@@ -331,11 +338,11 @@ async def exercise(
         problems = problems_of(outcome, kind=None, secret=secret, logs="", expect_unavailable=True)
         failures += [f"killed connection: {p}" for p in problems]
 
-    kiritimati = make_conninfo(world.uri, options="-c TimeZone=Pacific/Kiritimati")
-    async with connect(kiritimati) as client:
+    odd = make_conninfo(world.uri, options=ODD_SESSION)
+    async with connect(odd) as client:
         outcome = await attempt({**arguments(function, world), "__client": client})
     if outcome is not None:
-        failures.append(f"good values, session zone +14:00: {type(outcome).__name__}: {outcome!s:.300}")
+        failures.append(f"good values, odd session settings: {type(outcome).__name__}: {outcome!s:.300}")
     return failures
 
 
@@ -577,10 +584,10 @@ def test_the_pump_keeps_its_contract(
     if checksums(raw_pg, world.schema) != before:
         failures.append("role without rights: rows changed")
 
-    kiritimati = make_conninfo(world.uri, options="-c TimeZone=Pacific/Kiritimati")
-    outcome = asyncio.run(run_pump(kiritimati, pump_arguments(world), until_handled=3))
+    odd = make_conninfo(world.uri, options=ODD_SESSION)
+    outcome = asyncio.run(run_pump(odd, pump_arguments(world), until_handled=3))
     if outcome is not None:
-        failures.append(f"good values, session zone +14:00: {type(outcome).__name__}: {outcome!s:.300}")
+        failures.append(f"good values, odd session settings: {type(outcome).__name__}: {outcome!s:.300}")
     assert not failures, "MessagePump:\n" + "\n".join(failures)
 
 
