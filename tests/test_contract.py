@@ -4,7 +4,9 @@ Each registered entry point (``tests/surface.py``) is called, in a schema of its
 
 - good values, from a session a DBA set up unlike the defaults (time zone +14:00, a non-ISO
   ``DateStyle``, ``IntervalStyle``, ``extra_float_digits``, ``bytea_output``; it must work:
-  ``tests/test_session_settings.py`` has the whole catalogue);
+  ``tests/test_session_settings.py`` has the whole catalogue); for a client's methods, once more
+  on a connection the caller lends, set up unlike psycopg's defaults (``dict_row``, client-side
+  cursors);
 - each hostile value of each of its arguments' kinds (it must fail with the library's own error,
   never "unavailable, retry", and change no row of any table in the schema, checksummed before
   and after);
@@ -45,6 +47,9 @@ from airflow_provider_sqlqueue.transport import (
 from tests.surface import ABSENT, CATALOGUE, KINDS, NO_INPUT, Kind, World, good_value
 
 SECRET = "contract-s3cret"
+#: How the lent connection of a second good-values call is set up: unlike psycopg's defaults, as an
+#: application may set up its own (``tests/test_hostile_inputs.py`` tries each setup on its own).
+BORROWED_SETUP = "a lent connection with dict_row rows and client-side cursors"
 #: The session of the good-values call: settings a role or database default may carry.
 ODD_SESSION = (
     "-c TimeZone=Pacific/Kiritimati -c DateStyle=SQL,DMY -c IntervalStyle=sql_standard "
@@ -296,6 +301,7 @@ async def exercise(
     *,
     killable: bool = True,
     idempotent: set[str] = IDEMPOTENT,
+    borrowed: Callable[[str], Any] | None = None,
 ) -> list[str]:
     """Run one entry point through the whole catalogue; return what broke its contract.
 
@@ -343,6 +349,11 @@ async def exercise(
         outcome = await attempt({**arguments(function, world), "__client": client})
     if outcome is not None:
         failures.append(f"good values, odd session settings: {type(outcome).__name__}: {outcome!s:.300}")
+    if borrowed is not None and name != "connect":
+        async with borrowed(world.uri) as client:
+            outcome = await attempt({**arguments(function, world), "__client": client})
+        if outcome is not None:
+            failures.append(f"good values, {BORROWED_SETUP}: {type(outcome).__name__}: {outcome!s:.300}")
     return failures
 
 
@@ -357,12 +368,22 @@ def test_a_client_method_keeps_its_contract(
         with QueueClient.connect(uri, error_queue=world.error) as client:
             yield client
 
+    @asynccontextmanager
+    async def borrowed(uri: str) -> AsyncIterator[QueueClient]:
+        lent = psycopg.Connection.connect(
+            uri, autocommit=True, row_factory=psycopg.rows.dict_row, cursor_factory=psycopg.ClientCursor
+        )
+        try:
+            yield QueueClient.connect(lent, error_queue=world.error)
+        finally:
+            lent.close()
+
     async def invoke(kwargs: dict[str, Any]) -> None:
         client = kwargs.pop("__client")
         call_sync(client, name, kwargs)
 
     function = getattr(QueueClient, name)
-    failures = asyncio.run(exercise(name, function, invoke, connect, world, raw_pg, nobody, caplog))
+    failures = asyncio.run(exercise(name, function, invoke, connect, world, raw_pg, nobody, caplog, borrowed=borrowed))
     assert not failures, f"QueueClient.{name}:\n" + "\n".join(failures)
 
 
@@ -380,12 +401,22 @@ def test_an_async_client_method_keeps_its_contract(
         finally:
             await client.close()
 
+    @asynccontextmanager
+    async def borrowed(uri: str) -> AsyncIterator[AsyncQueueClient]:
+        lent = await psycopg.AsyncConnection.connect(
+            uri, autocommit=True, row_factory=psycopg.rows.dict_row, cursor_factory=psycopg.AsyncClientCursor
+        )
+        try:
+            yield await AsyncQueueClient.connect(lent, error_queue=world.error)
+        finally:
+            await lent.close()
+
     async def invoke(kwargs: dict[str, Any]) -> None:
         client = kwargs.pop("__client")
         await call_async(client, name, kwargs)
 
     function = getattr(AsyncQueueClient, name)
-    failures = asyncio.run(exercise(name, function, invoke, connect, world, raw_pg, nobody, caplog))
+    failures = asyncio.run(exercise(name, function, invoke, connect, world, raw_pg, nobody, caplog, borrowed=borrowed))
     assert not failures, f"AsyncQueueClient.{name}:\n" + "\n".join(failures)
 
 
