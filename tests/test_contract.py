@@ -42,6 +42,7 @@ from airflow_provider_sqlqueue.transport import (
     QueueAddress,
     QueueClient,
     SqlQueueError,
+    TransactionAbortedError,
     TransportUnavailableError,
 )
 from tests.surface import ABSENT, CATALOGUE, KINDS, NO_INPUT, Kind, World, good_value
@@ -385,6 +386,32 @@ def test_a_client_method_keeps_its_contract(
     function = getattr(QueueClient, name)
     failures = asyncio.run(exercise(name, function, invoke, connect, world, raw_pg, nobody, caplog, borrowed=borrowed))
     assert not failures, f"QueueClient.{name}:\n" + "\n".join(failures)
+
+
+@pytest.mark.parametrize("name", sorted(CLIENT - PURE - {"connect"}))
+def test_a_client_method_after_a_caught_database_error_in_a_block_says_transaction_aborted(
+    name: str, world: World, raw_pg: psycopg.Connection[Any]
+) -> None:
+    """A block's code caught a database error (the transaction is aborted): any call after it is
+    refused with TransactionAbortedError -- not a generic rejection, not "unavailable" -- and the
+    block commits nothing."""
+    before = checksums(raw_pg, world.schema)
+    kwargs = arguments(getattr(QueueClient, name), world)
+    with (
+        QueueClient.connect(world.uri, error_queue=world.error) as client,
+        pytest.raises(TransactionAbortedError, match="error was caught"),
+    ):
+        call_after_a_caught_error(client, name, kwargs)
+    assert checksums(raw_pg, world.schema) == before
+
+
+def call_after_a_caught_error(client: QueueClient, name: str, kwargs: dict[str, Any]) -> None:
+    with client.transaction():
+        try:
+            client.connection.execute("SELECT 1 / 0")
+        except psycopg.Error:
+            pass
+        call_sync(client, name, kwargs)
 
 
 @pytest.mark.parametrize("name", sorted(ASYNC_CLIENT - NO_INPUT - {"connection", "database"}))
