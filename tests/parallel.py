@@ -57,6 +57,7 @@ HEAVY: tuple[str, ...] = (
     "test_competing_consumers.py",
     "test_contract.py",
     "test_db_faults.py",
+    "test_extras.py",
 )
 
 #: The other stacks, handed out last: a worker that takes one waits for the stack before it, so it

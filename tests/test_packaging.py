@@ -8,14 +8,19 @@ database. That install is made twice: with the newest versions the declared rang
 uv's ``lowest-direct`` resolution, which takes every declared dependency at its floor. The floors'
 install also runs the transport's and the Airflow layer's unit suites (the suite's own test
 modules, with the installed dependencies), so a floor that is declared is a floor that is tested.
+The newest versions' install also runs docs/quickstart.md's blocks as the page gives them, in one
+shell (about a minute more): its connection made by ``airflow connections add``, its deferrable
+sensor's trigger waiting on an empty queue under ``airflow dags test`` until a message comes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import email
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -151,6 +156,103 @@ def newest_python(wheel: Path) -> str:
     pytest.skip(f"no Python {newest} here (the newest the package declares) to install the newest versions on")
 
 
+#: The quick start's install block, line by line: the lines the test's venv stands for (it holds the
+#: wheel built from this checkout, installed with its dependencies as ``pip install .`` does), and
+#: the one it runs.
+QUICK_START_INSTALL = {
+    "git clone <repository-url> airflow-provider-sqlqueue": None,
+    "cd airflow-provider-sqlqueue": None,
+    "python3 -m venv .venv": None,
+    ". .venv/bin/activate": ". .venv/bin/activate",
+    "pip install .": None,
+}
+#: What ``airflow dags test`` logs when a task has deferred and it runs the trigger in its process.
+TRIGGER_RUNS = "[DAG TEST] running trigger in line"
+
+
+def quick_start_script(pg_uri: str, schema: str) -> str:
+    """docs/quickstart.md as a shell script: its blocks in order, as a reader runs them in one shell,
+    then its last step (another message, the DAG again) with the sensor deferred on an empty queue first.
+
+    The blocks are the page's own (a change to the page changes what runs): the install block's
+    lines stand for the test's venv (:data:`QUICK_START_INSTALL`), the database and schema are this
+    test's, and the connection is the one ``airflow connections add`` makes, not an ``AIRFLOW_CONN_*``.
+    """
+    from tests.test_docs import FENCE, MARKER
+
+    text = (ROOT / "docs" / "quickstart.md").read_text(encoding="utf-8")
+    blocks = []
+    for match in FENCE.finditer(text):
+        before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        marker = MARKER.search(before)
+        blocks.append((match["lang"], match["code"], marker["arg"] if marker and marker["kind"] == "dag" else None))
+    assert [lang for lang, _, _ in blocks] == ["bash", "bash", "python", "python", "bash", "python", "bash"], blocks
+    (_, install, _), (_, where, _), (_, first, _), (_, second, _), (_, airflow, _), (_, dag, dag_id), (_, run, _) = (
+        blocks
+    )
+    assert list(install.splitlines()) == list(QUICK_START_INSTALL), install
+    assert (
+        dag_id == "first_sensor" and "dags/first_sensor.py" in text and run.strip() == "airflow dags test first_sensor"
+    )
+
+    def python(code: str) -> str:
+        return f"python - <<'QUICK_START_PY'\n{code}QUICK_START_PY\n"
+
+    return "\n".join(
+        [
+            "set -euo pipefail",
+            *[line for line in QUICK_START_INSTALL.values() if line],
+            where,
+            f"export SQLQUEUE_CONN={pg_uri!r} SQLQUEUE_SCHEMA={schema!r}  # this test's database and schema",
+            python(first),
+            python(second),
+            airflow,
+            "cat > dags/first_sensor.py <<'QUICK_START_DAG'",
+            dag + "QUICK_START_DAG",
+            run,
+            # "Send another message (step 3) and run the DAG again", the run first: its sensor finds
+            # the queue empty and defers, and the message is sent while the trigger waits.
+            "airflow dags test first_sensor > again.log 2>&1 &",
+            "again=$!",
+            f"until grep -qF {TRIGGER_RUNS!r} again.log; do kill -0 $again || {{ cat again.log; exit 1; }}; sleep 1; done",
+            python(first),
+            "wait $again || { cat again.log; exit 1; }",
+        ]
+    )
+
+
+def run_quick_start(venv: Path, tmp_path: Path, pg_uri: str, schema: str) -> None:
+    """docs/quickstart.md in a folder of its own, its ``.venv`` the test's venv; every process it
+    starts is in one process group, stopped at the end whatever happened."""
+    folder = tmp_path / "quickstart"
+    folder.mkdir()
+    (folder / ".venv").symlink_to(venv)
+    script = folder / "quickstart.sh"
+    script.write_text(quick_start_script(pg_uri, schema), encoding="utf-8")
+    shell = subprocess.Popen(
+        ["bash", str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=folder,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},  # no AIRFLOW_* : the page sets what it needs
+        start_new_session=True,
+    )
+    try:
+        output, _ = shell.communicate(timeout=900)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(shell.pid, signal.SIGTERM)  # a background run left by a failed step
+        shell.wait()
+    assert shell.returncode == 0, output[-6000:]
+    assert "airflow-provider-sqlqueue" in output  # `airflow providers list | grep sqlqueue`
+    again = (folder / "again.log").read_text()
+    assert "received " in output and TRIGGER_RUNS in again and "{'hello': 'world'}" in again  # `show` printed each
+    with psycopg.connect(pg_uri, autocommit=True) as connection:
+        waiting = connection.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, "greetings")))
+        assert waiting.fetchone() == (0,)  # each run received and acknowledged what was waiting
+
+
 def installed(python: Path) -> dict[str, Version]:
     listed = json.loads(uv("pip", "list", "--format", "json", "--python", str(python)).stdout)
     return {canonicalize_name(item["name"]): Version(item["version"]) for item in listed}
@@ -224,6 +326,8 @@ def test_the_wheel_alone_installs_registers_and_runs_a_dag_in_a_clean_virtualenv
         waiting = connection.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, "orders")))
         assert waiting.fetchone() == (0,)  # created, sent, and taken by the sensor
     assert os.path.isdir(venv / "lib")
+    if resolution == "highest":
+        run_quick_start(venv, tmp_path, pg_uri, schema)
     if resolution == "lowest-direct":
         before = installed(python)
         uv("pip", "install", "--quiet", "--python", str(python), *TEST_TOOLS, timeout=900)
