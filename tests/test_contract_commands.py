@@ -130,6 +130,7 @@ ROUTES: dict[tuple[str, str], dict[str, Any]] = {
     ("GET", "/api/connections/{connection_id}/errors"): {"error_queue": "{e}"},
     ("GET", "/api/connections/{connection_id}/errors/messages"): {"error_queue": "{e}", "limit": 10},
     ("POST", "/api/connections/{connection_id}/errors/retry"): {"error_queue": "{e}", "seqs": [1]},
+    ("GET", "/api/connections/{connection_id}/journey"): {"id": "4bf92f3577b34da6a3ce929d0e0e4736", "scan": 100},
     ("POST", "/api/connections/{connection_id}/purge-expired"): {"queue": "{q}"},
     ("POST", "/api/connections/{connection_id}/release-lapsed"): {"queue": "{q}"},
     ("POST", "/api/connections/{connection_id}/move-due"): {"queue": "{q}"},
