@@ -419,6 +419,8 @@ JOURNEY_LIMIT: ArgSpec = (
     ("--limit",),
     {"type": int, "default": defaults.JOURNEY_LIMIT, "help": "most rows shown"},
 )
+#: Characters of a sender's header value a row of ``journey`` shows.
+JOURNEY_CELL = 120
 #: What each kind of row says happened to the message at its stage.
 STATIONS = {"processed": "processed", "failed": "failed", "claimed": "in flight", "waiting": "waiting"}
 
@@ -435,18 +437,18 @@ def run_journey(args: argparse.Namespace, out: TextIO) -> None:
         found = client.journey(args.message_or_trace, queues=args.queues, scan=args.scan, limit=args.limit)
         names = {address: client.canonical_address(address) for address in (*found.searched, *found.partial)}
     rows = []
-    for seen in found.sightings:
+    for seen in found.sightings:  # header values are the senders': each cut to a column's width
         note = seen.exception or (f"held by {seen.holder}" if seen.holder else "")
         rows.append(
             [
                 shown_time(seen.sent) or "-",
-                seen.message_id,
-                seen.queue,
+                seen.message_id[:JOURNEY_CELL],
+                seen.queue[:JOURNEY_CELL],
                 STATIONS[seen.station],
                 _span(seen.waited(found.checked_at)),
                 _span(seen.processing),
                 names[seen.table],
-                note[:120],
+                note[:JOURNEY_CELL],
             ]
         )
     what = "message" if found.kind == "message" else "trace"
