@@ -103,9 +103,9 @@ class Pipeline:
         with QueueClient.connect(self.pg_uri) as client:
             return client.browse(self.address("reports"), 10_000)
 
-    def lineage(self) -> dict[tuple[str, str], tuple[set[str], set[str]]]:
+    def lineage(self, files: bool = False) -> dict[tuple[str, str], tuple[set[str], set[str]]]:
         """The tables each task reported reading and writing in its OpenLineage COMPLETE events,
-        by (dag, task), as ``schema.table`` of this database."""
+        by (dag, task), as ``schema.table`` of this database; with ``files``, the files instead, by path."""
         found: dict[tuple[str, str], tuple[set[str], set[str]]] = {}
         path = self.services.home / "lineage.jsonl"
         for line in path.read_text().splitlines() if path.exists() else []:
@@ -115,9 +115,13 @@ class Pipeline:
                 continue
             read, written = found.setdefault((dag, task), (set(), set()))
             for key, into in (("inputs", read), ("outputs", written)):
-                into.update(
-                    d["name"].split(".", 1)[1] for d in event.get(key, []) if d["namespace"].startswith("postgres://")
-                )
+                datasets = event.get(key, [])
+                if files:
+                    into.update(d["name"] for d in datasets if d["namespace"] == "file")
+                else:
+                    into.update(
+                        d["name"].split(".", 1)[1] for d in datasets if d["namespace"].startswith("postgres://")
+                    )
         return found
 
     def wait_until(self, done, timeout: float, what: str) -> None:
@@ -430,6 +434,18 @@ def test_openlineage_names_each_queue_table_the_chains_read_and_write(pipeline: 
         return all(found.get(key) == datasets for key, datasets in expected.items())
 
     pipeline.wait_until(reported, 120, f"OpenLineage events naming the queues (found {pipeline.lineage()})")
+
+    def files_reported() -> bool:  # the Spark tasks name the files their job read and wrote (report_files)
+        found = pipeline.lineage(files=True)
+        for dag in ("sqlqueue_spark_clean", "sqlqueue_spark_clean_events"):
+            read, written = found.get((dag, "clean"), (set(), set()))
+            if not any(name.startswith(str(pipeline.data)) and name.endswith(".csv") for name in read):
+                return False
+            if not any(name.startswith(str(pipeline.data / "out" / "clean" / "message=")) for name in written):
+                return False
+        return True
+
+    pipeline.wait_until(files_reported, 120, f"OpenLineage naming the files (found {pipeline.lineage(files=True)})")
 
 
 def test_fan_out_each_dataset_reaches_both_subscribed_stages_exactly_once(pipeline: Pipeline) -> None:

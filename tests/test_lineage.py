@@ -110,3 +110,22 @@ def test_forward_and_publish_report_the_queues_their_claims_came_from_and_those_
     assert sorted(names(published.outputs)) == [table("billing"), table("shipping")]
     idle = ForwardMessagesOperator(task_id="idle", queue_name="cleaned", messages=[], claims=[])
     assert idle.get_openlineage_facets_on_complete(None).inputs == []  # not run: nothing guessed
+
+
+def test_the_example_stages_name_the_files_their_spark_job_read_and_wrote(monkeypatch, tmp_path) -> None:
+    """``report_files`` (example_dags/sqlqueue_stages.py), through Airflow's own hook lineage
+    collector and the converter the openlineage provider applies to ``file://`` assets."""
+    import airflow.sdk.lineage as lineage
+    from airflow.providers.openlineage.utils.utils import translate_airflow_asset
+    from sqlqueue_stages import report_files  # the DAGs folder is on sys.path (tests/conftest.py)
+
+    collector = lineage.HookLineageCollector()
+    monkeypatch.setattr(lineage, "get_hook_lineage_collector", lambda: collector)
+    raw = tmp_path / "orders 1.csv"
+    messages = [{"body": {"path": str(raw)}}, {"body": {"path": str(raw)}}, {"body": "not a dict"}]
+    report_files(messages, [{"path": "file:///data/out/clean/message=1"}, {"path": "/data/out/clean/message=2"}, 7])
+    found = collector.collected_assets
+    inputs = [translate_airflow_asset(a.asset, None) for a in found.inputs]
+    outputs = [translate_airflow_asset(a.asset, None) for a in found.outputs]
+    assert [(d.namespace, d.name) for d in inputs] == [("file", raw.as_uri().removeprefix("file://"))]  # once
+    assert [d.name for d in outputs] == ["/data/out/clean/message=1", "/data/out/clean/message=2"]
