@@ -1,7 +1,7 @@
 """``sqlqueue`` (and ``airflow sqlqueue``): scripts a DBA reviews before anything runs, and a look at live queues.
 
 ``ddl`` and ``grants`` print, without connecting, what ``create_queue`` would create for the
-given queues and what a runtime role needs on it; ``health``, ``depths``, ``errors``, ``retry``,
+given queues and what a runtime role needs on it; ``health``, ``depths``, ``errors``, ``retry``, ``journey``,
 ``release-lapsed``, ``move-due``
 and the subscription commands work on a database named by ``--conn`` (a URI, as ``QueueClient.connect`` takes; default
 ``$SQLQUEUE_CONN``) or, where Airflow is installed, by ``--conn-id`` (an Airflow connection).
@@ -398,6 +398,77 @@ def run_retry(args: argparse.Namespace, out: TextIO) -> None:
     out.writelines(f"left the message at seq {seq}: {one_line(Exception(reason))}\n" for seq, reason in left)
 
 
+JOURNEY_KEY: ArgSpec = (
+    ("message_or_trace",),
+    {"metavar": "ID", "help": "a message id (a UUID), or a trace id (32 hex digits, or a whole traceparent header)"},
+)
+JOURNEY_QUEUES: ArgSpec = (
+    ("--queue",),
+    {
+        "action": "append",
+        "dest": "queues",
+        "metavar": "QUEUE",
+        "help": "search only this queue (repeat for more; default: every queue the connection may read)",
+    },
+)
+SCAN: ArgSpec = (
+    ("--scan",),
+    {"type": int, "default": defaults.JOURNEY_SCAN, "help": "newest rows of each table searched (headers only)"},
+)
+JOURNEY_LIMIT: ArgSpec = (
+    ("--limit",),
+    {"type": int, "default": defaults.JOURNEY_LIMIT, "help": "most rows shown"},
+)
+#: Characters of a sender's header value a row of ``journey`` shows.
+JOURNEY_CELL = 120
+#: What each kind of row says happened to the message at its stage.
+STATIONS = {"processed": "processed", "failed": "failed", "claimed": "in flight", "waiting": "waiting"}
+
+
+def _span(span: timedelta | None) -> str:
+    """A stage's time as people read it: seconds to the millisecond (a pipeline's stages take less than one)."""
+    return "-" if span is None else f"{span.total_seconds():,.3f}s"
+
+
+def run_journey(args: argparse.Namespace, out: TextIO) -> None:
+    """The rows a message or a trace left, oldest first: when it was sent, where, what happened and
+    how long it waited and was processed; then what the search could not see."""
+    with _client(args) as client:
+        found = client.journey(args.message_or_trace, queues=args.queues, scan=args.scan, limit=args.limit)
+        names = {address: client.canonical_address(address) for address in (*found.searched, *found.partial)}
+    rows = []
+    for seen in found.sightings:  # header values are the senders': each cut to a column's width
+        note = seen.exception or (f"held by {seen.holder}" if seen.holder else "")
+        rows.append(
+            [
+                shown_time(seen.sent) or "-",
+                seen.message_id[:JOURNEY_CELL],
+                seen.queue[:JOURNEY_CELL],
+                STATIONS[seen.station],
+                _span(seen.waited(found.checked_at)),
+                _span(seen.processing),
+                names[seen.table],
+                note[:JOURNEY_CELL],
+            ]
+        )
+    what = "message" if found.kind == "message" else "trace"
+    out.write(f"{what} {found.key}: {len(rows)} row(s), searched {len(found.searched)} table(s)\n")
+    if rows:
+        _table(out, ["sent", "message", "stage", "what", "waited", "took", "row in", ""], rows)
+    else:
+        out.write(f"(no row of this {what} in the tables searched)\n")
+    if found.kind == "message" and found.trace_ids:
+        traces = ", ".join(found.trace_ids)
+        out.write(f"its trace: {traces} (sqlqueue journey {found.trace_ids[0]} shows every message of it)\n")
+    if found.more:
+        out.write(f"more rows matched than --limit {args.limit:,}: the first ones are shown\n")
+    if found.partial:
+        tables = ", ".join(printable(names[address]) for address in found.partial)
+        out.write(f"only the newest {args.scan:,} rows were searched (--scan) of: {tables}\n")
+    if found.unreadable:
+        out.write(f"{found.unreadable} queue table(s) this connection may not read were not searched\n")
+
+
 def run_release_lapsed(args: argparse.Namespace, out: TextIO) -> None:
     with _client(args) as client:
         for name in args.queues:
@@ -470,6 +541,13 @@ COMMANDS = [
         "send error messages back to the queues they failed in",
         run_retry,
         [CONN, CONN_ID, ERROR_QUEUE, QUEUE_FILTER, RETRY_LIMIT, LOCK_TIMEOUT],
+    ),
+    Command(
+        "journey",
+        "the queues, stages and times a message (by its id) or every message of a trace (by its trace id) "
+        "passed, from the audit and error queues, claims and waiting rows",
+        run_journey,
+        [JOURNEY_KEY, JOURNEY_QUEUES, SCAN, JOURNEY_LIMIT, CONN, CONN_ID, LOCK_TIMEOUT],
     ),
     Command(
         "release-lapsed",

@@ -24,7 +24,7 @@ from .lineage import collect_inputs
 from .transport import Failure, LeaseKeeper, LeaseLostError, QueueClient, ReceivedMessage, defaults
 from .transport.errors import ArgumentTypeError, InvalidArgumentError
 from .transport.message import check_positive, duration
-from .transport.tracing import Carried, processing
+from .transport.tracing import START_NEW_TRACE, Carried, continuing, current_context, processing
 
 #: What a task author uses; the rest serves the operators.
 __all__ = ["HeldMessages", "hold_messages"]
@@ -124,6 +124,7 @@ class HeldMessages:
             try:
                 with _processing([message]):
                     results.append(function(copy.deepcopy(message)))
+                    _record_context([message])
             except Exception as exc:  # noqa: BLE001  # one message's failure is its own: recoverability, not a crashed batch
                 self.give_back([message], Failure.of(exc, self._source))
             else:
@@ -153,6 +154,7 @@ class HeldMessages:
             try:
                 with _processing(part):
                     answer = function(copy.deepcopy(part))
+                    _record_context(part)
                 counted = len(answer) if isinstance(answer, (list, tuple)) else len(part)
                 if counted != len(part):
                     raise InvalidArgumentError(
@@ -225,6 +227,57 @@ def _processing(messages: Sequence[Mapping[str, Any]]) -> AbstractContextManager
     child of one message's sender, or linked to each of a batch's; the spans the work makes nest under it."""
     carried = [Carried(m.get("id"), m.get("headers") or {}) for m in messages]
     return processing(lambda: ", ".join(dict.fromkeys(str(m["queue"]) for m in messages)), carried)
+
+
+#: The key of a message dict under which :class:`HeldMessages` records the context (W3C headers) of
+#: the ``process`` span the task's work on the message ran in: where its results' trace goes on.
+PROCESS_CONTEXT = "process_context"
+
+
+def _record_context(messages: Sequence[dict[str, Any]]) -> None:
+    """Record the current (``process``) span's context with each message, for the task that sends its results."""
+    carrier = current_context()
+    for message in messages:
+        if carrier is None:
+            message.pop(PROCESS_CONTEXT, None)
+        else:
+            message[PROCESS_CONTEXT] = carrier
+
+
+def stage_context(message: Mapping[str, Any]) -> Mapping[str, str | None] | None:
+    """The context a message's results are sent in: that of the span the stage processed it in (as
+    :class:`HeldMessages` records it), else the message's own trace headers -- unless its sender asked
+    for a new trace (``NServiceBus.OpenTelemetry.StartNewTrace``), which a stage's receive began."""
+    recorded = message.get(PROCESS_CONTEXT)
+    if isinstance(recorded, Mapping):
+        return recorded
+    headers = message.get("headers")
+    if not isinstance(headers, Mapping) or str(headers.get(START_NEW_TRACE) or "").strip().lower() == "true":
+        return None
+    return headers
+
+
+def stage_groups(claimed: Sequence[Mapping[str, Any]], results: Sequence[Any]) -> list[tuple[list[Any], list[Any]]]:
+    """``claimed`` and the ``results`` made from them, as (messages, their results) groups whose
+    messages share a :func:`stage_context`, so that each group is sent in its own: with one result per
+    message (in order, as :meth:`HeldMessages.map` and :meth:`HeldMessages.batch` return them), each
+    result goes with its message; otherwise all go together."""
+    if len(claimed) != len(results) or len(claimed) < 2:
+        return [(list(claimed), list(results))] if claimed or results else []
+    groups: dict[str, tuple[list[Any], list[Any]]] = {}
+    for message, result in zip(claimed, results, strict=True):
+        key = str((stage_context(message) or {}).get("traceparent"))
+        part, made = groups.setdefault(key, ([], []))
+        part.append(message)
+        made.append(result)
+    return list(groups.values())
+
+
+def sent_in_stage_context(queue: str, claimed: Sequence[Mapping[str, Any]]) -> AbstractContextManager[None]:
+    """Around a send of results of ``claimed``: in their :func:`stage_context` (:func:`~.transport.tracing.continuing`),
+    so each result continues the trace its message came with, as a message sent from an NServiceBus
+    handler does (a child of the span the stage processed it in)."""
+    return continuing(lambda: queue, [stage_context(message) for message in claimed])
 
 
 @contextmanager

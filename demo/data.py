@@ -80,10 +80,13 @@ def write_orders(path: Path, rows: int = 20_000, seed: int = 2026) -> dict[str, 
     }
 
 
-def insert_like_an_outside_sender(connection: Any, schema: str, queue: str, body: dict[str, Any]) -> uuid.UUID:
+def insert_like_an_outside_sender(
+    connection: Any, schema: str, queue: str, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> uuid.UUID:
     """Put a message on a PostgreSQL queue the way an NServiceBus endpoint, or any program, writes a row.
 
     Plain SQL on a psycopg connection, without this package: the pipelines are fed from outside.
+    ``headers`` adds to NServiceBus's own (an endpoint's trace context: ``traceparent``...).
     """
     from psycopg import sql
 
@@ -93,6 +96,7 @@ def insert_like_an_outside_sender(connection: Any, schema: str, queue: str, body
         "NServiceBus.ContentType": "application/json",
         "NServiceBus.EnclosedMessageTypes": "Shop.Exports.DatasetLanded, Shop.Messages",
         "NServiceBus.TimeSent": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S:%f Z"),
+        **(headers or {}),
     }
     statement = sql.SQL("INSERT INTO {}.{} (Id, Expires, Headers, Body) VALUES (%s, NULL, %s, %s)").format(
         sql.Identifier(schema), sql.Identifier(queue)

@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
 from airflow.sdk import DAG, Asset, AssetWatcher, task
 from spark_jobs import clean_batch, summarise_batch  # example_dags/spark_jobs.py: the DAGs folder is on sys.path
-from sqlqueue_stages import CONN, LEASE, SCHEMA, queue, spark_session
+from sqlqueue_stages import CONN, LEASE, SCHEMA, queue, report_files, spark_session
 
 from airflow_provider_sqlqueue.operators.sqlqueue import ForwardMessagesOperator
 from airflow_provider_sqlqueue.tasks import hold_messages
@@ -80,6 +80,7 @@ def stage(dag_id: str, task_id: str, source: Asset, target: str, job) -> DAG:
                 with spark_session(f"{dag_id}-{task_id}", f"for {len(held.messages)} message(s)") as spark:
                     # One Spark job for the batch; a message it fails on is found and given back alone.
                     results = held.batch(lambda batch: job(spark, batch))
+                report_files(held.messages, results)
                 return {"claims": held.messages, "results": results}
 
         done = run_job()

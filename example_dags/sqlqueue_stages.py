@@ -19,7 +19,9 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from airflow.sdk import DAG, BaseHook, task
 
@@ -98,6 +100,24 @@ def spark_session(app_name: str, why: str, conn_id: str = SPARK_CONN) -> Iterato
         session.stop()
 
 
+def report_files(messages: list[dict], results: list[Any]) -> None:
+    """Name the files a stage's Spark job read (each message's ``path``) and wrote (each result's
+    ``path``) to Airflow's hook lineage, which the openlineage provider reports with the task, as
+    ``file://`` datasets: with the queues ``hold_messages`` names and the forward reports, the
+    stage's lineage runs from the input files through the queues to the reports."""
+    from airflow.sdk import ObjectStoragePath
+    from airflow.sdk.lineage import get_hook_lineage_collector
+
+    collector = get_hook_lineage_collector()
+    read = [m["body"].get("path") for m in messages if isinstance(m.get("body"), dict)]
+    written = [r.get("path") for r in results if isinstance(r, dict)]
+    for add, paths in ((collector.add_input_asset, read), (collector.add_output_asset, written)):
+        for path in dict.fromkeys(p for p in paths if isinstance(p, str) and p):
+            # Spark's partition folders (message=<id>) keep their "=": a URI may hold it as it is.
+            uri = path if "://" in path else "file://" + quote(str(Path(path).resolve()), safe="/=:@+,")
+            add(context=ObjectStoragePath(uri), uri=uri)
+
+
 def queue(name: str) -> str:
     """The address of an example queue, in the examples' schema."""
     return f'{name}@"{SCHEMA}"'
@@ -142,6 +162,7 @@ def stage(
             with hold_messages(messages, lease=LEASE) as held:  # claims renewed while Spark works
                 # One Spark job for the batch; a message it fails on is found and given back alone.
                 results = held.batch(lambda batch: job(spark, batch))
+                report_files(held.messages, results)
                 return {"claims": held.messages, "results": results}
 
         done = run_job(wait.output)

@@ -68,7 +68,9 @@ _PRODUCERS: dict[str, Callable[[Dialect], set[str]]] = {
     "ack_copy": lambda d: _all(d.ack_copy_sql(QUEUE)),
     "send": lambda d: _all(d.send_sql(QUEUE, d.table_shape(QUEUE) or _shape())),
     "send_batch": lambda d: {d.send_batch_sql(QUEUE, n, d.table_shape(QUEUE) or _shape()) for n in range(1, 6)},
-    "queue_columns": lambda d: _all(*(d.queue_columns_sql(a) for a in _addresses(d, QUEUE, CATALOGED))),
+    "queue_columns": lambda d: _all(
+        *(d.queue_columns_sql(a) for a in _addresses(d, QUEUE, CATALOGED, QUEUE.sibling("gone")))
+    ),
     "has_expires_index": lambda d: _all(d.has_expires_index_sql(QUEUE)),
     "install_lock": lambda d: _all(d.install_lock_sql(QUEUE)),
     "create_queue": lambda d: set(d.create_queue_sql(QUEUE)),
@@ -88,6 +90,10 @@ _PRODUCERS: dict[str, Callable[[Dialect], set[str]]] = {
     "can_insert": lambda d: _all(d.can_insert_sql()),
     "waiting_ids": lambda d: {sql for sql in (d.waiting_ids_sql(ERROR),) if sql is not None},
     "delete_delayed": lambda d: _all(d.delete_delayed_sql(DELAYED)),
+    "find": lambda d: _all(*(d.find_sql(a) for a in (QUEUE, QUEUE.sibling("gone")))),
+    "scanned_all": lambda d: _all(d.scanned_all_sql(QUEUE)),
+    "can_read": lambda d: _all(d.can_read_sql()),
+    "schema_exists": lambda d: _all(d.schema_exists_sql(QUEUE.sibling("gone"))),
 }
 
 

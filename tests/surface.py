@@ -58,6 +58,7 @@ class Kind(Enum):
     HANDLER = "an async function a pump hands messages to"
     METER = "where counts and timings are reported"
     OPENER = "a function opening a client"
+    JOURNEY = "a message id or a trace id"
 
 
 #: Parameter name -> kind, one entry per concept and name across the core and the hook.
@@ -132,6 +133,8 @@ KINDS: dict[str, Kind] = {
     "wake_on_notify": Kind.FLAG,
     "meter": Kind.METER,
     "open_client": Kind.OPENER,
+    "message_or_trace": Kind.JOURNEY,
+    "scan": Kind.COUNT,
 }
 
 #: Longer than any identifier either database holds (PostgreSQL 63 bytes, SQL Server 128 characters).
@@ -422,6 +425,22 @@ def _conn_ids(world: World) -> list[tuple[str, Any]]:
     ]
 
 
+def _journeys(world: World) -> list[tuple[str, Any]]:
+    """What is neither a message id nor a trace id, or would be SQL or a pattern if it reached the text search."""
+    return [
+        ("empty", ""),
+        ("a queue's name", "orders"),
+        ("W3C's invalid trace id", "0" * 32),
+        ("a LIKE pattern", "%"),
+        ("injection", "' OR 1=1 --"),
+        ("NUL inside a trace id", "4bf92f35\x0077b34da6a3ce929d0e0e4736"),
+        ("lone surrogates", "\udcff" * 32),
+        ("megabyte", MEGABYTE),
+        ("number", 42),
+        ("bytes", b"4bf92f3577b34da6a3ce929d0e0e4736"),
+    ]
+
+
 def _sync_handler(message: Any, connection: Any) -> None:
     """A handler written without ``async``: the pump could only fail every message with it."""
 
@@ -466,6 +485,7 @@ CATALOGUE: dict[Kind, Callable[[World], list[tuple[str, Any]]]] = {
     Kind.HANDLER: lambda w: [("not callable", 42), ("not async", _sync_handler)],
     Kind.METER: lambda w: [("number", 42), ("text", "statsd")],
     Kind.OPENER: lambda w: [("not callable", 42), ("opens no client", _not_a_client)],
+    Kind.JOURNEY: _journeys,
 }
 
 
@@ -506,6 +526,7 @@ def good_value(kind: Kind, parameter: str, world: World) -> Any:
         Kind.AUDIT: None,
         Kind.CONN_ID: "contract",
         Kind.SIZE: 0,
+        Kind.JOURNEY: "4bf92f3577b34da6a3ce929d0e0e4736",
     }[kind]
 
 

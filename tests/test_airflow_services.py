@@ -48,6 +48,8 @@ SETTINGS = {
     "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "15",
     "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "20",
 }
+#: On the services' PYTHONPATH: its sitecustomize configures OpenTelemetry's SDK in each of their processes.
+OTEL_SITE = Path(__file__).parent / "otel_site"
 STAGE_DAGS = [
     "sqlqueue_spark_clean",
     "sqlqueue_spark_summarise",
@@ -71,9 +73,19 @@ class Pipeline:
     def address(self, name: str) -> QueueAddress:
         return QueueAddress(name, self.schema)
 
-    def insert(self, queue: str, body: dict) -> uuid.UUID:
+    def insert(self, queue: str, body: dict, headers: dict[str, str] | None = None) -> uuid.UUID:
         with psycopg.connect(self.pg_uri, autocommit=True) as connection:
-            return insert_like_an_outside_sender(connection, self.schema, queue, body)
+            return insert_like_an_outside_sender(connection, self.schema, queue, body, headers)
+
+    def spans(self, trace_id: str) -> list[dict]:
+        """The spans of one trace the services' processes exported (``tests/otel_site``), as the SDK writes them."""
+        found = []
+        for path in sorted((self.services.home / "spans").glob("spans-*.jsonl")):
+            for line in path.read_text().splitlines():
+                span = json.loads(line)
+                if span["context"]["trace_id"] == f"0x{trace_id}":
+                    found.append(span)
+        return found
 
     def dataset(self, name: str, seed: int) -> tuple[dict, dict]:
         path = self.data / f"{name}.csv"
@@ -91,9 +103,9 @@ class Pipeline:
         with QueueClient.connect(self.pg_uri) as client:
             return client.browse(self.address("reports"), 10_000)
 
-    def lineage(self) -> dict[tuple[str, str], tuple[set[str], set[str]]]:
+    def lineage(self, files: bool = False) -> dict[tuple[str, str], tuple[set[str], set[str]]]:
         """The tables each task reported reading and writing in its OpenLineage COMPLETE events,
-        by (dag, task), as ``schema.table`` of this database."""
+        by (dag, task), as ``schema.table`` of this database; with ``files``, the files instead, by path."""
         found: dict[tuple[str, str], tuple[set[str], set[str]]] = {}
         path = self.services.home / "lineage.jsonl"
         for line in path.read_text().splitlines() if path.exists() else []:
@@ -103,9 +115,13 @@ class Pipeline:
                 continue
             read, written = found.setdefault((dag, task), (set(), set()))
             for key, into in (("inputs", read), ("outputs", written)):
-                into.update(
-                    d["name"].split(".", 1)[1] for d in event.get(key, []) if d["namespace"].startswith("postgres://")
-                )
+                datasets = event.get(key, [])
+                if files:
+                    into.update(d["name"] for d in datasets if d["namespace"] == "file")
+                else:
+                    into.update(
+                        d["name"].split(".", 1)[1] for d in datasets if d["namespace"].startswith("postgres://")
+                    )
         return found
 
     def wait_until(self, done, timeout: float, what: str) -> None:
@@ -121,6 +137,8 @@ class Pipeline:
 def pipeline(pg_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
     schema = f"e2e_{uuid.uuid4().hex[:8]}"
     home = tmp_path_factory.mktemp("airflow-services")
+    spans = home / "spans"
+    spans.mkdir()
     with psycopg.connect(pg_uri, autocommit=True) as admin:
         admin.execute(f'CREATE SCHEMA "{schema}"')
     install_examples(pg_uri, schema, notify_on_insert=False)  # the sqlqueue_setup DAG adds the triggers
@@ -134,6 +152,11 @@ def pipeline(pg_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
                 env=SETTINGS
                 | {
                     "SQLQUEUE_SCHEMA": schema,
+                    # OpenTelemetry's SDK in every service process, spans to files (tests/otel_site).
+                    "PYTHONPATH": os.pathsep.join([str(OTEL_SITE), os.environ.get("PYTHONPATH", "")]).rstrip(
+                        os.pathsep
+                    ),
+                    "SQLQUEUE_TEST_SPANS": str(spans),
                     # OpenLineage's events, one JSON document a line, for the lineage test to read back.
                     "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(
                         {"type": "file", "log_file_path": str(home / "lineage.jsonl"), "append": True}
@@ -180,6 +203,53 @@ def test_the_setup_dag_makes_every_example_queue_notify_on_insert(pipeline: Pipe
     pipeline.wait_until(
         lambda: pipeline.services.log_lines("triggerer", "woken by NOTIFY"), 120, "a stage's trigger listened"
     )
+
+
+def test_one_trace_follows_a_message_from_its_outside_sender_to_the_report(pipeline: Pipeline) -> None:
+    """A message an NServiceBus 8 endpoint sent (its ``traceparent``, ``StartNewTrace: False``) through
+    both chains, alone, so each stage's batch is of one message: one trace from the sender's span to
+    the report, each stage's spans children of the previous one's -- the trigger's claim and the
+    task's process span of the send that delivered to it, the forward's send of the process span.
+    (A batch of several messages would make the process span a link to each, not a child.)
+    The journey of the trace then shows each stage from the queues' own rows."""
+    expected = []
+    for queue, chain in (("ingest", "s"), ("ingest_events", "e")):
+        trace_id, sender_span = uuid.uuid4().hex, uuid.uuid4().hex[:16]
+        body, _ = pipeline.dataset(f"traced-{chain}", seed=7)
+        headers = {"traceparent": f"00-{trace_id}-{sender_span}-01", "NServiceBus.OpenTelemetry.StartNewTrace": "False"}
+        pipeline.insert(queue, body, headers)
+        expected.append((trace_id, sender_span, body["dataset"]))
+    pipeline.wait_until(lambda: len(pipeline.reports()) >= 2, 600, "both traced reports")
+    reports = {report.json()["dataset"]: report for report in pipeline.reports()}
+    for trace_id, sender_span, dataset in expected:
+        spans = pipeline.spans(trace_id)
+
+        def named(prefix: str, queue: str, spans: list[dict] = spans) -> list[dict]:
+            return [s for s in spans if s["name"].startswith(prefix) and f'{queue}@"{pipeline.schema}"' in s["name"]]
+
+        def child_of(span: dict, parent: str) -> bool:
+            return span["parent_id"] == f"0x{parent}"
+
+        first, second = ("ingest", "cleaned") if dataset.endswith("-s") else ("ingest_events", "cleaned_events")
+        [process_1] = named("process ", first)
+        [forward_1] = named("send ", second)
+        [process_2] = named("process ", second)
+        [forward_2] = named("send ", "reports")
+        receives = named("claim ", first) + named("reserve ", first)
+        assert receives and all(child_of(r, sender_span) for r in receives), receives
+        assert child_of(process_1, sender_span)
+        assert child_of(forward_1, process_1["context"]["span_id"][2:])
+        assert child_of(process_2, forward_1["context"]["span_id"][2:])
+        assert child_of(forward_2, process_2["context"]["span_id"][2:])
+        report = reports[dataset]
+        assert report.headers["traceparent"] == f"00-{trace_id}-{forward_2['context']['span_id'][2:]}-01"
+        with QueueClient.connect(pipeline.pg_uri) as client:
+            journey = client.journey(trace_id, queues=[pipeline.address(name) for name in (*QUEUES, "error")])
+        assert [s.station for s in journey.sightings][-1] == "waiting"  # the report, in its queue
+        print(f"trace {trace_id}: {len(spans)} spans, from the sender through {first} and {second} to the report")
+    with QueueClient.connect(pipeline.pg_uri) as client:  # the burst below counts the reports it caused
+        taken = client.receive(pipeline.address("reports"), 10)
+    assert sorted(m.json()["dataset"] for m in taken) == sorted(dataset for *_, dataset in expected)
 
 
 def test_burst_of_20_on_both_chains_reports_each_dataset_exactly_once(pipeline: Pipeline) -> None:
@@ -364,6 +434,18 @@ def test_openlineage_names_each_queue_table_the_chains_read_and_write(pipeline: 
         return all(found.get(key) == datasets for key, datasets in expected.items())
 
     pipeline.wait_until(reported, 120, f"OpenLineage events naming the queues (found {pipeline.lineage()})")
+
+    def files_reported() -> bool:  # the Spark tasks name the files their job read and wrote (report_files)
+        found = pipeline.lineage(files=True)
+        for dag in ("sqlqueue_spark_clean", "sqlqueue_spark_clean_events"):
+            read, written = found.get((dag, "clean"), (set(), set()))
+            if not any(name.startswith(str(pipeline.data)) and name.endswith(".csv") for name in read):
+                return False
+            if not any(name.startswith(str(pipeline.data / "out" / "clean" / "message=")) for name in written):
+                return False
+        return True
+
+    pipeline.wait_until(files_reported, 120, f"OpenLineage naming the files (found {pipeline.lineage(files=True)})")
 
 
 def test_fan_out_each_dataset_reaches_both_subscribed_stages_exactly_once(pipeline: Pipeline) -> None:

@@ -751,3 +751,47 @@ def test_health_by_a_role_that_can_read_no_queue_says_so_and_fails(pg_uri, raw, 
     assert "no problems found" not in survey.stdout
     assert "PROBLEM unreadable (database): this role could read no queue" in survey.stdout
     assert "lacks SELECT" in survey.stdout and "sqlqueue grants" in survey.stdout
+
+
+def test_journey_follows_a_trace_through_its_stages_and_refuses_what_is_no_id(pg_uri, schema, client, queue):
+    """``sqlqueue journey``: the rows of a trace oldest first, each stage's times; a bad id is one line, exit 1."""
+    trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+    audit, enrich = QueueAddress("audit", schema), QueueAddress("enrich", schema)
+    client.create_queue(audit)
+    client.create_queue(enrich)
+    outside = Message("order", {"traceparent": f"00-{trace}-00f067aa0ba902b7-01"})
+    with QueueClient.connect(pg_uri, error_queue=QueueAddress("error", schema), audit_queue=audit) as audited:
+        audited.send(queue, outside)
+        [claim] = audited.claim(queue, 1)
+        result = Message("enriched", {"traceparent": f"00-{trace}-b7ad6b7169203331-01"})
+        audited.forward({queue: [claim.claim_token]}, {enrich: [result]})
+        [held] = audited.claim(enrich, 1)
+        audited.fail(enrich, held, ValueError("no such \x1b[31mcustomer" + "!" * 100_000))
+    env = {"SQLQUEUE_CONN": pg_uri}
+    tables = [f'--queue={name}@"{schema}"' for name in ("orders", "enrich", "audit", "error")]
+
+    shown = sqlqueue("journey", trace, *tables, env=env)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0] == f"trace {trace}: 2 row(s), searched 5 table(s)"
+    processed, failed = lines[2], lines[3]
+    assert str(outside.id) in processed and " processed " in processed and f'audit@"{schema}"' in processed
+    assert str(result.id) in failed and " failed " in failed and f'enrich@"{schema}"' in failed
+    assert "no such \\x1b[31mcustomer" in failed  # a sender's control characters shown, never obeyed
+    assert len(failed) < 600  # a huge exception message cut to its column
+    assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ  ", processed)
+    assert re.search(r" \d+\.\d{3}s ", processed)
+
+    mine = sqlqueue("journey", str(outside.id).upper(), *tables, env=env)
+    assert mine.returncode == 0, mine.stderr
+    assert f"its trace: {trace} (sqlqueue journey {trace} shows every message of it)" in mine.stdout
+
+    bounded = sqlqueue("journey", trace, *tables, "--scan", "1", env=env)
+    assert "only the newest 1 rows were searched (--scan) of:" not in bounded.stdout  # each table holds one row
+    assert sqlqueue("journey", trace, f'--queue=orders@"{schema}"', "--limit", "1", env=env).returncode == 0
+
+    for bad in ("not-an-id", "0" * 32, "4bf92f3577b34da6a3ce929d0e0e473", "x" * 100_000):
+        refused = sqlqueue("journey", bad, *tables, env=env)
+        assert refused.returncode == 1
+        [line] = refused.stderr.splitlines()
+        assert line.startswith("sqlqueue journey: ") and "trace id" in line and len(line) < 400

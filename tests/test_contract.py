@@ -62,7 +62,7 @@ CLIENT = {
     "ack", "ack_held", "address", "audit_address", "beside", "browse", "browse_columns", "browse_page", "canonical_address",
     "check_queue", "claim", "copies_sends", "claims", "close", "connect", "connection", "create_queue",
     "create_subscription_table", "create_writes", "database", "depth", "drop_queue", "error_address", "error_queues", "error_summary", "extend", "extend_held",
-    "fail", "failed_messages", "forget_write", "forward", "health", "held", "held_columns", "hold", "horizon", "in_flight", "installation", "kind",
+    "fail", "failed_messages", "forget_write", "forward", "health", "held", "held_columns", "hold", "horizon", "in_flight", "installation", "journey", "kind",
     "lapsed_claims", "meter", "move_due", "move_to_error", "nack", "nack_held", "next_due", "peek", "publish", "purge",
     "purge_expired", "queue_page", "queue_stats", "queues", "receive", "receive_native", "record_write", "release_lapsed",
     "reserve", "retry_errors", "retry_errors_page", "send", "send_copied", "send_csv", "seq_range", "subscribe", "subscribers",

@@ -39,6 +39,7 @@ COMMANDS: dict[str, list[str]] = {
     "health": ["health", "{q}", "--conn", "{uri}"],
     "errors": ["errors", "--conn", "{uri}", "--error-queue", "{e}"],
     "retry": ["retry", "--conn", "{uri}", "--error-queue", "{e}"],
+    "journey": ["journey", "{id}", "--queue", "{q}", "--scan", "{scan}", "--conn", "{uri}"],
     "move-due": ["move-due", "{q}", "--conn", "{uri}"],
     "release-lapsed": ["release-lapsed", "{q}", "--conn", "{uri}"],
     "subscribe": ["subscribe", "{q}", "Contract.Topic", "--subscription-table", "{s}", "--conn", "{uri}"],
@@ -79,6 +80,16 @@ HOSTILE_ARGS: dict[str, list[tuple[str, str]]] = {
     "Contract.Topic": [("lone surrogate", LONE_SURROGATE), ("empty", ""), ("megabyte", MEGABYTE)],
     "--limit": [("zero", "0"), ("negative", "-1"), ("past bigint", str(2**63)), ("text", "many")],
     "{ledger}": [("the queue", "{q}"), ("claim store", 'sqlqueue_inflight@"{schema}"'), ("empty", "")],
+    "{id}": [
+        ("empty", ""),
+        ("a queue's name", "orders"),
+        ("W3C's invalid trace id", "0" * 32),
+        ("a LIKE pattern", "%"),
+        ("injection", "' OR 1=1 --"),
+        ("lone surrogate", LONE_SURROGATE),
+        ("megabyte", MEGABYTE),
+    ],
+    "{scan}": [("zero", "0"), ("negative", "-1"), ("past any batch", str(10**12)), ("text", "all")],
     "{wait}": [
         ("zero", "0"),
         ("negative", "-1"),
@@ -119,6 +130,7 @@ ROUTES: dict[tuple[str, str], dict[str, Any]] = {
     ("GET", "/api/connections/{connection_id}/errors"): {"error_queue": "{e}"},
     ("GET", "/api/connections/{connection_id}/errors/messages"): {"error_queue": "{e}", "limit": 10},
     ("POST", "/api/connections/{connection_id}/errors/retry"): {"error_queue": "{e}", "seqs": [1]},
+    ("GET", "/api/connections/{connection_id}/journey"): {"id": "4bf92f3577b34da6a3ce929d0e0e4736", "scan": 100},
     ("POST", "/api/connections/{connection_id}/purge-expired"): {"queue": "{q}"},
     ("POST", "/api/connections/{connection_id}/release-lapsed"): {"queue": "{q}"},
     ("POST", "/api/connections/{connection_id}/move-due"): {"queue": "{q}"},
@@ -176,6 +188,8 @@ def shop(pg_uri: str) -> Iterator[dict[str, str]]:
             "{uri_base}": uri.rsplit("/", 1)[0],
             "{schema}": schema,
             "{wait}": "10",
+            "{id}": "4bf92f3577b34da6a3ce929d0e0e4736",
+            "{scan}": "100",
             "{ledger}": f'sqlqueue_writes@"{schema}"',
         }
     finally:

@@ -65,3 +65,67 @@ def test_a_queue_is_named_as_the_postgres_provider_names_its_table(schema: str) 
         asset = Asset(uri=f"{namespace}/{database}/{in_schema}/{name}")
         converted = convert_asset_to_openlineage(asset, None)
         assert (converted.namespace, converted.name) == (reported.namespace, reported.name)
+
+
+def test_forward_and_publish_report_the_queues_their_claims_came_from_and_those_they_reached(
+    pg_uri: str, schema: str
+) -> None:
+    from airflow_provider_sqlqueue.operators.sqlqueue import ForwardMessagesOperator, PublishMessageOperator
+    from airflow_provider_sqlqueue.transport import Message, QueueAddress, QueueClient
+    from tests.test_tasks import context
+
+    server = urlsplit(pg_uri)
+    namespace, database = f"postgres://{server.hostname}:{server.port or 5432}", server.path.lstrip("/")
+
+    def table(name: str) -> tuple[str, str]:
+        return namespace, f"{database}.{schema}.{name}"
+
+    routing = QueueAddress("SubscriptionRouting", schema)
+    with QueueClient.connect(pg_uri) as client:
+        for name in ("orders", "cleaned", "billing", "shipping"):
+            client.create_queue(QueueAddress(name, schema))
+        client.create_subscription_table(routing)
+        for name in ("billing", "shipping"):
+            client.subscribe(QueueAddress(name, schema), "Shop.Cleaned", table=routing)
+        client.send(QueueAddress("orders", schema), [Message("a"), Message("b")])
+        orders = client.canonical_address(QueueAddress("orders", schema))
+        first, second = ([m.to_dict(orders)] for m in client.claim(QueueAddress("orders", schema), 2))
+    forward = ForwardMessagesOperator(
+        task_id="forward",
+        sqlqueue_conn_id="sqlqueue_test",
+        queue_name=f'cleaned@"{schema}"',
+        messages=["A"],
+        claims=first,
+    )
+    forward.execute(context())
+    forwarded = forward.get_openlineage_facets_on_complete(None)
+    assert (names(forwarded.inputs), names(forwarded.outputs)) == ([table("orders")], [table("cleaned")])
+    publish = PublishMessageOperator(
+        task_id="publish", sqlqueue_conn_id="sqlqueue_test", topics="Shop.Cleaned", messages=["B"], claims=second,
+        subscription_table=str(routing),
+    )  # fmt: skip
+    publish.execute(context())
+    published = publish.get_openlineage_facets_on_complete(None)
+    assert names(published.inputs) == [table("orders")]
+    assert sorted(names(published.outputs)) == [table("billing"), table("shipping")]
+    idle = ForwardMessagesOperator(task_id="idle", queue_name="cleaned", messages=[], claims=[])
+    assert idle.get_openlineage_facets_on_complete(None).inputs == []  # not run: nothing guessed
+
+
+def test_the_example_stages_name_the_files_their_spark_job_read_and_wrote(monkeypatch, tmp_path) -> None:
+    """``report_files`` (example_dags/sqlqueue_stages.py), through Airflow's own hook lineage
+    collector and the converter the openlineage provider applies to ``file://`` assets."""
+    import airflow.sdk.lineage as lineage
+    from airflow.providers.openlineage.utils.utils import translate_airflow_asset
+    from sqlqueue_stages import report_files  # the DAGs folder is on sys.path (tests/conftest.py)
+
+    collector = lineage.HookLineageCollector()
+    monkeypatch.setattr(lineage, "get_hook_lineage_collector", lambda: collector)
+    raw = tmp_path / "orders 1.csv"
+    messages = [{"body": {"path": str(raw)}}, {"body": {"path": str(raw)}}, {"body": "not a dict"}]
+    report_files(messages, [{"path": "file:///data/out/clean/message=1"}, {"path": "/data/out/clean/message=2"}, 7])
+    found = collector.collected_assets
+    inputs = [translate_airflow_asset(a.asset, None) for a in found.inputs]
+    outputs = [translate_airflow_asset(a.asset, None) for a in found.outputs]
+    assert [(d.namespace, d.name) for d in inputs] == [("file", raw.as_uri().removeprefix("file://"))]  # once
+    assert [d.name for d in outputs] == ["/data/out/clean/message=1", "/data/out/clean/message=2"]

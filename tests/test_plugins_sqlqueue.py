@@ -400,3 +400,53 @@ def test_a_connection_with_no_slot_free_gets_a_503_that_says_so_and_the_page_rec
         with QueueClient.connect(api.pg_uri) as admin:
             admin.session.connection.execute(f'DROP OWNED BY "{role}"')
             admin.session.connection.execute(f'DROP ROLE "{role}"')
+
+
+def test_a_journey_follows_a_trace_for_a_reader_and_is_refused_to_a_watcher(api: Api) -> None:
+    trace = uuid.uuid4().hex  # a trace of this test's own: the connection's other queues hold none of it
+    orders, billing, audit = (QueueAddress(name, api.schema) for name in ("orders", "billing", "audit"))
+    with QueueClient.connect(api.pg_uri, error_queue=QueueAddress("error", api.schema), audit_queue=audit) as client:
+        client.create_queue(audit)
+        outside = Message("order", {"traceparent": f"00-{trace}-00f067aa0ba902b7-01", "Custom.Big": "b" * 100_000})
+        client.send(orders, outside)
+        [claim] = client.claim(orders, 1)
+        result = Message("invoice", {"traceparent": f"00-{trace}-b7ad6b7169203331-01"})
+        client.forward({orders: [claim.claim_token]}, {billing: [result]})
+        [held] = client.claim(billing, 1)
+        client.fail(billing, held, ValueError("no such customer " + "x" * 100_000))
+        try:
+            answer = api.get("reader", "/connections/shop/journey", id=trace.upper())
+            assert answer.status_code == 200, answer.text
+            found = answer.json()
+            assert len(answer.content) < 50_000  # every header value bounded
+            assert (found["kind"], found["key"]) == ("trace", trace)
+            processed, failed = found["sightings"]
+            assert (processed["message_id"], processed["station"], processed["stage"]) == (
+                str(outside.id),
+                "processed",
+                "orders",
+            )
+            assert processed["table"] == address(api, "audit") and processed["trace_id"] == trace
+            assert processed["parent_span_id"] == "00f067aa0ba902b7" and processed["processing_seconds"] >= 0
+            assert (failed["message_id"], failed["station"], failed["stage"]) == (
+                str(result.id),
+                "failed",
+                address(api, "billing"),
+            )
+            assert "no such customer" in failed["exception"] and failed["exception"].endswith("characters cut)")
+            for shown in (processed["sent"], processed["started"], failed["ended"]):
+                assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", shown), shown
+            mine = api.get("reader", "/connections/shop/journey", id=str(outside.id)).json()
+            assert mine["kind"] == "message" and mine["trace_ids"] == [trace]
+
+            refused = api.get("viewer", "/connections/shop/journey", id=trace)  # figures only: no headers
+            assert refused.status_code == 403 and "needs read access to the connection" in refused.json()["detail"]
+            for bad in ("orders", "0" * 32, "' OR 1=1 --", ""):
+                answer = api.get("reader", "/connections/shop/journey", id=bad)
+                assert answer.status_code == 400 and "trace id" in answer.json()["detail"], (bad, answer.text)
+            assert api.get("reader", "/connections/shop/journey", id="x" * 201).status_code == 422
+            assert api.get("reader", "/connections/shop/journey", id=trace, scan=0).status_code == 422
+        finally:
+            client.drop_queue(audit)
+            client.purge(QueueAddress("error", api.schema))
+            client.purge(billing)

@@ -449,3 +449,46 @@ def test_a_viewer_watches_queues_read_only_and_an_admin_still_acts(api_server, b
         finally:
             client.drop_queue(watched)
             client.purge(QueueAddress("error", schema))
+
+
+def test_a_journey_shows_each_stage_a_trace_passed_as_text(api_server, browser, pg_uri):
+    """Followed from a failed message's Journey button, then by the trace id typed in: the rows in order."""
+    from selenium.webdriver.common.by import By
+
+    services, schema = api_server
+    trace = uuid.uuid4().hex
+    orders, billing, audit = (QueueAddress(name, schema) for name in ("orders", "billing", "audit"))
+    with QueueClient.connect(pg_uri, error_queue=QueueAddress("error", schema), audit_queue=audit) as client:
+        client.create_queue(audit)
+        client.create_queue(billing)
+        client.send(orders, Message("order", {"traceparent": f"00-{trace}-00f067aa0ba902b7-01"}))
+        [claim] = client.claim(orders, 1)
+        result = Message("invoice", {"traceparent": f"00-{trace}-b7ad6b7169203331-01"})
+        client.forward({orders: [claim.claim_token]}, {billing: [result]})
+        [held] = client.claim(billing, 1)
+        client.fail(billing, held, ValueError(HOSTILE_BODY))
+
+        login(browser, services.url)
+        open_queues(browser, services.url)
+        browser.find_element(By.ID, "journey-id").send_keys(trace)
+        browser.find_element(By.ID, "follow").click()
+
+        def stations() -> list[tuple[str, str]]:
+            rows = browser.find_elements(By.CSS_SELECTOR, "#journey tbody tr")
+            return [(row.get_attribute("data-station"), row.get_attribute("data-id")) for row in rows]
+
+        wait_for(
+            lambda: stations() == [("processed", str(claim.id)), ("failed", str(result.id))], what="the trace's rows"
+        )
+        failed = browser.find_elements(By.CSS_SELECTOR, "#journey tbody tr")[1]
+        assert HOSTILE_BODY in failed.text and f'error@"{schema}"' in failed.text  # the exception, as text
+        assert browser.execute_script("return document.title") == "Queues"
+        assert f"trace {trace}: 2 row(s)" in browser.find_element(By.ID, "journey-summary").text
+        ARTIFACTS.mkdir(exist_ok=True)
+        browser.execute_script("document.getElementById('journey-title').scrollIntoView()")
+        browser.save_screenshot(str(ARTIFACTS / "queues-journey.png"))
+
+        browser.find_element(By.ID, "journey-id").clear()
+        browser.find_element(By.ID, "journey-id").send_keys("not an id")
+        browser.find_element(By.ID, "follow").click()
+        wait_for(lambda: "is neither a message id" in browser.find_element(By.ID, "status").text, what="the refusal")

@@ -183,3 +183,40 @@ def test_a_claim_another_consumer_took_during_the_work_is_dropped_with_its_resul
         assert held.batch(stall) == ["KEPT"]
         assert [m["body"] for m in held.messages] == ["kept"]
     assert [m.text for m in others] == ["taken"]
+
+
+def test_results_are_grouped_with_the_messages_whose_stage_context_they_continue() -> None:
+    from airflow_provider_sqlqueue.tasks import PROCESS_CONTEXT, stage_context, stage_groups
+
+    one, two = "00-" + "a" * 32 + "-" + "1" * 16 + "-01", "00-" + "b" * 32 + "-" + "2" * 16 + "-01"
+    recorded = {"queue": "q", "claim_token": "t1", PROCESS_CONTEXT: {"traceparent": one}, "headers": {}}
+    sent = {"queue": "q", "claim_token": "t2", "headers": {"traceparent": two}}
+    published = {
+        "queue": "q",
+        "claim_token": "t3",
+        "headers": {"traceparent": two, "NServiceBus.OpenTelemetry.StartNewTrace": "True"},
+    }
+    assert stage_context(recorded) == {"traceparent": one}  # the stage's process span
+    assert stage_context(sent) == sent["headers"]  # no task recorded one: the sender's
+    assert stage_context(published) is None  # its receive began a new trace: not the publisher's
+    assert stage_groups([recorded, sent, published], ["r1", "r2", "r3"]) == [
+        ([recorded], ["r1"]),
+        ([sent], ["r2"]),
+        ([published], ["r3"]),
+    ]
+    same = {**sent, "claim_token": "t4"}
+    assert stage_groups([sent, same], ["r2", "r4"]) == [([sent, same], ["r2", "r4"])]
+    assert stage_groups([recorded, sent], ["one result for both"]) == [([recorded, sent], ["one result for both"])]
+    assert stage_groups([], ["sent alone"]) == [([], ["sent alone"])]
+    assert stage_groups([], []) == []
+
+
+def test_no_process_context_is_recorded_when_nothing_traces(conn_id, client, queue, schema) -> None:
+    from airflow_provider_sqlqueue.tasks import PROCESS_CONTEXT
+
+    client.send(queue, [Message("a")])
+    claimed = [m.to_dict(f'orders@"{schema}"') for m in client.claim(queue, 1)]
+    claimed[0][PROCESS_CONTEXT] = {"traceparent": "stale, from an earlier try"}
+    with hold_messages(claimed, sqlqueue_conn_id=conn_id, context=context()) as held:
+        held.map(lambda message: None)
+        assert PROCESS_CONTEXT not in held.messages[0]

@@ -73,6 +73,11 @@ STATEMENTS: dict[str, Statement] = {
     "insert_error_legacy": lambda d, a, e: d.insert_error_sql(e, LEGACY_SHAPE),
     "browse": lambda d, a, e: d.browse_sql(a),
     "newest_headers": lambda d, a, e: d.newest_headers_sql(e),
+    "find": lambda d, a, e: d.find_sql(a),
+    "scanned_all": lambda d, a, e: d.scanned_all_sql(a),
+    "find_claims": lambda d, a, e: d.find_claims_sql(a),
+    "claims_scanned_all": lambda d, a, e: d.claims_scanned_all_sql(a),
+    "can_read": lambda d, a, e: d.can_read_sql(),
     "error_headers": lambda d, a, e: d.error_headers_sql(e),
     "error_rows": lambda d, a, e: d.error_rows_sql(e),
     "failed_messages": lambda d, a, e: d.failed_messages_sql(e),
@@ -207,7 +212,7 @@ def test_every_statement_parses_as_tsql_and_names_exactly_the_queue_tables(label
         assert catalog_views <= ({""} if name == "list_queues" else {address.catalog or ""}), (name, catalog_views)
         # Besides the application lock, DB_NAME() and the privilege check (which takes the table's name as
         # a parameter), every statement reads a queue table or a catalog view.
-        assert tables or catalog_views or name in ("install_lock", "current_catalog", "can_insert"), name
+        assert tables or catalog_views or name in ("install_lock", "current_catalog", "can_insert", "can_read"), name
         # Names passed as strings (OBJECT_ID) must, read back as T-SQL, name the same table.
         for literal in (n for p in parsed for n in p.find_all(exp.National) if n.this.startswith("[")):
             table = sqlglot.parse_one(f"SELECT 1 FROM {literal.this}", read="tsql").find(exp.Table)
@@ -242,6 +247,11 @@ def test_placeholder_names_match_the_parameters_the_operations_pass():
         "record_write": {"write", "part"},
         "forget_write": {"write"},
         "newest_headers": {"before", "limit"},
+        "find": {"scan", "needle", "limit"},
+        "scanned_all": {"scan"},
+        "find_claims": {"scan", "needle", "limit"},
+        "claims_scanned_all": {"scan"},
+        "can_read": {"table"},
         "error_headers": {"after", "limit"},
         "error_rows": {"seqs"},
         "failed_messages": {"seqs", "preview"},

@@ -433,3 +433,131 @@ def test_a_spark_claim_read_links_each_partitions_read_to_its_messages(pg_uri, c
         assert sorted(link.context.span_id for link in span.links) == sorted(s.context.span_id for s in sends)
     browse = read({"url": pg_uri, "queue": name, "numPartitions": "1"})
     assert sum(batch.num_rows for batch in browse) == 0  # claimed: nothing waits
+
+
+def parent_of(span: ReadableSpan) -> int | None:
+    return None if span.parent is None else span.parent.span_id
+
+
+def test_a_chain_of_stages_is_one_trace_from_the_outside_sender_each_stage_a_child_of_the_last(
+    conn_id, client, queue, schema, spans
+):
+    """An NServiceBus endpoint's message (its traceparent) through two stages: each stage's process
+    span is the child of the send that delivered to it, and each stage's send the child of its process
+    span, as NServiceBus sends from a handler; the publish at the end continues it too."""
+    from airflow_provider_sqlqueue.operators.sqlqueue import ForwardMessagesOperator, PublishMessageOperator
+    from airflow_provider_sqlqueue.tasks import hold_messages
+    from tests.test_tasks import context as task_context
+
+    enrich = QueueAddress("enrich", schema)
+    client.create_queue(enrich)
+    client.create_subscription_table(QueueAddress("SubscriptionRouting", schema))
+    report = QueueAddress("report", schema)
+    client.create_queue(report)
+    client.subscribe(report, "Shop.Reported", table=QueueAddress("SubscriptionRouting", schema))
+    client.send(
+        queue, Message('{"order": 1}', {TRACEPARENT: FOREIGN, "NServiceBus.OpenTelemetry.StartNewTrace": "False"})
+    )
+
+    def stage(source: QueueAddress) -> dict[str, Any]:
+        claimed = [m.to_dict(client.canonical_address(source)) for m in client.claim(source, 1)]
+        with hold_messages(claimed, sqlqueue_conn_id=conn_id, context=task_context()) as held:
+            results = held.batch(lambda batch: [{"from": m["id"]} for m in batch])  # a Spark job's shape
+            return {"claims": held.messages, "results": results}
+
+    first = stage(queue)
+    ForwardMessagesOperator(
+        task_id="forward",
+        queue_name=str(enrich),
+        messages=first["results"],
+        claims=first["claims"],
+        sqlqueue_conn_id=conn_id,
+    ).execute(task_context())
+    second = stage(enrich)
+    PublishMessageOperator(
+        task_id="publish", topics="Shop.Reported", messages=second["results"], claims=second["claims"],
+        subscription_table=str(QueueAddress("SubscriptionRouting", schema)), sqlqueue_conn_id=conn_id,
+    ).execute(task_context())  # fmt: skip
+
+    process_1, process_2 = by_name(spans, "process ")
+    [forwarded] = [s for s in by_name(spans, "send ") if enrich.table in s.name]
+    [published] = by_name(spans, "publish ")
+    stages = (process_1, forwarded, process_2, published)
+    assert {s.context.trace_id for s in stages} == {int(FOREIGN_TRACE, 16)}  # one trace, the outside sender's
+    assert parent_of(process_1) == int(FOREIGN_SPAN, 16)
+    assert parent_of(forwarded) == process_1.context.span_id
+    assert parent_of(process_2) == forwarded.context.span_id
+    assert parent_of(published) == process_2.context.span_id
+    [event] = stored_headers(client, report)
+    assert event[TRACEPARENT].split("-")[1] == FOREIGN_TRACE  # a subscriber starts its own, linked (NServiceBus's rule)
+    assert event[START_NEW_TRACE] == "True"
+
+
+def test_the_results_of_a_map_each_continue_their_own_messages_trace(conn_id, client, queue, schema, spans):
+    """Two messages of two traces, processed one by one: each result is sent in its own message's
+    process span, the two sends commit together; a batch of several links and its results continue it."""
+    from airflow_provider_sqlqueue.operators.sqlqueue import ForwardMessagesOperator
+    from airflow_provider_sqlqueue.tasks import PROCESS_CONTEXT, hold_messages
+    from tests.test_tasks import context as task_context
+
+    other = "0af7651916cd43dd8448eb211c80319c"
+    client.send(queue, Message("a", {TRACEPARENT: FOREIGN}))
+    client.send(queue, Message("b", {TRACEPARENT: f"00-{other}-b7ad6b7169203331-01"}))
+    results = QueueAddress("results", schema)
+    client.create_queue(results)
+    claimed = [m.to_dict(client.canonical_address(queue)) for m in client.claim(queue, 2)]
+    with hold_messages(claimed, sqlqueue_conn_id=conn_id, context=task_context()) as held:
+        made = held.map(lambda m: m["body"].upper())
+        kept = held.messages
+    assert all(PROCESS_CONTEXT in m for m in kept)
+    ForwardMessagesOperator(
+        task_id="forward", queue_name=str(results), messages=made, claims=kept, sqlqueue_conn_id=conn_id
+    ).execute(task_context())
+    process_a, process_b = by_name(spans, "process ")
+    send_a, send_b = [s for s in by_name(spans, "send ") if results.table in s.name]
+    assert (parent_of(send_a), parent_of(send_b)) == (process_a.context.span_id, process_b.context.span_id)
+    assert [s.context.trace_id for s in (send_a, send_b)] == [int(FOREIGN_TRACE, 16), int(other, 16)]
+    by_body = {m.text: m.headers[TRACEPARENT].split("-")[1] for m in client.browse(results)}
+    assert by_body == {"A": FOREIGN_TRACE, "B": other}
+    assert client.depth(queue) == 0 and client.in_flight(queue) == 0
+
+
+def test_a_forward_whose_claims_were_not_held_by_a_task_continues_their_senders_trace(
+    conn_id, client, queue, schema, spans
+):
+    """A sensor's message dicts (no process span recorded): the forward is the child of the sender's
+    span; several claims whose results are not one per message: one span linked to each."""
+    from airflow_provider_sqlqueue.operators.sqlqueue import ForwardMessagesOperator
+    from tests.test_tasks import context as task_context
+
+    client.send(queue, Message("a", {TRACEPARENT: FOREIGN}))
+    target = QueueAddress("target", schema)
+    client.create_queue(target)
+    claimed = [m.to_dict(client.canonical_address(queue)) for m in client.claim(queue, 1)]
+    ForwardMessagesOperator(
+        task_id="forward", queue_name=str(target), messages=["x", "y"], claims=claimed, sqlqueue_conn_id=conn_id
+    ).execute(task_context())
+    [send] = [s for s in by_name(spans, "send ") if target.table in s.name]
+    assert parent_of(send) == int(FOREIGN_SPAN, 16)
+
+    client.send(queue, Message("b", {TRACEPARENT: FOREIGN}))
+    client.send(queue, Message("c", {TRACEPARENT: f"00-{'1' * 32}-{'2' * 16}-01"}))
+    claimed = [m.to_dict(client.canonical_address(queue)) for m in client.claim(queue, 2)]
+    ForwardMessagesOperator(
+        task_id="forward", queue_name=str(target), messages=["one for both"], claims=claimed, sqlqueue_conn_id=conn_id
+    ).execute(task_context())
+    [forward] = by_name(spans, "forward ")
+    assert [link.context.span_id for link in forward.links] == [int(FOREIGN_SPAN, 16), int("2" * 16, 16)]
+    [send] = [s for s in by_name(spans, "send ") if target.table in s.name][1:]
+    assert parent_of(send) == forward.context.span_id
+
+
+def test_continuing_nothing_readable_or_without_a_provider_runs_the_block_as_it_is(spans):
+    ran = []
+    with tracing.continuing(lambda: "q", [None, {TRACEPARENT: "garbage"}, {}]):
+        ran.append(trace.get_current_span().get_span_context().is_valid)
+    assert ran == [False] and not spans.get_finished_spans()
+    _reset_global_provider()
+    with tracing.continuing(lambda: "q", [{TRACEPARENT: FOREIGN}]):
+        ran.append(tracing.current_context())
+    assert ran[1] is None

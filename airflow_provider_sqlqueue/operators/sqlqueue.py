@@ -8,6 +8,7 @@ accept the same connection types and never build SQL. The queue parameter is ``q
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
@@ -15,8 +16,16 @@ from airflow.sdk import BaseOperator
 
 from ..hooks.sqlqueue import SqlQueueHook, configured_conn_ids
 from ..lineage import queue_lineage
-from ..tasks import claimed_messages, failure_source, received_times, settling, tokens_by_queue
-from ..transport import Failure, Message, defaults
+from ..tasks import (
+    claimed_messages,
+    failure_source,
+    received_times,
+    sent_in_stage_context,
+    settling,
+    stage_groups,
+    tokens_by_queue,
+)
+from ..transport import Failure, Message, QueueAddress, defaults
 from ..transport.client import delay_ms
 from ..transport.errors import ArgumentTypeError, InvalidArgumentError, SqlQueueError
 from ..transport.message import ENCLOSED_MESSAGE_TYPES, flag, topic_names
@@ -290,17 +299,20 @@ class PublishMessageOperator(_SendingOperator):
         batch = [self._message(self.body)] if self.messages is None else self._batch(self.messages)
         claimed = [] if self.claims is None else claimed_messages(self.claims, context)
         claims = tokens_by_queue(claimed)
-        hook = self.hook
-        with hook.client() as client, settling(client, claims, context):
-            addresses = client.publish(
-                self.topics,
-                batch,
-                notify=self.notify,
-                table=self.subscription_table,
-                claims=claims or None,
-                started=received_times(claimed),
-            )
-            reached = [client.canonical_address(address) for address in addresses]
+        groups = stage_groups(claimed, batch)
+        with self.hook.client() as client, settling(client, claims, context), _together(client, groups):
+            addresses: list[QueueAddress] = []
+            for part, events in groups:  # each result published in the trace of the message it came from
+                with sent_in_stage_context(", ".join(topic_names(self.topics)), part):
+                    addresses += client.publish(
+                        self.topics,
+                        events,
+                        notify=self.notify,
+                        table=self.subscription_table,
+                        claims=tokens_by_queue(part) or None,
+                        started=received_times(part),
+                    )
+            reached = [client.canonical_address(address) for address in dict.fromkeys(addresses)]
         self._lineage = (tuple(claims), tuple(reached))
         self.log.info(
             "Published %d message(s) on %s to %d queue(s): %s", len(batch), self.topics, len(reached), reached
@@ -337,8 +349,17 @@ class ForwardMessagesOperator(_SendingOperator):
         claimed = claimed_messages(self.claims, context)
         claims = tokens_by_queue(claimed)
         batch = self._batch(self.messages or [])
-        with self.hook.client() as client, settling(client, claims, context):
-            sent = client.forward(claims, {self.queue_name: batch}, notify=self.notify, started=received_times(claimed))
+        groups = stage_groups(claimed, batch)
+        with self.hook.client() as client, settling(client, claims, context), _together(client, groups):
+            sent = 0
+            for part, results in groups:  # each result sent in the trace of the message it came from
+                with sent_in_stage_context(self.queue_name, part):
+                    sent += client.forward(
+                        tokens_by_queue(part),
+                        {self.queue_name: results},
+                        notify=self.notify,
+                        started=received_times(part),
+                    )
         self._lineage = (tuple(claims), (self.queue_name,))
         self.log.info(
             "Queue %s: sent %d result(s) and acknowledged %d claim(s) in one transaction",
@@ -347,6 +368,12 @@ class ForwardMessagesOperator(_SendingOperator):
             sum(map(len, claims.values())),
         )
         return sent
+
+
+def _together(client: Any, groups: Sequence[object]) -> AbstractContextManager[None]:
+    """One transaction around the sends of several groups of results (:func:`~..tasks.stage_groups`):
+    all of a stage's results are handed on, and their claims settled, or none."""
+    return client.transaction() if len(groups) > 1 else nullcontext()
 
 
 class AckMessagesOperator(_QueueOperator):

@@ -11,7 +11,8 @@ process, whatever ``[core] lazy_discover_providers`` says):
     with ``AccessView.JOBS``; Viewer and User have it under the simple and FAB auth managers), which
     lets a user without connection rights watch every queue connection the page lists, read only:
     claims' last errors and failures' exception messages are left out for them;
-  - messages' headers and bodies need read access to the connection (GET);
+  - messages' headers and bodies, and a message's journey (read from its headers), need read access
+    to the connection (GET);
   - retrying, purging, giving claims back and moving due delayed messages need edit access to the
     connection (PUT);
 
@@ -58,7 +59,7 @@ from ..transport.errors import (
 )
 from ..transport.logs import logger
 from ..transport.message import EXCEPTION_MESSAGE, TIME_OF_FAILURE, shown_time, storable_text
-from ..transport.operations import ErrorGroup, FailedMessage, Horizon, QueueStats
+from ..transport.operations import ErrorGroup, FailedMessage, Horizon, QueueStats, Sighting
 
 log = logger("airflow_provider_sqlqueue.plugins")
 
@@ -180,6 +181,36 @@ class FailurePage(BaseModel):
     error_queue: str
     failures: list[FailedMessageView]
     next_before: int | None
+
+
+class SightingView(BaseModel):
+    """One row a message left, as the journey view shows it (times: ISO 8601 in UTC)."""
+
+    message_id: str
+    station: str  #: ``processed``, ``failed``, ``claimed`` or ``waiting``
+    stage: str  #: ``ProcessingEndpoint``, ``FailedQ``, the claimed queue, or the queue it waits in
+    table: str  #: the canonical address of the table the row is in
+    sent: str | None
+    started: str | None  #: when the stage began processing it (an audit copy)
+    ended: str | None  #: when the stage ended (an audit copy), or when it failed
+    waited_seconds: float | None  #: from its send to the stage (or until now, waiting or held)
+    processing_seconds: float | None
+    trace_id: str | None
+    parent_span_id: str | None  #: the sender's span, from ``traceparent``
+    holder: str | None  #: who holds a claim
+    exception: str | None  #: a failure's exception type and message, bounded
+
+
+class JourneyView(BaseModel):
+    kind: str  #: ``message`` or ``trace``: what the id was read as
+    key: str  #: the id, lower-cased
+    sightings: list[SightingView]  #: oldest first
+    trace_ids: list[str]  #: the traces the rows belong to
+    searched: int  #: tables searched
+    partial: list[str]  #: tables holding more rows than were searched
+    scan: int  #: newest rows of each table searched
+    more: bool  #: more rows matched than are shown
+    unreadable: int | None  #: queue tables the connection may not read, so not searched
 
 
 class RetryRequest(BaseModel):
@@ -443,6 +474,25 @@ def _failure(message: FailedMessage) -> FailedMessageView:
     )
 
 
+def _sighting(seen: Sighting, table: str, now: datetime) -> SightingView:
+    waited, processing, trace = seen.waited(now), seen.processing, seen.trace
+    return SightingView(
+        message_id=_shown(seen.message_id) or "",
+        station=seen.station,
+        stage=_shown(seen.queue) or "",
+        table=table,
+        sent=shown_time(seen.sent),
+        started=shown_time(seen.started),
+        ended=shown_time(seen.ended),
+        waited_seconds=None if waited is None else waited.total_seconds(),
+        processing_seconds=None if processing is None else processing.total_seconds(),
+        trace_id=None if trace is None else trace[0],
+        parent_span_id=None if trace is None else trace[1],
+        holder=_shown(seen.holder),
+        exception=_shown(seen.exception),
+    )
+
+
 def _record(user: Any, event: str, connection_id: str, **details: Any) -> None:
     """Who did what: the api-server's log and Airflow's audit log (Browse > Audit Log)."""
     name = user.get_name()
@@ -635,6 +685,31 @@ def create_app() -> FastAPI:
                 error_queue=client.canonical_address(error_queue),
                 failures=[_failure(message) for message in found],
                 next_before=next_before,
+            )
+
+    @app.get("/api/connections/{connection_id}/journey", dependencies=[ReadMessages])
+    def journey(
+        connection_id: str,
+        id: Annotated[str, Query(max_length=200, description="a message id, a trace id or a traceparent")],  # noqa: A002
+        scan: Annotated[int, Query(ge=1, le=defaults.MAX_BATCH)] = defaults.JOURNEY_SCAN,
+    ) -> JourneyView:
+        """Where a message went, or every message of a trace: the rows they left in the connection's
+        queues, audit and error queues and claim stores, oldest first (headers are messages' content:
+        read access to the connection)."""
+        with _answering(connection_id):
+            with _client(connection_id) as client:
+                found = client.journey(id, scan=scan)
+                names = {a: client.canonical_address(a) for a in (*found.searched, *found.partial)}
+            return JourneyView(
+                kind=found.kind,
+                key=found.key,
+                sightings=[_sighting(seen, names[seen.table], found.checked_at) for seen in found.sightings],
+                trace_ids=list(found.trace_ids),
+                searched=len(found.searched),
+                partial=[names[a] for a in found.partial],
+                scan=scan,
+                more=found.more,
+                unreadable=found.unreadable,
             )
 
     @app.post("/api/connections/{connection_id}/errors/retry", dependencies=[_edit("retrying failed messages")])

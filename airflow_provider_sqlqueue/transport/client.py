@@ -1103,6 +1103,29 @@ class AsyncQueueClient(Addressing):
 
     # -- inspection and maintenance ------------------------------------------------------------
 
+    async def journey(
+        self,
+        message_or_trace: str | uuid.UUID,
+        *,
+        queues: str | QueueAddress | Iterable[str | QueueAddress] | None = None,
+        scan: int = defaults.JOURNEY_SCAN,
+        limit: int = defaults.JOURNEY_LIMIT,
+    ) -> ops.Journey:
+        """Where a message went: the rows it left in ``queues`` (None: every queue the connection may
+        read) and their schemas' claim stores -- audit copies, failures, claims, the row still waiting
+        -- by its id; or, given a trace id (or a ``traceparent``), those of every message of the trace.
+
+        A bounded scan of each table's newest ``scan`` rows' headers (:mod:`.operations.journey`).
+        """
+        kind, key = ops.journey_key(message_or_trace)
+        check_positive("scan", scan)
+        check_positive("limit", limit)
+        if queues is not None:
+            return await self._run(ops.journey(self.dialect, kind, key, self._addresses(queues), scan, limit))
+        found = await self._run(ops.journey(self.dialect, kind, key, await self.queues(), scan, limit, survey=True))
+        hidden = await self._run(ops.unreadable_queues(self.dialect))
+        return found if hidden is None else replace(found, unreadable=hidden[0])
+
     async def peek(self, queue: str | QueueAddress, *, include_claims: bool = False) -> int:
         """Cheap estimate of waiting messages (plus claims whose lease ran out, when asked)."""
         return await self._run(ops.peek(self.dialect, self.address(queue), flag("include_claims", include_claims)))
@@ -1540,6 +1563,7 @@ class QueueClient(Addressing):
     retry_errors_page = _blocking(AsyncQueueClient.retry_errors_page)
     error_summary = _blocking(AsyncQueueClient.error_summary)
     failed_messages = _blocking(AsyncQueueClient.failed_messages)
+    journey = _blocking(AsyncQueueClient.journey)
     peek = _blocking(AsyncQueueClient.peek)
     depth = _blocking(AsyncQueueClient.depth)
     browse = _blocking(AsyncQueueClient.browse)

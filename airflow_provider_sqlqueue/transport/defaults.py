@@ -97,6 +97,11 @@ ERROR_SUMMARY_ROWS = 10_000
 #: messages or a listing for one group's: each call does bounded work, however long the queue is.
 ERROR_SCAN_ROWS = 5_000
 
+#: Newest rows of each table a journey searches (headers only: a bounded scan, as headers have no
+#: index), and most rows one journey shows.
+JOURNEY_SCAN = 10_000
+JOURNEY_LIMIT = 200
+
 #: Bytes of a failed message's body shown with it: enough to recognise it, never the whole body.
 BODY_PREVIEW_BYTES = 512
 

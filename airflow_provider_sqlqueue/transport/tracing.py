@@ -77,7 +77,7 @@ class _Otel:
     """The parts of the OpenTelemetry API this module uses, imported once."""
 
     def __init__(self) -> None:
-        from opentelemetry import trace
+        from opentelemetry import context, trace
         from opentelemetry.baggage.propagation import W3CBaggagePropagator
         from opentelemetry.context import Context
         from opentelemetry.propagators.composite import CompositePropagator
@@ -86,6 +86,7 @@ class _Otel:
         from .. import __version__
 
         self.trace = trace
+        self.context = context
         self.version = __version__
         self.empty_context = Context
         # W3C's formats, whatever OTEL_PROPAGATORS says: the headers are NServiceBus's wire format.
@@ -97,6 +98,7 @@ class _Otel:
         self.tracer: Tracer = trace.NoOpTracer()
         self.producer: SpanKind = trace.SpanKind.PRODUCER
         self.consumer: SpanKind = trace.SpanKind.CONSUMER
+        self.internal: SpanKind = trace.SpanKind.INTERNAL
 
     def active(self) -> bool:
         """Whether a tracer provider is configured (the API's default one makes nothing); :attr:`tracer`
@@ -293,6 +295,80 @@ def processing(
         except BaseException as exc:
             _failed(otel, span, exc)
             raise
+
+
+def current_context() -> dict[str, str] | None:
+    """The current span's context as the headers carry one (``traceparent``, ``tracestate``,
+    ``baggage``): what a task records with the messages its work ran on, so that the task that sends
+    their results continues it (:func:`continuing`). None when not tracing or no span is current."""
+    otel = _api()
+    if otel is None:
+        return None
+    try:
+        carrier: dict[str, str] = {}
+        otel.propagator.inject(carrier)
+    except Exception as exc:  # noqa: BLE001  # tracing only observes
+        log.debug("Not recording a trace context: %s: %s", type(exc).__name__, exc)
+        return None
+    return carrier if TRACEPARENT in carrier else None
+
+
+@contextmanager
+def continuing(destination: Callable[[], str], carriers: Sequence[Mapping[str, str | None] | None]) -> Iterator[None]:
+    """Run a block that sends messages derived from others -- a stage's results -- in the context
+    their work ran in, as NServiceBus sends from a handler inside its process span: each carrier is
+    a context as headers hold it (:func:`current_context`, or a message's own headers).
+
+    One context among them: it is made current, so the block's send spans are its children and the
+    messages sent carry the trace on. Several: a ``forward`` span of its own is current, linked to
+    each (at most :data:`MAX_LINKS`), as a consumer of several messages is. None readable: the block
+    runs in the caller's context. Not tracing, the block just runs.
+    """
+    otel = _api()
+    if otel is None:
+        yield
+        return
+    try:
+        contexts = _contexts(otel, carriers)
+        if len(contexts) == 1:
+            token = otel.context.attach(contexts[0])
+            span = None
+        elif contexts:
+            links = [otel.trace.Link(otel.trace.get_current_span(c).get_span_context()) for c in contexts[:MAX_LINKS]]
+            span = otel.tracer.start_span(
+                f"forward {destination()}", kind=otel.internal, links=links, attributes={"messaging.system": SYSTEM}
+            )
+    except Exception as exc:  # noqa: BLE001  # tracing is an observer: the sends run in the caller's context
+        log.debug("Not continuing a trace: %s: %s", type(exc).__name__, exc)
+        yield
+        return
+    if not contexts:
+        yield
+    elif span is None:
+        try:
+            yield
+        finally:
+            otel.context.detach(token)
+    else:
+        with otel.trace.use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False):
+            try:
+                yield
+            except BaseException as exc:
+                _failed(otel, span, exc)
+                raise
+
+
+def _contexts(otel: _Otel, carriers: Sequence[Mapping[str, str | None] | None]) -> list[Context]:
+    """The distinct readable contexts of ``carriers`` (by their ``traceparent``), in order."""
+    found: dict[str, Context] = {}
+    for carrier in carriers:
+        parent = (carrier or {}).get(TRACEPARENT)
+        if not parent or parent in found:
+            continue
+        context = otel.propagator.extract(carrier, context=otel.empty_context())
+        if otel.trace.get_current_span(context).get_span_context().is_valid:
+            found[parent] = context
+    return list(found.values())
 
 
 def _relation(otel: _Otel, messages: Sequence[Received]) -> tuple[Context | None, list[Link] | None]:

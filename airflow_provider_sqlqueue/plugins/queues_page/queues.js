@@ -369,6 +369,7 @@ async function loadFailures(append) {
     pick.setAttribute("aria-label", `select message ${f.id}`);
     pick.addEventListener("change", updateSelection);
     title.appendChild(pick);
+    title.appendChild(button("Journey", () => follow(f.id), "Where this message went before it failed"));
     for (const [text, className] of [[f.time_of_failure ? when(f.time_of_failure) : "", "muted"], [f.exception_type, "bad"], [f.source, "address"], [f.id, "muted"]]) {
       const span = document.createElement("span");
       span.className = className;
@@ -436,6 +437,63 @@ async function retrySource(source) {
   await refresh();
 }
 
+// -- a message's journey -------------------------------------------------------------------------
+
+const STATIONS = { processed: "processed", failed: "failed", claimed: "in flight", waiting: "waiting" };
+
+function seconds(value) {
+  return value === null || value === undefined ? "–" : `${value.toLocaleString("en-US", { maximumFractionDigits: 3 })} s`;
+}
+
+// The rows a message (or every message of a trace) left, oldest first; times in the viewer's zone.
+async function follow(id) {
+  $("#journey-id").value = id;
+  if (!allowed().may_read_messages) {
+    say(`A journey is read from messages' headers: ${allowed().messages_refusal}.`, true);
+    return;
+  }
+  const found = await call(connectionPath(`journey?${query({ id })}`));
+  const body = $("#journey tbody");
+  body.replaceChildren();
+  for (const s of found.sightings) {
+    const row = document.createElement("tr");
+    row.dataset.id = s.message_id;
+    row.dataset.station = s.station;
+    cell(row, when(s.sent));
+    cell(row, s.message_id, "address");
+    cell(row, s.stage, "address");
+    cell(row, STATIONS[s.station] || s.station, s.station === "failed" ? "bad" : "");
+    cell(row, seconds(s.waited_seconds), "num");
+    cell(row, seconds(s.processing_seconds), "num");
+    cell(row, s.table, "address");
+    cell(row, s.trace_id ? `${s.trace_id} / ${s.parent_span_id}` : "–", "address");
+    cell(row, s.exception || (s.holder ? `held by ${s.holder}` : ""));
+    body.appendChild(row);
+  }
+  $("#journey").hidden = found.sightings.length === 0;
+  const what = found.kind === "message" ? "message" : "trace";
+  $("#journey-summary").textContent = found.sightings.length
+    ? `${what} ${found.key}: ${found.sightings.length} row(s) in ${found.searched} table(s) searched`
+    : `No row of ${what} ${found.key} in the ${found.searched} table(s) searched.`;
+  const notes = $("#journey-notes");
+  notes.replaceChildren();
+  const note = (text, onClick) => {
+    const item = document.createElement("li");
+    item.textContent = text;
+    if (onClick) {
+      item.appendChild(document.createTextNode(" "));
+      item.appendChild(button("Follow the trace", onClick, "Every message of this trace"));
+    }
+    notes.appendChild(item);
+  };
+  if (found.kind === "message") {
+    for (const trace of found.trace_ids) note(`Its trace: ${trace}.`, () => follow(trace));
+  }
+  if (found.more) note("More rows matched than are shown: the first ones are shown.");
+  if (found.partial.length) note(`Only the newest ${number(found.scan)} rows were searched of: ${found.partial.join(", ")}.`);
+  if (found.unreadable) note(`${number(found.unreadable)} queue table(s) this connection may not read were not searched.`);
+}
+
 // -- wiring -------------------------------------------------------------------------------------
 
 async function refresh() {
@@ -466,13 +524,21 @@ async function start() {
   $("#retry-selected").addEventListener("click", () => retrySelected().catch((error) => say(error.message, true)));
   $("#all-failures").addEventListener("click", () => { state.group = null; loadFailures().catch((e) => say(e.message, true)); });
   $("#older").addEventListener("click", () => loadFailures(true).catch((error) => say(error.message, true)));
+  $("#journey-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    follow($("#journey-id").value.trim()).catch((error) => say(error.message, true));
+  });
   window.setInterval(() => {
     if (!$("#auto").checked || !state.connection) return;
     // Keep a selection of failures: while messages are ticked, only the figures are refreshed.
     (selectedSeqs().length ? loadQueues() : refresh()).catch((error) => say(error.message, true));
   }, 10000);
   try {
-    if (await loadConnections()) await refresh();
+    if (await loadConnections()) {
+      await refresh();
+      const wanted = new URLSearchParams(window.location.search).get("journey");
+      if (wanted) await follow(wanted);
+    }
   } catch (error) {
     say(error.message, true);
   }

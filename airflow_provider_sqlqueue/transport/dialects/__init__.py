@@ -25,6 +25,7 @@ from .base import (
     SendRow,
     TableShape,
 )
+from .journeys import FoundClaimRow, FoundRow
 
 __all__ = [
     "BrowsedRow",
@@ -35,6 +36,8 @@ __all__ = [
     "DueRow",
     "ErrorRow",
     "FailedRow",
+    "FoundClaimRow",
+    "FoundRow",
     "HeldRow",
     "HorizonRow",
     "QueueFiguresRow",

@@ -12,7 +12,7 @@ claim key), ``deliveries``, ``lease_ms``, ``holder``, ``token``, ``tokens``, ``d
 ``channel``, ``keys`` (rows of a delayed table), ``address``, ``endpoint``, ``topic``, ``topics``
 (subscriptions), ``after``, ``before``, ``seqs``, ``preview`` (reading an error queue), ``last``
 (the end of a Seq range), ``parts``, ``part`` (one share of a holder's claims), ``write``
-(a write of many partitions, in the write ledger). Each method below says which it takes and what rows it returns; reviewing a
+(a write of many partitions, in the write ledger), ``scan``, ``needle`` (a journey's search, :mod:`.journeys`). Each method below says which it takes and what rows it returns; reviewing a
 database's SQL means reading one file.
 """
 
@@ -28,6 +28,7 @@ from typing import Any, ClassVar, NamedTuple
 from ..addressing import QueueAddress
 from ..errors import NotAQueueError, SqlQueueError
 from ..heads import Head
+from .journeys import FindsJourneys
 
 
 class ReceivedRow(NamedTuple):
@@ -165,7 +166,7 @@ _KIND_NAMES = {
 }
 
 
-class Dialect(ABC):
+class Dialect(FindsJourneys, ABC):
     """What differs between databases: SQL text, identifier quoting, address syntax, error codes."""
 
     #: Short name used in configuration and logs (``postgres``, ``sqlserver``).

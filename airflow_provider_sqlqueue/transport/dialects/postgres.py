@@ -741,6 +741,38 @@ class PostgresDialect(Dialect):
         q = self.qualified_name(address)
         return f"SELECT Seq, Headers FROM {q} WHERE Seq < %(before)s ORDER BY Seq DESC LIMIT %(limit)s"
 
+    def find_sql(self, address: QueueAddress) -> str:
+        # The newest rows come off the Seq index; only their Headers are searched (bodies are not read).
+        q = self.qualified_name(address)
+        return (
+            f"SELECT n.Seq, n.Id, n.Headers FROM (SELECT Seq, Id, Headers FROM {q} ORDER BY Seq DESC LIMIT %(scan)s) AS n "
+            "WHERE strpos(lower(n.Headers), %(needle)s) > 0 ORDER BY n.Seq LIMIT %(limit)s"
+        )
+
+    def find_by_id_sql(self, address: QueueAddress) -> str | None:
+        # Id is the queue's primary key here: looked up through its index, however old the row.
+        return f"SELECT Seq, Id, Headers FROM {self.qualified_name(address)} WHERE Id = %(id)s"
+
+    def scanned_all_sql(self, address: QueueAddress) -> str:
+        q = self.qualified_name(address)
+        return f"SELECT count(*) <= %(scan)s FROM (SELECT 1 FROM {q} ORDER BY Seq DESC LIMIT %(scan)s + 1) AS n"
+
+    def find_claims_sql(self, address: QueueAddress) -> str:
+        f = self.qualified_name(self.inflight_address(address))
+        return (
+            "SELECT n.Queue, n.Seq, n.Id, n.Headers, n.Holder, n.Deliveries FROM "
+            f"(SELECT Queue, Seq, Id, Headers, Holder, Deliveries FROM {f} LIMIT %(scan)s) AS n "
+            "WHERE strpos(lower(n.Headers), %(needle)s) > 0 LIMIT %(limit)s"
+        )
+
+    def claims_scanned_all_sql(self, address: QueueAddress) -> str:
+        f = self.qualified_name(self.inflight_address(address))
+        return f"SELECT count(*) <= %(scan)s FROM (SELECT 1 FROM {f} LIMIT %(scan)s + 1) AS n"
+
+    def can_read_sql(self) -> str:
+        # to_regclass: NULL (so false) for a table that does not exist, where has_table_privilege would raise.
+        return "SELECT COALESCE(has_table_privilege(to_regclass(%(table)s), 'SELECT'), false)"
+
     def delete_by_seq_sql(self, address: QueueAddress) -> str:
         return f"DELETE FROM {self.qualified_name(address)} WHERE Seq = %(seq)s"
 

@@ -693,6 +693,43 @@ class SqlServerDialect(Dialect):
             "WITH (READPAST, READCOMMITTEDLOCK) WHERE RowVersion < %(before)s ORDER BY RowVersion DESC"
         )
 
+    def find_sql(self, address: QueueAddress) -> str:
+        # The newest rows come off Index_RowVersion; only their Headers are searched (bodies are not
+        # read), lower-cased so that a case-sensitive collation finds what a sender wrote in capitals.
+        q = self.qualified_name(address)
+        return (
+            "SELECT TOP (%(limit)s) n.RowVersion, n.Id, n.Headers FROM "
+            f"(SELECT TOP (%(scan)s) RowVersion, Id, Headers FROM {q} WITH (READPAST, READCOMMITTEDLOCK) "
+            "ORDER BY RowVersion DESC) AS n WHERE CHARINDEX(%(needle)s, LOWER(n.Headers)) > 0 ORDER BY n.RowVersion"
+        )
+
+    def scanned_all_sql(self, address: QueueAddress) -> str:
+        q = self.qualified_name(address)
+        return (
+            "SELECT CAST(CASE WHEN COUNT(*) <= %(scan)s THEN 1 ELSE 0 END AS bit) FROM "
+            f"(SELECT TOP (%(scan)s + 1) RowVersion FROM {q} WITH (READPAST, READCOMMITTEDLOCK) "
+            "ORDER BY RowVersion DESC) AS n"
+        )
+
+    def find_claims_sql(self, address: QueueAddress) -> str:
+        f = self.qualified_name(self.inflight_address(address))
+        return (
+            "SELECT TOP (%(limit)s) n.Queue, n.Seq, n.Id, n.Headers, n.Holder, n.Deliveries FROM "
+            f"(SELECT TOP (%(scan)s) Queue, Seq, Id, Headers, Holder, Deliveries FROM {f} "
+            "WITH (READPAST, READCOMMITTEDLOCK)) AS n WHERE CHARINDEX(%(needle)s, LOWER(n.Headers)) > 0"
+        )
+
+    def claims_scanned_all_sql(self, address: QueueAddress) -> str:
+        f = self.qualified_name(self.inflight_address(address))
+        return (
+            "SELECT CAST(CASE WHEN COUNT(*) <= %(scan)s THEN 1 ELSE 0 END AS bit) FROM "
+            f"(SELECT TOP (%(scan)s + 1) Token FROM {f} WITH (READPAST, READCOMMITTEDLOCK)) AS n"
+        )
+
+    def can_read_sql(self) -> str:
+        # NULL (so false) for a table that does not exist.
+        return "SELECT CAST(COALESCE(HAS_PERMS_BY_NAME(%(table)s, 'OBJECT', 'SELECT'), 0) AS bit)"
+
     def error_headers_sql(self, error_address: QueueAddress) -> str:
         return (
             f"SELECT TOP (%(limit)s) RowVersion, Headers FROM {self.qualified_name(error_address)} "

@@ -9,7 +9,7 @@ asyncio pump.
 
 One module per capability, named by the glossary's words: :mod:`.steps` (the core),
 :mod:`.tables` (installation), :mod:`.send`, :mod:`.receive`, :mod:`.claim`, :mod:`.audit`,
-:mod:`.forward`, :mod:`.delayed`, :mod:`.publish`, :mod:`.ledger` (the write ledger), :mod:`.staging`,
+:mod:`.forward`, :mod:`.journey`, :mod:`.delayed`, :mod:`.publish`, :mod:`.ledger` (the write ledger), :mod:`.staging`,
 :mod:`.inspection` and :mod:`.error_queue`. This package's namespace is their catalogue: callers
 write ``ops.claim(...)`` whichever module defines it.
 """
@@ -58,6 +58,7 @@ from .inspection import (
     seq_range,
     unreadable_queues,
 )
+from .journey import Journey, Sighting, journey, journey_key, trace_context
 from .ledger import create_writes, forget_write, record_write
 from .publish import create_subscriptions, publish, subscribe, subscribers, unsubscribe
 from .receive import Taken, move_to_error, purge_all, purge_expired_batch, receive
@@ -86,11 +87,13 @@ __all__ = [
     "HeldColumns",
     "Holder",
     "Horizon",
+    "Journey",
     "NotifiesInserts",
     "Operation",
     "QueuePage",
     "QueueStats",
     "RetryPage",
+    "Sighting",
     "Step",
     "Taken",
     "ack",
@@ -127,6 +130,8 @@ __all__ = [
     "held_columns",
     "horizon",
     "in_flight",
+    "journey",
+    "journey_key",
     "list_queues",
     "move_due",
     "move_to_error",
@@ -158,6 +163,7 @@ __all__ = [
     "subscribers",
     "table_shape",
     "take",
+    "trace_context",
     "unreadable_queues",
     "unsubscribe",
 ]
