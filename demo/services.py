@@ -48,8 +48,16 @@ def free_port() -> int:
 
 
 def airflow_connection(uri: str, conn_type: str = "postgres", **extra: Any) -> str:
-    """An Airflow connection in the JSON form ``AIRFLOW_CONN_*`` takes, for a PostgreSQL URI (socket URIs included)."""
+    """An Airflow connection in the JSON form ``AIRFLOW_CONN_*`` takes, for a PostgreSQL URI (socket URIs included).
+
+    Settings beyond host, port, user, password and dbname (``target_session_attrs``,
+    ``connect_timeout``, ``sslmode``...) go into the extra, where the hook passes them on to libpq;
+    several hosts (``host=a,b``) share the one port an Airflow connection has.
+    """
     params = conninfo_to_dict(uri)
+    settings = {
+        key: value for key, value in params.items() if key not in {"host", "port", "user", "password", "dbname"}
+    }
     return json.dumps(
         {
             "conn_type": conn_type,
@@ -58,7 +66,7 @@ def airflow_connection(uri: str, conn_type: str = "postgres", **extra: Any) -> s
             "login": params.get("user"),
             "password": params.get("password"),
             "schema": params.get("dbname"),
-            "extra": extra,
+            "extra": settings | extra,
         }
     )
 

@@ -8,10 +8,17 @@ server (``spark_default`` = ``spark_connect``), so that a task does not start a 
 ``tests/test_spark_pipeline.py`` on ``local[*]``. Messages are inserted the way an NServiceBus endpoint writes
 rows. Every assertion is a count: each dataset reported exactly once per chain, nothing left in
 any queue, the in-flight store or the error queue.
+
+Where this machine can make PostgreSQL 15 clusters (``tests/pg_clusters.py``), the queues are not on
+the shared server but on a primary of their own with a synchronous streaming standby, which the
+services reach by a multi-host connection (``host=127.0.0.1,127.0.0.2``, one port,
+``target_session_attrs=read-write``); the metadata database stays on the shared server. The
+module's last test fails the queues over to that standby while both chains work.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -20,6 +27,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -31,7 +39,9 @@ from demo import install_examples
 from demo.data import insert_like_an_outside_sender, write_orders
 from demo.services import AirflowServices, metadata_database
 from demo.spark_cluster import SparkConnect
+from tests import pg_clusters
 from tests.conftest import EXAMPLE_DAGS
+from tests.pg_clusters import Cluster
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -61,14 +71,52 @@ STAGE_DAGS = [
 ]
 
 
-class Pipeline:
-    """The running services and the queues' schema, with helpers to feed and watch the chains."""
+@dataclass
+class Replicated:
+    """The queues' own PostgreSQL: a primary and its synchronous standby, on one port of two loopback
+    addresses (an Airflow connection has one port for all its hosts)."""
 
-    def __init__(self, services: AirflowServices, pg_uri: str, schema: str, data: Path) -> None:
+    primary: Cluster
+    standby: Cluster
+
+    @property
+    def conninfo(self) -> str:
+        return (
+            f"host={self.primary.host},{self.standby.host} port={self.primary.port} user=postgres dbname=postgres "
+            "target_session_attrs=read-write connect_timeout=3"
+        )
+
+
+def replicated_pair(root: Path) -> Replicated:
+    """A primary whose commits wait for its standby's flush (synchronous_commit on, the default),
+    sized like the shared server: the services, their tasks and Spark hold many connections."""
+    size = {"max_connections": "100", "shared_buffers": "128MB"}
+    primary = Cluster(root, "queues-primary").init(synchronous_standby_names="'*'", **size)
+    primary.start()
+    standby = primary.standby(root, "queues-standby", application_name="standby", host="127.0.0.2", port=primary.port)
+    standby.configure(**size)  # a standby needs at least its primary's max_connections
+    standby.start()
+    deadline = time.monotonic() + 60
+    while primary.sql("SELECT sync_state FROM pg_stat_replication") != [("sync",)]:
+        assert time.monotonic() < deadline, "the standby never became synchronous"
+        time.sleep(0.2)
+    return Replicated(primary, standby)
+
+
+class Pipeline:
+    """The running services and the queues' schema, with helpers to feed and watch the chains.
+
+    ``pg_uri`` is the queues' database: the shared server's, or ``replicated``'s multi-host conninfo.
+    """
+
+    def __init__(
+        self, services: AirflowServices, pg_uri: str, schema: str, data: Path, replicated: Replicated | None = None
+    ) -> None:
         self.services = services
         self.pg_uri = pg_uri
         self.schema = schema
         self.data = data
+        self.replicated = replicated
 
     def address(self, name: str) -> QueueAddress:
         return QueueAddress(name, self.schema)
@@ -139,40 +187,48 @@ def pipeline(pg_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     home = tmp_path_factory.mktemp("airflow-services")
     spans = home / "spans"
     spans.mkdir()
-    with psycopg.connect(pg_uri, autocommit=True) as admin:
-        admin.execute(f'CREATE SCHEMA "{schema}"')
-    install_examples(pg_uri, schema, notify_on_insert=False)  # the sqlqueue_setup DAG adds the triggers
-    try:
-        with metadata_database(pg_uri) as metadata_uri, SparkConnect(home / "spark") as spark:
-            services = AirflowServices(
-                home,
-                metadata_uri,
-                pg_uri,
-                Path(EXAMPLE_DAGS),
-                env=SETTINGS
-                | {
-                    "SQLQUEUE_SCHEMA": schema,
-                    # OpenTelemetry's SDK in every service process, spans to files (tests/otel_site).
-                    "PYTHONPATH": os.pathsep.join([str(OTEL_SITE), os.environ.get("PYTHONPATH", "")]).rstrip(
-                        os.pathsep
-                    ),
-                    "SQLQUEUE_TEST_SPANS": str(spans),
-                    # OpenLineage's events, one JSON document a line, for the lineage test to read back.
-                    "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(
-                        {"type": "file", "log_file_path": str(home / "lineage.jsonl"), "append": True}
-                    ),
-                },
-                spark_connection=spark.connection(),
-            )
-            try:
-                seconds = services.start_all(STAGE_DAGS)
-                print(f"\nAirflow services up in {seconds:.0f}s (logs: {services.logs})")
-                yield Pipeline(services, pg_uri, schema, home / "data")
-            finally:
-                services.stop()
-    finally:
-        with psycopg.connect(pg_uri, autocommit=True) as admin:
-            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    with contextlib.ExitStack() as stack:
+        replicated = None
+        queue_uri = pg_uri
+        if pg_clusters.skip_reason() is None:  # removed last, however the module ends
+            replicated = replicated_pair(stack.enter_context(pg_clusters.workspace()))
+            queue_uri = replicated.conninfo
+        with psycopg.connect(queue_uri, autocommit=True) as admin:
+            admin.execute(f'CREATE SCHEMA "{schema}"')
+        install_examples(queue_uri, schema, notify_on_insert=False)  # the sqlqueue_setup DAG adds the triggers
+        try:
+            with metadata_database(pg_uri) as metadata_uri, SparkConnect(home / "spark") as spark:
+                services = AirflowServices(
+                    home,
+                    metadata_uri,
+                    queue_uri,  # sqlqueue_default, target_session_attrs and connect_timeout in its extra
+                    Path(EXAMPLE_DAGS),
+                    env=SETTINGS
+                    | {
+                        "SQLQUEUE_SCHEMA": schema,
+                        # OpenTelemetry's SDK in every service process, spans to files (tests/otel_site).
+                        "PYTHONPATH": os.pathsep.join([str(OTEL_SITE), os.environ.get("PYTHONPATH", "")]).rstrip(
+                            os.pathsep
+                        ),
+                        "SQLQUEUE_TEST_SPANS": str(spans),
+                        # OpenLineage's events, one JSON document a line, for the lineage test to read back.
+                        "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(
+                            {"type": "file", "log_file_path": str(home / "lineage.jsonl"), "append": True}
+                        ),
+                    },
+                    spark_connection=spark.connection(),
+                )
+                try:
+                    seconds = services.start_all(STAGE_DAGS)
+                    where = "a primary and its synchronous standby" if replicated else "the shared server"
+                    print(f"\nAirflow services up in {seconds:.0f}s, queues on {where} (logs: {services.logs})")
+                    yield Pipeline(services, queue_uri, schema, home / "data", replicated)
+                finally:
+                    services.stop()
+        finally:
+            if replicated is None:  # the pair's clusters go with their schema
+                with psycopg.connect(queue_uri, autocommit=True) as admin:
+                    admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -571,3 +627,104 @@ def test_failing_job_is_retried_then_lands_in_the_schemas_error_queue_with_its_e
     assert headers["SqlQueue.DeliveryCount"] == "5"  # max_deliveries: five Spark runs, then the error queue
     left = pipeline.left()
     assert left["ingest"] == 0 and left["cleaned"] == 0
+
+
+def test_failover_of_the_queues_to_their_standby_loses_no_dataset_and_reports_none_twice(pipeline: Pipeline) -> None:
+    """The queues' primary is SIGKILLed and its synchronous standby promoted while both chains work
+    (a Spark task holding claims, more messages waiting), then more datasets arrive. Nothing is
+    restarted or reconfigured: the tasks' hook clients, the triggerer's pollers and the inserts
+    below follow the multi-host connection to the new primary by themselves. Every dataset is
+    reported exactly once per chain; the error queue and the claim store end empty.
+
+    Runs last in the module: afterwards the queues' pair is one server.
+    """
+    pair = pipeline.replicated
+    if pair is None:
+        reason = pg_clusters.skip_reason() or "no replicated pair"
+        if os.environ.get("CI"):  # .ci/setup.sh prepares the machine for it: a green run means it ran
+            pytest.fail(reason)
+        pytest.skip(reason)
+    services = pipeline.services
+    with QueueClient.connect(pipeline.pg_uri) as client:
+        client.purge(pipeline.address("error"))  # the failing-job test's message: the error queue counts from 0 here
+    already = Counter(report.json()["dataset"] for report in pipeline.reports())
+    chains = {"xs": "ingest", "xe": "ingest_events"}  # sensor-driven chain, event-driven chain
+    expected: dict[str, dict] = {}
+    feed = iter(range(200, 300))
+
+    def send(count: int) -> None:
+        for _ in range(count):
+            n = next(feed)
+            for chain, source in chains.items():
+                body, figures = pipeline.dataset(f"{chain}-{n}", seed=n)
+                expected[body["dataset"]] = figures
+                pipeline.insert(source, body)
+
+    send(4)
+    task, _, held = running_holder(pipeline, timeout=300)  # a stage is working: Spark runs, its claims renewed
+    send(3)  # and more wait behind it
+    at_kill = pipeline.left()
+    claims_at_kill = len(inflight_rows(pipeline))
+    killed_at, cut = time.time(), time.monotonic()
+    pair.primary.crash()
+    pair.standby.pg_ctl("promote")
+    while pair.standby.sql("SELECT pg_is_in_recovery()") != [(False,)]:
+        time.sleep(0.1)
+    promoted_s = time.monotonic() - cut
+    for _ in range(3):  # more keep arriving, at the new primary
+        send(1)
+        time.sleep(3)
+
+    total = sum(already.values()) + len(expected)
+    pipeline.wait_until(lambda: len(pipeline.reports()) >= total, 900, f"{total} reports")
+    pipeline.wait_until(lambda: sum(pipeline.left().values()) == pipeline.left()["reports"], 180, "every queue drained")
+    time.sleep(5)  # a duplicate forwarded late would show up now
+    reports = pipeline.reports()
+    counts = Counter(report.json()["dataset"] for report in reports)
+    left = pipeline.left()
+    claims_left = len(inflight_rows(pipeline))
+    failed_runs = services.metadata(
+        "SELECT dag_id, count(*) FROM dag_run WHERE state = 'failed' AND end_date > to_timestamp(%s) GROUP BY dag_id",
+        (killed_at,),
+    )
+    # Each stage's first hand-on after the kill: its forward committed on the new primary.
+    stages_resumed = {
+        dag_id: round(ended.timestamp() - killed_at, 1)
+        for dag_id, ended in services.metadata(
+            "SELECT dag_id, min(end_date) FROM task_instance WHERE task_id = 'forward' AND state = 'success' "
+            "AND end_date > to_timestamp(%s) AND dag_id = ANY(%s) GROUP BY dag_id ORDER BY dag_id",
+            (killed_at, STAGE_DAGS[:4]),
+        )
+    }
+    line = {}
+    for chain in chains:
+        mine = {name for name in expected if name.startswith(chain + "-")}
+        sent_after = [
+            datetime.strptime(r.headers["NServiceBus.TimeSent"], "%Y-%m-%d %H:%M:%S:%f Z")
+            .replace(tzinfo=UTC)
+            .timestamp()
+            for r in reports
+            if r.json()["dataset"] in mine
+        ]
+        resumed = [t - killed_at for t in sent_after if t > killed_at]
+        line[chain] = {
+            "sent": len(mine),
+            "missing": sum(1 for name in mine if counts[name] == 0),
+            "twice": sum(counts[name] - 1 for name in mine if counts[name] > 1),
+            "reports_resumed_s": round(min(resumed), 1) if resumed else None,
+        }
+    print(
+        f"failover of the queues under the Airflow services: killed while {task} held {len(held)} "
+        f"({claims_at_kill} claims in all, waiting/in flight {at_kill}); promoted in {promoted_s:.1f}s; "
+        f"per chain {line}; stages' first forward after the kill (s) {stages_resumed}; "
+        f"error queue {left['error']}, claims left {claims_left}, "
+        f"runs failed since the kill {dict(failed_runs)}"
+    )
+    assert counts == already + Counter(dict.fromkeys(expected, 1))  # none lost, none reported twice
+    for report in reports:
+        body = report.json()
+        if body["dataset"] in expected:
+            assert body["orders"] == expected[body["dataset"]]["valid_orders"]
+    assert left["error"] == 0 and claims_left == 0, (left, claims_left)
+    assert all(chain["reports_resumed_s"] is not None for chain in line.values()), line
+    assert sorted(stages_resumed) == sorted(STAGE_DAGS[:4]), stages_resumed
