@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from . import __version__
 from .exit_status import INTERRUPTED
@@ -422,7 +422,13 @@ JOURNEY_LIMIT: ArgSpec = (
 #: Characters of a sender's header value a row of ``journey`` shows.
 JOURNEY_CELL = 120
 #: What each kind of row says happened to the message at its stage.
-STATIONS = {"processed": "processed", "failed": "failed", "claimed": "in flight", "waiting": "waiting"}
+STATIONS = {
+    "processed": "processed",
+    "failed": "failed",
+    "claimed": "in flight",
+    "waiting": "waiting",
+    "unreadable": "waiting, headers unreadable",
+}
 
 
 def _span(span: timedelta | None) -> str:
@@ -604,8 +610,16 @@ DESCRIPTION = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, but a bad argument is one line and exit status 1, as every other refusal
+    of the command is (argparse prints its usage and exits 2); ``--help`` still shows the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(1, f"{self.prog}: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sqlqueue", description=DESCRIPTION)
+    parser = _Parser(prog="sqlqueue", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:

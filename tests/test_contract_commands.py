@@ -4,7 +4,8 @@ Every ``sqlqueue`` command (the console script and ``airflow sqlqueue``, through
 parser) and every route of the Queues API is registered here; the surface is discovered from the
 code, so a new command or route fails :func:`test_every_command_and_route_is_registered` until it
 has its row. Each is given each hostile value of each of its arguments and must answer as its
-users expect: the CLI one line on stderr and exit status 1 (2 for a usage error, from argparse),
+users expect: the CLI one line on stderr and exit status 1 (``airflow sqlqueue``'s usage errors are
+Airflow's parser's: its usage and status 2),
 never a traceback or a password; HTTP a 4xx with a message, never a 500; and no row of any table
 of the schema changes.
 """

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -215,3 +215,46 @@ def test_a_survey_passes_over_a_queue_dropped_since_it_was_listed_a_named_one_fa
     assert found.searched == (QUEUE,)
     with pytest.raises(QueueNotFoundError):
         drive(ops.journey(d, "trace", TRACE, [gone, QUEUE], 100, 10), Script(d, answers))
+
+
+@pytest.mark.postgres_only  # found through the Id index, which SQL Server's queue table does not have
+def test_a_message_whose_headers_cannot_be_read_is_found_by_its_id_as_unreadable(stages, raw, backend):
+    client, ingest, _ = stages
+    poison = uuid.uuid4()
+    backend.nservicebus_send(raw, ingest.schema, ingest.table, poison, "not json", b"")
+    found = client.journey(str(poison), queues=[ingest])
+    [seen] = found.sightings
+    assert (seen.station, seen.row_id, seen.headers, seen.waited(found.checked_at)) == ("unreadable", poison, {}, None)
+
+
+def test_clocks_that_disagree_give_no_duration_rather_than_a_negative_one(stages):
+    """A stage whose clock is behind the sender's says it started before the message was sent."""
+    client, ingest, _ = stages
+    message = Message("skewed")
+    client.send(ingest, message)
+    [claim] = client.claim(ingest, 1)
+    client.forward({ingest: [claim.claim_token]}, {}, started={claim.id: datetime.now(UTC) - timedelta(hours=1)})
+    found = client.journey(str(message.id), queues=[ingest, QueueAddress("audit", ingest.schema)])
+    [processed] = found.sightings
+    assert processed.station == "processed" and processed.started is not None
+    assert processed.waited(found.checked_at) is None  # not -1 h
+    assert processed.processing is not None and processed.processing >= timedelta(0)
+
+
+def test_the_limit_keeps_what_happened_first_whatever_order_the_rows_were_written_in(stages, raw, backend):
+    client, ingest, _ = stages
+    for _ in range(5):  # rows with no time at all, written first
+        undated = uuid.uuid4()
+        headers = {"NServiceBus.MessageId": str(undated), "traceparent": traceparent("1111111111111111")}
+        backend.nservicebus_send(raw, ingest.schema, ingest.table, undated, json.dumps(headers), b"")
+    dated = Message("dated", {"traceparent": traceparent("2222222222222222")})
+    client.send(ingest, dated)
+    found = client.journey(TRACE, queues=[ingest], limit=1)
+    assert [s.message_id for s in found.sightings] == [str(dated.id)] and found.more
+
+
+def test_a_queue_named_twice_is_searched_once(stages):
+    client, ingest, _ = stages
+    client.send(ingest, Message("once", {"traceparent": traceparent("00f067aa0ba902b7")}))
+    found = client.journey(TRACE, queues=[ingest, ingest, client.canonical_address(ingest)])
+    assert len(found.sightings) == 1 and found.searched.count(ingest) == 1

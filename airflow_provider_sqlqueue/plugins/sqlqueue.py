@@ -187,7 +187,7 @@ class SightingView(BaseModel):
     """One row a message left, as the journey view shows it (times: ISO 8601 in UTC)."""
 
     message_id: str
-    station: str  #: ``processed``, ``failed``, ``claimed`` or ``waiting``
+    station: str  #: ``processed``, ``failed``, ``claimed``, ``waiting`` or ``unreadable`` (headers)
     stage: str  #: ``ProcessingEndpoint``, ``FailedQ``, the claimed queue, or the queue it waits in
     table: str  #: the canonical address of the table the row is in
     sent: str | None

@@ -71,13 +71,13 @@ SELECT TOP (@p_limit) RowVersion, Id, Headers, Body FROM [dbo].[orders] WITH (RE
 SELECT TOP (@p_limit) RowVersion, Headers FROM [dbo].[error] WITH (READPAST, READCOMMITTEDLOCK) WHERE RowVersion < @p_before ORDER BY RowVersion DESC;
 
 -- plain: find
-SELECT TOP (@p_limit) n.RowVersion, n.Id, n.Headers FROM (SELECT TOP (@p_scan) RowVersion, Id, Headers FROM [dbo].[orders] WITH (READPAST, READCOMMITTEDLOCK) ORDER BY RowVersion DESC) AS n WHERE CHARINDEX(@p_needle, LOWER(n.Headers)) > 0 ORDER BY n.RowVersion;
+SELECT n.RowVersion, n.Id, n.Headers FROM (SELECT TOP (@p_scan) RowVersion, Id, Headers FROM [dbo].[orders] WITH (READPAST, READCOMMITTEDLOCK) ORDER BY RowVersion DESC) AS n WHERE CHARINDEX(@p_needle, LOWER(n.Headers)) > 0 ORDER BY n.RowVersion;
 
 -- plain: scanned_all
 SELECT CAST(CASE WHEN COUNT(*) <= @p_scan THEN 1 ELSE 0 END AS bit) FROM (SELECT TOP (@p_scan + 1) RowVersion FROM [dbo].[orders] WITH (READPAST, READCOMMITTEDLOCK) ORDER BY RowVersion DESC) AS n;
 
 -- plain: find_claims
-SELECT TOP (@p_limit) n.Queue, n.Seq, n.Id, n.Headers, n.Holder, n.Deliveries FROM (SELECT TOP (@p_scan) Queue, Seq, Id, Headers, Holder, Deliveries FROM [dbo].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK)) AS n WHERE CHARINDEX(@p_needle, LOWER(n.Headers)) > 0;
+SELECT n.Queue, n.Seq, n.Id, n.Headers, n.Holder, n.Deliveries FROM (SELECT TOP (@p_scan) Queue, Seq, Id, Headers, Holder, Deliveries FROM [dbo].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK)) AS n WHERE CHARINDEX(@p_needle, LOWER(n.Headers)) > 0;
 
 -- plain: claims_scanned_all
 SELECT CAST(CASE WHEN COUNT(*) <= @p_scan THEN 1 ELSE 0 END AS bit) FROM (SELECT TOP (@p_scan + 1) Token FROM [dbo].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK)) AS n;
@@ -293,13 +293,13 @@ SELECT TOP (@p_limit) RowVersion, Id, Headers, Body FROM [sa]]les].[we]]ird [nam
 SELECT TOP (@p_limit) RowVersion, Headers FROM [sa]]les].[error] WITH (READPAST, READCOMMITTEDLOCK) WHERE RowVersion < @p_before ORDER BY RowVersion DESC;
 
 -- escaping: find
-SELECT TOP (@p_limit) n.RowVersion, n.Id, n.Headers FROM (SELECT TOP (@p_scan) RowVersion, Id, Headers FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (READPAST, READCOMMITTEDLOCK) ORDER BY RowVersion DESC) AS n WHERE CHARINDEX(@p_needle, LOWER(n.Headers)) > 0 ORDER BY n.RowVersion;
+SELECT n.RowVersion, n.Id, n.Headers FROM (SELECT TOP (@p_scan) RowVersion, Id, Headers FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (READPAST, READCOMMITTEDLOCK) ORDER BY RowVersion DESC) AS n WHERE CHARINDEX(@p_needle, LOWER(n.Headers)) > 0 ORDER BY n.RowVersion;
 
 -- escaping: scanned_all
 SELECT CAST(CASE WHEN COUNT(*) <= @p_scan THEN 1 ELSE 0 END AS bit) FROM (SELECT TOP (@p_scan + 1) RowVersion FROM [sa]]les].[we]]ird [name]]; DROP TABLE x--'%s] WITH (READPAST, READCOMMITTEDLOCK) ORDER BY RowVersion DESC) AS n;
 
 -- escaping: find_claims
-SELECT TOP (@p_limit) n.Queue, n.Seq, n.Id, n.Headers, n.Holder, n.Deliveries FROM (SELECT TOP (@p_scan) Queue, Seq, Id, Headers, Holder, Deliveries FROM [sa]]les].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK)) AS n WHERE CHARINDEX(@p_needle, LOWER(n.Headers)) > 0;
+SELECT n.Queue, n.Seq, n.Id, n.Headers, n.Holder, n.Deliveries FROM (SELECT TOP (@p_scan) Queue, Seq, Id, Headers, Holder, Deliveries FROM [sa]]les].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK)) AS n WHERE CHARINDEX(@p_needle, LOWER(n.Headers)) > 0;
 
 -- escaping: claims_scanned_all
 SELECT CAST(CASE WHEN COUNT(*) <= @p_scan THEN 1 ELSE 0 END AS bit) FROM (SELECT TOP (@p_scan + 1) Token FROM [sa]]les].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK)) AS n;
@@ -515,13 +515,13 @@ SELECT TOP (@p_limit) RowVersion, Id, Headers, Body FROM [Shop's DB].[ops].[Sale
 SELECT TOP (@p_limit) RowVersion, Headers FROM [Shop's DB].[ops].[error] WITH (READPAST, READCOMMITTEDLOCK) WHERE RowVersion < @p_before ORDER BY RowVersion DESC;
 
 -- catalog: find
-SELECT TOP (@p_limit) n.RowVersion, n.Id, n.Headers FROM (SELECT TOP (@p_scan) RowVersion, Id, Headers FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (READPAST, READCOMMITTEDLOCK) ORDER BY RowVersion DESC) AS n WHERE CHARINDEX(@p_needle, LOWER(n.Headers)) > 0 ORDER BY n.RowVersion;
+SELECT n.RowVersion, n.Id, n.Headers FROM (SELECT TOP (@p_scan) RowVersion, Id, Headers FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (READPAST, READCOMMITTEDLOCK) ORDER BY RowVersion DESC) AS n WHERE CHARINDEX(@p_needle, LOWER(n.Headers)) > 0 ORDER BY n.RowVersion;
 
 -- catalog: scanned_all
 SELECT CAST(CASE WHEN COUNT(*) <= @p_scan THEN 1 ELSE 0 END AS bit) FROM (SELECT TOP (@p_scan + 1) RowVersion FROM [Shop's DB].[ops].[Sales.WORKER01] WITH (READPAST, READCOMMITTEDLOCK) ORDER BY RowVersion DESC) AS n;
 
 -- catalog: find_claims
-SELECT TOP (@p_limit) n.Queue, n.Seq, n.Id, n.Headers, n.Holder, n.Deliveries FROM (SELECT TOP (@p_scan) Queue, Seq, Id, Headers, Holder, Deliveries FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK)) AS n WHERE CHARINDEX(@p_needle, LOWER(n.Headers)) > 0;
+SELECT n.Queue, n.Seq, n.Id, n.Headers, n.Holder, n.Deliveries FROM (SELECT TOP (@p_scan) Queue, Seq, Id, Headers, Holder, Deliveries FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK)) AS n WHERE CHARINDEX(@p_needle, LOWER(n.Headers)) > 0;
 
 -- catalog: claims_scanned_all
 SELECT CAST(CASE WHEN COUNT(*) <= @p_scan THEN 1 ELSE 0 END AS bit) FROM (SELECT TOP (@p_scan + 1) Token FROM [Shop's DB].[ops].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK)) AS n;
@@ -737,13 +737,13 @@ SELECT TOP (@p_limit) RowVersion, Id, Headers, Body FROM [ünï].[東京 queue] 
 SELECT TOP (@p_limit) RowVersion, Headers FROM [ünï].[error] WITH (READPAST, READCOMMITTEDLOCK) WHERE RowVersion < @p_before ORDER BY RowVersion DESC;
 
 -- unicode: find
-SELECT TOP (@p_limit) n.RowVersion, n.Id, n.Headers FROM (SELECT TOP (@p_scan) RowVersion, Id, Headers FROM [ünï].[東京 queue] WITH (READPAST, READCOMMITTEDLOCK) ORDER BY RowVersion DESC) AS n WHERE CHARINDEX(@p_needle, LOWER(n.Headers)) > 0 ORDER BY n.RowVersion;
+SELECT n.RowVersion, n.Id, n.Headers FROM (SELECT TOP (@p_scan) RowVersion, Id, Headers FROM [ünï].[東京 queue] WITH (READPAST, READCOMMITTEDLOCK) ORDER BY RowVersion DESC) AS n WHERE CHARINDEX(@p_needle, LOWER(n.Headers)) > 0 ORDER BY n.RowVersion;
 
 -- unicode: scanned_all
 SELECT CAST(CASE WHEN COUNT(*) <= @p_scan THEN 1 ELSE 0 END AS bit) FROM (SELECT TOP (@p_scan + 1) RowVersion FROM [ünï].[東京 queue] WITH (READPAST, READCOMMITTEDLOCK) ORDER BY RowVersion DESC) AS n;
 
 -- unicode: find_claims
-SELECT TOP (@p_limit) n.Queue, n.Seq, n.Id, n.Headers, n.Holder, n.Deliveries FROM (SELECT TOP (@p_scan) Queue, Seq, Id, Headers, Holder, Deliveries FROM [ünï].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK)) AS n WHERE CHARINDEX(@p_needle, LOWER(n.Headers)) > 0;
+SELECT n.Queue, n.Seq, n.Id, n.Headers, n.Holder, n.Deliveries FROM (SELECT TOP (@p_scan) Queue, Seq, Id, Headers, Holder, Deliveries FROM [ünï].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK)) AS n WHERE CHARINDEX(@p_needle, LOWER(n.Headers)) > 0;
 
 -- unicode: claims_scanned_all
 SELECT CAST(CASE WHEN COUNT(*) <= @p_scan THEN 1 ELSE 0 END AS bit) FROM (SELECT TOP (@p_scan + 1) Token FROM [ünï].[sqlqueue_inflight] WITH (READPAST, READCOMMITTEDLOCK)) AS n;

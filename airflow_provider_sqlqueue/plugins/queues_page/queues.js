@@ -439,7 +439,13 @@ async function retrySource(source) {
 
 // -- a message's journey -------------------------------------------------------------------------
 
-const STATIONS = { processed: "processed", failed: "failed", claimed: "in flight", waiting: "waiting" };
+const STATIONS = {
+  processed: "processed",
+  failed: "failed",
+  claimed: "in flight",
+  waiting: "waiting",
+  unreadable: "waiting, headers unreadable",
+};
 
 function seconds(value) {
   return value === null || value === undefined ? "–" : `${value.toLocaleString("en-US", { maximumFractionDigits: 3 })} s`;
@@ -462,7 +468,7 @@ async function follow(id) {
     cell(row, when(s.sent));
     cell(row, s.message_id, "address");
     cell(row, s.stage, "address");
-    cell(row, STATIONS[s.station] || s.station, s.station === "failed" ? "bad" : "");
+    cell(row, STATIONS[s.station] || s.station, s.station === "failed" || s.station === "unreadable" ? "bad" : "");
     cell(row, seconds(s.waited_seconds), "num");
     cell(row, seconds(s.processing_seconds), "num");
     cell(row, s.table, "address");

@@ -37,9 +37,10 @@ class FindsJourneys(ABC):
 
     @abstractmethod
     def find_sql(self, address: QueueAddress) -> str:
-        """Params scan, needle, limit: rows (:class:`FoundRow`) among the newest ``scan`` rows whose
-        lower-cased Headers text holds ``needle``, at most ``limit``, oldest first, unlocked. A bounded
-        scan: the newest rows come off the Seq index, their headers are searched as text."""
+        """Params scan, needle: rows (:class:`FoundRow`) among the newest ``scan`` rows whose
+        lower-cased Headers text holds ``needle``, oldest first, unlocked. A bounded scan: the newest
+        rows come off the Seq index, their headers are searched as text. Every match comes back (at
+        most ``scan``): which of them a journey keeps is decided by their times, not a table's order."""
 
     def find_by_id_sql(self, address: QueueAddress) -> str | None:
         """Params id: the row (:class:`FoundRow`) whose Id is ``id``, through an index on Id; None where
@@ -54,9 +55,8 @@ class FindsJourneys(ABC):
 
     @abstractmethod
     def find_claims_sql(self, address: QueueAddress) -> str:
-        """Params scan, needle, limit: rows (:class:`FoundClaimRow`) of the claim store of ``address``'s
-        schema among ``scan`` of its claims whose lower-cased Headers text holds ``needle``, at most
-        ``limit``, unlocked."""
+        """Params scan, needle: rows (:class:`FoundClaimRow`) of the claim store of ``address``'s
+        schema among ``scan`` of its claims whose lower-cased Headers text holds ``needle``, unlocked."""
 
     @abstractmethod
     def claims_scanned_all_sql(self, address: QueueAddress) -> str:

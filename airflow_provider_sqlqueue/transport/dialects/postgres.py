@@ -746,7 +746,7 @@ class PostgresDialect(Dialect):
         q = self.qualified_name(address)
         return (
             f"SELECT n.Seq, n.Id, n.Headers FROM (SELECT Seq, Id, Headers FROM {q} ORDER BY Seq DESC LIMIT %(scan)s) AS n "
-            "WHERE strpos(lower(n.Headers), %(needle)s) > 0 ORDER BY n.Seq LIMIT %(limit)s"
+            "WHERE strpos(lower(n.Headers), %(needle)s) > 0 ORDER BY n.Seq"
         )
 
     def find_by_id_sql(self, address: QueueAddress) -> str | None:
@@ -762,7 +762,7 @@ class PostgresDialect(Dialect):
         return (
             "SELECT n.Queue, n.Seq, n.Id, n.Headers, n.Holder, n.Deliveries FROM "
             f"(SELECT Queue, Seq, Id, Headers, Holder, Deliveries FROM {f} LIMIT %(scan)s) AS n "
-            "WHERE strpos(lower(n.Headers), %(needle)s) > 0 LIMIT %(limit)s"
+            "WHERE strpos(lower(n.Headers), %(needle)s) > 0"
         )
 
     def claims_scanned_all_sql(self, address: QueueAddress) -> str:

@@ -698,7 +698,7 @@ class SqlServerDialect(Dialect):
         # read), lower-cased so that a case-sensitive collation finds what a sender wrote in capitals.
         q = self.qualified_name(address)
         return (
-            "SELECT TOP (%(limit)s) n.RowVersion, n.Id, n.Headers FROM "
+            "SELECT n.RowVersion, n.Id, n.Headers FROM "
             f"(SELECT TOP (%(scan)s) RowVersion, Id, Headers FROM {q} WITH (READPAST, READCOMMITTEDLOCK) "
             "ORDER BY RowVersion DESC) AS n WHERE CHARINDEX(%(needle)s, LOWER(n.Headers)) > 0 ORDER BY n.RowVersion"
         )
@@ -714,7 +714,7 @@ class SqlServerDialect(Dialect):
     def find_claims_sql(self, address: QueueAddress) -> str:
         f = self.qualified_name(self.inflight_address(address))
         return (
-            "SELECT TOP (%(limit)s) n.Queue, n.Seq, n.Id, n.Headers, n.Holder, n.Deliveries FROM "
+            "SELECT n.Queue, n.Seq, n.Id, n.Headers, n.Holder, n.Deliveries FROM "
             f"(SELECT TOP (%(scan)s) Queue, Seq, Id, Headers, Holder, Deliveries FROM {f} "
             "WITH (READPAST, READCOMMITTEDLOCK)) AS n WHERE CHARINDEX(%(needle)s, LOWER(n.Headers)) > 0"
         )

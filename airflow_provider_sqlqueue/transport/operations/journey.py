@@ -92,8 +92,9 @@ def trace_context(headers: Headers) -> tuple[str, str] | None:
 
 
 #: What a row says of its message: processed (an audit copy), failed (an error queue's copy),
-#: claimed (a stage holds it) or waiting (in a queue).
-Station = Literal["processed", "failed", "claimed", "waiting"]
+#: claimed (a stage holds it), waiting (in a queue), or unreadable: the message's own row (found by
+#: its Id) whose headers cannot be read -- poison, which a receive moves to the error queue.
+Station = Literal["processed", "failed", "claimed", "waiting", "unreadable"]
 
 
 @dataclass(frozen=True)
@@ -145,16 +146,18 @@ class Sighting:
 
     def waited(self, now: datetime) -> timedelta | None:
         """From its send to the stage: until processing started, until it failed, or until ``now``
-        for a message still waiting or held."""
+        for a message still waiting or held. None where a time is missing, or where the clocks that
+        wrote the two disagree (the stage's says before the send): no figure rather than a wrong one."""
         until = {"processed": self.started, "failed": self.ended}.get(self.station, now)
-        return None if self.sent is None or until is None else until - self.sent
+        return None if self.sent is None or until is None else _span(self.sent, until)
 
     @property
     def processing(self) -> timedelta | None:
-        """How long the stage processed it (an audit copy's ``ProcessingEnded - ProcessingStarted``)."""
+        """How long the stage processed it (an audit copy's ``ProcessingEnded - ProcessingStarted``;
+        None where either is missing or they run backwards)."""
         if self.station != "processed" or self.started is None or self.ended is None:
             return None
-        return self.ended - self.started
+        return _span(self.started, self.ended)
 
     @property
     def moment(self) -> datetime:
@@ -185,6 +188,10 @@ class Journey:
         return tuple(dict.fromkeys(t[0] for t in found if t is not None))
 
 
+def _span(start: datetime, end: datetime) -> timedelta | None:
+    return end - start if end >= start else None
+
+
 def _matches(kind: Kind, key: str, row_id: uuid.UUID, headers: Headers) -> bool:
     """Whether a row the text search found is the message (or of the trace): the text only narrows."""
     if kind == "message":
@@ -201,6 +208,21 @@ def _station(headers: Headers, table: str) -> tuple[Station, str]:
     return "waiting", table
 
 
+def _search(
+    d: Dialect, kind: Kind, key: str, address: QueueAddress, scan: int
+) -> Operation[tuple[list[FoundRow], bool]]:
+    """One queue table's rows that may be the message's (or the trace's), and whether the scan saw all its rows."""
+    yield from table_shape(d, address)
+    target = d.qualified_name(address)
+    found = yield Step(d.find_sql(address), {"scan": scan, "needle": key}, Fetch.ALL, target)
+    rows = [FoundRow(*row) for row in found]
+    by_id = d.find_by_id_sql(address)
+    if kind == "message" and by_id is not None:
+        rows += [FoundRow(*row) for row in (yield Step(by_id, {"id": uuid.UUID(key)}, Fetch.ALL, target))]
+    [complete] = yield Step(d.scanned_all_sql(address), {"scan": scan}, Fetch.ONE, target)
+    return rows, bool(complete)
+
+
 @autocommitted
 def journey(
     d: Dialect, kind: Kind, key: str, queues: Sequence[QueueAddress], scan: int, limit: int, *, survey: bool = False
@@ -211,33 +233,34 @@ def journey(
     Each table costs a bounded scan of its newest ``scan`` rows' headers, one count of at most
     ``scan + 1`` rows off its Seq index and, for a message id where Id is indexed, one lookup by
     Id. A claim store is searched when the connection may read it; rows whose headers cannot be
-    read are passed over, as a browse passes them. ``survey``: the queues are a listing of the
-    database's, and one dropped (or no longer a queue) since it was listed is passed over instead
-    of failing the journey.
+    read are passed over, as a browse passes them, but for the message's own row found by its Id
+    (station ``unreadable``). ``survey``: the queues are a listing of the database's, and one
+    dropped (or no longer a queue) since it was listed, even while it is searched, is passed over
+    instead of failing the journey. Of the rows found, the ``limit`` that happened first are kept.
     """
     found: dict[tuple[QueueAddress, int, uuid.UUID], Sighting] = {}
     partial: list[QueueAddress] = []
     searched: list[QueueAddress] = []
-    params = {"scan": scan, "needle": key, "limit": limit + 1}
-    for address in queues:
+    for address in dict.fromkeys(queues):  # a table named twice is searched once
         try:
-            yield from table_shape(d, address)
+            rows, complete = yield from _search(d, kind, key, address, scan)
         except (QueueNotFoundError, NotAQueueError):
             if not survey:
                 raise
             continue
-        target, table = d.qualified_name(address), d.format_address(address)
-        rows = [FoundRow(*row) for row in (yield Step(d.find_sql(address), params, Fetch.ALL, target))]
-        by_id = d.find_by_id_sql(address)
-        if kind == "message" and by_id is not None:
-            rows += [FoundRow(*row) for row in (yield Step(by_id, {"id": uuid.UUID(key)}, Fetch.ALL, target))]
+        table = d.format_address(address)
         for seq, row_id, text in rows:
             headers, identity = readable_headers(text), as_uuid(row_id)
-            if headers is None or not _matches(kind, key, identity, headers):
+            if headers is None:
+                if kind == "message" and str(identity) == key:  # its own row, found by Id: say it is there
+                    found[(address, int(seq), identity)] = Sighting(
+                        address, int(seq), identity, {}, "unreadable", table
+                    )
+                continue
+            if not _matches(kind, key, identity, headers):
                 continue
             station, queue = _station(headers, table)
             found[(address, int(seq), identity)] = Sighting(address, int(seq), identity, headers, station, queue)
-        [complete] = yield Step(d.scanned_all_sql(address), {"scan": scan}, Fetch.ONE, target)
         searched.append(address)
         if not complete:
             partial.append(address)
@@ -248,7 +271,16 @@ def journey(
         if not readable:
             continue
         target = d.qualified_name(store)
-        claims = [FoundClaimRow(*row) for row in (yield Step(d.find_claims_sql(store), params, Fetch.ALL, target))]
+        try:
+            claims = [
+                FoundClaimRow(*row)
+                for row in (yield Step(d.find_claims_sql(store), {"scan": scan, "needle": key}, Fetch.ALL, target))
+            ]
+            [complete] = yield Step(d.claims_scanned_all_sql(store), {"scan": scan}, Fetch.ONE, target)
+        except QueueNotFoundError:  # dropped since it was found readable
+            if not survey:
+                raise
+            continue
         for claim in claims:
             headers, identity = readable_headers(claim.headers), as_uuid(claim.id)
             if headers is None or not _matches(kind, key, identity, headers):
@@ -264,7 +296,6 @@ def journey(
                 int(claim.deliveries),
             )
             found[(store, int(claim.seq), identity)] = seen
-        [complete] = yield Step(d.claims_scanned_all_sql(store), {"scan": scan}, Fetch.ONE, target)
         searched.append(store)
         if not complete:
             partial.append(store)
