@@ -17,7 +17,7 @@ from ..hooks.sqlqueue import SqlQueueHook, configured_conn_ids
 from ..lineage import queue_lineage
 from ..tasks import claimed_messages, failure_source, received_times, settling, tokens_by_queue
 from ..transport import Failure, Message, defaults
-from ..transport.client import delay_ms
+from ..transport.arguments import delay_ms
 from ..transport.errors import ArgumentTypeError, InvalidArgumentError, SqlQueueError
 from ..transport.message import ENCLOSED_MESSAGE_TYPES, flag, topic_names
 

@@ -13,8 +13,6 @@ Each call runs in its own short transaction, except in a ``transaction()`` block
 from __future__ import annotations
 
 import functools
-import os
-import socket
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping
 from contextlib import AbstractContextManager, asynccontextmanager
@@ -26,6 +24,22 @@ from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, Union, overloa
 from . import defaults
 from . import operations as ops
 from .addressing import QueueAddress, checked_text
+from .arguments import (
+    Token,
+    as_messages,
+    as_tokens,
+    default_holder,
+    delay_ms,
+    error_seqs,
+    label,
+    lease_ms,
+    lock_wait_span,
+    one_or_many,
+    place,
+    received,
+    same_table,
+    started_times,
+)
 from .dialects import Dialect
 from .drivers import Session, blocking_context, finish, open_session
 from .errors import (
@@ -67,121 +81,9 @@ log = logger("airflow_provider_sqlqueue.transport")
 #: transaction it runs in, is gone. A locked table (LockTimeoutError, one of them) only holds up that one.
 _ENDS_THE_CALL = (TransportUnavailableError, TransactionAbortedError, ClientClosedError)
 
-#: A claim token as the caller has it: the UUID, or its text from XCom or an event payload.
-Token = uuid.UUID | str
 V = TypeVar("V")
 #: Values by queue, the queues named by text, by address or both (a plain ``dict[str, ...]`` is one).
 ByQueue = Union[Mapping[str, V], Mapping[QueueAddress, V], Mapping[str | QueueAddress, V]]  # noqa: UP007
-
-
-def lease_ms(lease: timedelta | float) -> int:
-    """A lease in whole milliseconds, checked (positive, finite, at most ``defaults.MAX_LEASE``)."""
-    return max(1, round(duration("lease", lease, maximum=defaults.MAX_LEASE) / timedelta(milliseconds=1)))
-
-
-def lock_wait_span(lock_wait: timedelta | float) -> timedelta:
-    """How long a watcher waits for a locked table: positive, at most what either database holds
-    (``defaults.LONGEST_LOCK_WAIT``), at least a millisecond (no database waits less; 0 would mean
-    "for ever" to both)."""
-    return duration("lock_wait", lock_wait, maximum=defaults.LONGEST_LOCK_WAIT)
-
-
-def delay_ms(delay: timedelta | float) -> int:
-    """A give-back delay in whole milliseconds; zero means at once."""
-    return round(duration("delay", delay, minimum=timedelta(0), maximum=defaults.MAX_LEASE) / timedelta(milliseconds=1))
-
-
-def as_messages(messages: Message | Iterable[Message]) -> list[Message]:
-    """One message or many, checked to be :class:`Message` objects."""
-    if isinstance(messages, Message):
-        return [messages]
-    if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Iterable):
-        raise ArgumentTypeError(f"messages must be a Message or an iterable of them, got {type(messages).__name__}")
-    batch = list(messages)
-    for item in batch:
-        if not isinstance(item, Message):
-            raise ArgumentTypeError(f"expected Message objects, got {type(item).__name__}")
-    return batch
-
-
-def default_holder() -> str:
-    """Who holds a claim when the caller does not say: this process (shown with in-flight claims)."""
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def as_tokens(tokens: Token | Iterable[Token]) -> list[uuid.UUID]:
-    """Claim tokens from one token or many (UUIDs or their text), checked: at most one statement's worth."""
-    if isinstance(tokens, (uuid.UUID, str)):
-        tokens = [tokens]
-    elif not isinstance(tokens, Iterable) or isinstance(tokens, (bytes, Mapping)):
-        raise ArgumentTypeError(f"tokens must be a claim token or an iterable of them, got {type(tokens).__name__}")
-    checked = [uuid_value("claim token", token) for token in tokens]
-    if len(checked) > defaults.MAX_BATCH:
-        raise InvalidArgumentError(
-            f"at most {defaults.MAX_BATCH:,} tokens per call, got {len(checked):,}; settle in batches"
-        )
-    return checked
-
-
-def label(what: str, value: object) -> str:
-    """A holder or machine name as the database stores it: non-empty text it can hold, of bounded size."""
-    return checked_text(what, value, limit=defaults.MAX_LABEL)
-
-
-def received(what: str, message: object) -> ReceivedMessage:
-    """A message as a receive or claim returned it (not a token, a body or a message to send)."""
-    if not isinstance(message, ReceivedMessage):
-        raise ArgumentTypeError(
-            f"{what} must be a ReceivedMessage (as receive or claim return it), got {type(message).__name__}"
-        )
-    return message
-
-
-def place(what: str, value: object) -> int:
-    """A place in a queue (a Seq, or a partition number): an integer from 0 to the largest Seq."""
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ArgumentTypeError(f"{what} must be an integer, got {type(value).__name__} {value!r:.40}")
-    if not 0 <= value <= defaults.LAST_SEQ:
-        raise InvalidArgumentError(f"{what} must be between 0 and {defaults.LAST_SEQ}, got {value}")
-    return value
-
-
-def started_times(started: object) -> Mapping[uuid.UUID, datetime] | None:
-    """When processing of each message began (for audit headers), checked: aware datetimes by message id."""
-    if started is None:
-        return None
-    if not isinstance(started, Mapping):
-        raise ArgumentTypeError(f"started must map message ids to datetimes, got {type(started).__name__}")
-    for key, value in started.items():
-        uuid_value("message id", key)
-        if not isinstance(value, datetime) or value.tzinfo is None:
-            raise InvalidArgumentError(f"started must hold timezone-aware datetimes, got {value!r:.60}")
-    return started
-
-
-def one_or_many(tokens: Token | Iterable[Token], held: set[uuid.UUID]) -> bool | set[uuid.UUID]:
-    """A settle call's answer in the caller's terms: a bool for one token, the held set for many."""
-    return bool(held) if isinstance(tokens, (uuid.UUID, str)) else held
-
-
-def _seqs(seqs: Iterable[int]) -> list[int]:
-    """Places in an error queue, checked: at least one, each a positive integer no larger than a Seq can be."""
-    if isinstance(seqs, (str, bytes)) or not isinstance(seqs, Iterable):
-        raise ArgumentTypeError(f"seqs must be an iterable of integers, got {type(seqs).__name__}")
-    chosen = list(seqs)
-    if not chosen:
-        raise InvalidArgumentError("seqs must name at least one message")
-    if len(chosen) > defaults.MAX_BATCH:
-        raise InvalidArgumentError(f"seqs may name at most {defaults.MAX_BATCH:,} messages; retry in batches")
-    for seq in chosen:
-        if place("seqs", seq) < 1:
-            raise InvalidArgumentError(f"seqs must be positive integers, got {seq!r}")
-    return chosen
-
-
-def same_table(dialect: Dialect, one: QueueAddress, other: QueueAddress) -> bool:
-    """Whether two addresses reach one table (``orders`` and ``orders@"public"`` do)."""
-    return dialect.name_key(one) == dialect.name_key(other)
 
 
 class Addressing:
@@ -1035,7 +937,7 @@ class AsyncQueueClient(Addressing):
         check_positive("limit", limit)
         place("after", after)
         only = self.address(queue) if queue is not None else None
-        chosen = None if seqs is None else _seqs(seqs)
+        chosen = None if seqs is None else error_seqs(seqs)
         op = ops.retry_from_error(
             self.dialect,
             self.error_address(error_queue, only),
