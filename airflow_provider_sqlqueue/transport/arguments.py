@@ -20,6 +20,7 @@ from .addressing import QueueAddress, checked_text
 from .dialects import Dialect
 from .errors import ArgumentTypeError, InvalidArgumentError
 from .message import Message, ReceivedMessage, duration, uuid_value
+from .operations.locked import LockedBatch
 
 #: A claim token as the caller has it: the UUID, or its text from XCom or an event payload.
 Token = uuid.UUID | str
@@ -133,3 +134,28 @@ def error_seqs(seqs: Iterable[int]) -> list[int]:
 def same_table(dialect: Dialect, one: QueueAddress, other: QueueAddress) -> bool:
     """Whether two addresses reach one table (``orders`` and ``orders@"public"`` do)."""
     return dialect.name_key(one) == dialect.name_key(other)
+
+
+def transaction_id(what: str, value: object) -> int:
+    """A transaction's id as a locked batch carries it (``LockedBatch.xid``): a positive integer."""
+    xid = place(what, value)
+    if xid < 1:
+        raise InvalidArgumentError(f"{what} must be a transaction id (a positive integer), got {xid}")
+    return xid
+
+
+def locked_batch(batch: object) -> LockedBatch:
+    """A batch as :meth:`~.client.AsyncQueueClient.lock` returned it, checked whole: its id, a Seq
+    range, and poison within that range."""
+    if not isinstance(batch, LockedBatch):
+        raise ArgumentTypeError(f"batch must be a LockedBatch (as lock returns it), got {type(batch).__name__}")
+    transaction_id("batch's xid", batch.xid)
+    if place("batch's after", batch.after) > place("batch's last", batch.last):
+        raise InvalidArgumentError(f"a batch's range ends where it starts or later, got {batch.after} to {batch.last}")
+    if not isinstance(batch.poison, tuple) or not all(
+        type(seq) is int and batch.after < seq <= batch.last for seq in batch.poison
+    ):
+        raise InvalidArgumentError("a batch's poison are Seqs within its range")
+    if type(batch.count) is not int or not len(batch.poison) <= batch.count <= batch.last - batch.after:
+        raise InvalidArgumentError(f"a batch's count is how many rows of its range it locked, got {batch.count!r}")
+    return batch

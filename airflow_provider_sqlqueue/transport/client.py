@@ -34,11 +34,13 @@ from .arguments import (
     label,
     lease_ms,
     lock_wait_span,
+    locked_batch,
     one_or_many,
     place,
     received,
     same_table,
     started_times,
+    transaction_id,
 )
 from .dialects import Dialect
 from .drivers import Session, blocking_context, finish, open_session
@@ -295,6 +297,8 @@ class AsyncQueueClient(Addressing):
         self.session = session
         self._lock: TaskLock | ThreadLock = TaskLock()
         self._reporter = Reporter()
+        #: :meth:`transaction` blocks open, nested ones counted: where :meth:`lock` may run.
+        self._blocks = 0
 
     @property
     def meter(self) -> Meter:
@@ -374,8 +378,23 @@ class AsyncQueueClient(Addressing):
         """
         self._refuse_closed()  # what any driver says after close(), before it touches the connection
         async with self._lock, self.session.transaction():
-            yield
+            self._blocks += 1
+            try:
+                yield
+            finally:
+                self._blocks -= 1
             self._refuse_closed()  # close() inside the block: its transaction is rolled back, not committed
+
+    def _in_block(self, call: str, *, outermost: bool = False) -> None:
+        """Refuse ``call``, which works on the rows a :meth:`transaction` holds locked, outside such a
+        block (its own transaction would end as it returns, and its locks with it) -- and, for a lock,
+        in a nested block, a savepoint, whose row locks carry the savepoint's own id."""
+        if not self._blocks or (outermost and self._blocks > 1):
+            where = "outside a transaction block" if not self._blocks else "in a nested transaction block"
+            raise InvalidArgumentError(
+                f"{call}() works on the rows a transaction holds locked, and was called {where}: call it "
+                f"inside the outermost `with client.transaction():` block{', the one that locked the batch' if call != 'lock' else ''}"
+            )
 
     # -- installation ------------------------------------------------------------------------
 
@@ -1038,11 +1057,19 @@ class AsyncQueueClient(Addressing):
         *,
         after: int = 0,
         last: int = defaults.LAST_SEQ,
+        locked_by: int | None = None,
     ) -> ops.BrowseColumns:
         """:meth:`browse_page` as columns (ids as text, headers, bodies), with no message object per
-        row: for a bulk reader such as a Spark partition, which builds its own columns from them."""
+        row: for a bulk reader such as a Spark partition, which builds its own columns from them.
+
+        ``locked_by``: only the messages that transaction holds locked, the ``xid`` of a batch another
+        session's :meth:`lock` took -- how that batch's readers read it, while its block is open (after,
+        a page that finds nothing raises :class:`~.errors.InvalidArgumentError`). PostgreSQL only."""
         check_positive("limit", limit)
-        op = ops.browse_columns(self.dialect, self.address(queue), limit, place("after", after), place("last", last))
+        xid = None if locked_by is None else transaction_id("locked_by", locked_by)
+        op = ops.browse_columns(
+            self.dialect, self.address(queue), limit, place("after", after), place("last", last), xid
+        )
         return await self._run(op)
 
     async def seq_range(self, queue: str | QueueAddress) -> tuple[int, int] | None:
@@ -1131,6 +1158,72 @@ class AsyncQueueClient(Addressing):
         failure = None if error is None else Failure.of(error)
         address, holder = self.address(queue), label("holder", holder)
         return await self._run(ops.nack_held(self.dialect, address, holder, failure, delay_ms(delay)))
+
+    # -- batches locked by a transaction ---------------------------------------------------------
+    #
+    # NServiceBus's native receive, for a batch that other sessions read (a Spark job's executors):
+    # a transaction() block locks it, the readers read it meanwhile, and the block settles it.
+
+    async def lock(
+        self, queue: str | QueueAddress, max_messages: int, *, error_queue: str | QueueAddress | None = None
+    ) -> ops.LockedBatch:
+        """Lock up to ``max_messages`` of the queue's oldest unexpired messages in this client's open
+        :meth:`transaction` block (the outermost), for other sessions to read while the block is open
+        (:meth:`browse_columns` with ``locked_by=batch.xid``, ``after=batch.after``, ``last=batch.last``);
+        settle them before it ends with :meth:`ack_locked` or :meth:`nack_locked`.
+
+        Nothing is moved while they are held: locking 200,000 messages costs what locking their rows
+        costs, where :meth:`hold` moves each into the claim store. What the claim store keeps and a
+        lock gives up: a delivery count (``max_deliveries`` never applies), and settling from another
+        process. If the block ends without an ack -- it raised, the process died, its connection was cut
+        -- every message is back as it was, with no delivery counted. The open block keeps
+        PostgreSQL's xmin horizon where it began, for every table of the database: vacuum removes no
+        dead row until it ends. Rows other receivers hold are skipped; rows whose headers cannot be
+        read are locked and named in ``poison``, for the settle to move to the error queue (which must
+        exist). Other calls in the block must not receive from the queue: they would take the
+        batch's own rows. PostgreSQL only (SQL Server's readers cannot tell one transaction's locks from another's).
+        """
+        check_positive("max_messages", max_messages, defaults.MAX_HELD)
+        address = self.address(queue)
+        op = ops.lock_batch(self.dialect, address, self.error_address(error_queue, address), max_messages)
+        async with self._lock:
+            self._refuse_closed()
+            self._in_block("lock", outermost=True)
+            batch = await ops.drive(op, self.session.execute)  # in the block's transaction, not a savepoint of it
+        self._counted("received", address, batch.count - len(batch.poison))
+        return batch
+
+    async def ack_locked(
+        self, queue: str | QueueAddress, batch: ops.LockedBatch, *, error_queue: str | QueueAddress | None = None
+    ) -> int:
+        """Acknowledge a batch :meth:`lock` locked, in the block that locked it: its messages deleted
+        (copied to the audit queue when the client audits), its poison moved, unchanged, to the error
+        queue, all committing when the block does. Rows sent into its Seq range since, or held by
+        others, are not touched. Returns how many messages were acknowledged (one whose time to be
+        received passed while held is deleted uncounted)."""
+        address, batch = self.address(queue), locked_batch(batch)
+        error, audit = self.error_address(error_queue, address), self.audit_address(address)
+        async with self._lock:
+            self._in_block("ack_locked")
+            handled, moved = await self._run(ops.ack_locked(self.dialect, address, error, batch, audit))
+        self._counted("handled", address, handled)
+        self._counted("moved_to_error", address, moved)
+        return handled
+
+    async def nack_locked(
+        self, queue: str | QueueAddress, batch: ops.LockedBatch, *, error_queue: str | QueueAddress | None = None
+    ) -> int:
+        """Give back a batch :meth:`lock` locked, in the block that locked it: its poison is moved to the
+        error queue (committing with the block: end it normally), nothing else is touched, and the other
+        messages are receivable again once the block ends, with no delivery counted. Returns how many."""
+        address, batch = self.address(queue), locked_batch(batch)
+        error = self.error_address(error_queue, address)
+        async with self._lock:
+            self._in_block("nack_locked")
+            given_back, moved = await self._run(ops.nack_locked(self.dialect, address, error, batch))
+        self._counted("failed", address, given_back)
+        self._counted("moved_to_error", address, moved)
+        return given_back
 
     # -- the write ledger ------------------------------------------------------------------------
 
@@ -1454,6 +1547,9 @@ class QueueClient(Addressing):
     extend_held = _blocking(AsyncQueueClient.extend_held)
     hold = _blocking(AsyncQueueClient.hold)
     nack_held = _blocking(AsyncQueueClient.nack_held)
+    lock = _blocking(AsyncQueueClient.lock)
+    ack_locked = _blocking(AsyncQueueClient.ack_locked)
+    nack_locked = _blocking(AsyncQueueClient.nack_locked)
     create_writes = _blocking(AsyncQueueClient.create_writes)
     record_write = _blocking(AsyncQueueClient.record_write)
     forget_write = _blocking(AsyncQueueClient.forget_write)
