@@ -428,17 +428,20 @@ def _conn_ids(world: World) -> list[tuple[str, Any]]:
 
 
 def _locked_batches(world: World) -> list[tuple[str, Any]]:
+    queue = f'orders@"{world.schema}"'  # the queue's address as a batch of it names it
     return [
+        ("another queue's", LockedBatch(f'error@"{world.schema}"', 3, 0, 10, 1)),
+        ("a queue that is no text", LockedBatch(42, 3, 0, 10, 1)),  # type: ignore[arg-type]
         ("text", "105593:0:11"),
         ("number", 42),
         ("none", None),
-        ("another transaction's", LockedBatch(3, 0, 10, 1)),
-        ("id zero", LockedBatch(0, 0, 10, 1)),
-        ("id past bigint", LockedBatch(2**63, 0, 10, 1)),
-        ("range backwards", LockedBatch(5, 10, 3, 0)),
-        ("poison outside its range", LockedBatch(5, 0, 10, 1, (11,))),
-        ("poison as a list", LockedBatch(5, 0, 10, 1, [3])),  # type: ignore[arg-type]
-        ("more rows than its range", LockedBatch(5, 0, 10, 11)),
+        ("another transaction's", LockedBatch(queue, 3, 0, 10, 1)),
+        ("id zero", LockedBatch(queue, 0, 0, 10, 1)),
+        ("id past bigint", LockedBatch(queue, 2**63, 0, 10, 1)),
+        ("range backwards", LockedBatch(queue, 5, 10, 3, 0)),
+        ("poison outside its range", LockedBatch(queue, 5, 0, 10, 1, (11,))),
+        ("poison as a list", LockedBatch(queue, 5, 0, 10, 1, [3])),  # type: ignore[arg-type]
+        ("more rows than its range", LockedBatch(queue, 5, 0, 10, 11)),
     ]
 
 

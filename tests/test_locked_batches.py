@@ -184,6 +184,10 @@ def test_a_lock_is_refused_outside_the_outermost_block_and_a_batch_settled_elsew
         client.lock(queue, 3)
     with client.transaction(), client.transaction(), pytest.raises(InvalidArgumentError, match="nested"):
         client.lock(queue, 3)
+    with client.transaction():  # one batch of a queue per block: its locks carry one id
+        client.lock(queue, 1)
+        with pytest.raises(InvalidArgumentError, match=r"has locked a batch of .* already"):
+            client.lock(queue, 1)
     with psycopg.connect(pg_uri) as borrowed:  # a connection with a transaction of its own open
         borrowed.execute("SELECT 1")
         with (
@@ -194,6 +198,8 @@ def test_a_lock_is_refused_outside_the_outermost_block_and_a_batch_settled_elsew
             lent.lock(queue, 3)
     with client.transaction():
         batch = client.lock(queue, 3)
+        with pytest.raises(InvalidArgumentError, match="settle it on its own queue"):
+            client.ack_locked(queue.sibling("error"), batch)
         with QueueClient.connect(pg_uri) as other:
             with pytest.raises(InvalidArgumentError, match="outside a transaction block"):
                 other.ack_locked(queue, batch)

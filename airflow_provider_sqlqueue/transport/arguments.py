@@ -149,6 +149,8 @@ def locked_batch(batch: object) -> LockedBatch:
     range, and poison within that range."""
     if not isinstance(batch, LockedBatch):
         raise ArgumentTypeError(f"batch must be a LockedBatch (as lock returns it), got {type(batch).__name__}")
+    if not isinstance(batch.queue, str):
+        raise ArgumentTypeError(f"a batch's queue is its address as text, got {type(batch.queue).__name__}")
     transaction_id("batch's xid", batch.xid)
     if place("batch's after", batch.after) > place("batch's last", batch.last):
         raise InvalidArgumentError(f"a batch's range ends where it starts or later, got {batch.after} to {batch.last}")

@@ -299,6 +299,8 @@ class AsyncQueueClient(Addressing):
         self._reporter = Reporter()
         #: :meth:`transaction` blocks open, nested ones counted: where :meth:`lock` may run.
         self._blocks = 0
+        #: The queues the open block has locked a batch of (:meth:`lock`), by :meth:`Dialect.name_key`.
+        self._locked: set[tuple[str | None, str, str]] = set()
 
     @property
     def meter(self) -> Meter:
@@ -383,6 +385,8 @@ class AsyncQueueClient(Addressing):
                 yield
             finally:
                 self._blocks -= 1
+                if not self._blocks:
+                    self._locked.clear()
             self._refuse_closed()  # close() inside the block: its transaction is rolled back, not committed
 
     def _in_block(self, call: str, *, outermost: bool = False) -> None:
@@ -1189,7 +1193,14 @@ class AsyncQueueClient(Addressing):
         async with self._lock:
             self._refuse_closed()
             self._in_block("lock", outermost=True)
+            if self.dialect.name_key(address) in self._locked:  # its readers would read both batches as one
+                raise InvalidArgumentError(
+                    f"this block has locked a batch of {self.dialect.qualified_name(address)} already: a block's "
+                    "locks carry one id, so a second batch's readers would read the first's too; lock up to "
+                    "max_messages at once, or one batch per block"
+                )
             batch = await ops.drive(op, self.session.execute)  # in the block's transaction, not a savepoint of it
+            self._locked.add(self.dialect.name_key(address))
         self._counted("received", address, batch.count - len(batch.poison))
         return batch
 

@@ -37,13 +37,15 @@ log = logger("airflow_provider_sqlqueue.transport")
 
 @dataclass(frozen=True)
 class LockedBatch:
-    """A batch locked by one transaction: the rows with ``after`` < Seq <= ``last`` that transaction
-    ``xid`` holds locked -- ``count`` of them, of which those at the Seqs in ``poison`` have headers
-    nobody can read (no reader returns them; settling moves them to the error queue).
+    """A batch locked by one transaction: the rows of ``queue`` (its address as NServiceBus writes
+    it) with ``after`` < Seq <= ``last`` that transaction ``xid`` holds locked -- ``count`` of them, of
+    which those at the Seqs in ``poison`` have headers nobody can read (no reader returns them;
+    settling moves them to the error queue).
 
     Rows sent into that range after the lock are not in the batch: the readers and the settle
     select by the lock, not by the range alone."""
 
+    queue: str
     xid: int
     after: int
     last: int
@@ -77,7 +79,8 @@ def lock_batch(d: Dialect, address: QueueAddress, error_address: QueueAddress, l
     poison = tuple(seqs[n] for n in unreadable_rows([row[1] for row in rows]))
     if seqs:
         log.debug("Locked %d message(s) of %s in transaction %s", len(seqs), target, xid)
-    return LockedBatch(int(xid), seqs[0] - 1 if seqs else 0, seqs[-1] if seqs else 0, len(seqs), poison)
+    first, last = (seqs[0] - 1, seqs[-1]) if seqs else (0, 0)
+    return LockedBatch(d.claim_key(address), int(xid), first, last, len(seqs), poison)
 
 
 def ack_locked(
@@ -113,9 +116,14 @@ def nack_locked(
 
 
 def _in_its_transaction(d: Dialect, address: QueueAddress, batch: LockedBatch) -> Operation[None]:
-    """Refuse to settle a batch outside the transaction that locked it: another could not delete its
-    rows (it would wait for their lock) and nothing it did would commit with them."""
+    """Refuse to settle a batch outside the transaction that locked it -- another could not delete its
+    rows (it would wait for their lock) and nothing it did would commit with them -- or as another
+    queue's: a transaction's locks on two queues carry one id, and their Seq ranges may overlap."""
     sql = d.current_transaction_sql()  # refused here, before any statement, where the database cannot
+    if batch.queue != d.claim_key(address):
+        raise InvalidArgumentError(
+            f"the batch was locked on queue {batch.queue}, not on {d.claim_key(address)}: settle it on its own queue"
+        )
     yield from table_shape(d, address)
     (current,) = yield Step(sql, {}, Fetch.ONE, d.qualified_name(address))
     if current is None or int(current) != batch.xid:
