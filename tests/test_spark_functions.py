@@ -221,6 +221,27 @@ def test_a_claimed_job_that_raises_gives_every_message_back_and_the_poison_away(
         assert [m.text for m in client.receive(QueueAddress("a", schema), 30)] == [f"m{n}" for n in range(20)]
 
 
+def test_a_job_that_outlived_its_drivers_connection_raises_its_own_error_and_its_batch_is_back(
+    local_spark, shop, pg_uri
+) -> None:
+    schema, uri = shop
+    with QueueClient.connect(uri) as client:
+        client.send(QueueAddress("a", schema), [Message(f"m{n}") for n in range(5)])
+    with (  # noqa: PT012 - the connection is cut, then the job fails
+        pytest.raises(RuntimeError, match="the job failed"),
+        claimed_from_queue(local_spark, url=uri, queue=f'a@"{schema}"'),
+        psycopg.connect(pg_uri, autocommit=True) as raw,
+    ):
+        raw.execute(  # the driver's session, holding the batch (its last statement named the queue)
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE state LIKE 'idle in transaction%%' "
+            "AND strpos(query, %s) > 0",
+            (schema,),
+        )
+        raise RuntimeError("the job failed")
+    with QueueClient.connect(uri) as client:  # the transaction never committed: every message is back
+        assert [m.text for m in client.receive(QueueAddress("a", schema), 10)] == [f"m{n}" for n in range(5)]
+
+
 @pytest.mark.parametrize(
     ("extra", "refusal"),
     [

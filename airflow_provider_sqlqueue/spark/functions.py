@@ -157,19 +157,26 @@ def claimed_from_queue(spark: SparkSession, **options: str) -> Iterator[DataFram
         parsed.check(client, claims=True)  # the queue, and an error queue that is not the queue itself
         register(spark)
         failed: BaseException | None = None
-        with client.transaction():
-            batch = client.lock(parsed.queue, parsed.max_messages_per_batch, error_queue=parsed.error_queue)
-            lock = Lock(batch.xid, batch.after, batch.last).text()
-            log.info(
-                "Locked %d message(s) of %s for a Spark read (transaction %s)", batch.count, parsed.queue, batch.xid
-            )
-            try:
-                yield spark.read.format(NAME).options(**reading, lock=lock).load()
-            except BaseException as exc:  # noqa: BLE001  # given back, poison moved: the block commits only that
-                failed = exc
-                client.nack_locked(parsed.queue, batch, error_queue=parsed.error_queue)
-            else:
-                handled = client.ack_locked(parsed.queue, batch, error_queue=parsed.error_queue)
-                log.info("Acknowledged %d message(s) of %s read by Spark", handled, parsed.queue)
+        try:
+            with client.transaction():
+                batch = client.lock(parsed.queue, parsed.max_messages_per_batch, error_queue=parsed.error_queue)
+                lock = Lock(batch.xid, batch.after, batch.last).text()
+                log.info(
+                    "Locked %d message(s) of %s for a Spark read (transaction %s)", batch.count, parsed.queue, batch.xid
+                )
+                try:
+                    yield spark.read.format(NAME).options(**reading, lock=lock).load()
+                except BaseException as exc:  # noqa: BLE001  # given back, poison moved: the block commits only that
+                    failed = exc
+                    client.nack_locked(parsed.queue, batch, error_queue=parsed.error_queue)
+                else:
+                    handled = client.ack_locked(parsed.queue, batch, error_queue=parsed.error_queue)
+                    log.info("Acknowledged %d message(s) of %s read by Spark", handled, parsed.queue)
+        except SqlQueueError as exc:
+            if failed is None:
+                raise
+            # The give-back failed (the connection the job outlived, most likely): the transaction did
+            # not commit, so the batch is back all the same, its poison with it. The job's error is the news.
+            log.warning("The batch of %s came back uncommitted, its poison with it: %s", parsed.queue, exc)
         if failed is not None:
             raise failed
