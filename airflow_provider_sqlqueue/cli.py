@@ -29,7 +29,8 @@ from . import __version__
 from .exit_status import INTERRUPTED
 from .transport import QueueAddress, QueueClient, defaults
 from .transport import operations as ops
-from .transport.client import Addressing, lock_wait_span
+from .transport.arguments import lock_wait_span
+from .transport.client import Addressing
 from .transport.dialects import Dialect, get_dialect
 from .transport.drivers import dialect_for, finish
 from .transport.errors import InvalidArgumentError, SqlQueueError, one_line, printable

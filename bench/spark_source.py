@@ -10,8 +10,9 @@ executor cores, one PostgreSQL. The same 200,000 rows (``n``, ``name``, ``amount
   the same columns (no queue: the floor of getting rows into PostgreSQL), and into a queue table
   (``direct``), rows with an id, headers and a JSON body built by Spark, as a user writing the
   queue table with JDBC alone would (no guarantee: a retried task sends twice, no ledger);
-- read back by the data source (browse, in Seq ranges across executors; and claim mode), by
-  ``read_queue`` (on the driver) and by Spark's JDBC reader of the queue table;
+- read back by the data source (browse, in Seq ranges across executors; claim mode; and
+  ``claimed_from_queue``, the batch held by the driver's transaction), by ``read_queue`` (on the
+  driver) and by Spark's JDBC reader of the queue table;
 - relayed queue to queue by the streaming example (claims per micro-batch, acknowledged after
   the batch's write by ``batch_writer``, which takes the JVM path), in micro-batches of 5,000
   (the example's size) and of 100,000.
@@ -25,6 +26,7 @@ installs).
 
     .venv/bin/python bench/spark_source.py --json bench/spark.json
     .venv/bin/python bench/spark_source.py --local --json bench/spark-local.json
+    .venv/bin/python bench/spark_source.py --local --reads-only --json /tmp/spark-local-tx.json
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from psycopg.conninfo import conninfo_to_dict
 from airflow_provider_sqlqueue.spark import (
     NAME,
     ack_held,
+    claimed_from_queue,
     read_queue,
     register,
     save_to_queue,
@@ -90,10 +93,15 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--local", action="store_true", help="local[2] in one JVM instead of the standalone cluster")
     parser.add_argument("--rows", type=int, default=ROWS, help=f"rows each way (default {ROWS:,})")
-    parser.add_argument(
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument(
         "--writes-only", action="store_true", help="the writes alone (a few minutes), without reads and streams"
     )
+    only.add_argument(
+        "--reads-only", action="store_true", help="the reads alone (a few minutes), without writes and streams"
+    )
     args = parser.parse_args()
+    workloads = "writes" if args.writes_only else "reads" if args.reads_only else "all"
     ROWS = args.rows
     with database(args.pg_uri) as uri, tempfile.TemporaryDirectory(prefix="sqlqueue-bench-spark-") as work:
         schema = f"bench_spark_{uuid.uuid4().hex[:6]}"
@@ -111,7 +119,7 @@ def main() -> None:
                 spark = local_session()
                 results = {
                     "spark": "local[2]",
-                    **measure(spark, uri, schema, queue, relayed, url, props, Path(work), args.writes_only),
+                    **measure(spark, uri, schema, queue, relayed, url, props, Path(work), workloads),
                 }
                 spark.stop()
             else:
@@ -122,7 +130,7 @@ def main() -> None:
                     register(spark)
                     results = {
                         "spark": "standalone cluster, 2 executor cores",
-                        **measure(spark, uri, schema, queue, relayed, url, props, Path(work), args.writes_only),
+                        **measure(spark, uri, schema, queue, relayed, url, props, Path(work), workloads),
                     }
                     spark.stop()
         finally:
@@ -159,8 +167,9 @@ def measure(
     url: str,
     props: dict[str, str],
     work: Path,
-    writes_only: bool,
+    workloads: str,
 ) -> dict[str, Any]:
+    """The workloads (``all``, ``writes`` or ``reads``), each the best of RUNS, with their ratios to JDBC."""
     df = spark.range(ROWS, numPartitions=2).selectExpr("id AS n", "concat('name-', id) AS name", "id * 0.5 AS amount")
     df = df.cache()
     df.count()
@@ -197,19 +206,23 @@ def measure(
         save_to_queue(df, url=uri, queue=queue, engine="jvm")
         return ROWS
 
-    write = {
-        "jdbc": best(plain_jdbc, empty),
-        "jdbc_into_queue_table": best(jdbc_into_queue, empty),
-        "save_to_queue": best(jvm_sink, empty),
-        "send_rows": best(helper, empty),
-        "sqlqueue": best(sink, empty),
-    }
-
-    write_ratios = {
-        "write": {k: round(v / write["jdbc"], 2) for k, v in write.items()},
-        "write_vs_jdbc_into_queue_table": {k: round(v / write["jdbc_into_queue_table"], 2) for k, v in write.items()},
-    }
-    if writes_only:
+    write: dict[str, float] = {}
+    write_ratios: dict[str, Any] = {}
+    if workloads != "reads":
+        write = {
+            "jdbc": best(plain_jdbc, empty),
+            "jdbc_into_queue_table": best(jdbc_into_queue, empty),
+            "save_to_queue": best(jvm_sink, empty),
+            "send_rows": best(helper, empty),
+            "sqlqueue": best(sink, empty),
+        }
+        write_ratios = {
+            "write": {k: round(v / write["jdbc"], 2) for k, v in write.items()},
+            "write_vs_jdbc_into_queue_table": {
+                k: round(v / write["jdbc_into_queue_table"], 2) for k, v in write.items()
+            },
+        }
+    if workloads == "writes":
         return {"rows": ROWS, "rows_per_second": {"write": _rounded(write)}, "ratio_to_jdbc": write_ratios}
 
     def fill() -> None:
@@ -248,12 +261,20 @@ def measure(
         ack_held(uri, queue, holder)
         return count
 
+    def claimed() -> int:
+        with claimed_from_queue(spark, url=uri, queue=queue, maxMessagesPerBatch=str(ROWS)) as df:
+            return consumed(df)  # locked, read, then acknowledged as the block ends
+
     read = {
         "jdbc": best(jdbc_read, fill),
         "read_queue": best(helper_read, fill),
         "sqlqueue_browse": best(browse, fill),
     }
     read["sqlqueue_claim"] = best(claim, fill)
+    read["sqlqueue_claimed_from_queue"] = best(claimed, fill)
+    read_ratios = {k: round(v / read["jdbc"], 2) for k, v in read.items()}
+    if workloads == "reads":
+        return {"rows": ROWS, "rows_per_second": {"read": _rounded(read)}, "ratio_to_jdbc": {"read": read_ratios}}
 
     from spark_jobs import relay_orders
 
@@ -269,7 +290,7 @@ def measure(
     rate = {"write": write, "read": read, "stream_relay": streamed}
     ratios = {
         **write_ratios,
-        "read": {k: round(v / read["jdbc"], 2) for k, v in read.items()},
+        "read": read_ratios,
         "stream_relay_vs_jdbc_write": {k: round(v / write["jdbc"], 2) for k, v in streamed.items()},
     }
     return {"rows": ROWS, "rows_per_second": {k: _rounded(v) for k, v in rate.items()}, "ratio_to_jdbc": ratios}

@@ -17,6 +17,7 @@ from airflow_provider_sqlqueue.transport import QueueAddress
 from airflow_provider_sqlqueue.transport import operations as ops
 from airflow_provider_sqlqueue.transport.dialects import Dialect, get_dialect
 from airflow_provider_sqlqueue.transport.drivers import finish
+from airflow_provider_sqlqueue.transport.errors import TransportMisconfiguredError
 
 QUEUE = QueueAddress("orders", "sales")
 ERROR = QueueAddress("error", "sales")
@@ -94,7 +95,23 @@ _PRODUCERS: dict[str, Callable[[Dialect], set[str]]] = {
     "scanned_all": lambda d: _all(d.scanned_all_sql(QUEUE)),
     "can_read": lambda d: _all(d.can_read_sql()),
     "schema_exists": lambda d: _all(d.schema_exists_sql(QUEUE.sibling("gone"))),
+    "lock_batch": lambda d: _locked(lambda: d.lock_batch_sql(QUEUE)),
+    "locker": lambda d: _locked(lambda: d.locker_sql(QUEUE)),
+    "current_transaction": lambda d: _locked(d.current_transaction_sql),
+    "browse_locked": lambda d: _locked(lambda: d.browse_locked_sql(QUEUE)),
+    "transaction_open": lambda d: _locked(d.transaction_open_sql),
+    "locked_to_error": lambda d: _locked(lambda: d.locked_to_error_sql(QUEUE, ERROR, d.table_shape(ERROR) or _shape())),
+    "ack_locked": lambda d: _locked(lambda: d.ack_locked_sql(QUEUE)),
+    "ack_locked_copy": lambda d: _locked(lambda: d.ack_locked_copy_sql(QUEUE)),
 }
+
+
+def _locked(make: Callable[[], str]) -> set[str]:
+    """A statement of a batch locked by a transaction; none where the dialect refuses them (SQL Server)."""
+    try:
+        return {make()}
+    except TransportMisconfiguredError:
+        return set()
 
 
 def _addresses(d: Dialect, *addresses: QueueAddress) -> list[QueueAddress]:

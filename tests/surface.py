@@ -21,6 +21,7 @@ from enum import Enum
 from typing import Any
 
 from airflow_provider_sqlqueue.transport import Message, QueueAddress, ReceivedMessage
+from airflow_provider_sqlqueue.transport.operations import LockedBatch
 
 
 class Kind(Enum):
@@ -59,6 +60,8 @@ class Kind(Enum):
     METER = "where counts and timings are reported"
     OPENER = "a function opening a client"
     JOURNEY = "a message id or a trace id"
+    LOCKED = "a batch locked by the caller's transaction"
+    XID = "the id of a transaction holding a locked batch"
 
 
 #: Parameter name -> kind, one entry per concept and name across the core and the hook.
@@ -135,6 +138,8 @@ KINDS: dict[str, Kind] = {
     "open_client": Kind.OPENER,
     "message_or_trace": Kind.JOURNEY,
     "scan": Kind.COUNT,
+    "batch": Kind.LOCKED,
+    "locked_by": Kind.XID,
 }
 
 #: Longer than any identifier either database holds (PostgreSQL 63 bytes, SQL Server 128 characters).
@@ -441,6 +446,45 @@ def _journeys(world: World) -> list[tuple[str, Any]]:
     ]
 
 
+def _locked_batches(world: World) -> list[tuple[str, Any]]:
+    queue = f'orders@"{world.schema}"'  # the queue's address as a batch of it names it
+    return [
+        ("another queue's", LockedBatch(f'error@"{world.schema}"', 3, 0, 10, 1)),
+        ("a queue that is no text", LockedBatch(42, 3, 0, 10, 1)),  # type: ignore[arg-type]
+        ("text", "105593:0:11"),
+        ("number", 42),
+        ("none", None),
+        ("another transaction's", LockedBatch(queue, 3, 0, 10, 1)),
+        ("id zero", LockedBatch(queue, 0, 0, 10, 1)),
+        ("id past bigint", LockedBatch(queue, 2**63, 0, 10, 1)),
+        ("range backwards", LockedBatch(queue, 5, 10, 3, 0)),
+        ("poison outside its range", LockedBatch(queue, 5, 0, 10, 1, (11,))),
+        ("poison as a list", LockedBatch(queue, 5, 0, 10, 1, [3])),  # type: ignore[arg-type]
+        ("more rows than its range", LockedBatch(queue, 5, 0, 10, 11)),
+    ]
+
+
+def _transaction_ids(world: World) -> list[tuple[str, Any]]:
+    return [
+        ("zero", 0),
+        ("negative", -1),
+        ("past bigint", 2**63),
+        ("text", "105593"),
+        ("bool", True),
+        ("float", 1.5),
+        ("an ended transaction", 3),
+        ("in the future", 2**62),
+    ]
+
+
+@dataclass(frozen=True)
+class LockedHere:
+    """The good batch of a call that settles one: a batch of ``queue`` locked by the call's own
+    transaction block just before the call (``tests/test_contract.py`` locks it)."""
+
+    queue: QueueAddress
+
+
 def _sync_handler(message: Any, connection: Any) -> None:
     """A handler written without ``async``: the pump could only fail every message with it."""
 
@@ -486,6 +530,8 @@ CATALOGUE: dict[Kind, Callable[[World], list[tuple[str, Any]]]] = {
     Kind.METER: lambda w: [("number", 42), ("text", "statsd")],
     Kind.OPENER: lambda w: [("not callable", 42), ("opens no client", _not_a_client)],
     Kind.JOURNEY: _journeys,
+    Kind.LOCKED: _locked_batches,
+    Kind.XID: _transaction_ids,
 }
 
 
@@ -527,6 +573,7 @@ def good_value(kind: Kind, parameter: str, world: World) -> Any:
         Kind.CONN_ID: "contract",
         Kind.SIZE: 0,
         Kind.JOURNEY: "4bf92f3577b34da6a3ce929d0e0e4736",
+        Kind.LOCKED: LockedHere(world.queue),
     }[kind]
 
 

@@ -45,7 +45,7 @@ from airflow_provider_sqlqueue.transport import (
     TransactionAbortedError,
     TransportUnavailableError,
 )
-from tests.surface import ABSENT, CATALOGUE, KINDS, NO_INPUT, Kind, World, good_value
+from tests.surface import ABSENT, CATALOGUE, KINDS, NO_INPUT, Kind, LockedHere, World, good_value
 
 SECRET = "contract-s3cret"
 #: How the lent connection of a second good-values call is set up: unlike psycopg's defaults, as an
@@ -59,11 +59,11 @@ ODD_SESSION = (
 
 #: Every public method of QueueClient: the registry's first rows.
 CLIENT = {
-    "ack", "ack_held", "address", "audit_address", "beside", "browse", "browse_columns", "browse_page", "canonical_address",
+    "ack", "ack_held", "ack_locked", "address", "audit_address", "beside", "browse", "browse_columns", "browse_page", "canonical_address",
     "check_queue", "claim", "copies_sends", "claims", "close", "connect", "connection", "create_queue",
     "create_subscription_table", "create_writes", "database", "depth", "drop_queue", "error_address", "error_queues", "error_summary", "extend", "extend_held",
     "fail", "failed_messages", "forget_write", "forward", "health", "held", "held_columns", "hold", "horizon", "in_flight", "installation", "journey", "kind",
-    "lapsed_claims", "meter", "move_due", "move_to_error", "nack", "nack_held", "next_due", "peek", "publish", "purge",
+    "lapsed_claims", "lock", "meter", "move_due", "move_to_error", "nack", "nack_held", "nack_locked", "next_due", "peek", "publish", "purge",
     "purge_expired", "queue_page", "queue_stats", "queues", "receive", "receive_native", "record_write", "release_lapsed",
     "reserve", "retry_errors", "retry_errors_page", "send", "send_copied", "send_csv", "seq_range", "subscribe", "subscribers",
     "subscription_table", "take", "transaction", "unsubscribe",
@@ -216,10 +216,20 @@ def arguments(function: Callable[..., Any], world: World, hostile: tuple[str, An
     return chosen
 
 
+#: Calls that work on rows a transaction holds locked: each is made in a transaction block, in which
+#: the good batch of a settle is locked first (LockedHere).
+IN_A_TRANSACTION = {"lock", "ack_locked", "nack_locked"}
+
+
 def call_sync(client: QueueClient, name: str, kwargs: dict[str, Any]) -> Any:
     if name == "connect":
         with QueueClient.connect(**kwargs):
             return None
+    if name in IN_A_TRANSACTION:
+        with client.transaction():
+            if isinstance(kwargs.get("batch"), LockedHere):
+                kwargs = {**kwargs, "batch": client.lock(kwargs["batch"].queue, 1)}
+            return getattr(client, name)(**kwargs)
     member = getattr(client, name)
     if not callable(member):
         return member
@@ -235,6 +245,11 @@ async def call_async(client: AsyncQueueClient, name: str, kwargs: dict[str, Any]
         opened = await AsyncQueueClient.connect(**kwargs)
         await opened.close()
         return None
+    if name in IN_A_TRANSACTION:
+        async with client.transaction():
+            if isinstance(kwargs.get("batch"), LockedHere):
+                kwargs = {**kwargs, "batch": await client.lock(kwargs["batch"].queue, 1)}
+            return await getattr(client, name)(**kwargs)
     member = getattr(client, name)
     if not callable(member):
         return member

@@ -41,9 +41,15 @@ def test_every_source_module_has_its_test_module() -> None:
 
 
 #: Lines a module may have: one capability a maintainer can read whole. The client facade (every
-#: call of the API, each a few lines over an operation) and the dialects' SQL text may be longer.
+#: call of the API, each a few lines over an operation), the dialects' SQL text and the dialect
+#: interface that declares each statement (a docstring per statement) may be longer.
 MAX_LINES = 800
-LONGER = {"transport/client.py": 1600, "transport/dialects/postgres.py": 1600, "transport/dialects/sqlserver.py": 1600}
+LONGER = {
+    "transport/client.py": 1600,
+    "transport/dialects/base.py": 1000,
+    "transport/dialects/postgres.py": 1600,
+    "transport/dialects/sqlserver.py": 1600,
+}
 
 
 def test_no_module_outgrows_what_a_maintainer_can_read_whole() -> None:

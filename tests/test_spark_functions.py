@@ -4,12 +4,14 @@ through ``format("sqlqueue")``, saying which; ``engine`` chooses; one ledger for
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 
+import psycopg
 import pytest
 
-from airflow_provider_sqlqueue.spark import InvalidOptionError, register, save_to_queue
-from airflow_provider_sqlqueue.transport import QueueAddress, QueueClient
+from airflow_provider_sqlqueue.spark import InvalidOptionError, claimed_from_queue, register, save_to_queue
+from airflow_provider_sqlqueue.transport import Message, QueueAddress, QueueClient, SqlQueueError
 from tests.test_spark_jvm import local_spark_fixture, shop_fixture  # noqa: F401 - the fixtures local_spark and shop
 
 pytestmark = pytest.mark.postgres_only
@@ -168,3 +170,174 @@ def test_a_database_that_does_not_exist_is_named_without_the_password(local_spar
     with pytest.raises(Exception, match="no_such_database") as refused:
         save_to_queue(local_spark.range(0, 1), url=elsewhere, queue=f'a@"{schema}"', engine="jvm")
     assert "no_such_database" in str(refused.value) and SECRET not in str(refused.value)
+
+
+# -- claimed_from_queue: a batch held by the driver's transaction -----------------------------------
+
+
+def insert_poison(uri: str, schema: str, queue: str) -> str:
+    """A row another program wrote with headers nobody can read."""
+    message_id = str(uuid.uuid4())
+    with psycopg.connect(uri, autocommit=True) as raw:
+        raw.execute(
+            f'INSERT INTO "{schema}"."{queue}" (Id, Headers, Body) VALUES (%s, %s, %s)',
+            (message_id, '{"not": 1}', b"poison"),
+        )
+    return message_id
+
+
+def test_claimed_from_queue_reads_its_batch_exactly_and_acknowledges_it_at_the_end(local_spark, shop) -> None:
+    schema, uri = shop
+    queue = QueueAddress("a", schema)
+    with QueueClient.connect(uri) as client:
+        client.send(queue, Message("expires", time_to_be_received=0.05))
+        poison = insert_poison(uri, schema, "a")
+        client.send(queue, [Message(f"m{n}") for n in range(300)])
+    time.sleep(0.1)
+    options = {"url": uri, "queue": f'a@"{schema}"', "numPartitions": "3", "maxMessagesPerBatch": "250"}
+    with claimed_from_queue(local_spark, **options) as df:
+        rows = df.collect()
+        assert df.count() == len(rows) == 249  # read again inside the block: the same batch
+        with QueueClient.connect(uri) as other:  # the batch is held: others get the messages after it
+            assert [m.text for m in other.receive(queue, 100)] == [f"m{n}" for n in range(249, 300)]
+    assert sorted(int(r["body"][1:]) for r in rows) == list(range(249))
+    assert len({r["id"] for r in rows}) == 249 and {r["deliveries"] for r in rows} == {None}
+    with psycopg.connect(uri, autocommit=True) as raw:  # moved unchanged (a browse would skip it)
+        assert raw.execute(f'SELECT Id::text, Headers FROM "{schema}".error').fetchall() == [(poison, '{"not": 1}')]
+    assert depth(uri, schema, "a") == 0  # the expired message, which no batch took, deleted by the receive
+
+
+def test_a_claimed_job_that_raises_gives_every_message_back_and_the_poison_away(local_spark, shop) -> None:
+    schema, uri = shop
+    with QueueClient.connect(uri) as client:
+        client.send(QueueAddress("a", schema), [Message(f"m{n}") for n in range(20)])
+    insert_poison(uri, schema, "a")
+    options = {"url": uri, "queue": f'a@"{schema}"'}
+    with pytest.raises(RuntimeError, match="failed"), claimed_from_queue(local_spark, **options) as df:  # noqa: PT012
+        assert df.count() == 20
+        raise RuntimeError("the job failed")
+    assert depth(uri, schema, "a") == 20 and depth(uri, schema, "error") == 1
+    with QueueClient.connect(uri) as client:  # back as they were, in order, and receivable at once
+        assert [m.text for m in client.receive(QueueAddress("a", schema), 30)] == [f"m{n}" for n in range(20)]
+
+
+def test_a_job_that_outlived_its_drivers_connection_raises_its_own_error_and_its_batch_is_back(
+    local_spark, shop, pg_uri
+) -> None:
+    schema, uri = shop
+    with QueueClient.connect(uri) as client:
+        client.send(QueueAddress("a", schema), [Message(f"m{n}") for n in range(5)])
+    with (  # noqa: PT012 - the connection is cut, then the job fails
+        pytest.raises(RuntimeError, match="the job failed"),
+        claimed_from_queue(local_spark, url=uri, queue=f'a@"{schema}"'),
+        psycopg.connect(pg_uri, autocommit=True) as raw,
+    ):
+        raw.execute(  # the driver's session, holding the batch (its last statement named the queue)
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE state LIKE 'idle in transaction%%' "
+            "AND strpos(query, %s) > 0",
+            (schema,),
+        )
+        raise RuntimeError("the job failed")
+    with QueueClient.connect(uri) as client:  # the transaction never committed: every message is back
+        assert [m.text for m in client.receive(QueueAddress("a", schema), 10)] == [f"m{n}" for n in range(5)]
+
+
+@pytest.mark.parametrize(
+    ("extra", "refusal"),
+    [
+        ({"mode": "claim"}, "option 'mode' does not apply to claimed_from_queue"),
+        ({"holder": "h"}, "option 'holder' does not apply to claimed_from_queue"),
+        ({"lease": "30"}, "option 'lease' does not apply"),
+        ({"maxDeliveries": "3"}, "option 'maxDeliveries' does not apply"),
+        ({"LOCK": "1:0:5"}, "option 'lock' does not apply"),
+        ({"ledger": "sqlqueue_writes"}, "applies only to writes"),
+        ({"maxMessagesPerBatch": "0"}, "must be positive"),
+        ({"errorQueue": "a"}, "its own error queue"),
+    ],
+)
+def test_claimed_from_queue_refuses_what_its_read_cannot_use_before_anything_changes(
+    local_spark, shop, extra, refusal
+) -> None:
+    schema, uri = shop
+    with QueueClient.connect(uri) as client:
+        client.send(QueueAddress("a", schema), Message("waiting"))
+    with (
+        pytest.raises(SqlQueueError, match=refusal),
+        claimed_from_queue(local_spark, url=uri, queue=f'a@"{schema}"', **extra),
+    ):
+        pytest.fail("the block ran")
+    assert depth(uri, schema, "a") == 1
+
+
+def test_claimed_from_queue_refuses_sql_server_saying_why_before_connecting_and_tables_that_are_no_queues(
+    local_spark, shop, pg_uri
+) -> None:
+    from airflow_provider_sqlqueue.transport import NotAQueueError, QueueNotFoundError, TransportMisconfiguredError
+
+    schema, uri = shop
+    with (
+        pytest.raises(TransportMisconfiguredError, match="READ UNCOMMITTED"),
+        claimed_from_queue(local_spark, url="mssql://sa:pw@192.0.2.1:1433/shop", queue="orders"),
+    ):
+        pytest.fail("the block ran")
+    with psycopg.connect(pg_uri, autocommit=True) as raw:
+        raw.execute(f'CREATE TABLE "{schema}".customers (id int, name text)')
+    for name, error in (("customers", NotAQueueError), ("missing", QueueNotFoundError)):
+        with pytest.raises(error), claimed_from_queue(local_spark, url=uri, queue=f'{name}@"{schema}"'):
+            pytest.fail("the block ran")
+
+
+#: The driver of a Spark job that holds a batch and is killed mid-job: it signals from inside the job.
+KILLED_DRIVER = """
+import os, sys, time
+from pyspark.sql import SparkSession
+from airflow_provider_sqlqueue.spark import claimed_from_queue
+
+url, queue, marker = sys.argv[1:]
+spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+
+def stall(row):
+    open(marker, "w").close()
+    time.sleep(600)
+    return row
+
+with claimed_from_queue(spark, url=url, queue=queue) as df:
+    df.rdd.map(stall).count()
+"""
+
+
+def test_a_driver_killed_mid_job_gives_every_message_back(shop, tmp_path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    schema, uri = shop
+    queue = QueueAddress("a", schema)
+    with QueueClient.connect(uri) as client:
+        client.send(queue, [Message(f"m{n}") for n in range(40)])
+    marker = tmp_path / "in-the-job"
+    driver = subprocess.Popen(  # its own process group: the JVM and Python workers die with it
+        [sys.executable, "-c", KILLED_DRIVER, uri, f'a@"{schema}"', str(marker)],
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists():
+            assert driver.poll() is None and time.monotonic() < deadline, "the job never started"
+            time.sleep(0.2)
+        with QueueClient.connect(uri) as client:
+            assert client.receive(queue, 40) == []  # the batch is held by the driver
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait(30)
+    deadline = time.monotonic() + 30
+    with QueueClient.connect(uri) as client:
+        while not (back := client.receive(queue, 40)):  # once the server has seen the driver's connection end
+            assert time.monotonic() < deadline, "the killed driver's batch never came back"
+            time.sleep(0.2)
+        back += client.receive(queue, 40)
+    assert [m.text for m in back] == [f"m{n}" for n in range(40)]

@@ -62,6 +62,20 @@ OPTIONS: dict[str, list[str]] = {
     "ledger": ['customers@"{schema}"', 'orders@"{schema}"', "\x00"],
     "writeId": ["\udcff", "w" * 1_000, "\x00"],  # text, hashed into the ledger's key
     "engine": ["jvm", "JVM\x00", "fast", "jdbc"],  # jvm: save_to_queue's (tests/test_spark_functions.py)
+    "lock": [  # <xid>:<after>:<last>, as claimed_from_queue writes it
+        "1:0",
+        "1:0:5:6",
+        "x:0:5",
+        "-1:0:5",
+        "0:0:5",
+        "1:5:0",
+        f"{2**63}:0:1",
+        "1:0:99999999999999999999",
+        "1:0:5\n",
+        " 1:0:5",
+        "\u0661:0:5",  # an Arabic-Indic digit, which int() would take
+        "1:0:5; DROP TABLE x",
+    ],
 }
 for _values in OPTIONS.values():
     _values += EMPTY
@@ -120,7 +134,8 @@ def open_everything(options: dict[str, str]) -> None:
     source = spark.SqlQueueDataSource(options)
     if not options.keys() & spark.WRITE_OPTIONS:
         source.reader(source.schema())
-        source.streamReader(source.schema())
+        if "lock" not in options:  # a stream claims its own batches (tested below)
+            source.streamReader(source.schema())
     if not options.keys() & spark.READ_OPTIONS:
         source.writer(source.schema(), False)
 
@@ -129,7 +144,7 @@ def open_everything(options: dict[str, str]) -> None:
 def test_a_hostile_option_is_refused_before_anything_changes(option: str, shop, raw_pg) -> None:
     schema, uri = shop
     good = {"url": uri, "queue": f'orders@"{schema}"'}
-    if option in spark.READ_OPTIONS:
+    if option in spark.READ_OPTIONS - {"lock"}:  # a locked batch's read is no claim
         good |= {"mode": "claim", "holder": "contract"}
     open_everything(good)
     failures = []
@@ -221,6 +236,7 @@ ONE_WAY = {
     "maxDeliveries": "3",
     "maxMessagesPerBatch": "10",
     "errorQueue": 'billing@"{schema}"',
+    "lock": "1:0:0",
 }
 
 
@@ -318,3 +334,31 @@ def test_a_password_option_joins_the_url_and_never_shows_in_the_options_repr(pg_
 
     parsed = Options.parse({"url": "host=db dbname=shop user=app", "password": "s3cr3t", "queue": "orders"})
     assert "password=s3cr3t" in parsed.url and "s3cr3t" not in repr(parsed)
+
+
+# -- a read of a locked batch (option lock): what claimed_from_queue hands the executors ------------
+
+
+@pytest.mark.parametrize("option", spark.options.NOT_WITH_A_LOCK)
+def test_a_locked_read_refuses_the_options_of_a_claim_and_of_the_lock_itself(option: str, shop, raw_pg) -> None:
+    schema, uri = shop
+    before = checksums(raw_pg, schema)
+    given = {"url": uri, "queue": f'orders@"{schema}"', "lock": "7:0:9", option: ONE_WAY[option]}
+    source = spark.SqlQueueDataSource({**given, option: ONE_WAY[option].replace("{schema}", schema)})
+    with pytest.raises(spark.InvalidOptionError, match=f"option '{option}' does not apply to a read of a locked batch"):
+        source.reader(source.schema())
+    assert checksums(raw_pg, schema) == before
+
+
+def test_a_stream_refuses_a_lock_and_a_read_splits_the_locks_range(shop) -> None:
+    schema, uri = shop
+    source = spark.SqlQueueDataSource(
+        {"url": uri, "queue": f'orders@"{schema}"', "lock": "7:10:30", "numPartitions": "4"}
+    )
+    with pytest.raises(spark.InvalidOptionError, match="a stream claims its own micro-batches"):
+        source.streamReader(source.schema())
+    assert source.parsed.lock == spark.options.Lock(7, 10, 30) and source.parsed.lock.text() == "7:10:30"
+    ranges = source.reader(source.schema()).partitions()  # from the lock alone: Seqs 11 to 30
+    assert [(r.after, r.last) for r in ranges] == [(10, 15), (15, 20), (20, 25), (25, 30)]
+    empty = spark.SqlQueueDataSource({"url": uri, "queue": f'orders@"{schema}"', "lock": "7:0:0"})
+    assert [(r.after, r.last) for r in empty.reader(empty.schema()).partitions()] == [(0, 0)]

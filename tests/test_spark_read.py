@@ -154,3 +154,41 @@ def test_large_bodies_are_cut_into_bounded_batches_and_arrive_whole(pg_uri, queu
             assert size <= spark_read.BATCH_BYTES or batch.num_rows == 1
         assert max(batch.num_rows for batch in batches) > 1
     assert spark.ack_held(pg_uri, name, "big") == len(bodies)
+
+
+def test_a_range_is_read_in_windows_of_seqs_that_widen_where_it_is_sparse(pg_uri, queue, monkeypatch) -> None:
+    """A page reads a window of Seqs (a scan bounded by the rows it reads, whatever the statistics
+    say), and a sparse stretch of the range is crossed in few, wider windows: every message once."""
+    with QueueClient.connect(pg_uri) as client:
+        client.send(queue, [Message(f"m{n}") for n in range(3_000)])
+        low, _high = client.seq_range(queue)
+        with psycopg.connect(pg_uri, autocommit=True) as raw:  # consumed in the middle: a sparse stretch
+            raw.execute(
+                sql.SQL("DELETE FROM {} WHERE Seq > %s AND Seq < %s AND Seq %% 50 <> 0").format(
+                    sql.Identifier(queue.schema, queue.table)
+                ),
+                (low + 500, low + 2_500),
+            )
+        left = [m.text for m in client.browse(queue, 3_000)]
+    windows: list[tuple[int, int]] = []
+    browse_columns = QueueClient.browse_columns
+
+    def counted(self: QueueClient, *args: Any, **kwargs: Any) -> Any:
+        windows.append((kwargs["after"], kwargs["last"]))
+        return browse_columns(self, *args, **kwargs)
+
+    monkeypatch.setattr(QueueClient, "browse_columns", counted)
+    got = rows(read({"url": pg_uri, "queue": f'orders@"{queue.schema}"', "numPartitions": "1", "fetchSize": "100"}))
+    assert sorted(r["body"].decode() for r in got) == sorted(left) and len(got) == len(left) > 1_000
+    assert all(last - after <= 100 for after, last in windows[:5])  # dense: windows of fetchSize Seqs
+    assert max(last - after for after, last in windows) > 100  # the sparse stretch, in wider ones
+    assert len(windows) < 30  # some 1,040 rows at 100 a page, and a few to cross the gap
+
+
+def test_the_next_window_follows_the_rows_found() -> None:
+    full = spark_read.BrowseColumns(["a"] * 10, [{}] * 10, [b""] * 10, 57)
+    sparse = spark_read.BrowseColumns(["a"], [{}], [b""], None)
+    dense = spark_read.BrowseColumns(["a"] * 8, [{}] * 8, [b""] * 8, None)
+    assert spark_read.next_window(60, 40, full, 10) == (57, 10)  # full before its end: on from its last row
+    assert spark_read.next_window(60, 10, sparse, 10) == (60, 20)  # sparse: twice as wide
+    assert spark_read.next_window(60, 10, dense, 10) == (60, 10)

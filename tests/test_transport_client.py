@@ -15,7 +15,6 @@ import psycopg
 import pytest
 
 from airflow_provider_sqlqueue.transport import AsyncQueueClient, Message, QueueAddress, QueueClient
-from airflow_provider_sqlqueue.transport.client import same_table
 from airflow_provider_sqlqueue.transport.dialects import get_dialect
 from airflow_provider_sqlqueue.transport.errors import ArgumentTypeError, ClientClosedError, TransportMisconfiguredError
 
@@ -72,13 +71,6 @@ def test_threads_sharing_a_blocking_client_take_turns(client: QueueClient, queue
     for thread in threads:
         thread.join()
     assert client.depth(queue) == 80
-
-
-def test_same_table_follows_the_databases_name_rules() -> None:
-    postgres, sqlserver = get_dialect("postgres"), get_dialect("sqlserver")
-    assert same_table(postgres, postgres.parse_address("orders"), postgres.parse_address('orders@"public"'))
-    assert not same_table(postgres, QueueAddress("Orders", "public"), QueueAddress("orders", "public"))
-    assert same_table(sqlserver, sqlserver.parse_address("orders"), sqlserver.parse_address("orders@[dbo]"))
 
 
 def test_a_notified_send_wakes_listeners_once_at_commit_and_a_plain_one_not_at_all(

@@ -22,7 +22,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlglot import exp
 
-from airflow_provider_sqlqueue.transport import InvalidQueueNameError, QueueAddress, defaults
+from airflow_provider_sqlqueue.transport import (
+    InvalidQueueNameError,
+    QueueAddress,
+    TransportMisconfiguredError,
+    defaults,
+)
 from airflow_provider_sqlqueue.transport.dialects import Dialect, TableShape, get_dialect
 from airflow_provider_sqlqueue.transport.dialects import sqlserver as tsql
 from airflow_provider_sqlqueue.transport.drivers.sqlserver import (
@@ -139,6 +144,19 @@ NOT_STATEMENTS = {
     "topic_list",
     "seq_list",
     "table_reference",
+    "check_locked_batches",
+}
+#: Statements SQL Server has none of: a batch locked by a transaction (operations/locked.py), each
+#: called as the operations call it, and refused before anything is sent.
+REFUSED: dict[str, Statement] = {
+    "lock_batch": lambda d, a, e: d.lock_batch_sql(a),
+    "locker": lambda d, a, e: d.locker_sql(a),
+    "current_transaction": lambda d, a, e: d.current_transaction_sql(),
+    "browse_locked": lambda d, a, e: d.browse_locked_sql(a),
+    "transaction_open": lambda d, a, e: d.transaction_open_sql(),
+    "locked_to_error": lambda d, a, e: d.locked_to_error_sql(a, e, SHAPE),
+    "ack_locked": lambda d, a, e: d.ack_locked_sql(a),
+    "ack_locked_copy": lambda d, a, e: d.ack_locked_copy_sql(a),
 }
 VARIANTS = {"send_legacy", "insert_error_legacy", "claim_to_error_legacy", "release_lapsed_legacy"}
 VARIANTS |= {"claim_without_bodies", "reclaim_without_bodies"}
@@ -183,7 +201,7 @@ def parse(sql: str) -> list[exp.Expression]:
 
 def test_every_dialect_method_is_covered():
     abstract = set(Dialect.__abstractmethods__)
-    assert abstract == {name + "_sql" for name in set(STATEMENTS) - VARIANTS} | NOT_STATEMENTS
+    assert abstract == {name + "_sql" for name in (set(STATEMENTS) - VARIANTS) | set(REFUSED)} | NOT_STATEMENTS
     # SQL Server keeps no xmin horizon (ghost records are cleaned in the background): no statement.
     assert get_dialect("sqlserver").horizon_sql() is None
 
@@ -321,6 +339,21 @@ def test_statements_equal_the_reviewed_snapshot():
         SNAPSHOT.parent.mkdir(exist_ok=True)
         SNAPSHOT.write_text(text, encoding="utf-8")
     assert text == SNAPSHOT.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("name", REFUSED)
+def test_a_batch_locked_by_a_transaction_is_refused_saying_why_and_what_to_use(name):
+    """SQL Server's readers cannot tell one transaction's locks from another's: each statement of a
+    locked batch is refused with that reason and the claim store's way instead, as its text."""
+    address = ADDRESSES["escaping"]
+    with pytest.raises(TransportMisconfiguredError) as refused:
+        REFUSED[name](dialect, address, address.sibling("error"))
+    assert str(refused.value) == tsql.NO_LOCKED_BATCHES
+    for words in ("needs PostgreSQL", "READ UNCOMMITTED", "claim mode", "mode='claim'", "claimed_from_queue"):
+        assert words in str(refused.value)
+    with pytest.raises(TransportMisconfiguredError, match="READ UNCOMMITTED"):
+        dialect.check_locked_batches()  # what a Spark read asks before it connects
+    get_dialect("postgres").check_locked_batches()
 
 
 def test_receive_is_nservicebus_receive_for_an_escaped_name():

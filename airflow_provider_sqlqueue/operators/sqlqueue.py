@@ -26,7 +26,7 @@ from ..tasks import (
     tokens_by_queue,
 )
 from ..transport import Failure, Message, QueueAddress, defaults
-from ..transport.client import delay_ms
+from ..transport.arguments import delay_ms
 from ..transport.errors import ArgumentTypeError, InvalidArgumentError, SqlQueueError
 from ..transport.message import ENCLOSED_MESSAGE_TYPES, flag, topic_names
 

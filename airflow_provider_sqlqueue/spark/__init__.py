@@ -17,7 +17,9 @@ Guarantees, which README states in full:
 - **Batch read**: ``browse`` reads waiting messages without taking them. ``claim`` takes them under
   a ``holder`` name: reading again returns the same messages until the caller settles them with
   :func:`ack_held` (after its job committed) or :func:`nack_held`; unsettled, they come back to
-  the queue when the lease ends.
+  the queue when the lease ends. :func:`claimed_from_queue` holds its batch in the driver's open
+  transaction instead, as row locks the executors read past: acknowledged when its block ends,
+  back in the queue (with no delivery counted) if it raises or the driver dies.
 - **Streaming read**: each micro-batch claims messages under a holder derived from the query's
   checkpoint and the batch number; Spark replays an uncommitted batch from the same claims; a
   batch's claims are acknowledged once Spark has committed it. Messages of a batch that was never
@@ -37,8 +39,9 @@ The package's modules, each importing only those listed before it:
 - ``jvm``: the JVM path: the same writes, each message built by Spark's SQL engine, loaded by COPY;
 - ``stream``: the streaming read;
 - ``source``: the data source class Spark instantiates, and :func:`register`;
-- ``functions``: :func:`save_to_queue` (the JVM path where it can, else the data source) and
-  :func:`batch_writer` for ``foreachBatch``.
+- ``functions``: :func:`save_to_queue` (the JVM path where it can, else the data source),
+  :func:`batch_writer` for ``foreachBatch``, and :func:`claimed_from_queue`, a batch read held by the
+  driver's transaction.
 
 Their public names are imported here: ``from airflow_provider_sqlqueue.spark import ...`` is the
 import path to use. Spark pickles the classes and module-level functions it ships to its Python
@@ -48,7 +51,7 @@ workers by reference to the module that defines them (``airflow_provider_sqlqueu
 
 from __future__ import annotations
 
-from .functions import batch_writer, save_to_queue
+from .functions import batch_writer, claimed_from_queue, save_to_queue
 from .options import (
     BATCH_SIZE,
     ENGINES,
@@ -121,6 +124,7 @@ __all__ = [
     "WritePart",
     "ack_held",
     "batch_writer",
+    "claimed_from_queue",
     "forget_write",
     "log",
     "nack_held",

@@ -10,6 +10,7 @@ ignore it. :class:`Options` is what every Spark task of :mod:`.write`, :mod:`.re
 from __future__ import annotations
 
 import difflib
+import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -56,6 +57,7 @@ OPTION_NAMES = (
     "ledger",
     "writeId",
     "engine",
+    "lock",
 )
 #: Options only a write reads, and options only a read (batch or streaming) reads; ``url``,
 #: ``password`` and ``queue`` serve both. Spark hands a read and a write the same kind of options,
@@ -65,8 +67,24 @@ WRITE_OPTIONS = frozenset(
     {"batchSize", "messageType", "contentType", "timeToBeReceived", "ledger", "writeId", "engine"}
 )
 READ_OPTIONS = frozenset(
-    {"mode", "holder", "numPartitions", "fetchSize", "lease", "maxDeliveries", "maxMessagesPerBatch", "errorQueue"}
+    {
+        "mode",
+        "holder",
+        "numPartitions",
+        "fetchSize",
+        "lease",
+        "maxDeliveries",
+        "maxMessagesPerBatch",
+        "errorQueue",
+        "lock",
+    }
 )
+#: Read options that a read of a locked batch (option ``lock``) cannot use: the batch, its size and
+#: its error queue are the locking transaction's (:func:`.functions.claimed_from_queue`), and it is
+#: no claim, with no holder, lease or delivery count.
+NOT_WITH_A_LOCK = ("mode", "holder", "lease", "maxDeliveries", "maxMessagesPerBatch", "errorQueue")
+#: Option ``lock`` as claimed_from_queue writes it: ``<xid>:<after>:<last>``, ASCII digits only.
+_LOCK = re.compile(r"([0-9]{1,19}):([0-9]{1,19}):([0-9]{1,19})")
 #: What the options every direction needs hold, for the message refusing one given empty.
 _REQUIRED = {
     "url": "a postgresql:// URI, a libpq or ODBC string",
@@ -119,6 +137,33 @@ def _count(options: Mapping[str, str], name: str, default: int, maximum: int = d
     if value > maximum:
         raise InvalidOptionError(f"option {name!r} must be at most {maximum:,}, got {value:,}")
     return value
+
+
+@dataclass(frozen=True)
+class Lock:
+    """Option ``lock``: the batch a transaction holds locked (``xid``), the rows with ``after`` < Seq
+    <= ``last`` of it, as :func:`.functions.claimed_from_queue` hands it to the readers."""
+
+    xid: int
+    after: int
+    last: int
+
+    def text(self) -> str:
+        return f"{self.xid}:{self.after}:{self.last}"
+
+
+def _lock(text: str | None) -> Lock | None:
+    """Option ``lock``, read strictly: three whole numbers in their ranges, nothing around them."""
+    if text is None:
+        return None
+    match = _LOCK.fullmatch(text)
+    if match is not None:
+        xid, after, last = (int(part) for part in match.groups())
+        if 1 <= xid <= defaults.LAST_SEQ and after <= last <= defaults.LAST_SEQ:
+            return Lock(xid, after, last)
+    raise InvalidOptionError(
+        f"option 'lock' must be <transaction id>:<after>:<last>, as claimed_from_queue writes it, got {text[:60]!r}"
+    )
 
 
 def _known(options: Mapping[str, str]) -> dict[str, str]:
@@ -185,6 +230,7 @@ class Options:
     ledger: str
     write_id: str | None
     engine: str
+    lock: Lock | None
     #: The options given, by their documented names: what :meth:`check_use` holds against a direction.
     given: frozenset[str] = field(default=frozenset(), compare=False)
 
@@ -216,6 +262,9 @@ class Options:
         error_queue = options.get("errorQueue")
         if error_queue is not None:
             _not_its_own_error_queue(addressing, address, addressing.beside(error_queue, address))
+        lock = _lock(options.get("lock"))
+        if lock is not None:
+            addressing.dialect.check_locked_batches()  # SQL Server says why not, before anything connects
         return cls(
             url=url,
             queue=queue,
@@ -238,6 +287,7 @@ class Options:
             ledger=addressing.dialect.format_address(ledger),
             write_id=None if options.get("writeId") is None else _text(options, "writeId"),
             engine=engine,
+            lock=lock,
             given=frozenset(options),
         )
 
@@ -255,6 +305,13 @@ class Options:
                     f"option {name!r} applies only to {applies_to}, and this is a {use}: leave it out of the "
                     f"{use}'s options"
                 )
+        if use == "read" and self.lock is not None:
+            for name in NOT_WITH_A_LOCK:
+                if name in self.given:
+                    raise InvalidOptionError(
+                        f"option {name!r} does not apply to a read of a locked batch (option 'lock'): the batch, its "
+                        "size and its error queue are the locking transaction's, and it is no claim -- leave it out"
+                    )
         # Asked of reads only: a write given mode 'claim' is told that mode is a read option.
         if use == "read" and self.mode == "claim" and self.holder is None:
             raise InvalidOptionError(

@@ -1,4 +1,5 @@
-"""The data source's batch reads: browse waiting messages in Seq ranges, or read a holder's claims.
+"""The data source's batch reads: browse waiting messages in Seq ranges, read a holder's claims, or
+read a batch another session's transaction holds locked (option ``lock``, in Seq ranges too).
 
 Each partition's messages reach Spark as Arrow batches built column by column
 (:func:`_column_batches`). A claim-mode read takes its messages under a ``holder``
@@ -21,13 +22,15 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import BinaryType, IntegerType, MapType, StringType, StructField, StructType
 
 from ..transport import QueueClient, defaults
+from ..transport.operations import BrowseColumns
 from ..transport.tracing import Carried, clock, consumed
 from .options import Options
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-#: What a read returns, one row per message (``deliveries`` is null in browse mode).
+#: What a read returns, one row per message (``deliveries`` is null in browse mode and for a locked
+#: batch, which counts no delivery).
 MESSAGE_SCHEMA = StructType(
     [
         StructField("id", StringType(), False),
@@ -40,10 +43,18 @@ MESSAGE_SCHEMA = StructType(
 
 @dataclass
 class SeqRange(InputPartition):
-    """Browse partition: the rows with ``after`` < Seq <= ``last``."""
+    """Browse partition: the rows with ``after`` < Seq <= ``last`` (of a locked batch: those it holds)."""
 
     after: int
     last: int
+
+
+def seq_ranges(low: int, high: int, parts: int) -> list[SeqRange]:
+    """Seqs ``low`` to ``high`` in up to ``parts`` ranges of one size (one empty range when there are none)."""
+    if low > high:
+        return [SeqRange(0, 0)]
+    size = max(1, -(-(high - low + 1) // parts))
+    return [SeqRange(start - 1, min(start - 1 + size, high)) for start in range(low, high + 1, size)]
 
 
 @dataclass
@@ -132,7 +143,8 @@ def holder_shares(holder: str, parts: int) -> list[HeldShare]:
 
 
 class QueueReader(DataSourceReader):
-    """A batch read: browse waiting messages in Seq ranges, or read the claims of a holder."""
+    """A batch read: browse waiting messages in Seq ranges, read the claims of a holder, or read a
+    locked batch in Seq ranges."""
 
     def __init__(self, options: Options) -> None:
         self.options = options
@@ -141,17 +153,15 @@ class QueueReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         options = self.options
+        if options.lock is not None:  # the bounds are the lock's: nothing to ask the database
+            return seq_ranges(options.lock.after + 1, options.lock.last, options.partitions)
         with options.connect() as client:
             if options.mode == "claim":
                 assert options.holder is not None  # noqa: S101  # narrows a type Spark's interface erases
                 claim_for(client, options, options.holder, options.max_messages_per_batch)
                 return holder_shares(options.holder, options.partitions)
             bounds = client.seq_range(options.queue)
-        if bounds is None:
-            return [SeqRange(0, 0)]
-        low, high = bounds
-        size = max(1, -(-(high - low + 1) // options.partitions))
-        return [SeqRange(start - 1, min(start - 1 + size, high)) for start in range(low, high + 1, size)]
+        return seq_ranges(*(bounds or (1, 0)), options.partitions)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         options = self.options
@@ -159,16 +169,34 @@ class QueueReader(DataSourceReader):
             yield from read_share(options, partition)
             return
         assert isinstance(partition, SeqRange)  # noqa: S101  # narrows a type Spark's interface erases
-        after = partition.after
+        locked_by = None if options.lock is None else options.lock.xid
+        after, width = partition.after, options.fetch_size
         with options.connect() as client:
             while after < partition.last:
+                last = min(partition.last, after + width)
                 started = clock()
-                page = client.browse_columns(options.queue, options.fetch_size, after=after, last=partition.last)
-                _traced("browse", options, page.ids, page.headers, started)
+                page = client.browse_columns(
+                    options.queue, options.fetch_size, after=after, last=last, locked_by=locked_by
+                )
+                _traced("browse" if locked_by is None else "read", options, page.ids, page.headers, started)
                 yield from _column_batches(page.ids, page.headers, page.bodies, None)
-                if page.after is None:
-                    return
-                after = page.after
+                after, width = next_window(last, width, page, options.fetch_size)
+
+
+def next_window(last: int, width: int, page: BrowseColumns, fetch_size: int) -> tuple[int, int]:
+    """Where a range read's next page starts after ``page`` of the window ending at ``last``, and how
+    many Seqs wide its window is.
+
+    A page reads a window of Seqs, not the next ``fetch_size`` rows of the whole range: on a queue
+    whose statistics are stale (never analyzed, or filled since), PostgreSQL plans ``ORDER BY Seq
+    LIMIT`` over a wide range as a scan of every row in it and a sort, for every page -- a partition
+    of 100,000 rows read that way cost 40 times what its pages' index scans do. A window bounds each
+    page's scan to the rows it reads. One as wide as ``fetch_size`` Seqs holds at most that many
+    rows; a sparse one (messages consumed between the waiting ones) makes the next twice as wide, so
+    a range of few rows over many Seqs takes few pages."""
+    if page.after is not None:  # full before the window's end: dense rows, read on from the last one
+        return page.after, fetch_size
+    return last, width * 2 if len(page.ids) < fetch_size // 2 else width
 
 
 def claim_for(client: QueueClient, options: Options, holder: str, wanted: int) -> int:

@@ -60,6 +60,11 @@ class SqlQueueDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         self.parsed.check_use("read")
+        if self.parsed.lock is not None:
+            raise InvalidOptionError(
+                "option 'lock' names a batch locked for one batch read (claimed_from_queue); a stream claims "
+                "its own micro-batches: leave it out of spark.readStream"
+            )
         return QueueStreamReader(self.parsed)
 
 

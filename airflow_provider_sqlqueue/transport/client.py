@@ -13,8 +13,6 @@ Each call runs in its own short transaction, except in a ``transaction()`` block
 from __future__ import annotations
 
 import functools
-import os
-import socket
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping
 from contextlib import AbstractContextManager, asynccontextmanager
@@ -26,6 +24,24 @@ from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, Union, overloa
 from . import defaults
 from . import operations as ops
 from .addressing import QueueAddress, checked_text
+from .arguments import (
+    Token,
+    as_messages,
+    as_tokens,
+    default_holder,
+    delay_ms,
+    error_seqs,
+    label,
+    lease_ms,
+    lock_wait_span,
+    locked_batch,
+    one_or_many,
+    place,
+    received,
+    same_table,
+    started_times,
+    transaction_id,
+)
 from .dialects import Dialect
 from .drivers import Session, blocking_context, finish, open_session
 from .errors import (
@@ -67,121 +83,9 @@ log = logger("airflow_provider_sqlqueue.transport")
 #: transaction it runs in, is gone. A locked table (LockTimeoutError, one of them) only holds up that one.
 _ENDS_THE_CALL = (TransportUnavailableError, TransactionAbortedError, ClientClosedError)
 
-#: A claim token as the caller has it: the UUID, or its text from XCom or an event payload.
-Token = uuid.UUID | str
 V = TypeVar("V")
 #: Values by queue, the queues named by text, by address or both (a plain ``dict[str, ...]`` is one).
 ByQueue = Union[Mapping[str, V], Mapping[QueueAddress, V], Mapping[str | QueueAddress, V]]  # noqa: UP007
-
-
-def lease_ms(lease: timedelta | float) -> int:
-    """A lease in whole milliseconds, checked (positive, finite, at most ``defaults.MAX_LEASE``)."""
-    return max(1, round(duration("lease", lease, maximum=defaults.MAX_LEASE) / timedelta(milliseconds=1)))
-
-
-def lock_wait_span(lock_wait: timedelta | float) -> timedelta:
-    """How long a watcher waits for a locked table: positive, at most what either database holds
-    (``defaults.LONGEST_LOCK_WAIT``), at least a millisecond (no database waits less; 0 would mean
-    "for ever" to both)."""
-    return duration("lock_wait", lock_wait, maximum=defaults.LONGEST_LOCK_WAIT)
-
-
-def delay_ms(delay: timedelta | float) -> int:
-    """A give-back delay in whole milliseconds; zero means at once."""
-    return round(duration("delay", delay, minimum=timedelta(0), maximum=defaults.MAX_LEASE) / timedelta(milliseconds=1))
-
-
-def as_messages(messages: Message | Iterable[Message]) -> list[Message]:
-    """One message or many, checked to be :class:`Message` objects."""
-    if isinstance(messages, Message):
-        return [messages]
-    if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Iterable):
-        raise ArgumentTypeError(f"messages must be a Message or an iterable of them, got {type(messages).__name__}")
-    batch = list(messages)
-    for item in batch:
-        if not isinstance(item, Message):
-            raise ArgumentTypeError(f"expected Message objects, got {type(item).__name__}")
-    return batch
-
-
-def default_holder() -> str:
-    """Who holds a claim when the caller does not say: this process (shown with in-flight claims)."""
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def as_tokens(tokens: Token | Iterable[Token]) -> list[uuid.UUID]:
-    """Claim tokens from one token or many (UUIDs or their text), checked: at most one statement's worth."""
-    if isinstance(tokens, (uuid.UUID, str)):
-        tokens = [tokens]
-    elif not isinstance(tokens, Iterable) or isinstance(tokens, (bytes, Mapping)):
-        raise ArgumentTypeError(f"tokens must be a claim token or an iterable of them, got {type(tokens).__name__}")
-    checked = [uuid_value("claim token", token) for token in tokens]
-    if len(checked) > defaults.MAX_BATCH:
-        raise InvalidArgumentError(
-            f"at most {defaults.MAX_BATCH:,} tokens per call, got {len(checked):,}; settle in batches"
-        )
-    return checked
-
-
-def label(what: str, value: object) -> str:
-    """A holder or machine name as the database stores it: non-empty text it can hold, of bounded size."""
-    return checked_text(what, value, limit=defaults.MAX_LABEL)
-
-
-def received(what: str, message: object) -> ReceivedMessage:
-    """A message as a receive or claim returned it (not a token, a body or a message to send)."""
-    if not isinstance(message, ReceivedMessage):
-        raise ArgumentTypeError(
-            f"{what} must be a ReceivedMessage (as receive or claim return it), got {type(message).__name__}"
-        )
-    return message
-
-
-def place(what: str, value: object) -> int:
-    """A place in a queue (a Seq, or a partition number): an integer from 0 to the largest Seq."""
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ArgumentTypeError(f"{what} must be an integer, got {type(value).__name__} {value!r:.40}")
-    if not 0 <= value <= defaults.LAST_SEQ:
-        raise InvalidArgumentError(f"{what} must be between 0 and {defaults.LAST_SEQ}, got {value}")
-    return value
-
-
-def started_times(started: object) -> Mapping[uuid.UUID, datetime] | None:
-    """When processing of each message began (for audit headers), checked: aware datetimes by message id."""
-    if started is None:
-        return None
-    if not isinstance(started, Mapping):
-        raise ArgumentTypeError(f"started must map message ids to datetimes, got {type(started).__name__}")
-    for key, value in started.items():
-        uuid_value("message id", key)
-        if not isinstance(value, datetime) or value.tzinfo is None:
-            raise InvalidArgumentError(f"started must hold timezone-aware datetimes, got {value!r:.60}")
-    return started
-
-
-def one_or_many(tokens: Token | Iterable[Token], held: set[uuid.UUID]) -> bool | set[uuid.UUID]:
-    """A settle call's answer in the caller's terms: a bool for one token, the held set for many."""
-    return bool(held) if isinstance(tokens, (uuid.UUID, str)) else held
-
-
-def _seqs(seqs: Iterable[int]) -> list[int]:
-    """Places in an error queue, checked: at least one, each a positive integer no larger than a Seq can be."""
-    if isinstance(seqs, (str, bytes)) or not isinstance(seqs, Iterable):
-        raise ArgumentTypeError(f"seqs must be an iterable of integers, got {type(seqs).__name__}")
-    chosen = list(seqs)
-    if not chosen:
-        raise InvalidArgumentError("seqs must name at least one message")
-    if len(chosen) > defaults.MAX_BATCH:
-        raise InvalidArgumentError(f"seqs may name at most {defaults.MAX_BATCH:,} messages; retry in batches")
-    for seq in chosen:
-        if place("seqs", seq) < 1:
-            raise InvalidArgumentError(f"seqs must be positive integers, got {seq!r}")
-    return chosen
-
-
-def same_table(dialect: Dialect, one: QueueAddress, other: QueueAddress) -> bool:
-    """Whether two addresses reach one table (``orders`` and ``orders@"public"`` do)."""
-    return dialect.name_key(one) == dialect.name_key(other)
 
 
 class Addressing:
@@ -393,6 +297,10 @@ class AsyncQueueClient(Addressing):
         self.session = session
         self._lock: TaskLock | ThreadLock = TaskLock()
         self._reporter = Reporter()
+        #: :meth:`transaction` blocks open, nested ones counted: where :meth:`lock` may run.
+        self._blocks = 0
+        #: The queues the open block has locked a batch of (:meth:`lock`), by :meth:`Dialect.name_key`.
+        self._locked: set[tuple[str | None, str, str]] = set()
 
     @property
     def meter(self) -> Meter:
@@ -472,8 +380,25 @@ class AsyncQueueClient(Addressing):
         """
         self._refuse_closed()  # what any driver says after close(), before it touches the connection
         async with self._lock, self.session.transaction():
-            yield
+            self._blocks += 1
+            try:
+                yield
+            finally:
+                self._blocks -= 1
+                if not self._blocks:
+                    self._locked.clear()
             self._refuse_closed()  # close() inside the block: its transaction is rolled back, not committed
+
+    def _in_block(self, call: str, *, outermost: bool = False) -> None:
+        """Refuse ``call``, which works on the rows a :meth:`transaction` holds locked, outside such a
+        block (its own transaction would end as it returns, and its locks with it) -- and, for a lock,
+        in a nested block, a savepoint, whose row locks carry the savepoint's own id."""
+        if not self._blocks or (outermost and self._blocks > 1):
+            where = "outside a transaction block" if not self._blocks else "in a nested transaction block"
+            raise InvalidArgumentError(
+                f"{call}() works on the rows a transaction holds locked, and was called {where}: call it "
+                f"inside the outermost `with client.transaction():` block{', the one that locked the batch' if call != 'lock' else ''}"
+            )
 
     # -- installation ------------------------------------------------------------------------
 
@@ -1035,7 +960,7 @@ class AsyncQueueClient(Addressing):
         check_positive("limit", limit)
         place("after", after)
         only = self.address(queue) if queue is not None else None
-        chosen = None if seqs is None else _seqs(seqs)
+        chosen = None if seqs is None else error_seqs(seqs)
         op = ops.retry_from_error(
             self.dialect,
             self.error_address(error_queue, only),
@@ -1159,11 +1084,19 @@ class AsyncQueueClient(Addressing):
         *,
         after: int = 0,
         last: int = defaults.LAST_SEQ,
+        locked_by: int | None = None,
     ) -> ops.BrowseColumns:
         """:meth:`browse_page` as columns (ids as text, headers, bodies), with no message object per
-        row: for a bulk reader such as a Spark partition, which builds its own columns from them."""
+        row: for a bulk reader such as a Spark partition, which builds its own columns from them.
+
+        ``locked_by``: only the messages that transaction holds locked, the ``xid`` of a batch another
+        session's :meth:`lock` took -- how that batch's readers read it, while its block is open (after,
+        a page that finds nothing raises :class:`~.errors.InvalidArgumentError`). PostgreSQL only."""
         check_positive("limit", limit)
-        op = ops.browse_columns(self.dialect, self.address(queue), limit, place("after", after), place("last", last))
+        xid = None if locked_by is None else transaction_id("locked_by", locked_by)
+        op = ops.browse_columns(
+            self.dialect, self.address(queue), limit, place("after", after), place("last", last), xid
+        )
         return await self._run(op)
 
     async def seq_range(self, queue: str | QueueAddress) -> tuple[int, int] | None:
@@ -1252,6 +1185,79 @@ class AsyncQueueClient(Addressing):
         failure = None if error is None else Failure.of(error)
         address, holder = self.address(queue), label("holder", holder)
         return await self._run(ops.nack_held(self.dialect, address, holder, failure, delay_ms(delay)))
+
+    # -- batches locked by a transaction ---------------------------------------------------------
+    #
+    # NServiceBus's native receive, for a batch that other sessions read (a Spark job's executors):
+    # a transaction() block locks it, the readers read it meanwhile, and the block settles it.
+
+    async def lock(
+        self, queue: str | QueueAddress, max_messages: int, *, error_queue: str | QueueAddress | None = None
+    ) -> ops.LockedBatch:
+        """Lock up to ``max_messages`` of the queue's oldest unexpired messages in this client's open
+        :meth:`transaction` block (the outermost), for other sessions to read while the block is open
+        (:meth:`browse_columns` with ``locked_by=batch.xid``, ``after=batch.after``, ``last=batch.last``);
+        settle them before it ends with :meth:`ack_locked` or :meth:`nack_locked`.
+
+        Nothing is moved while they are held: locking 200,000 messages costs what locking their rows
+        costs, where :meth:`hold` moves each into the claim store. What the claim store keeps and a
+        lock gives up: a delivery count (``max_deliveries`` never applies), and settling from another
+        process. If the block ends without an ack -- it raised, the process died, its connection was cut
+        -- every message is back as it was, with no delivery counted. The open block keeps
+        PostgreSQL's xmin horizon where it began, for every table of the database: vacuum removes no
+        dead row until it ends. Rows other receivers hold are skipped; rows whose headers cannot be
+        read are locked and named in ``poison``, for the settle to move to the error queue (which must
+        exist). Other calls in the block must not receive from the queue: they would take the
+        batch's own rows. PostgreSQL only (SQL Server's readers cannot tell one transaction's locks from another's).
+        """
+        check_positive("max_messages", max_messages, defaults.MAX_HELD)
+        address = self.address(queue)
+        op = ops.lock_batch(self.dialect, address, self.error_address(error_queue, address), max_messages)
+        async with self._lock:
+            self._refuse_closed()
+            self._in_block("lock", outermost=True)
+            if self.dialect.name_key(address) in self._locked:  # its readers would read both batches as one
+                raise InvalidArgumentError(
+                    f"this block has locked a batch of {self.dialect.qualified_name(address)} already: a block's "
+                    "locks carry one id, so a second batch's readers would read the first's too; lock up to "
+                    "max_messages at once, or one batch per block"
+                )
+            batch = await ops.drive(op, self.session.execute)  # in the block's transaction, not a savepoint of it
+            self._locked.add(self.dialect.name_key(address))
+        self._counted("received", address, batch.count - len(batch.poison))
+        return batch
+
+    async def ack_locked(
+        self, queue: str | QueueAddress, batch: ops.LockedBatch, *, error_queue: str | QueueAddress | None = None
+    ) -> int:
+        """Acknowledge a batch :meth:`lock` locked, in the block that locked it: its messages deleted
+        (copied to the audit queue when the client audits), its poison moved, unchanged, to the error
+        queue, all committing when the block does. Rows sent into its Seq range since, or held by
+        others, are not touched. Returns how many messages were acknowledged (one whose time to be
+        received passed while held is deleted uncounted)."""
+        address, batch = self.address(queue), locked_batch(batch)
+        error, audit = self.error_address(error_queue, address), self.audit_address(address)
+        async with self._lock:
+            self._in_block("ack_locked")
+            handled, moved = await self._run(ops.ack_locked(self.dialect, address, error, batch, audit))
+        self._counted("handled", address, handled)
+        self._counted("moved_to_error", address, moved)
+        return handled
+
+    async def nack_locked(
+        self, queue: str | QueueAddress, batch: ops.LockedBatch, *, error_queue: str | QueueAddress | None = None
+    ) -> int:
+        """Give back a batch :meth:`lock` locked, in the block that locked it: its poison is moved to the
+        error queue (committing with the block: end it normally), nothing else is touched, and the other
+        messages are receivable again once the block ends, with no delivery counted. Returns how many."""
+        address, batch = self.address(queue), locked_batch(batch)
+        error = self.error_address(error_queue, address)
+        async with self._lock:
+            self._in_block("nack_locked")
+            given_back, moved = await self._run(ops.nack_locked(self.dialect, address, error, batch))
+        self._counted("failed", address, given_back)
+        self._counted("moved_to_error", address, moved)
+        return given_back
 
     # -- the write ledger ------------------------------------------------------------------------
 
@@ -1576,6 +1582,9 @@ class QueueClient(Addressing):
     extend_held = _blocking(AsyncQueueClient.extend_held)
     hold = _blocking(AsyncQueueClient.hold)
     nack_held = _blocking(AsyncQueueClient.nack_held)
+    lock = _blocking(AsyncQueueClient.lock)
+    ack_locked = _blocking(AsyncQueueClient.ack_locked)
+    nack_locked = _blocking(AsyncQueueClient.nack_locked)
     create_writes = _blocking(AsyncQueueClient.create_writes)
     record_write = _blocking(AsyncQueueClient.record_write)
     forget_write = _blocking(AsyncQueueClient.forget_write)

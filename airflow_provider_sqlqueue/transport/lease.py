@@ -15,7 +15,8 @@ from datetime import timedelta
 from types import TracebackType
 
 from . import defaults
-from .client import QueueClient, Token, as_tokens
+from .arguments import Token, as_tokens
+from .client import QueueClient
 from .errors import ArgumentTypeError
 from .logs import logger
 from .message import duration

@@ -27,8 +27,9 @@ from typing import Any
 from . import defaults
 from . import operations as ops
 from .addressing import QueueAddress
+from .arguments import default_holder, lease_ms, same_table
 from .breaker import CircuitBreaker
-from .client import Addressing, default_holder, lease_ms, same_table
+from .client import Addressing
 from .drivers import Session, SessionPool, close_quietly
 from .errors import (
     ArgumentTypeError,

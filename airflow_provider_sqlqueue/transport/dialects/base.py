@@ -12,7 +12,7 @@ claim key), ``deliveries``, ``lease_ms``, ``holder``, ``token``, ``tokens``, ``d
 ``channel``, ``keys`` (rows of a delayed table), ``address``, ``endpoint``, ``topic``, ``topics``
 (subscriptions), ``after``, ``before``, ``seqs``, ``preview`` (reading an error queue), ``last``
 (the end of a Seq range), ``parts``, ``part`` (one share of a holder's claims), ``write``
-(a write of many partitions, in the write ledger), ``scan``, ``needle`` (a journey's search, :mod:`.journeys`). Each method below says which it takes and what rows it returns; reviewing a
+(a write of many partitions, in the write ledger), ``scan``, ``needle`` (a journey's search, :mod:`.journeys`), ``locked_by`` (the transaction holding a locked batch). Each method below says which it takes and what rows it returns; reviewing a
 database's SQL means reading one file.
 """
 
@@ -776,6 +776,57 @@ class Dialect(FindsJourneys, ABC):
     def claim_to_error_sql(self, address: QueueAddress, error_address: QueueAddress, shape: TableShape) -> str:
         """Params token, queue, headers: move a claim of the queue, with new headers, to the error queue
         (a token of another queue's claim moves nothing: rowcount 0)."""
+
+    # -- batches locked by a transaction -------------------------------------------------------
+    #
+    # The oldest rows locked by one open transaction and read meanwhile by other sessions, which
+    # find them by that transaction's id: NServiceBus's native receive, for a batch read elsewhere
+    # (see operations/locked.py). A dialect whose readers cannot tell one transaction's locks from
+    # another's raises TransportMisconfiguredError from each, saying why.
+
+    @abstractmethod
+    def check_locked_batches(self) -> None:
+        """Raise :class:`~..errors.TransportMisconfiguredError`, saying why, where this database cannot
+        hold a batch by a transaction's locks: what a caller asks before it connects (a Spark read)."""
+
+    @abstractmethod
+    def lock_batch_sql(self, address: QueueAddress) -> str:
+        """Params limit: lock up to ``limit`` of the oldest unexpired rows until the transaction ends,
+        skipping rows another session holds. Rows (Seq, Headers), in Seq order."""
+
+    @abstractmethod
+    def locker_sql(self, address: QueueAddress) -> str:
+        """Params seq -> one row: the open transaction's id (given one now if it had none), and whether
+        the row at ``seq`` is locked under that id (False: under a savepoint's own id; NULL: no such row)."""
+
+    @abstractmethod
+    def current_transaction_sql(self) -> str:
+        """No params -> one row: the open transaction's id, NULL while it has none (it locked and wrote nothing)."""
+
+    @abstractmethod
+    def browse_locked_sql(self, address: QueueAddress) -> str:
+        """Params after, last, limit, locked_by: :meth:`browse_sql` of the rows the transaction
+        ``locked_by`` holds locked, while it is open (none once it has ended). Rows: :class:`BrowsedRow`."""
+
+    @abstractmethod
+    def transaction_open_sql(self) -> str:
+        """Params locked_by -> one row: whether that transaction is still open."""
+
+    @abstractmethod
+    def locked_to_error_sql(self, address: QueueAddress, error_address: QueueAddress, shape: TableShape) -> str:
+        """Params seqs (see :meth:`seq_list`), locked_by: move those of the rows the transaction holds
+        locked, unchanged, to the error queue. Rows (Id, Headers) of the rows moved, their headers as
+        they were."""
+
+    @abstractmethod
+    def ack_locked_sql(self, address: QueueAddress) -> str:
+        """Params after, last, locked_by -> one row: delete the rows with after < Seq <= last that the
+        transaction holds locked, and count those that had not expired meanwhile."""
+
+    @abstractmethod
+    def ack_locked_copy_sql(self, address: QueueAddress) -> str:
+        """As :meth:`ack_locked_sql`, with rows (Id, Headers, Body) of the unexpired rows deleted: what
+        an audit copy of each is made of."""
 
     # -- errors --------------------------------------------------------------------------------
 

@@ -55,6 +55,8 @@ _LAPSED = (
 #: the planner, on stale statistics, AND in the (Queue, ...) indexes, whose entries for a busy queue
 #: include every claim settled since vacuum last ran; ``IS TRUE`` keeps the queue check a filter.
 _BY_TOKENS = "Token = ANY(%(tokens)s::uuid[]) AND (Queue = %(queue)s) IS TRUE"
+#: The rows the transaction %(locked_by)s (an xid8) holds locked: its id in xmax, 32 bits of it.
+_LOCKED_BY = "xmax = %(locked_by)s::text::xid8::xid"
 #: Connection errors that retrying cannot fix, by SQLSTATE.
 #: Not a SQLSTATE: connection settings libpq refuses before it reaches any server.
 SETTINGS = "settings"
@@ -998,6 +1000,78 @@ class PostgresDialect(Dialect):
         return (
             f"WITH moved AS (DELETE FROM {f} WHERE Token = %(token)s AND (Queue = %(queue)s) IS TRUE RETURNING Id, Body) "
             f"INSERT INTO {e} (Id, Expires, Headers, Body) SELECT Id, NULL, %(headers)s, Body FROM moved"
+        )
+
+    # -- batches locked by a transaction -------------------------------------------------------
+    #
+    # A row lock is written into the row itself: its xmax holds the locking transaction's id until
+    # another session locks, updates or deletes the row. Any session can read it, and a plain
+    # SELECT neither waits for the lock nor takes one, so readers elsewhere find exactly the rows
+    # one open transaction locked. xmax keeps that id after the transaction has ended too (a
+    # rollback leaves it behind): reads check that the transaction is still open. The id travels
+    # as xid8 (epoch and all, never reused), compared with xmax's 32 bits.
+
+    def check_locked_batches(self) -> None:
+        return None  # every statement below runs here
+
+    def lock_batch_sql(self, address: QueueAddress) -> str:
+        return (
+            f"SELECT Seq, Headers FROM {self.qualified_name(address)} "
+            f"WHERE Expires IS NULL OR Expires > {_UTC_NOW} ORDER BY Seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
+        )
+
+    def locker_sql(self, address: QueueAddress) -> str:
+        # pg_current_xact_id() is the top-level transaction's id, also inside a savepoint, whose
+        # locks carry the savepoint's own id instead: a lock under a savepoint is told apart here.
+        return (
+            "SELECT pg_current_xact_id()::text::bigint, "
+            f"(SELECT xmax = pg_current_xact_id()::xid FROM {self.qualified_name(address)} WHERE Seq = %(seq)s)"
+        )
+
+    def current_transaction_sql(self) -> str:
+        return "SELECT pg_current_xact_id_if_assigned()::text::bigint"
+
+    def browse_locked_sql(self, address: QueueAddress) -> str:
+        # The transaction's state is read once per statement (an init plan), after its snapshot:
+        # a transaction open then had not ended when the snapshot was taken, so each row read is one
+        # it held. One that ended since leaves its id in xmax, on rows back in the queue.
+        q = self.qualified_name(address)
+        return (
+            f"SELECT Seq, Id, Headers, Body FROM {q} WHERE Seq > %(after)s AND Seq <= %(last)s AND {_LOCKED_BY} "
+            f"AND (Expires IS NULL OR Expires > {_UTC_NOW}) AND ({self.transaction_open_sql()}) "
+            "ORDER BY Seq LIMIT %(limit)s"
+        )
+
+    def transaction_open_sql(self) -> str:
+        return "SELECT pg_xact_status(%(locked_by)s::text::xid8) IS NOT DISTINCT FROM 'in progress'"
+
+    def locked_to_error_sql(self, address: QueueAddress, error_address: QueueAddress, shape: TableShape) -> str:
+        q, e = self.qualified_name(address), self.qualified_name(error_address)
+        return (
+            f"WITH moved AS (DELETE FROM {q} WHERE Seq = ANY(%(seqs)s::bigint[]) AND {_LOCKED_BY} "
+            "RETURNING Id, Headers, Body, Seq), "
+            # As a receive moves poison (insert_error_sql): a NULL Headers column becomes ''.
+            f"copied AS (INSERT INTO {e} (Id, Expires, Headers, Body) "
+            "SELECT Id, NULL, COALESCE(Headers, ''), Body FROM moved ORDER BY Seq) "
+            "SELECT Id, Headers FROM moved ORDER BY Seq"
+        )
+
+    def ack_locked_sql(self, address: QueueAddress) -> str:
+        # Only Expires comes back from the delete, to be counted: carrying 200,000 rows' headers and
+        # bodies through the count would cost more than deleting them.
+        unexpired = f"Expires IS NULL OR Expires > {_UTC_NOW}"
+        return f"{self._delete_locked(address, 'Expires')} SELECT count(*) FILTER (WHERE {unexpired}) FROM gone"
+
+    def ack_locked_copy_sql(self, address: QueueAddress) -> str:
+        unexpired = f"Expires IS NULL OR Expires > {_UTC_NOW}"
+        return f"{self._delete_locked(address, 'Id, Expires, Headers, Body')} SELECT Id, Headers, Body FROM gone WHERE {unexpired}"
+
+    def _delete_locked(self, address: QueueAddress, returning: str) -> str:
+        """``gone``: the rows with after < Seq <= last the transaction holds locked, deleted (one whose
+        time to be received passed while held was read by nobody: deleted, neither counted nor copied)."""
+        return (
+            f"WITH gone AS (DELETE FROM {self.qualified_name(address)} "
+            f"WHERE Seq > %(after)s AND Seq <= %(last)s AND {_LOCKED_BY} RETURNING {returning})"
         )
 
     # -- errors --------------------------------------------------------------------------------

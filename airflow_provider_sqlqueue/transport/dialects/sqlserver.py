@@ -57,6 +57,16 @@ ROWS_PER_INSERT = 500
 #: (65,536 network packets) and the client never builds a huge string. A larger message goes alone.
 BYTES_PER_INSERT = 4 * 1024 * 1024
 
+#: Why a batch cannot be held by a transaction's row locks here (see operations/locked.py): what
+#: every statement of it raises, before anything is sent.
+NO_LOCKED_BATCHES = (
+    "a batch held by a transaction's row locks (lock, browse_columns(locked_by=...), ack_locked, nack_locked; "
+    "the Spark data source's claimed_from_queue) needs PostgreSQL: on SQL Server another session cannot tell the "
+    "rows one transaction locked from the rows other transactions locked -- a reader sees locked rows only under "
+    "READ UNCOMMITTED, which shows every transaction's uncommitted work alike, and a row's locks name no "
+    "transaction a query can read. Use claim mode (hold, held_columns and ack_held; the data source's "
+    "mode='claim'), whose claims are rows of the claim store"
+)
 _UTC_NOW = "GETUTCDATE()"  # datetime, the type and clock NServiceBus compares Expires with
 _LEASE_NOW = "SYSUTCDATETIME()"  # datetime2 for leases: finer than datetime's 3.33 ms steps
 
@@ -994,6 +1004,35 @@ class SqlServerDialect(Dialect):
             f"INSERT INTO {e} (Id, {recoverable[0]}Expires, Headers, Body) SELECT m.Id, {recoverable[1]}NULL, "
             "@headers, m.Body FROM @moved AS m"
         )
+
+    # -- batches locked by a transaction: refused -----------------------------------------------
+
+    def check_locked_batches(self) -> None:
+        raise TransportMisconfiguredError(NO_LOCKED_BATCHES)
+
+    def lock_batch_sql(self, address: QueueAddress) -> str:
+        raise TransportMisconfiguredError(NO_LOCKED_BATCHES)
+
+    def locker_sql(self, address: QueueAddress) -> str:
+        raise TransportMisconfiguredError(NO_LOCKED_BATCHES)
+
+    def current_transaction_sql(self) -> str:
+        raise TransportMisconfiguredError(NO_LOCKED_BATCHES)
+
+    def browse_locked_sql(self, address: QueueAddress) -> str:
+        raise TransportMisconfiguredError(NO_LOCKED_BATCHES)
+
+    def transaction_open_sql(self) -> str:
+        raise TransportMisconfiguredError(NO_LOCKED_BATCHES)
+
+    def locked_to_error_sql(self, address: QueueAddress, error_address: QueueAddress, shape: TableShape) -> str:
+        raise TransportMisconfiguredError(NO_LOCKED_BATCHES)
+
+    def ack_locked_sql(self, address: QueueAddress) -> str:
+        raise TransportMisconfiguredError(NO_LOCKED_BATCHES)
+
+    def ack_locked_copy_sql(self, address: QueueAddress) -> str:
+        raise TransportMisconfiguredError(NO_LOCKED_BATCHES)
 
     # -- errors --------------------------------------------------------------------------------
 

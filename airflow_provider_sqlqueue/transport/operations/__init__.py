@@ -8,7 +8,8 @@ so those rules cannot drift between PostgreSQL and SQL Server or between the syn
 asyncio pump.
 
 One module per capability, named by the glossary's words: :mod:`.steps` (the core),
-:mod:`.tables` (installation), :mod:`.send`, :mod:`.receive`, :mod:`.claim`, :mod:`.audit`,
+:mod:`.tables` (installation), :mod:`.send`, :mod:`.receive`, :mod:`.claim`, :mod:`.locked`
+(batches locked by a transaction), :mod:`.audit`,
 :mod:`.forward`, :mod:`.journey`, :mod:`.delayed`, :mod:`.publish`, :mod:`.ledger` (the write ledger), :mod:`.staging`,
 :mod:`.inspection` and :mod:`.error_queue`. This package's namespace is their catalogue: callers
 write ``ops.claim(...)`` whichever module defines it.
@@ -60,6 +61,7 @@ from .inspection import (
 )
 from .journey import Journey, Sighting, journey, journey_key, trace_context
 from .ledger import create_writes, forget_write, record_write
+from .locked import LockedBatch, ack_locked, lock_batch, nack_locked
 from .publish import create_subscriptions, publish, subscribe, subscribers, unsubscribe
 from .receive import Taken, move_to_error, purge_all, purge_expired_batch, receive
 from .send import copies_sends, send, send_copied, send_csv
@@ -88,6 +90,7 @@ __all__ = [
     "Holder",
     "Horizon",
     "Journey",
+    "LockedBatch",
     "NotifiesInserts",
     "Operation",
     "QueuePage",
@@ -100,6 +103,7 @@ __all__ = [
     "ack_audited",
     "ack_held",
     "ack_held_audited",
+    "ack_locked",
     "audit",
     "autocommitted",
     "browse",
@@ -133,10 +137,12 @@ __all__ = [
     "journey",
     "journey_key",
     "list_queues",
+    "lock_batch",
     "move_due",
     "move_to_error",
     "nack",
     "nack_held",
+    "nack_locked",
     "needs_no_transaction",
     "next_due",
     "notifies_inserts",

@@ -50,6 +50,17 @@ def ack_audited(
     return {as_uuid(row[0]) for row in rows}
 
 
+def ack_locked_audited(
+    d: Dialect, address: QueueAddress, params: Mapping[str, int], audit_address: QueueAddress
+) -> Operation[int]:
+    """Delete a locked batch's rows (:func:`.locked.ack_locked`; ``params`` after, last, locked_by)
+    and copy each unexpired one to the audit queue, in its transaction; returns how many were copied.
+    Its messages' processing began when the batch was locked, unknown here: stamped with the ack's time."""
+    rows = yield Step(d.ack_locked_copy_sql(address), params, Fetch.ALL, d.qualified_name(address))
+    yield from _audit_copies(d, address, audit_address, [(as_uuid(i), h, b) for i, h, b in rows], {})
+    return len(rows)
+
+
 def audit(
     d: Dialect,
     address: QueueAddress,

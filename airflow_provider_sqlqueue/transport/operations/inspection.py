@@ -6,6 +6,7 @@ takes or changes a message.
 from __future__ import annotations
 
 import uuid
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -16,7 +17,7 @@ import msgspec
 from .. import defaults
 from ..addressing import QueueAddress
 from ..dialects import BrowsedRow, ClaimRow, DelayedFiguresRow, Dialect, HorizonRow, QueueFiguresRow
-from ..errors import InvalidHeadersError, SqlQueueError
+from ..errors import InvalidArgumentError, InvalidHeadersError, SqlQueueError
 from ..heads import EVERYTHING_MS
 from ..logs import logger
 from ..message import TIME_SENT, Headers, ReceivedMessage, decode_headers, parse_wire_timestamp, readable_headers
@@ -140,9 +141,25 @@ def page_headers(texts: Sequence[str | None]) -> list[Headers] | None:
         return None
 
 
+def unreadable_rows(texts: Sequence[str | None]) -> list[int]:
+    """The places in ``texts`` of the headers :func:`~.message.decode_headers` cannot read. Every
+    text is decoded and none kept (a batch of a million rows needs no million dicts), in C while
+    all are readable; a row-by-row look only when one is not."""
+    try:
+        deque(map(_ROW_HEADERS.decode, texts), maxlen=0)  # type: ignore[arg-type]  # a None fails here
+    except (TypeError, msgspec.ValidationError, msgspec.DecodeError):
+        return [n for n, text in enumerate(texts) if readable_headers(text) is None]
+    return []
+
+
 @autocommitted
 def browse_columns(
-    d: Dialect, address: QueueAddress, limit: int, after: int = 0, last: int = defaults.LAST_SEQ
+    d: Dialect,
+    address: QueueAddress,
+    limit: int,
+    after: int = 0,
+    last: int = defaults.LAST_SEQ,
+    locked_by: int | None = None,
 ) -> Operation[BrowseColumns]:
     """:func:`browse` as columns, for a bulk reader (a Spark partition): the same rows and rules.
 
@@ -150,11 +167,26 @@ def browse_columns(
     page's headers are decoded by one ``map`` in C, and only a page holding a row that call refuses (NULL,
     empty or unreadable headers) is decoded row by row, skipping the unreadable rows as
     :func:`browse` does.
+
+    ``locked_by``: only the rows that transaction holds locked (a batch of :func:`.locked.lock_batch`,
+    read from another session while it is open). A page that finds none asks whether the transaction
+    is still open, and raises if not: what it locked is acknowledged or back in the queue, and a
+    read that went on would return nothing, or rows others may take, as if they were the batch.
     """
+    sql = d.browse_sql(address) if locked_by is None else d.browse_locked_sql(address)
     yield from table_shape(d, address)
-    params = {"after": after, "last": last, "limit": limit}
-    rows = yield Step(d.browse_sql(address), params, Fetch.ALL_UUID_TEXT, d.qualified_name(address))
+    params = {"after": after, "last": last, "limit": limit, **({} if locked_by is None else {"locked_by": locked_by})}
+    rows = yield Step(sql, params, Fetch.ALL_UUID_TEXT, d.qualified_name(address))
     if not rows:
+        if locked_by is not None:
+            held = {"locked_by": locked_by}
+            (still_open,) = yield Step(d.transaction_open_sql(), held, Fetch.ONE, d.qualified_name(address))
+            if not still_open:
+                raise InvalidArgumentError(
+                    f"the transaction {locked_by} that locked this batch of {d.qualified_name(address)} has ended "
+                    "(its block committed or rolled back, or its connection closed): its messages are acknowledged "
+                    "or back in the queue; read a locked batch while its block is open"
+                )
         return BrowseColumns([], [], [], None)
     seqs, ids, texts, bodies = (list(column) for column in zip(*rows, strict=True))
     more = int(seqs[-1]) if len(rows) == limit else None
