@@ -1038,10 +1038,8 @@ class AsyncQueueClient(Addressing):
     ) -> ops.Journey:
         """Where a message went: the rows it left in ``queues`` (None: every queue the connection may
         read) and their schemas' claim stores -- audit copies, failures, claims, the row still waiting
-        -- by its id; or, given a trace id (or a ``traceparent``), those of every message of the trace.
-
-        A bounded scan of each table's newest ``scan`` rows' headers (:mod:`.operations.journey`).
-        """
+        -- by its id; or, given a trace id (or a ``traceparent``), those of every message of the trace:
+        a bounded scan of each table's newest ``scan`` rows' headers (:mod:`.operations.journey`)."""
         kind, key = ops.journey_key(message_or_trace)
         check_positive("scan", scan)
         check_positive("limit", limit)
