@@ -477,8 +477,12 @@ def test_a_journey_shows_each_stage_a_trace_passed_as_text(api_server, browser, 
             rows = browser.find_elements(By.CSS_SELECTOR, "#journey tbody tr")
             return [(row.get_attribute("data-station"), row.get_attribute("data-id")) for row in rows]
 
+        # The page's journey searches every queue the connection may read: in a shared test database,
+        # every other test's schemas too, a few statements each, which a loaded machine makes slow.
         wait_for(
-            lambda: stations() == [("processed", str(claim.id)), ("failed", str(result.id))], what="the trace's rows"
+            lambda: stations() == [("processed", str(claim.id)), ("failed", str(result.id))],
+            timeout=300,
+            what="the trace's rows",
         )
         failed = browser.find_elements(By.CSS_SELECTOR, "#journey tbody tr")[1]
         assert HOSTILE_BODY in failed.text and f'error@"{schema}"' in failed.text  # the exception, as text
