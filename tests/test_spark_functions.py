@@ -267,6 +267,15 @@ def test_claimed_from_queue_refuses_what_its_read_cannot_use_before_anything_cha
     ):
         pytest.fail("the block ran")
     assert depth(uri, schema, "a") == 1
+    with (
+        pytest.raises(SqlQueueError, match="reads through a SparkSession"),
+        claimed_from_queue(
+            uri,
+            url=uri,
+            queue=f'a@"{schema}"',  # type: ignore[arg-type]
+        ),
+    ):
+        pytest.fail("the block ran")
 
 
 def test_claimed_from_queue_refuses_sql_server_saying_why_before_connecting_and_tables_that_are_no_queues(

@@ -125,8 +125,9 @@ def claimed_from_queue(spark: SparkSession, **options: str) -> Iterator[DataFram
     the batch is held, where a claim read (``mode`` ``claim``) moves each message into the claim store
     and out again. Reading the DataFrame again inside the block returns the same messages.
 
-    - **Acknowledged on a normal exit**: the messages are deleted (copied to the audit queue when
-      auditing is on), in that transaction, which then commits.
+    - **Acknowledged on a normal exit**: the messages are deleted in that transaction, which then
+      commits. (The data source audits nothing; :meth:`~..transport.QueueClient.ack_locked` of a
+      client made with ``audit_queue`` copies each message to the audit queue.)
     - **Given back when the block raises**, and when the driver dies or loses its connection: the
       transaction ends uncommitted and every message is back in the queue, as it was. No delivery is
       counted (``deliveries`` is null, ``maxDeliveries`` does not apply): where a message that fails
@@ -143,6 +144,8 @@ def claimed_from_queue(spark: SparkSession, **options: str) -> Iterator[DataFram
     ``lease``, ``maxDeliveries`` and ``lock`` are refused. PostgreSQL only: SQL Server is refused,
     saying why.
     """
+    if getattr(spark, "dataSource", None) is None:  # a classic or Spark Connect session has it
+        raise ArgumentTypeError(f"claimed_from_queue reads through a SparkSession, got {type(spark).__name__}")
     for name in OPTION_NAMES:  # in the documented order, so the option named is the same every time
         if name.lower() in {key.lower() for key in options} and name in _NOT_CLAIMED_FROM_QUEUE:
             raise InvalidOptionError(
