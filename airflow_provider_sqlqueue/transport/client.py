@@ -395,11 +395,9 @@ class AsyncQueueClient(Addressing):
         in a nested block, a savepoint, whose row locks carry the savepoint's own id."""
         if not self._blocks or (outermost and self._blocks > 1):
             where = "outside a transaction block" if not self._blocks else "in a nested transaction block"
-            block = (
-                "the outermost `with client.transaction():` block" if outermost else "the block that locked the batch"
-            )
+            block = "the outermost `with client.transaction():` block" if outermost else "the block that locked it"
             raise InvalidArgumentError(
-                f"{call}() works on the rows a transaction holds locked, and was called {where}: call it in {block}"
+                f"{call}() works on rows a transaction holds locked, called {where}: call it in {block}"
             )
 
     # -- installation ------------------------------------------------------------------------
