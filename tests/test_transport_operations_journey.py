@@ -13,6 +13,7 @@ import pytest
 
 from airflow_provider_sqlqueue.transport import (
     ArgumentTypeError,
+    AsyncQueueClient,
     InvalidArgumentError,
     Message,
     PermissionDeniedError,
@@ -258,3 +259,39 @@ def test_a_queue_named_twice_is_searched_once(stages):
     client.send(ingest, Message("once", {"traceparent": traceparent("00f067aa0ba902b7")}))
     found = client.journey(TRACE, queues=[ingest, ingest, client.canonical_address(ingest)])
     assert len(found.sightings) == 1 and found.searched.count(ingest) == 1
+
+
+async def test_a_survey_whose_table_is_dropped_while_searched_is_run_again_and_a_lost_connection_is_not(stages):
+    """A table dropped between the listing and its search fails that run's statement: the survey is
+    listed and run again (up to ops.SURVEYS times); a lost connection ends it at once."""
+    from airflow_provider_sqlqueue.transport import QueueNotFoundError, TransportUnavailableError
+    from airflow_provider_sqlqueue.transport.operations.journey import SURVEYS
+
+    client, ingest, _ = stages
+    message = Message("found", {"traceparent": traceparent("00f067aa0ba902b7")})
+    client.send(ingest, message)
+    aclient = await AsyncQueueClient.connect(client.connection.info.dsn)
+    listings, failures = [], [QueueNotFoundError("dropped while searched")]
+
+    async def run(op):
+        if failures:
+            op.close()
+            raise failures.pop()
+        return await aclient._run(op)
+
+    async def listing():
+        listings.append(1)
+        return [ingest]
+
+    try:
+        found = await ops.surveyed(run, listing, aclient.dialect, "trace", TRACE, 100, 10)
+        assert [s.message_id for s in found.sightings] == [str(message.id)] and len(listings) == 2
+        failures[:] = [TransportUnavailableError("gone")]
+        with pytest.raises(TransportUnavailableError):
+            await ops.surveyed(run, listing, aclient.dialect, "trace", TRACE, 100, 10)
+        assert len(listings) == 3
+        failures[:] = [QueueNotFoundError("again")] * SURVEYS
+        with pytest.raises(QueueNotFoundError):
+            await ops.surveyed(run, listing, aclient.dialect, "trace", TRACE, 100, 10)
+    finally:
+        await aclient.close()

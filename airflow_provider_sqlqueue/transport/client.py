@@ -1045,7 +1045,7 @@ class AsyncQueueClient(Addressing):
         check_positive("limit", limit)
         if queues is not None:
             return await self._run(ops.journey(self.dialect, kind, key, self._addresses(queues), scan, limit))
-        found = await self._run(ops.journey(self.dialect, kind, key, await self.queues(), scan, limit, survey=True))
+        found = await ops.surveyed(self._run, self.queues, self.dialect, kind, key, scan, limit)
         hidden = await self._run(ops.unreadable_queues(self.dialect))
         return found if hidden is None else replace(found, unreadable=hidden[0])
 

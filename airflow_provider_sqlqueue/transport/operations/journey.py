@@ -19,14 +19,23 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 from ..addressing import QueueAddress
 from ..dialects import Dialect, FoundClaimRow, FoundRow
-from ..errors import ArgumentTypeError, InvalidArgumentError, NotAQueueError, QueueNotFoundError
+from ..errors import (
+    ArgumentTypeError,
+    ClientClosedError,
+    InvalidArgumentError,
+    NotAQueueError,
+    QueueNotFoundError,
+    SqlQueueError,
+    TransactionAbortedError,
+    TransportUnavailableError,
+)
 from ..message import (
     EXCEPTION_MESSAGE,
     EXCEPTION_TYPE,
@@ -303,3 +312,33 @@ def journey(
     return Journey(
         kind, key, tuple(ordered[:limit]), tuple(searched), tuple(partial), len(ordered) > limit, datetime.now(UTC)
     )
+
+
+#: How many times a journey over every queue is run before a table's error is the caller's: another
+#: session may drop a table between the listing and its search, which fails that run's statement.
+SURVEYS = 3
+
+
+async def surveyed(
+    run: Callable[[Operation[Journey]], Awaitable[Journey]],
+    listing: Callable[[], Awaitable[Sequence[QueueAddress]]],
+    d: Dialect,
+    kind: Kind,
+    key: str,
+    scan: int,
+    limit: int,
+) -> Journey:
+    """:func:`journey` over every queue ``listing`` gives, listed and searched again (up to
+    :data:`SURVEYS` times) when a table's statement fails -- dropped or changed while it was being
+    searched -- so that a database whose tables come and go still answers; a lost connection, an
+    aborted transaction or a closed client ends it at once."""
+    attempt = 1
+    while True:
+        try:
+            return await run(journey(d, kind, key, await listing(), scan, limit, survey=True))
+        except (TransportUnavailableError, TransactionAbortedError, ClientClosedError, InvalidArgumentError):
+            raise
+        except SqlQueueError:
+            if attempt == SURVEYS:
+                raise
+            attempt += 1
