@@ -36,6 +36,7 @@ from ..errors import (
     TransactionAbortedError,
     TransportUnavailableError,
 )
+from ..logs import logger
 from ..message import (
     EXCEPTION_MESSAGE,
     EXCEPTION_TYPE,
@@ -61,6 +62,7 @@ _TRACE_ID = re.compile(r"[0-9a-f]{32}")
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 
 Kind = Literal["message", "trace"]
+log = logger("airflow_provider_sqlqueue.transport")
 
 
 def journey_key(value: object) -> tuple[Kind, str]:
@@ -197,6 +199,10 @@ class Journey:
         return tuple(dict.fromkeys(t[0] for t in found if t is not None))
 
 
+def _order(seen: Sighting) -> tuple[datetime, datetime, int]:
+    return (seen.moment, seen.started or seen.ended or seen.moment, seen.seq)
+
+
 def _span(start: datetime, end: datetime) -> timedelta | None:
     return end - start if end >= start else None
 
@@ -308,15 +314,10 @@ def journey(
         searched.append(store)
         if not complete:
             partial.append(store)
-    ordered = sorted(found.values(), key=lambda s: (s.moment, s.started or s.ended or s.moment, s.seq))
+    ordered = sorted(found.values(), key=_order)
     return Journey(
         kind, key, tuple(ordered[:limit]), tuple(searched), tuple(partial), len(ordered) > limit, datetime.now(UTC)
     )
-
-
-#: How many times a journey over every queue is run before a table's error is the caller's: another
-#: session may drop a table between the listing and its search, which fails that run's statement.
-SURVEYS = 3
 
 
 async def surveyed(
@@ -328,17 +329,30 @@ async def surveyed(
     scan: int,
     limit: int,
 ) -> Journey:
-    """:func:`journey` over every queue ``listing`` gives, listed and searched again (up to
-    :data:`SURVEYS` times) when a table's statement fails -- dropped or changed while it was being
-    searched -- so that a database whose tables come and go still answers; a lost connection, an
-    aborted transaction or a closed client ends it at once."""
-    attempt = 1
-    while True:
+    """:func:`journey` over every queue ``listing`` gives, one claim store's schema at a time: a
+    schema whose tables are dropped or changed while they are searched (the statement fails) is left
+    out and the others answer, as a survey of a database whose tables come and go must; a lost
+    connection, an aborted transaction or a closed client ends it at once."""
+    groups: dict[QueueAddress, list[QueueAddress]] = {}
+    for address in await listing():
+        groups.setdefault(d.inflight_address(address), []).append(address)
+    parts: list[Journey] = []
+    for addresses in groups.values():
         try:
-            return await run(journey(d, kind, key, await listing(), scan, limit, survey=True))
+            parts.append(await run(journey(d, kind, key, addresses, scan, limit, survey=True)))
         except (TransportUnavailableError, TransactionAbortedError, ClientClosedError, InvalidArgumentError):
             raise
-        except SqlQueueError:
-            if attempt == SURVEYS:
-                raise
-            attempt += 1
+        except SqlQueueError as exc:
+            log.info(
+                "Journey: leaving out %d queue(s) of a schema that changed while searched: %s", len(addresses), exc
+            )
+    ordered = sorted((seen for part in parts for seen in part.sightings), key=_order)
+    return Journey(
+        kind,
+        key,
+        tuple(ordered[:limit]),
+        tuple(a for part in parts for a in part.searched),
+        tuple(a for part in parts for a in part.partial),
+        len(ordered) > limit or any(part.more for part in parts),
+        datetime.now(UTC),
+    )
