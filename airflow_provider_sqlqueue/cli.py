@@ -441,8 +441,10 @@ def run_journey(args: argparse.Namespace, out: TextIO) -> None:
     """The rows a message or a trace left, oldest first: when it was sent, where, what happened and
     how long it waited and was processed; then what the search could not see."""
     with _client(args) as client:
-        found = client.journey(args.message_or_trace, queues=args.queues, scan=args.scan, limit=args.limit)
-        names = {address: client.canonical_address(address) for address in (*found.searched, *found.partial)}
+        found = client.journey(
+            args.message_or_trace, queues=args.queues, scan=args.scan, limit=args.limit, lock_wait=args.lock_timeout
+        )
+        names = {a: client.canonical_address(a) for a in (*found.searched, *found.partial, *found.locked)}
     rows = []
     for seen in found.sightings:  # header values are the senders': each cut to a column's width
         note = seen.exception or (f"held by {seen.holder}" if seen.holder else "")
@@ -474,6 +476,9 @@ def run_journey(args: argparse.Namespace, out: TextIO) -> None:
         out.write(f"only the newest {args.scan:,} rows were searched (--scan) of: {tables}\n")
     if found.unreadable:
         out.write(f"{found.unreadable} queue table(s) this connection may not read were not searched\n")
+    if found.locked:
+        tables = ", ".join(printable(names[address]) for address in found.locked)
+        out.write(f"locked by another session past --lock-timeout, not searched: {tables}\n")
 
 
 def run_release_lapsed(args: argparse.Namespace, out: TextIO) -> None:

@@ -95,6 +95,7 @@ _PRODUCERS: dict[str, Callable[[Dialect], set[str]]] = {
     "scanned_all": lambda d: _all(d.scanned_all_sql(QUEUE)),
     "can_read": lambda d: _all(d.can_read_sql()),
     "schema_exists": lambda d: _all(d.schema_exists_sql(QUEUE.sibling("gone"))),
+    "lock_timeout": lambda d: {sql for sql in (d.lock_timeout_sql(), d.current_lock_timeout_sql()) if sql is not None},
     "lock_batch": lambda d: _locked(lambda: d.lock_batch_sql(QUEUE)),
     "locker": lambda d: _locked(lambda: d.locker_sql(QUEUE)),
     "current_transaction": lambda d: _locked(d.current_transaction_sql),

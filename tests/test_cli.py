@@ -791,6 +791,15 @@ def test_journey_follows_a_trace_through_its_stages_and_refuses_what_is_no_id(pg
     assert "only the newest 1 rows were searched (--scan) of:" not in bounded.stdout  # each table holds one row
     assert sqlqueue("journey", trace, f'--queue=orders@"{schema}"', "--limit", "1", env=env).returncode == 0
 
+    holder = _locked(pg_uri, f'"{schema}"."enrich"')  # a migration's lock: left out, named, the rest shown
+    try:
+        held = sqlqueue("journey", trace, *tables, "--lock-timeout", "0.5", env=env)
+    finally:
+        holder.close()
+    assert held.returncode == 0, held.stderr
+    assert held.stdout.splitlines()[0] == f"trace {trace}: 2 row(s), searched 4 table(s)"
+    assert f'locked by another session past --lock-timeout, not searched: enrich@"{schema}"' in held.stdout
+
     for bad in ("not-an-id", "0" * 32, "4bf92f3577b34da6a3ce929d0e0e473", "x" * 100_000):
         refused = sqlqueue("journey", bad, *tables, env=env)
         assert refused.returncode == 1

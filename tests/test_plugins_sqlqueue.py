@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 
+import psycopg
 import pytest
 
 from airflow_provider_sqlqueue.transport import Message, QueueAddress, QueueClient
@@ -438,6 +439,11 @@ def test_a_journey_follows_a_trace_for_a_reader_and_is_refused_to_a_watcher(api:
                 assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", shown), shown
             mine = api.get("reader", "/connections/shop/journey", id=str(outside.id)).json()
             assert mine["kind"] == "message" and mine["trace_ids"] == [trace]
+            with psycopg.connect(api.pg_uri) as migration:  # a table locked past the lock wait: named, left out
+                migration.execute(f'LOCK TABLE "{api.schema}"."billing" IN ACCESS EXCLUSIVE MODE')
+                held = api.get("reader", "/connections/shop/journey", id=trace).json()
+            assert address(api, "billing") in held["locked"], held
+            assert [s["station"] for s in held["sightings"]] == ["processed", "failed"]  # audit and error
 
             refused = api.get("viewer", "/connections/shop/journey", id=trace)  # figures only: no headers
             assert refused.status_code == 403 and "needs read access to the connection" in refused.json()["detail"]

@@ -478,12 +478,17 @@ def test_a_journey_shows_each_stage_a_trace_passed_as_text(api_server, browser, 
             return [(row.get_attribute("data-station"), row.get_attribute("data-id")) for row in rows]
 
         # The page's journey searches every queue the connection may read: in a shared test database,
-        # every other test's schemas too, a few statements each, which a loaded machine makes slow.
-        wait_for(
-            lambda: stations() == [("processed", str(claim.id)), ("failed", str(result.id))],
-            timeout=300,
-            what="the trace's rows",
-        )
+        # every other test's schemas too, a few statements each, which a loaded machine makes slow;
+        # a table another test holds locked is left out after the journey's lock wait.
+        try:
+            wait_for(
+                lambda: stations() == [("processed", str(claim.id)), ("failed", str(result.id))],
+                timeout=300,
+                what="the trace's rows",
+            )
+        except AssertionError as exc:  # what the page said instead (a refusal, an error, other rows)
+            said = browser.find_element(By.ID, "status").text, browser.find_element(By.ID, "journey-notes").text
+            raise AssertionError(f"{exc}; rows {stations()}, the page said {said}") from None
         failed = browser.find_elements(By.CSS_SELECTOR, "#journey tbody tr")[1]
         assert HOSTILE_BODY in failed.text and f'error@"{schema}"' in failed.text  # the exception, as text
         assert browser.execute_script("return document.title") == "Queues"

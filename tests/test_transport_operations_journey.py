@@ -195,10 +195,10 @@ def test_a_role_that_may_not_read_the_audit_queue_is_told_what_it_could_not_sear
 
 
 @pytest.mark.parametrize("dialect", ["postgres", "sqlserver"])
-def test_a_survey_passes_over_a_queue_dropped_since_it_was_listed_a_named_one_fails(dialect):
+async def test_a_survey_passes_over_a_queue_dropped_since_it_was_listed_a_named_one_fails(dialect):
     """Scripted (:mod:`tests.operations_script`): the catalog answers no columns for ``gone``."""
     from airflow_provider_sqlqueue.transport.errors import QueueNotFoundError
-    from tests.operations_script import QUEUE, Script, dialect_with_known_tables, drive
+    from tests.operations_script import QUEUE, Script, dialect_with_known_tables
 
     d = dialect_with_known_tables(dialect)
     gone = QUEUE.sibling("gone")
@@ -209,13 +209,24 @@ def test_a_survey_passes_over_a_queue_dropped_since_it_was_listed_a_named_one_fa
         "can_read": lambda step: (False,),  # the claim store: not readable, not searched
         "queue_columns": lambda step: [],
         "schema_exists": lambda step: (True,),
+        "lock_timeout": lambda step: ("0",),
     }
-    script = Script(d, answers)
-    found = drive(ops.journey(d, "trace", TRACE, [gone, QUEUE], 100, 10, survey=True), script)
+
+    def runner(script: Script):
+        async def run(op):
+            async def execute(step):
+                return script(step)
+
+            return await ops.drive(op, execute)
+
+        return run
+
+    wait = timedelta(seconds=1)
+    found = await ops.journey(runner(Script(d, answers)), d, "trace", TRACE, [gone, QUEUE], 100, 10, wait, survey=True)
     assert [s.row_id for s in found.sightings] == [row[1]]
-    assert found.searched == (QUEUE,)
+    assert found.searched == (QUEUE,) and found.locked == ()
     with pytest.raises(QueueNotFoundError):
-        drive(ops.journey(d, "trace", TRACE, [gone, QUEUE], 100, 10), Script(d, answers))
+        await ops.journey(runner(Script(d, answers)), d, "trace", TRACE, [gone, QUEUE], 100, 10, wait)
 
 
 @pytest.mark.postgres_only  # found through the Id index, which SQL Server's queue table does not have
@@ -261,8 +272,8 @@ def test_a_queue_named_twice_is_searched_once(stages):
     assert len(found.sightings) == 1 and found.searched.count(ingest) == 1
 
 
-async def test_a_survey_leaves_out_a_schema_whose_table_fails_while_searched_and_a_lost_connection_ends_it(stages):
-    """A table dropped between the listing and its search fails its statement: that schema is left
+async def test_a_survey_leaves_out_a_table_that_fails_while_searched_and_a_lost_connection_ends_it(stages):
+    """A table dropped between the listing and its search fails its statement: that table is left
     out and the others answer; a lost connection ends the survey at once."""
     from airflow_provider_sqlqueue.transport import QueueNotFoundError, TransportUnavailableError
 
@@ -279,15 +290,32 @@ async def test_a_survey_leaves_out_a_schema_whose_table_fails_while_searched_and
             raise failures.pop()
         return await aclient._run(op)
 
-    async def listing():
-        return [other, ingest]  # other's schema is searched first
-
+    wait = timedelta(seconds=5)
     try:
-        failures[:] = [QueueNotFoundError("dropped while searched")]
-        found = await ops.surveyed(run, listing, aclient.dialect, "trace", TRACE, 100, 10)
+        failures[:] = [QueueNotFoundError("dropped while searched")]  # other is searched first
+        found = await ops.journey(run, aclient.dialect, "trace", TRACE, [other, ingest], 100, 10, wait, survey=True)
         assert [s.message_id for s in found.sightings] == [str(message.id)] and other not in found.searched
         failures[:] = [TransportUnavailableError("gone")]
         with pytest.raises(TransportUnavailableError):
-            await ops.surveyed(run, listing, aclient.dialect, "trace", TRACE, 100, 10)
+            await ops.journey(run, aclient.dialect, "trace", TRACE, [other, ingest], 100, 10, wait, survey=True)
     finally:
         await aclient.close()
+
+
+@pytest.mark.postgres_only  # SQL Server's watchers do not bound lock waits (the dialect says None)
+def test_a_table_locked_by_another_session_is_left_out_and_named_and_the_rest_is_searched(stages, pg_uri):
+    """A migration holds a queue table and the claim store: the journey waits the lock wait once,
+    then a short while for the next locked table, and answers from the others (no hang)."""
+    client, ingest, enrich = stages
+    client.send(ingest, Message("held", {"traceparent": traceparent("00f067aa0ba902b7")}))
+    client.send(enrich, Message("free", {"traceparent": traceparent("1111111111111111")}))
+    store = client.dialect.inflight_address(ingest)
+    with psycopg.connect(pg_uri) as migration:
+        migration.execute(f'LOCK TABLE "{ingest.schema}"."{ingest.table}" IN ACCESS EXCLUSIVE MODE')
+        migration.execute(f'LOCK TABLE "{store.schema}"."{store.table}" IN ACCESS EXCLUSIVE MODE')
+        found = client.journey(TRACE, queues=[ingest, enrich], lock_wait=0.5)
+        assert found.locked == (ingest, store)
+        assert [s.queue for s in found.sightings] == [client.dialect.format_address(enrich)]
+        assert found.searched == (enrich,)
+        migration.rollback()
+    assert len(client.journey(TRACE, queues=[ingest, enrich]).sightings) == 2

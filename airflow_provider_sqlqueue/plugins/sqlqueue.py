@@ -211,6 +211,7 @@ class JourneyView(BaseModel):
     scan: int  #: newest rows of each table searched
     more: bool  #: more rows matched than are shown
     unreadable: int | None  #: queue tables the connection may not read, so not searched
+    locked: list[str]  #: tables another session held locked past the journey's lock wait, not searched
 
 
 class RetryRequest(BaseModel):
@@ -699,7 +700,7 @@ def create_app() -> FastAPI:
         with _answering(connection_id):
             with _client(connection_id) as client:
                 found = client.journey(id, scan=scan)
-                names = {a: client.canonical_address(a) for a in (*found.searched, *found.partial)}
+                names = {a: client.canonical_address(a) for a in (*found.searched, *found.partial, *found.locked)}
             return JourneyView(
                 kind=found.kind,
                 key=found.key,
@@ -710,6 +711,7 @@ def create_app() -> FastAPI:
                 scan=scan,
                 more=found.more,
                 unreadable=found.unreadable,
+                locked=[names[a] for a in found.locked],
             )
 
     @app.post("/api/connections/{connection_id}/errors/retry", dependencies=[_edit("retrying failed messages")])

@@ -45,6 +45,7 @@ from .arguments import (
 from .dialects import Dialect
 from .drivers import Session, blocking_context, finish, open_session
 from .errors import (
+    CALL_ENDING,
     ArgumentTypeError,
     ClientClosedError,
     InvalidArgumentError,
@@ -52,8 +53,6 @@ from .errors import (
     LockTimeoutError,
     ObjectExistsError,
     SqlQueueError,
-    TransactionAbortedError,
-    TransportUnavailableError,
     one_line,
 )
 from .health import Health, Problem, nothing_read, problems
@@ -78,10 +77,6 @@ from .tracing import processing
 T = TypeVar("T")
 
 log = logger("airflow_provider_sqlqueue.transport")
-
-#: What a look at many queues (health) cannot go on from to the next one: the connection, or the
-#: transaction it runs in, is gone. A locked table (LockTimeoutError, one of them) only holds up that one.
-_ENDS_THE_CALL = (TransportUnavailableError, TransactionAbortedError, ClientClosedError)
 
 V = TypeVar("V")
 #: Values by queue, the queues named by text, by address or both (a plain ``dict[str, ...]`` is one).
@@ -1035,18 +1030,22 @@ class AsyncQueueClient(Addressing):
         queues: str | QueueAddress | Iterable[str | QueueAddress] | None = None,
         scan: int = defaults.JOURNEY_SCAN,
         limit: int = defaults.JOURNEY_LIMIT,
+        lock_wait: timedelta | float = defaults.WATCH_LOCK_TIMEOUT,
     ) -> ops.Journey:
         """Where a message went: the rows it left in ``queues`` (None: every queue the connection may
         read) and their schemas' claim stores -- audit copies, failures, claims, the row still waiting
         -- by its id; or, given a trace id (or a ``traceparent``), those of every message of the trace:
-        a bounded scan of each table's newest ``scan`` rows' headers (:mod:`.operations.journey`)."""
+        a bounded scan of each table's newest ``scan`` rows' headers (:mod:`.operations.journey`).
+        ``lock_wait``: how long the first locked table is waited for before it is left out (as in :meth:`health`)."""
         kind, key = ops.journey_key(message_or_trace)
         check_positive("scan", scan)
         check_positive("limit", limit)
-        if queues is not None:
-            return await self._run(ops.journey(self.dialect, kind, key, self._addresses(queues), scan, limit))
-        found = await ops.surveyed(self._run, self.queues, self.dialect, kind, key, scan, limit)
-        hidden = await self._run(ops.unreadable_queues(self.dialect))
+        wait = lock_wait_span(lock_wait)
+        addresses = await self.queues() if queues is None else self._addresses(queues)
+        found = await ops.journey(
+            self._run, self.dialect, kind, key, addresses, scan, limit, wait, survey=queues is None
+        )
+        hidden = None if queues is not None else await self._run(ops.unreadable_queues(self.dialect))
         return found if hidden is None else replace(found, unreadable=hidden[0])
 
     async def peek(self, queue: str | QueueAddress, *, include_claims: bool = False) -> int:
@@ -1378,7 +1377,7 @@ class AsyncQueueClient(Addressing):
                     raise
                 wait = min(wait, defaults.WATCH_LOCK_TIMEOUT_AFTER_ONE)
                 unreadable.append(Problem("unreadable", address, f"cannot be measured now: {one_line(exc)}"))
-            except _ENDS_THE_CALL:
+            except CALL_ENDING:
                 raise
             except SqlQueueError as exc:
                 if not report_unreadable:
@@ -1414,7 +1413,7 @@ class AsyncQueueClient(Addressing):
             try:
                 found += await self._run(ops.queue_stats(self.dialect, [error], expired_limit, lock_wait))
             except SqlQueueError as exc:
-                if isinstance(exc, _ENDS_THE_CALL) and not isinstance(exc, LockTimeoutError):
+                if isinstance(exc, CALL_ENDING) and not isinstance(exc, LockTimeoutError):
                     raise
                 log.info(
                     "Health of %s: its error queue cannot be looked at (%s)", self.dialect.qualified_name(queue), exc

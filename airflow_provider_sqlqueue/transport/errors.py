@@ -147,6 +147,12 @@ class LockTimeoutError(TransportUnavailableError):
     FULL``, ``LOCK TABLE``): the connection is fine, and a later try may succeed."""
 
 
+#: What a look at many tables (health, a journey) cannot go on from to the next one: the connection,
+#: or the transaction it runs in, is gone. A locked table (LockTimeoutError, one of them) only holds
+#: up that one, and is caught before these.
+CALL_ENDING = (TransportUnavailableError, TransactionAbortedError, ClientClosedError)
+
+
 class LeaseLostError(SqlQueueError):
     """Claims were no longer held: their lease ran out and the messages may be with another consumer.
 

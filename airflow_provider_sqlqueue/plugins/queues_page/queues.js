@@ -498,6 +498,7 @@ async function follow(id) {
   if (found.more) note("More rows matched than are shown: the first ones are shown.");
   if (found.partial.length) note(`Only the newest ${number(found.scan)} rows were searched of: ${found.partial.join(", ")}.`);
   if (found.unreadable) note(`${number(found.unreadable)} queue table(s) this connection may not read were not searched.`);
+  if (found.locked.length) note(`Locked by another session, not searched: ${found.locked.join(", ")}.`);
 }
 
 // -- wiring -------------------------------------------------------------------------------------

@@ -59,7 +59,7 @@ from .inspection import (
     seq_range,
     unreadable_queues,
 )
-from .journey import Journey, Sighting, journey, journey_key, surveyed, trace_context
+from .journey import Journey, Sighting, journey, journey_key, trace_context
 from .ledger import create_writes, forget_write, record_write
 from .locked import LockedBatch, ack_locked, lock_batch, nack_locked
 from .publish import create_subscriptions, publish, subscribe, subscribers, unsubscribe
@@ -167,7 +167,6 @@ __all__ = [
     "settle_then_claim",
     "subscribe",
     "subscribers",
-    "surveyed",
     "table_shape",
     "take",
     "trace_context",

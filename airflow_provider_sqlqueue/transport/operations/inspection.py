@@ -10,7 +10,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -23,6 +23,8 @@ from ..logs import logger
 from ..message import TIME_SENT, Headers, ReceivedMessage, decode_headers, parse_wire_timestamp, readable_headers
 from .steps import Fetch, Operation, Step, after_head, as_uuid, autocommitted
 from .tables import table_key, table_shape
+
+T = TypeVar("T")
 
 log = logger("airflow_provider_sqlqueue.transport")
 
@@ -332,25 +334,27 @@ def queue_stats(
     expired_limit: int,
     lock_wait: timedelta = defaults.WATCH_LOCK_TIMEOUT,
 ) -> Operation[list[QueueStats]]:
-    """:class:`QueueStats` of each queue: one indexed query per queue, one more per claim store.
-
-    One transaction that waits at most ``lock_wait`` for any lock (where the dialect bounds waits):
-    a table locked by a migration or ``VACUUM FULL`` gives :class:`~.errors.LockTimeoutError`
-    instead of a dashboard that hangs. A schema without a claim store (tables an NServiceBus
-    endpoint created) reports no claims instead of failing.
+    """:class:`QueueStats` of each queue: one indexed query per queue, one more per claim store, in
+    one transaction that waits at most ``lock_wait`` for any lock (:func:`lock_bounded`). A schema
+    without a claim store (tables an NServiceBus endpoint created) reports no claims instead of failing.
     """
+    return (yield from lock_bounded(d, lock_wait, _queue_figures(d, addresses, expired_limit)))
+
+
+def lock_bounded(d: Dialect, lock_wait: timedelta, operation: Operation[T]) -> Operation[T]:
+    """``operation`` waiting at most ``lock_wait`` for any lock (where the dialect bounds waits): a
+    table locked by a migration or ``VACUUM FULL`` gives :class:`~.errors.LockTimeoutError` instead
+    of a dashboard that hangs. Run in a transaction (the bound lasts until it ends)."""
     bound, current = d.lock_timeout_sql(), d.current_lock_timeout_sql()
-    previous = None
-    if bound is not None and current is not None:
-        # The caller's own bound comes back at the end: inside the caller's transaction (transaction())
-        # the bound would otherwise last, and cut short the waits of the caller's later statements.
-        [previous] = yield Step(current, {}, Fetch.ONE, "the session")
-        ms = str(max(1, round(lock_wait / timedelta(milliseconds=1))))
-        yield Step(bound, {"ms": ms}, Fetch.ONE, "the session")
-    stats = yield from _queue_figures(d, addresses, expired_limit)
-    if bound is not None and previous is not None:
-        yield Step(bound, {"ms": str(previous)}, Fetch.ONE, "the session")
-    return stats
+    if bound is None or current is None:
+        return (yield from operation)
+    # The caller's own bound comes back at the end: inside the caller's transaction (transaction())
+    # the bound would otherwise last, and cut short the waits of the caller's later statements.
+    [previous] = yield Step(current, {}, Fetch.ONE, "the session")
+    yield Step(bound, {"ms": str(max(1, round(lock_wait / timedelta(milliseconds=1))))}, Fetch.ONE, "the session")
+    result = yield from operation
+    yield Step(bound, {"ms": str(previous)}, Fetch.ONE, "the session")
+    return result
 
 
 def _queue_figures(d: Dialect, addresses: Sequence[QueueAddress], expired_limit: int) -> Operation[list[QueueStats]]:

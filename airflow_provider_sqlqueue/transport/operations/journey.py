@@ -24,18 +24,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
+from .. import defaults
 from ..addressing import QueueAddress
 from ..dialects import Dialect, FoundClaimRow, FoundRow
-from ..errors import (
-    ArgumentTypeError,
-    ClientClosedError,
-    InvalidArgumentError,
-    NotAQueueError,
-    QueueNotFoundError,
-    SqlQueueError,
-    TransactionAbortedError,
-    TransportUnavailableError,
-)
+from ..errors import CALL_ENDING, ArgumentTypeError, InvalidArgumentError, LockTimeoutError, SqlQueueError
 from ..logs import logger
 from ..message import (
     EXCEPTION_MESSAGE,
@@ -52,7 +44,8 @@ from ..message import (
     readable_headers,
 )
 from ..tracing import TRACEPARENT
-from .steps import Fetch, Operation, Step, as_uuid, autocommitted
+from .inspection import lock_bounded
+from .steps import Fetch, Operation, Step, as_uuid
 from .tables import table_shape
 
 #: A message id as NServiceBus writes one (a GUID's text), a trace id as W3C Trace Context does
@@ -191,6 +184,8 @@ class Journey:
     #: Queue tables the connection may not read, so not searched (None: not counted -- the queues
     #: were named, or the database hides such tables from the connection).
     unreadable: int | None = None
+    #: Tables another session held locked past the journey's lock wait: not searched.
+    locked: tuple[QueueAddress, ...] = ()
 
     @property
     def trace_ids(self) -> tuple[str, ...]:
@@ -238,121 +233,110 @@ def _search(
     return rows, bool(complete)
 
 
-@autocommitted
-def journey(
-    d: Dialect, kind: Kind, key: str, queues: Sequence[QueueAddress], scan: int, limit: int, *, survey: bool = False
-) -> Operation[Journey]:
-    """The rows of ``queues`` (and of their schemas' claim stores) left by the message ``key`` or by
-    the messages of the trace ``key`` (``kind``, as :func:`journey_key` says), at most ``limit``.
+#: What one table's search gives: the rows of the message (or trace) in it, and whether it saw all
+#: the table's rows; None for a claim store the connection may not read (not searched).
+Searched = tuple[list[Sighting], bool] | None
 
-    Each table costs a bounded scan of its newest ``scan`` rows' headers, one count of at most
-    ``scan + 1`` rows off its Seq index and, for a message id where Id is indexed, one lookup by
-    Id. A claim store is searched when the connection may read it; rows whose headers cannot be
-    read are passed over, as a browse passes them, but for the message's own row found by its Id
-    (station ``unreadable``). ``survey``: the queues are a listing of the database's, and one
-    dropped (or no longer a queue) since it was listed, even while it is searched, is passed over
-    instead of failing the journey. Of the rows found, the ``limit`` that happened first are kept.
-    """
-    found: dict[tuple[QueueAddress, int, uuid.UUID], Sighting] = {}
-    partial: list[QueueAddress] = []
-    searched: list[QueueAddress] = []
-    for address in dict.fromkeys(queues):  # a table named twice is searched once
-        try:
-            rows, complete = yield from _search(d, kind, key, address, scan)
-        except (QueueNotFoundError, NotAQueueError):
-            if not survey:
-                raise
-            continue
-        table = d.format_address(address)
-        for seq, row_id, text in rows:
-            headers, identity = readable_headers(text), as_uuid(row_id)
-            if headers is None:
-                if kind == "message" and str(identity) == key:  # its own row, found by Id: say it is there
-                    found[(address, int(seq), identity)] = Sighting(
-                        address, int(seq), identity, {}, "unreadable", table
-                    )
-                continue
-            if not _matches(kind, key, identity, headers):
-                continue
+
+def _queue_sightings(d: Dialect, kind: Kind, key: str, address: QueueAddress, scan: int) -> Operation[Searched]:
+    """A queue table's rows of the message (or trace). Rows whose headers cannot be read are passed
+    over, as a browse passes them, but for the message's own row found by its Id (``unreadable``)."""
+    rows, complete = yield from _search(d, kind, key, address, scan)
+    table = d.format_address(address)
+    sightings = []
+    for seq, row_id, text in rows:
+        headers, identity = readable_headers(text), as_uuid(row_id)
+        if headers is None:
+            if kind == "message" and str(identity) == key:  # its own row, found by Id: say it is there
+                sightings.append(Sighting(address, int(seq), identity, {}, "unreadable", table))
+        elif _matches(kind, key, identity, headers):
             station, queue = _station(headers, table)
-            found[(address, int(seq), identity)] = Sighting(address, int(seq), identity, headers, station, queue)
-        searched.append(address)
-        if not complete:
-            partial.append(address)
-    for store in dict.fromkeys(d.inflight_address(address) for address in queues):
-        [readable] = yield Step(
-            d.can_read_sql(), {"table": d.table_reference(store)}, Fetch.ONE, d.qualified_name(store)
-        )
-        if not readable:
-            continue
-        target = d.qualified_name(store)
-        try:
-            claims = [
-                FoundClaimRow(*row)
-                for row in (yield Step(d.find_claims_sql(store), {"scan": scan, "needle": key}, Fetch.ALL, target))
-            ]
-            [complete] = yield Step(d.claims_scanned_all_sql(store), {"scan": scan}, Fetch.ONE, target)
-        except QueueNotFoundError:  # dropped since it was found readable
-            if not survey:
-                raise
-            continue
-        for claim in claims:
-            headers, identity = readable_headers(claim.headers), as_uuid(claim.id)
-            if headers is None or not _matches(kind, key, identity, headers):
-                continue
-            seen = Sighting(
-                store,
-                int(claim.seq),
-                identity,
-                headers,
-                "claimed",
-                str(claim.queue),
-                claim.holder,
-                int(claim.deliveries),
-            )
-            found[(store, int(claim.seq), identity)] = seen
-        searched.append(store)
-        if not complete:
-            partial.append(store)
-    ordered = sorted(found.values(), key=_order)
-    return Journey(
-        kind, key, tuple(ordered[:limit]), tuple(searched), tuple(partial), len(ordered) > limit, datetime.now(UTC)
-    )
+            sightings.append(Sighting(address, int(seq), identity, headers, station, queue))
+    return sightings, complete
 
 
-async def surveyed(
-    run: Callable[[Operation[Journey]], Awaitable[Journey]],
-    listing: Callable[[], Awaitable[Sequence[QueueAddress]]],
+def _claim_sightings(d: Dialect, kind: Kind, key: str, store: QueueAddress, scan: int) -> Operation[Searched]:
+    """A claim store's claims on the message's rows (or the trace's), where the connection may read it."""
+    [readable] = yield Step(d.can_read_sql(), {"table": d.table_reference(store)}, Fetch.ONE, d.qualified_name(store))
+    if not readable:
+        return None
+    target = d.qualified_name(store)
+    found = yield Step(d.find_claims_sql(store), {"scan": scan, "needle": key}, Fetch.ALL, target)
+    sightings = []
+    for claim in (FoundClaimRow(*row) for row in found):
+        headers, identity = readable_headers(claim.headers), as_uuid(claim.id)
+        if headers is not None and _matches(kind, key, identity, headers):
+            queue, holder, deliveries = str(claim.queue), claim.holder, int(claim.deliveries)
+            sightings.append(Sighting(store, int(claim.seq), identity, headers, "claimed", queue, holder, deliveries))
+    [complete] = yield Step(d.claims_scanned_all_sql(store), {"scan": scan}, Fetch.ONE, target)
+    return sightings, bool(complete)
+
+
+async def journey(
+    run: Callable[[Operation[Searched]], Awaitable[Searched]],
     d: Dialect,
     kind: Kind,
     key: str,
+    queues: Sequence[QueueAddress],
     scan: int,
     limit: int,
+    lock_wait: timedelta,
+    *,
+    survey: bool = False,
 ) -> Journey:
-    """:func:`journey` over every queue ``listing`` gives, one claim store's schema at a time: a
-    schema whose tables are dropped or changed while they are searched (the statement fails) is left
-    out and the others answer, as a survey of a database whose tables come and go must; a lost
-    connection, an aborted transaction or a closed client ends it at once."""
-    groups: dict[QueueAddress, list[QueueAddress]] = {}
-    for address in await listing():
-        groups.setdefault(d.inflight_address(address), []).append(address)
-    parts: list[Journey] = []
-    for addresses in groups.values():
+    """The rows of ``queues`` (and of their schemas' claim stores) left by the message ``key`` or by
+    the messages of the trace ``key`` (``kind``, as :func:`journey_key` says), at most ``limit``:
+    those that happened first.
+
+    Each table is searched in a transaction of its own that waits at most ``lock_wait`` for a lock
+    another session holds (a migration, ``VACUUM FULL``, a ``DROP`` queued behind a long reader):
+    a locked table is left out and named (:attr:`Journey.locked`), and the tables after it wait at
+    most ``defaults.WATCH_LOCK_TIMEOUT_AFTER_ONE`` each -- a journey is a watcher, and a watcher
+    never hangs. A table costs a bounded scan of its newest ``scan`` rows' headers, one count of at
+    most ``scan + 1`` rows off its Seq index and, for a message id where Id is indexed, one lookup
+    by Id; a claim store is searched where the connection may read it.
+
+    ``survey``: the queues are a listing of the database's, and a table that fails while it is
+    searched (dropped or changed since it was listed) is left out instead of failing the journey.
+    A lost connection, an aborted transaction or a closed client end it either way.
+    """
+    found: dict[tuple[QueueAddress, int, uuid.UUID], Sighting] = {}
+    searched: list[QueueAddress] = []
+    partial: list[QueueAddress] = []
+    locked: list[QueueAddress] = []
+    named = list(dict.fromkeys(queues))  # a table named twice is searched once
+    stores = list(dict.fromkeys(d.inflight_address(address) for address in named))
+    tables = [(a, _queue_sightings) for a in named] + [(s, _claim_sightings) for s in stores]
+    for table, sightings_of in tables:
         try:
-            parts.append(await run(journey(d, kind, key, addresses, scan, limit, survey=True)))
-        except (TransportUnavailableError, TransactionAbortedError, ClientClosedError, InvalidArgumentError):
+            result = await run(lock_bounded(d, lock_wait, sightings_of(d, kind, key, table, scan)))
+        except LockTimeoutError:
+            log.info("Journey: %s is locked by another session: not searched", d.qualified_name(table))
+            locked.append(table)
+            lock_wait = min(lock_wait, defaults.WATCH_LOCK_TIMEOUT_AFTER_ONE)
+            continue
+        except (*CALL_ENDING, InvalidArgumentError):
             raise
         except SqlQueueError as exc:
-            log.info(
-                "Journey: leaving out %d queue(s) of a schema that changed while searched: %s", len(addresses), exc
-            )
-    ordered = sorted((seen for part in parts for seen in part.sightings), key=_order)
+            if not survey:
+                raise
+            log.info("Journey: leaving out %s, which changed while searched: %s", d.qualified_name(table), exc)
+            continue
+        if result is None:
+            continue
+        rows, complete = result
+        found.update(((seen.table, seen.seq, seen.row_id), seen) for seen in rows)
+        searched.append(table)
+        if not complete:
+            partial.append(table)
+    ordered = sorted(found.values(), key=_order)
     return Journey(
         kind,
         key,
         tuple(ordered[:limit]),
-        tuple(a for part in parts for a in part.searched),
-        tuple(a for part in parts for a in part.partial),
-        len(ordered) > limit or any(part.more for part in parts),
+        tuple(searched),
+        tuple(partial),
+        len(ordered) > limit,
         datetime.now(UTC),
+        locked=tuple(locked),
     )
