@@ -15,7 +15,11 @@ executor cores, one PostgreSQL. The same 200,000 rows (``n``, ``name``, ``amount
   driver) and by Spark's JDBC reader of the queue table;
 - relayed queue to queue by the streaming example (claims per micro-batch, acknowledged after
   the batch's write by ``batch_writer``, which takes the JVM path), in micro-batches of 5,000
-  (the example's size) and of 100,000.
+  (the example's size) and of 100,000; and by ``relay_batch`` (the example's
+  ``relay_orders_in_held_batches``: each batch held by the driver's transaction, sent on by COPY
+  and acknowledged in it), in batches of the same sizes.
+
+``--relays-only`` runs the relays alone, with the JDBC write they are measured against.
 
 ``--local`` runs the same in one JVM (``local[2]``: the driver's executor threads, two cores)
 instead of on the cluster.
@@ -27,6 +31,7 @@ installs).
     .venv/bin/python bench/spark_source.py --json bench/spark.json
     .venv/bin/python bench/spark_source.py --local --json bench/spark-local.json
     .venv/bin/python bench/spark_source.py --local --reads-only --json /tmp/spark-local-tx.json
+    .venv/bin/python bench/spark_source.py --local --relays-only --json /tmp/spark-local-relays.json
 """
 
 from __future__ import annotations
@@ -100,8 +105,10 @@ def main() -> None:
     only.add_argument(
         "--reads-only", action="store_true", help="the reads alone (a few minutes), without writes and streams"
     )
+    only.add_argument("--relays-only", action="store_true", help="the relays alone, beside the JDBC write")
     args = parser.parse_args()
     workloads = "writes" if args.writes_only else "reads" if args.reads_only else "all"
+    workloads = "relays" if args.relays_only else workloads
     ROWS = args.rows
     with database(args.pg_uri) as uri, tempfile.TemporaryDirectory(prefix="sqlqueue-bench-spark-") as work:
         schema = f"bench_spark_{uuid.uuid4().hex[:6]}"
@@ -208,7 +215,9 @@ def measure(
 
     write: dict[str, float] = {}
     write_ratios: dict[str, Any] = {}
-    if workloads != "reads":
+    if workloads == "relays":
+        write = {"jdbc": best(plain_jdbc, empty)}
+    elif workloads != "reads":
         write = {
             "jdbc": best(plain_jdbc, empty),
             "jdbc_into_queue_table": best(jdbc_into_queue, empty),
@@ -265,18 +274,33 @@ def measure(
         with claimed_from_queue(spark, url=uri, queue=queue, maxMessagesPerBatch=str(ROWS)) as df:
             return consumed(df)  # locked, read, then acknowledged as the block ends
 
-    read = {
-        "jdbc": best(jdbc_read, fill),
-        "read_queue": best(helper_read, fill),
-        "sqlqueue_browse": best(browse, fill),
-    }
-    read["sqlqueue_claim"] = best(claim, fill)
-    read["sqlqueue_claimed_from_queue"] = best(claimed, fill)
-    read_ratios = {k: round(v / read["jdbc"], 2) for k, v in read.items()}
+    read: dict[str, float] = {}
+    read_ratios: dict[str, float] = {}
+    if workloads != "relays":
+        read = {
+            "jdbc": best(jdbc_read, fill),
+            "read_queue": best(helper_read, fill),
+            "sqlqueue_browse": best(browse, fill),
+        }
+        read["sqlqueue_claim"] = best(claim, fill)
+        read["sqlqueue_claimed_from_queue"] = best(claimed, fill)
+        read_ratios = {k: round(v / read["jdbc"], 2) for k, v in read.items()}
     if workloads == "reads":
         return {"rows": ROWS, "rows_per_second": {"read": _rounded(read)}, "ratio_to_jdbc": {"read": read_ratios}}
 
-    from spark_jobs import relay_orders
+    streamed = relays(spark, uri, queue, relayed, work, fill)
+    rate = {"write": write, "read": read, "stream_relay": streamed}
+    ratios = {
+        **write_ratios,
+        "read": read_ratios,
+        "stream_relay_vs_jdbc_write": {k: round(v / write["jdbc"], 2) for k, v in streamed.items()},
+    }
+    return {"rows": ROWS, "rows_per_second": {k: _rounded(v) for k, v in rate.items()}, "ratio_to_jdbc": ratios}
+
+
+def relays(spark: Any, uri: str, queue: str, relayed: str, work: Path, fill: Callable[[], None]) -> dict[str, float]:
+    """Rows per second of the relays, queue to queue: the streaming example, and relay_batch."""
+    from spark_jobs import relay_orders, relay_orders_in_held_batches
 
     def stream(max_per_batch: int) -> Callable[[], int]:
         def relay() -> int:
@@ -286,14 +310,17 @@ def measure(
 
         return relay
 
+    def held(max_per_batch: int) -> Callable[[], int]:
+        def relay() -> int:
+            outcome = relay_orders_in_held_batches(spark, uri, queue, relayed, max_per_batch=max_per_batch)
+            assert outcome["events"] == ROWS, outcome
+            return int(outcome["events"])
+
+        return relay
+
     streamed = {f"batches_of_{size}": best(stream(size), fill) for size in (5_000, 100_000)}
-    rate = {"write": write, "read": read, "stream_relay": streamed}
-    ratios = {
-        **write_ratios,
-        "read": read_ratios,
-        "stream_relay_vs_jdbc_write": {k: round(v / write["jdbc"], 2) for k, v in streamed.items()},
-    }
-    return {"rows": ROWS, "rows_per_second": {k: _rounded(v) for k, v in rate.items()}, "ratio_to_jdbc": ratios}
+    streamed |= {f"relay_batch_of_{size}": best(held(size), fill) for size in (5_000, 100_000)}
+    return streamed
 
 
 def _rounded(value: Any) -> Any:

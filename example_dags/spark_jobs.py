@@ -242,6 +242,7 @@ def quality_batch(spark: Any, messages: list[dict[str, Any]]) -> list[dict[str, 
 
 
 ORDER_EVENT = "order_id STRING, country STRING, quantity INT, unit_price DOUBLE"
+REVENUE_EVENT = "SqlQueue.Demo.OrderRevenue"
 
 
 def order_stream(spark: Any, url: str, source: str, target: str, checkpoint: str, *, max_per_batch: int = 5_000) -> Any:
@@ -253,8 +254,6 @@ def order_stream(spark: Any, url: str, source: str, target: str, checkpoint: str
     ``<checkpoint>:<batch>``, so a batch replayed after a crash sends only what did not commit.
     ``checkpoint`` must be on storage the driver reaches after a restart (shared storage on a cluster).
     """
-    from pyspark.sql import functions as F
-
     from airflow_provider_sqlqueue.spark import NAME, batch_writer, register
 
     register(spark)
@@ -265,14 +264,40 @@ def order_stream(spark: Any, url: str, source: str, target: str, checkpoint: str
         .option("maxMessagesPerBatch", str(max_per_batch))
         .load()
     )
-    orders = events.select(F.from_json(F.col("body").cast("string"), ORDER_EVENT).alias("o")).select("o.*")
-    revenue = orders.withColumn("revenue", F.round(F.col("quantity") * F.col("unit_price"), 2))
-    sink = {"url": url, "queue": target, "messageType": "SqlQueue.Demo.OrderRevenue"}
+    sink = {"url": url, "queue": target, "messageType": REVENUE_EVENT}
     return (
-        revenue.writeStream.foreachBatch(batch_writer(sink, checkpoint))
+        order_revenue(events)
+        .writeStream.foreachBatch(batch_writer(sink, checkpoint))
         .option("checkpointLocation", checkpoint)
         .start()
     )
+
+
+def order_revenue(events: Any) -> Any:
+    """Order events (messages' ``body``: JSON ``{order_id, country, quantity, unit_price}``) as
+    revenue events: the same fields and ``revenue``."""
+    from pyspark.sql import functions as F
+
+    orders = events.select(F.from_json(F.col("body").cast("string"), ORDER_EVENT).alias("o")).select("o.*")
+    return orders.withColumn("revenue", F.round(F.col("quantity") * F.col("unit_price"), 2))
+
+
+def relay_orders_in_held_batches(
+    spark: Any, url: str, source: str, target: str, *, max_per_batch: int = 5_000
+) -> dict[str, Any]:
+    """Relay every waiting order event of ``source`` to ``target`` as a revenue event, a batch at a
+    time, each batch held by the driver's transaction and sent on in it (``relay_batch``): exactly
+    once with no checkpoint and no ledger, what a scheduled task (rather than a query that runs on)
+    wants. Returns how many events were taken and sent, in how many batches."""
+    from airflow_provider_sqlqueue.spark import relay_batch
+
+    source_options = {"url": url, "queue": source, "maxMessagesPerBatch": str(max_per_batch)}
+    target_options = {"queue": target, "messageType": REVENUE_EVENT}
+    taken = sent = batches = 0
+    while (done := relay_batch(spark, order_revenue, source_options, target_options)).taken:
+        taken, sent, batches = taken + done.taken, sent + done.sent, batches + 1
+    print(f"relayed {sent} of {taken} order events from {source} to {target} in {batches} held batches")
+    return {"events": sent, "taken": taken, "batches": batches}
 
 
 def relay_orders(

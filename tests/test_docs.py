@@ -167,8 +167,8 @@ def test_the_reference_documents_the_public_api_and_no_internals() -> None:
         assert f"autoexception:: airflow_provider_sqlqueue.hooks.sqlqueue.{name}" in api, f"{name} is missing"
     spark = set(re.findall(r"auto\w+:: airflow_provider_sqlqueue\.spark\.(\w+)", api))
     assert spark == {
-        "register", "save_to_queue", "batch_writer", "claimed_from_queue", "ack_held", "nack_held",
-        "forget_write", "send_rows", "read_queue", "InvalidOptionError",
+        "register", "save_to_queue", "batch_writer", "claimed_from_queue", "relay_batch", "Relayed", "ack_held",
+        "nack_held", "forget_write", "send_rows", "read_queue", "InvalidOptionError",
     }  # fmt: skip
     assert "automodule:: airflow_provider_sqlqueue.spark" not in api
 

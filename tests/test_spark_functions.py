@@ -350,3 +350,177 @@ def test_a_driver_killed_mid_job_gives_every_message_back(shop, tmp_path) -> Non
             time.sleep(0.2)
         back += client.receive(queue, 40)
     assert [m.text for m in back] == [f"m{n}" for n in range(40)]
+
+
+# -- relay_batch: a held batch sent on to another queue in the same transaction ---------------------
+
+
+def shouted(df):
+    """The relay's job in these tests: each order's text, upper-cased, as the body sent on."""
+    from pyspark.sql import functions as F
+
+    return df.select(F.upper(F.col("body").cast("string")).alias("body"))
+
+
+def test_relay_batch_sends_each_message_on_once_and_takes_it_from_the_source(local_spark, shop) -> None:
+    from airflow_provider_sqlqueue.spark import Relayed, relay_batch
+
+    schema, uri = shop
+    a, b = QueueAddress("a", schema), QueueAddress("b", schema)
+    with QueueClient.connect(uri) as client:
+        client.send(a, [Message(f"order {n} ß zürich 東京") for n in range(300)])
+        poison = insert_poison(uri, schema, "a")
+    source = {"url": uri, "queue": f'a@"{schema}"', "maxMessagesPerBatch": "200", "numPartitions": "3"}
+    target = {"queue": f'b@"{schema}"', "messageType": "Shop.OrderShouted"}
+    relayed = []
+    while (done := relay_batch(local_spark, shouted, source, target)).taken:
+        relayed.append(done)
+    assert relayed == [Relayed(200, 200), Relayed(101, 100)]  # the poison: taken, moved, not sent
+    assert depth(uri, schema, "a") == 0 and relay_batch(local_spark, shouted, source, target) == Relayed(0, 0)
+    with QueueClient.connect(uri) as client:
+        sent = client.receive(b, 400)
+        assert sorted(m.text for m in sent) == sorted(f"ORDER {n} SS ZÜRICH 東京" for n in range(300))
+        assert len({m.id for m in sent}) == 300
+        assert {m.headers["NServiceBus.EnclosedMessageTypes"] for m in sent} == {"Shop.OrderShouted"}
+    with psycopg.connect(uri, autocommit=True) as raw:
+        assert raw.execute(f'SELECT Id::text FROM "{schema}".error').fetchall() == [(poison,)]
+
+
+def test_a_relay_whose_job_raises_sends_nothing_and_gives_the_batch_back(local_spark, shop) -> None:
+    from airflow_provider_sqlqueue.spark import relay_batch
+
+    schema, uri = shop
+    with QueueClient.connect(uri) as client:
+        client.send(QueueAddress("a", schema), [Message(f"m{n}") for n in range(20)])
+
+    def failing(df):
+        from pyspark.sql import functions as F
+
+        def boom(text: str) -> str:
+            raise RuntimeError("the job failed")
+
+        return df.select(F.udf(boom)(F.col("body").cast("string")).alias("body"))
+
+    with pytest.raises(Exception, match="the job failed"):
+        relay_batch(local_spark, failing, {"url": uri, "queue": f'a@"{schema}"'}, {"queue": f'b@"{schema}"'})
+    assert depth(uri, schema, "a") == 20 and depth(uri, schema, "b") == 0
+
+
+B = 'b@"{schema}"'
+
+
+@pytest.mark.parametrize(
+    ("source", "target", "refusal"),
+    [
+        ({}, {"queue": B, "writeId": "w"}, "option 'writeId' does not apply to relay_batch's target"),
+        ({}, {"queue": B, "ledger": "sqlqueue_writes"}, "option 'ledger' does not apply"),
+        ({}, {"queue": B, "url": "postgresql://elsewhere/db"}, "option 'url' does not apply"),
+        ({}, {"queue": B, "timeToBeReceived": "60"}, "option 'timeToBeReceived' does not apply"),
+        ({}, {"queue": 'a@"{schema}"'}, "cannot send to the queue it takes from"),
+        ({}, {"queue": 'missing@"{schema}"'}, "missing"),
+        ({}, {}, "option 'queue' is required"),
+        ({"mode": "claim"}, {"queue": B}, "option 'mode' does not apply to relay_batch"),
+        ({"messageType": "x"}, {"queue": B}, "applies only to writes"),
+        ({"maxMessagesPerBatch": "-1"}, {"queue": B}, "must be positive"),
+    ],
+)
+def test_relay_batch_refuses_what_it_cannot_use_before_anything_changes(local_spark, shop, source, target, refusal):
+    from airflow_provider_sqlqueue.spark import relay_batch
+
+    schema, uri = shop
+    with QueueClient.connect(uri) as client:
+        client.send(QueueAddress("a", schema), Message("waiting"))
+    target = {key: value.replace("{schema}", schema) for key, value in target.items()}
+    with pytest.raises(SqlQueueError, match=refusal):
+        relay_batch(local_spark, shouted, {"url": uri, "queue": f'a@"{schema}"', **source}, target)
+    assert depth(uri, schema, "a") == 1 and depth(uri, schema, "b") == 0
+
+
+def test_relay_batch_refuses_wrong_types_and_sql_server_before_connecting(local_spark, shop) -> None:
+    from airflow_provider_sqlqueue.spark import relay_batch
+    from airflow_provider_sqlqueue.transport import ArgumentTypeError, TransportMisconfiguredError
+
+    schema, uri = shop
+    source, target = {"url": uri, "queue": f'a@"{schema}"'}, {"queue": f'b@"{schema}"'}
+    with QueueClient.connect(uri) as client:
+        client.send(QueueAddress("a", schema), Message("waiting"))
+    for args, refusal in (
+        ((local_spark, "not a function", source, target), "transform is a function"),
+        ((local_spark, shouted, [("url", uri)], target), "source options are a mapping"),
+        ((local_spark, shouted, source, {"queue": 1}), "target options are text"),
+        ((uri, shouted, source, target), "reads through a SparkSession"),
+        ((local_spark, lambda df: df.collect(), source, target), "must return a DataFrame"),
+    ):
+        with pytest.raises(ArgumentTypeError, match=refusal):
+            relay_batch(*args)
+    mssql = {"url": "mssql://sa:pw@192.0.2.1:1433/shop", "queue": "orders"}
+    with pytest.raises(TransportMisconfiguredError, match="READ UNCOMMITTED"):
+        relay_batch(local_spark, shouted, mssql, {"queue": "billing"})
+    assert depth(uri, schema, "a") == 1 and depth(uri, schema, "b") == 0
+
+
+#: The driver of a relay killed after it loaded the batch into the target, before its transaction
+#: commits: the load is wrapped to signal and stall (the database is the real one).
+KILLED_RELAY = """
+import sys, time
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+from airflow_provider_sqlqueue.spark import relay_batch
+from airflow_provider_sqlqueue.transport import QueueClient
+
+url, source, target, marker = sys.argv[1:]
+spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+load = QueueClient.send_csv
+
+def loaded_then_stall(self, queue, chunks):
+    sent = load(self, queue, chunks)
+    open(marker, "w").write(str(sent))
+    time.sleep(600)
+
+QueueClient.send_csv = loaded_then_stall
+relay_batch(spark, lambda df: df.select(F.col("body")), {"url": url, "queue": source}, {"queue": target})
+"""
+
+
+def test_a_relay_driver_killed_after_loading_the_target_sends_nothing_and_the_next_relay_sends_all_once(
+    local_spark, shop, tmp_path
+) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from airflow_provider_sqlqueue.spark import Relayed, relay_batch
+
+    schema, uri = shop
+    a, b = QueueAddress("a", schema), QueueAddress("b", schema)
+    with QueueClient.connect(uri) as client:
+        client.send(a, [Message(f"m{n}") for n in range(40)])
+    marker = tmp_path / "loaded"
+    driver = subprocess.Popen(  # its own process group: the JVM and Python workers die with it
+        [sys.executable, "-c", KILLED_RELAY, uri, f'a@"{schema}"', f'b@"{schema}"', str(marker)],
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not marker.exists() or not marker.read_text():
+            assert driver.poll() is None and time.monotonic() < deadline, "the relay never loaded its batch"
+            time.sleep(0.2)
+        assert marker.read_text() == "40"  # loaded, in the transaction that also holds the batch
+        assert depth(uri, schema, "b") == 0
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait(30)
+    deadline = time.monotonic() + 30
+    while depth(uri, schema, "a") != 40:  # once the server has seen the driver's connection end
+        assert time.monotonic() < deadline, "the killed relay's batch never came back"
+        time.sleep(0.2)
+    assert depth(uri, schema, "b") == 0
+    source, target = {"url": uri, "queue": f'a@"{schema}"'}, {"queue": f'b@"{schema}"'}
+    assert relay_batch(local_spark, shouted, source, target) == Relayed(40, 40)
+    with QueueClient.connect(uri) as client:
+        assert sorted(m.text for m in client.receive(b, 100)) == sorted(f"M{n}" for n in range(40))
+    assert depth(uri, schema, "a") == 0

@@ -19,7 +19,9 @@ Guarantees, which README states in full:
   :func:`ack_held` (after its job committed) or :func:`nack_held`; unsettled, they come back to
   the queue when the lease ends. :func:`claimed_from_queue` holds its batch in the driver's open
   transaction instead, as row locks the executors read past: acknowledged when its block ends,
-  back in the queue (with no delivery counted) if it raises or the driver dies.
+  back in the queue (with no delivery counted) if it raises or the driver dies. :func:`relay_batch`
+  sends what a job makes of such a batch to another queue in the same transaction: exactly once,
+  with no ledger.
 - **Streaming read**: each micro-batch claims messages under a holder derived from the query's
   checkpoint and the batch number; Spark replays an uncommitted batch from the same claims; a
   batch's claims are acknowledged once Spark has committed it. Messages of a batch that was never
@@ -40,8 +42,8 @@ The package's modules, each importing only those listed before it:
 - ``stream``: the streaming read;
 - ``source``: the data source class Spark instantiates, and :func:`register`;
 - ``functions``: :func:`save_to_queue` (the JVM path where it can, else the data source),
-  :func:`batch_writer` for ``foreachBatch``, and :func:`claimed_from_queue`, a batch read held by the
-  driver's transaction.
+  :func:`batch_writer` for ``foreachBatch``, :func:`claimed_from_queue`, a batch read held by the
+  driver's transaction, and :func:`relay_batch`, which sends such a batch on to another queue in it.
 
 Their public names are imported here: ``from airflow_provider_sqlqueue.spark import ...`` is the
 import path to use. Spark pickles the classes and module-level functions it ships to its Python
@@ -51,7 +53,7 @@ workers by reference to the module that defines them (``airflow_provider_sqlqueu
 
 from __future__ import annotations
 
-from .functions import batch_writer, claimed_from_queue, save_to_queue
+from .functions import Relayed, batch_writer, claimed_from_queue, relay_batch, save_to_queue
 from .options import (
     BATCH_SIZE,
     ENGINES,
@@ -118,6 +120,7 @@ __all__ = [
     "QueueReader",
     "QueueStreamReader",
     "QueueWriter",
+    "Relayed",
     "RowLayout",
     "SeqRange",
     "SqlQueueDataSource",
@@ -130,6 +133,7 @@ __all__ = [
     "nack_held",
     "read_queue",
     "register",
+    "relay_batch",
     "save_to_queue",
     "send_rows",
 ]

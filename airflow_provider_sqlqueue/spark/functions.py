@@ -1,6 +1,7 @@
 """The functions over DataFrames: :func:`save_to_queue` (the data source's write, through the JVM
-where it can), :func:`batch_writer`, the exactly-once sink of a ``foreachBatch``, and
-:func:`claimed_from_queue`, a batch read whose messages are held by the driver's transaction.
+where it can), :func:`batch_writer`, the exactly-once sink of a ``foreachBatch``,
+:func:`claimed_from_queue`, a batch read whose messages are held by the driver's transaction, and
+:func:`relay_batch`, such a batch sent on to another queue in that transaction.
 
 :func:`save_to_queue` takes the data source's options and runs through Spark's JDBC writer
 (:mod:`.jdbc`) where it can, else through ``format("sqlqueue")``, saying which once in the log.
@@ -11,12 +12,15 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
+from ..transport import QueueClient
 from ..transport.addressing import checked_text
+from ..transport.arguments import same_table
 from ..transport.drivers import dialect_for
 from ..transport.errors import ArgumentTypeError, SqlQueueError
-from .jvm import jvm_reason, write_in_jvm
+from ..transport.operations import LockedBatch
+from .jvm import csv_chunks, jvm_reason, message_rows, write_in_jvm
 from .options import NAME, NOT_WITH_A_LOCK, OPTION_NAMES, InvalidOptionError, Lock, Options
 from .source import register
 from .write import RowLayout, forget_write, log
@@ -144,12 +148,98 @@ def claimed_from_queue(spark: SparkSession, **options: str) -> Iterator[DataFram
     ``lease``, ``maxDeliveries`` and ``lock`` are refused. PostgreSQL only: SQL Server is refused,
     saying why.
     """
+    with _held(spark, options, "claimed_from_queue") as (_, _, _, df):
+        yield df
+
+
+class Relayed(NamedTuple):
+    """What one :func:`relay_batch` did: the source's messages it took (its poison with them, moved
+    to the error queue) and the messages it sent to the target."""
+
+    taken: int
+    sent: int
+
+
+def relay_batch(
+    spark: SparkSession,
+    transform: Callable[[DataFrame], DataFrame],
+    source: Mapping[str, str],
+    target: Mapping[str, str],
+) -> Relayed:
+    """One batch from one queue to another of the same database, exactly once: the source's oldest
+    messages, held by the driver's transaction as :func:`claimed_from_queue` holds them, go through
+    ``transform`` (their DataFrame to the rows to send, as :func:`save_to_queue` takes them), and its
+    rows are sent to the target **in that transaction**, which then acknowledges the source's
+    messages and commits. So either both happen or neither: a job that raises, a driver killed or cut
+    off at any point, leaves the source's messages where they were and sends nothing; a task Spark
+    runs again reads the same locked rows. No write ledger and no claim store: NServiceBus's
+    transactional receive, whose outgoing messages commit with the receive.
+
+    ::
+
+        while relay_batch(spark, enrich, {"url": url, "queue": "orders"}, {"queue": "billing"}).taken:
+            pass  # until the source is empty
+
+    Spark builds each message (as :func:`save_to_queue`'s JVM path does) and the driver loads the
+    batch by ``COPY`` in its transaction, so a batch's rows pass through the driver: ``maxMessagesPerBatch``
+    bounds its memory (about the rows' size as Arrow). ``source``: :func:`claimed_from_queue`'s
+    options. ``target``: ``queue`` and optionally ``messageType`` and ``contentType`` -- the database is
+    the source's (one transaction); the target may not be the source. PostgreSQL only.
+    """
+    if not callable(transform):
+        raise ArgumentTypeError(f"relay_batch's transform is a function of a DataFrame, got {type(transform).__name__}")
+    given = _text_options("relay_batch", "source", source)
+    sent_to = _text_options("relay_batch", "target", target)
+    for name in sent_to:
+        if name.lower() not in _RELAY_TARGET:
+            raise InvalidOptionError(
+                f"option {name[:60]!r} does not apply to relay_batch's target: it takes queue, messageType and "
+                "contentType, and sends into the source's database in the source's transaction (no writeId or ledger)"
+            )
+    url = Options.parse(given).url
+    sink = Options.parse({**sent_to, "url": url})
+    with _held(spark, given, "relay_batch", sink) as (client, _, batch, df):
+        if batch.count == 0:
+            return Relayed(0, 0)
+        rows = transform(df)
+        if not hasattr(rows, "toArrow"):
+            raise ArgumentTypeError(f"relay_batch's transform must return a DataFrame, got {type(rows).__name__}")
+        layout = RowLayout.of(rows.schema)
+        reason = jvm_reason(sink, layout)
+        if reason is not None:
+            raise InvalidOptionError(f"relay_batch builds its messages in Spark, which it cannot here: {reason}")
+        table = message_rows(rows, layout, sink).toArrow()
+        sent = client.send_csv(sink.queue, csv_chunks(table.to_batches()))
+        log.info("Relay of %d message(s) of %s: %d sent to %s", batch.count, batch.queue, sent, sink.queue)
+    return Relayed(batch.count, sent)
+
+
+#: What relay_batch's target takes (lower-cased): the rest is the source's (url, password) or has no use.
+_RELAY_TARGET = {"queue", "messagetype", "contenttype"}
+
+
+def _text_options(caller: str, which: str, options: Mapping[str, str]) -> dict[str, str]:
+    if not isinstance(options, Mapping):
+        raise ArgumentTypeError(f"{caller}'s {which} options are a mapping of option names to text")
+    for name, value in options.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise ArgumentTypeError(f"{caller}'s {which} options are text: option {name!r} is {type(value).__name__}")
+    return dict(options)
+
+
+@contextmanager
+def _held(
+    spark: SparkSession, options: Mapping[str, str], caller: str, sink: Options | None = None
+) -> Iterator[tuple[QueueClient, Options, LockedBatch, DataFrame]]:
+    """The batch :func:`claimed_from_queue` holds, with the client whose transaction holds it:
+    acknowledged when the block ends normally, given back (its poison moved) when it raises.
+    ``sink``: a queue the block sends to, checked before anything is locked."""
     if getattr(spark, "dataSource", None) is None:  # a classic or Spark Connect session has it
-        raise ArgumentTypeError(f"claimed_from_queue reads through a SparkSession, got {type(spark).__name__}")
+        raise ArgumentTypeError(f"{caller} reads through a SparkSession, got {type(spark).__name__}")
     for name in OPTION_NAMES:  # in the documented order, so the option named is the same every time
         if name.lower() in {key.lower() for key in options} and name in _NOT_CLAIMED_FROM_QUEUE:
             raise InvalidOptionError(
-                f"option {name!r} does not apply to claimed_from_queue: its batch is held by the driver's "
+                f"option {name!r} does not apply to {caller}: its batch is held by the driver's "
                 "transaction, no claim (use mode 'claim' for claims), and it names the lock itself"
             )
     parsed = Options.parse(options)
@@ -158,6 +248,13 @@ def claimed_from_queue(spark: SparkSession, **options: str) -> Iterator[DataFram
     reading = {key: value for key, value in options.items() if key.lower() not in _THE_LOCKS}
     with parsed.connect() as client:
         parsed.check(client, claims=True)  # the queue, and an error queue that is not the queue itself
+        if sink is not None:
+            sink.check(client)
+            if same_table(client.dialect, client.address(sink.queue), client.address(parsed.queue)):
+                raise InvalidOptionError(
+                    f"{caller} cannot send to the queue it takes from ({sink.queue}): its messages would come "
+                    "back to it for ever -- name another target queue"
+                )
         register(spark)
         failed: BaseException | None = None
         try:
@@ -168,7 +265,7 @@ def claimed_from_queue(spark: SparkSession, **options: str) -> Iterator[DataFram
                     "Locked %d message(s) of %s for a Spark read (transaction %s)", batch.count, parsed.queue, batch.xid
                 )
                 try:
-                    yield spark.read.format(NAME).options(**reading, lock=lock).load()
+                    yield client, parsed, batch, spark.read.format(NAME).options(**reading, lock=lock).load()
                 except BaseException as exc:  # noqa: BLE001  # given back, poison moved: the block commits only that
                     failed = exc
                     client.nack_locked(parsed.queue, batch, error_queue=parsed.error_queue)

@@ -24,7 +24,7 @@ import math
 import secrets
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -279,13 +279,15 @@ def _loader(options: Options, key: uuid.UUID) -> Callable[[Iterator[pa.RecordBat
         context = TaskContext.get()
         part = context.partitionId() if context is not None else 0
         with options.connect() as client:
-            sent = in_ledger(client, (options.ledger, key, part), lambda: client.send_csv(options.queue, _csv(batches)))
+            sent = in_ledger(
+                client, (options.ledger, key, part), lambda: client.send_csv(options.queue, csv_chunks(batches))
+            )
         yield pa.RecordBatch.from_pydict({"part": [part], "sent": [-1 if sent is None else sent]}, schema=_REPORT)
 
     return load
 
 
-def _csv(batches: Iterator[pa.RecordBatch]) -> Iterator[bytes]:
+def csv_chunks(batches: Iterable[pa.RecordBatch]) -> Iterator[bytes]:
     """Each Arrow batch as CSV text, written by Arrow in C++: strings quoted, quotes doubled."""
     from pyarrow import csv
 
