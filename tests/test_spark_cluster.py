@@ -259,6 +259,106 @@ def test_a_stream_stopped_and_then_killed_delivers_each_of_50000_messages_once(s
         assert client.depth(QueueAddress("error", client.address(events).schema)) == 0
 
 
+HELD_RELAY_DRIVER = """
+import sys
+sys.path.insert(0, {dags!r})
+from pyspark.sql import SparkSession
+from spark_jobs import relay_orders_in_held_batches
+spark = (SparkSession.builder.master({master!r}).appName("sqlqueue-held-relay-driver")
+         .config("spark.ui.enabled", "false").config("spark.cores.max", "2")
+         .config("spark.executor.memory", "1g").getOrCreate())
+relay_orders_in_held_batches(spark, {url!r}, {source!r}, {target!r}, max_per_batch=2_000)
+"""
+
+
+def test_a_held_relay_whose_executor_and_then_driver_are_sigkilled_sends_each_of_20000_once(
+    spark, cluster, space, pg_uri
+):
+    """relay_batch on the cluster: an executor SIGKILLed while it reads a held batch (Spark runs its
+    tasks again over the same locked rows), then a driver SIGKILLed mid-relay (its batch's load and
+    acknowledgement never commit); a relay run afterwards sends the rest. Each event once."""
+    import threading
+
+    sys.path.insert(0, EXAMPLE_DAGS)
+    from spark_jobs import relay_orders_in_held_batches
+
+    events, revenue = space("order_events"), space("order_revenue")
+    with QueueClient.connect(pg_uri) as client:
+        schema = client.address(events).schema
+        for start in range(0, 20_000, 5_000):
+            batch = [
+                Message.of({"order_id": f"o{n}", "country": "NL", "quantity": n % 7 + 1, "unit_price": 2.5})
+                for n in range(start, start + 5_000)
+            ]
+            client.send(events, batch)
+
+    def delivered() -> int:
+        with QueueClient.connect(pg_uri) as client:
+            return client.depth(revenue)
+
+    # 1. An executor SIGKILLed while it reads a held batch of this process's relay.
+    app = spark.sparkContext.applicationId
+    killed: list[int] = []
+
+    def kill_the_executor_mid_read() -> None:
+        deadline = time.monotonic() + 300
+        with psycopg.connect(pg_uri, autocommit=True) as watcher:
+            while time.monotonic() < deadline and not killed:
+                reading = watcher.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE '%%pg_xact_status%%' "
+                    "AND strpos(query, %s) > 0",
+                    (schema,),
+                ).fetchone()[0]
+                if reading:
+                    found = subprocess.run(
+                        ["pgrep", "-f", f"CoarseGrainedExecutorBackend.*{app}"], capture_output=True, text=True
+                    ).stdout.split()
+                    for pid in map(int, found):
+                        os.kill(pid, signal.SIGKILL)
+                        killed.append(pid)
+                time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_the_executor_mid_read, daemon=True)
+    killer.start()
+    first = relay_orders_in_held_batches(spark, pg_uri, events, revenue, max_per_batch=5_000)
+    killer.join(timeout=10)
+    assert killed, "no executor was killed mid-read"
+    assert first["events"] == first["taken"] == delivered() == 20_000
+
+    # 2. The same relay's driver SIGKILLed mid-relay, on fresh events.
+    with QueueClient.connect(pg_uri) as client:
+        client.send(
+            events,
+            [
+                Message.of({"order_id": f"p{n}", "country": "NL", "quantity": 1, "unit_price": 1.0})
+                for n in range(10_000)
+            ],
+        )
+    before = delivered()
+    script = HELD_RELAY_DRIVER.format(
+        dags=EXAMPLE_DAGS, master=cluster.master, url=pg_uri, source=events, target=revenue
+    )
+    driver = subprocess.Popen(
+        [sys.executable, "-c", script], env={**os.environ, "PYSPARK_PYTHON": sys.executable}, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while delivered() < before + 2_000:  # at least one batch committed: the kill falls mid-relay
+            assert driver.poll() is None and time.monotonic() < deadline, "the driver relayed nothing"
+            time.sleep(0.2)
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=60)
+
+    # 3. A relay afterwards: the killed batch is back in the queue, and goes with the rest.
+    relay_orders_in_held_batches(spark, pg_uri, events, revenue, max_per_batch=5_000)
+    ids = [b["order_id"] for b in bodies(pg_uri, revenue)]
+    assert len(ids) == 30_000 and len(set(ids)) == 30_000  # every one, none twice
+    with QueueClient.connect(pg_uri) as client:
+        assert client.depth(events) == 0 and client.in_flight(events) == 0
+        assert client.depth(QueueAddress("error", schema)) == 0
+
+
 def test_a_stream_started_afresh_on_a_deleted_checkpoint_sends_every_batch(spark, space, pg_uri, tmp_path):
     """Deleting a checkpoint to start a stream over is common; the new query's batches 0, 1, ...
     must not be taken for the old query's batches of the same numbers in the write ledger."""
