@@ -21,6 +21,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 # Airflow reads its configuration when first imported: point it at a private home (SQLite metadata
 # database, no example DAGs) before any test module imports it. Each pytest-xdist worker makes its
@@ -150,10 +151,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         parallel.worker_done()
 
 
-@pytest.hookimpl(hookwrapper=True, tryfirst=True)  # outside pytest-timeout's: waiting is not the test's time
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    with parallel.one_stack_at_a_time(item, nextitem):
-        yield
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which would make a plain loadfile scheduler
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> parallel.StacksTogether | None:
+    return parallel.StacksTogether(config, log) if config.getvalue("dist") == "loadfile" else None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -3,9 +3,11 @@ r"""How the suite runs on several workers (pytest-xdist, ``--dist loadfile``), a
 Tests are independent: each has its own schema, and the few that disturb a whole server (restarts,
 session-kill storms) make a server of their own. What is *not* free is a module's expensive
 fixtures (Airflow's services, a Spark cluster, a browser): a module's tests therefore stay together
-on one worker (``loadfile``), so each such fixture starts once per run. The heaviest modules
-(:data:`HEAVY`) are handed out first, so that the workers finish at about the same time instead of
-one starting the longest module when the others are done.
+on one worker (``loadfile``), so each such fixture starts once per run. The modules that run
+Airflow's services with Spark jobs (:data:`STACKS`) are one unit of work, run one after the other
+by the first worker from the start (:class:`StacksTogether`), and the heaviest other modules
+(:data:`HEAVY`) are handed out first to the others, so that the workers finish at about the same
+time instead of one starting the longest module when the others are done.
 
 A run stopped from outside must still tear down what its tests started: SIGTERM reaches only the
 controller, which runs no test, and Ctrl-C reaches every process of the group, where a second
@@ -20,19 +22,17 @@ the worker 10 s later, leaving its daemons running.
 from __future__ import annotations
 
 import atexit
-import fcntl
 import os
 import shutil
 import signal
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import IO
 
 import pytest
+from xdist.scheduler import LoadFileScheduling
 
 from demo import reaper
 
@@ -41,28 +41,27 @@ from demo import reaper
 RUN_DIR = "SQLQUEUE_TEST_RUN_DIR"
 #: Modules that run Airflow's services with Spark jobs (the example chains): each keeps a 2-core
 #: machine busy by itself, and two at once starve each other's schedulers past their tests'
-#: deadlines. One runs at a time (:func:`one_stack_at_a_time`); the others run beside it.
-STACKS: tuple[str, ...] = ("test_airflow_services.py", "test_distributed.py", "test_spark_cluster.py")
+#: deadlines. They are one unit of work (:class:`StacksTogether`): one worker runs them in turn.
+STACKS: tuple[str, ...] = ("test_airflow_services.py", "test_distributed.py", "test_spark_cluster_dags.py")
 
-#: Modules that take minutes (a stack, building wheels, a browser, crash and chaos runs), the
+#: Modules that take minutes (building wheels, a browser, a Spark cluster, crash and chaos runs), the
 #: longest first: started first so no worker is left alone with one at the end.
 HEAVY: tuple[str, ...] = (
-    "test_airflow_services.py",
     "test_packaging.py",
-    "test_docs.py",
     "test_queues_page.py",
-    "test_chaos.py",
+    "test_spark_cluster.py",
     "test_spark_pipeline.py",
+    "test_chaos.py",
+    "test_contract.py",
+    "test_spark_functions.py",
+    "test_cli.py",
+    "test_reaper.py",
+    "test_db_faults.py",
+    "test_docs.py",
     "test_crash_mid_receive.py",
     "test_competing_consumers.py",
-    "test_contract.py",
-    "test_db_faults.py",
     "test_extras.py",
 )
-
-#: The other stacks, handed out last: a worker that takes one waits for the stack before it, so it
-#: should find nothing else left to do.
-LAST: tuple[str, ...] = ("test_distributed.py", "test_spark_cluster.py")
 
 #: How long a stopped controller waits for its workers to tear down (services stop gracefully in
 #: well under this).
@@ -70,9 +69,19 @@ TEARDOWN_WAIT = 240.0
 
 
 def schedule(items: list[pytest.Item]) -> None:
-    """Hand out the heaviest modules first and :data:`LAST` last; the others keep their order."""
-    rank = {name: n for n, name in enumerate(HEAVY)} | {name: len(HEAVY) + 1 + n for n, name in enumerate(LAST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(HEAVY)))
+    """The stacks first (their unit is the first worker's), then the heaviest modules; the others keep their order."""
+    rank = {name: n for n, name in enumerate(STACKS)} | {name: len(STACKS) + n for n, name in enumerate(HEAVY)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(STACKS) + len(HEAVY)))
+
+
+class StacksTogether(LoadFileScheduling):
+    """``--dist loadfile`` with every :data:`STACKS` module in one unit of work: the worker that takes
+    it runs the stacks one after the other, and the others run the rest beside it. (A lock between
+    workers would leave a worker waiting for it with nothing to do.)"""
+
+    def _split_scope(self, nodeid: str) -> str:
+        module = nodeid.split("::", 1)[0]
+        return "stacks" if Path(module).name in STACKS else module
 
 
 def live_processes() -> Iterator[tuple[int, list[str]]]:
@@ -121,26 +130,6 @@ def stop_workers_before_the_controller() -> None:
     os.environ[RUN_DIR] = done
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(signum, _stop)
-
-
-_stack: list[IO[bytes]] = []  # the lock, while this worker runs a stack's module
-
-
-@contextmanager
-def one_stack_at_a_time(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    """Around each test's whole protocol (before its timeout starts): a worker takes the stacks' lock
-    before the first test of a :data:`STACKS` module, whose setup starts the stack, and lets it go
-    after the module's last test, whose teardown stops it. Outside a parallel run: nothing."""
-    run = os.environ.get(RUN_DIR)
-    if run is not None and item.path.name in STACKS and not _stack:
-        lock = (Path(run) / "stack.lock").open("wb")
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        _stack.append(lock)
-    try:
-        yield
-    finally:
-        if _stack and (nextitem is None or nextitem.path != item.path):
-            _stack.pop().close()  # closing lets the lock go
 
 
 def stopped_by_the_controller_only() -> None:

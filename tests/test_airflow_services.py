@@ -4,7 +4,7 @@ api-server, scheduler (LocalExecutor), dag-processor and triggerer run as separa
 PostgreSQL metadata database, with ``example_dags/`` as the DAGs folder and the queues in a schema
 of their own (``SQLQUEUE_SCHEMA``). Spark is the production recipe's long-lived one, a Spark Connect
 server (``spark_default`` = ``spark_connect``), so that a task does not start a JVM of its own:
-``tests/test_spark_cluster.py`` runs the chains with a JVM per task on a standalone cluster, and
+``tests/test_spark_cluster_dags.py`` runs the chains with a JVM per task on a standalone cluster, and
 ``tests/test_spark_pipeline.py`` on ``local[*]``. Messages are inserted the way an NServiceBus endpoint writes
 rows. Every assertion is a count: each dataset reported exactly once per chain, nothing left in
 any queue, the in-flight store or the error queue.

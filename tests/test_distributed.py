@@ -6,7 +6,7 @@ broker), PostgreSQL (Airflow's metadata database and the queues' database) and t
 (the execution API) listen on the bridge's address in this namespace, beside two schedulers, two
 triggerers and the dag-processor. Spark is the production recipe's long-lived one: a Spark Connect
 server on the cluster's host, its application on the cluster, reached by each Spark task over the
-private subnet (``tests/test_spark_cluster.py`` runs the chains with a driver per task). Datasets and outputs are on a
+private subnet (``tests/test_spark_cluster_dags.py`` runs the chains with a driver per task). Datasets and outputs are on a
 shared directory, as on a shared filesystem.
 
 Faults, each while messages are in the chain and each followed by a count: a worker SIGKILLed in
