@@ -37,7 +37,7 @@ from xdist.scheduler import LoadFileScheduling
 from demo import reaper
 
 #: The run's directory, shared by the controller and its workers (set by the controller, inherited
-#: by the workers it starts): where workers say they are done, and the stacks' lock.
+#: by the workers it starts): where workers say they are done.
 RUN_DIR = "SQLQUEUE_TEST_RUN_DIR"
 #: Modules that run Airflow's services with Spark jobs (the example chains): each keeps a 2-core
 #: machine busy by itself, and two at once starve each other's schedulers past their tests'
