@@ -15,9 +15,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import psycopg
 import pytest
@@ -74,6 +77,49 @@ def space_fixture(pg_uri: str) -> Iterator[Callable[[str], str]]:
             admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
+@contextmanager
+def executors_killed(spark: Any, pg_uri: str, statement: str, params: tuple[object, ...]) -> Iterator[None]:
+    """For the block: the application's executor JVMs SIGKILLed as soon as a session runs a
+    ``statement`` (a condition on pg_stat_activity); at least one must have been."""
+    app = spark.sparkContext.applicationId
+    killed: list[int] = []
+
+    def kill() -> None:
+        deadline = time.monotonic() + 300
+        with psycopg.connect(pg_uri, autocommit=True) as watcher:
+            while time.monotonic() < deadline and not killed:
+                sql = f"SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND {statement}"
+                if watcher.execute(sql, params).fetchone()[0]:
+                    pattern = f"CoarseGrainedExecutorBackend.*{app}"
+                    found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
+                    for pid in map(int, found):
+                        os.kill(pid, signal.SIGKILL)
+                        killed.append(pid)
+                time.sleep(0.02)
+
+    killer = threading.Thread(target=kill, daemon=True)
+    killer.start()
+    yield
+    killer.join(timeout=10)
+    assert killed, f"no executor was killed (none ran {statement})"
+
+
+def send_order_events(pg_uri: str, queue: str, count: int) -> None:
+    """``count`` order events (JSON bodies, as the streaming example reads them), 5,000 a send."""
+    with QueueClient.connect(pg_uri) as client:
+        for start in range(0, count, 5_000):
+            orders = (
+                {"order_id": f"o{n}", "country": "NL", "quantity": n % 7 + 1, "unit_price": 2.5}
+                for n in range(start, min(count, start + 5_000))
+            )
+            client.send(queue, [Message.of(order) for order in orders])
+
+
+def depth(pg_uri: str, queue: str) -> int:
+    with QueueClient.connect(pg_uri) as client:
+        return client.depth(queue)
+
+
 def bodies(pg_uri: str, queue: str) -> list[dict]:
     with QueueClient.connect(pg_uri) as client:
         return [m.json() for m in client.browse(queue, 100_000)]  # type: ignore[misc]
@@ -123,36 +169,12 @@ def test_an_executor_sigkilled_mid_jvm_write_loses_nothing_and_sends_nothing_twi
     """The JVM path (messages built by Spark, each partition loaded by COPY with its ledger row): the
     executor JVM is SIGKILLed while its tasks load; the worker starts another, Spark runs the lost
     tasks again, and every row is one message."""
-    import threading
-
     from airflow_provider_sqlqueue.spark import save_to_queue
 
     orders = space("orders")
-    app = spark.sparkContext.applicationId
-    killed: list[int] = []
-
-    def kill_the_executor_mid_load() -> None:
-        deadline = time.monotonic() + 300
-        with psycopg.connect(pg_uri, autocommit=True) as watcher:
-            while time.monotonic() < deadline and not killed:
-                inserting = watcher.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE 'COPY %orders%'"
-                ).fetchone()[0]
-                if inserting:
-                    found = subprocess.run(
-                        ["pgrep", "-f", f"CoarseGrainedExecutorBackend.*{app}"], capture_output=True, text=True
-                    ).stdout.split()
-                    for pid in map(int, found):
-                        os.kill(pid, signal.SIGKILL)
-                        killed.append(pid)
-                time.sleep(0.02)
-
-    killer = threading.Thread(target=kill_the_executor_mid_load, daemon=True)
-    killer.start()
     df = spark.range(0, 300_000, numPartitions=4).selectExpr("id AS n", "repeat('x', 300) AS pad")
-    save_to_queue(df, url=pg_uri, queue=orders, engine="jvm")
-    killer.join(timeout=10)
-    assert killed, "no executor was killed mid-load"
+    with executors_killed(spark, pg_uri, "query LIKE 'COPY %%orders%%'", ()):  # while its tasks load
+        save_to_queue(df, url=pg_uri, queue=orders, engine="jvm")
     with QueueClient.connect(pg_uri) as client:
         schema = client.address(orders).schema
     with psycopg.connect(pg_uri) as raw:
@@ -207,17 +229,10 @@ def test_a_stream_stopped_and_then_killed_delivers_each_of_50000_messages_once(s
 
     events, revenue = space("order_events"), space("order_revenue")
     checkpoint = str(tmp_path / "checkpoint")
-    with QueueClient.connect(pg_uri) as client:
-        for start in range(0, 50_000, 5_000):
-            batch = [
-                Message.of({"order_id": f"o{n}", "country": "NL", "quantity": n % 7 + 1, "unit_price": 2.5})
-                for n in range(start, start + 5_000)
-            ]
-            client.send(events, batch)
+    send_order_events(pg_uri, events, 50_000)
 
     def delivered() -> int:
-        with QueueClient.connect(pg_uri) as client:
-            return client.depth(revenue)
+        return depth(pg_uri, revenue)
 
     def wait_for(count: int, timeout: float = 600) -> None:
         deadline = time.monotonic() + timeout
@@ -275,52 +290,21 @@ def test_a_held_relay_whose_executor_and_then_driver_are_sigkilled_sends_each_of
     """relay_batch on the cluster: an executor SIGKILLed while it reads a held batch (Spark runs its
     tasks again over the same locked rows), then a driver SIGKILLed mid-relay (its batch's load and
     acknowledgement never commit); a relay run afterwards sends the rest. Each event once."""
-    import threading
-
     sys.path.insert(0, EXAMPLE_DAGS)
     from spark_jobs import relay_orders_in_held_batches
 
     events, revenue = space("order_events"), space("order_revenue")
+    send_order_events(pg_uri, events, 20_000)
     with QueueClient.connect(pg_uri) as client:
         schema = client.address(events).schema
-        for start in range(0, 20_000, 5_000):
-            batch = [
-                Message.of({"order_id": f"o{n}", "country": "NL", "quantity": n % 7 + 1, "unit_price": 2.5})
-                for n in range(start, start + 5_000)
-            ]
-            client.send(events, batch)
 
     def delivered() -> int:
-        with QueueClient.connect(pg_uri) as client:
-            return client.depth(revenue)
+        return depth(pg_uri, revenue)
 
     # 1. An executor SIGKILLed while it reads a held batch of this process's relay.
-    app = spark.sparkContext.applicationId
-    killed: list[int] = []
-
-    def kill_the_executor_mid_read() -> None:
-        deadline = time.monotonic() + 300
-        with psycopg.connect(pg_uri, autocommit=True) as watcher:
-            while time.monotonic() < deadline and not killed:
-                reading = watcher.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE '%%pg_xact_status%%' "
-                    "AND strpos(query, %s) > 0",
-                    (schema,),
-                ).fetchone()[0]
-                if reading:
-                    found = subprocess.run(
-                        ["pgrep", "-f", f"CoarseGrainedExecutorBackend.*{app}"], capture_output=True, text=True
-                    ).stdout.split()
-                    for pid in map(int, found):
-                        os.kill(pid, signal.SIGKILL)
-                        killed.append(pid)
-                time.sleep(0.02)
-
-    killer = threading.Thread(target=kill_the_executor_mid_read, daemon=True)
-    killer.start()
-    first = relay_orders_in_held_batches(spark, pg_uri, events, revenue, max_per_batch=5_000)
-    killer.join(timeout=10)
-    assert killed, "no executor was killed mid-read"
+    reading = "query LIKE '%%pg_xact_status%%' AND strpos(query, %s) > 0"  # a read of the locked rows
+    with executors_killed(spark, pg_uri, reading, (schema,)):
+        first = relay_orders_in_held_batches(spark, pg_uri, events, revenue, max_per_batch=5_000)
     assert first["events"] == first["taken"] == delivered() == 20_000
 
     # 2. The same relay's driver SIGKILLed mid-relay, on fresh events.

@@ -4,6 +4,10 @@ through ``format("sqlqueue")``, saying which; ``engine`` chooses; one ledger for
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import subprocess
+import sys
 import time
 import uuid
 
@@ -296,6 +300,17 @@ def test_claimed_from_queue_refuses_sql_server_saying_why_before_connecting_and_
             pytest.fail("the block ran")
 
 
+def spark_driver(script: str, *args: str) -> subprocess.Popen[bytes]:
+    """A Spark driver running ``script`` in a process group of its own: the JVM and Python workers die with it."""
+    return subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
 #: The driver of a Spark job that holds a batch and is killed mid-job: it signals from inside the job.
 KILLED_DRIVER = """
 import os, sys, time
@@ -316,23 +331,12 @@ with claimed_from_queue(spark, url=url, queue=queue) as df:
 
 
 def test_a_driver_killed_mid_job_gives_every_message_back(shop, tmp_path) -> None:
-    import os
-    import signal
-    import subprocess
-    import sys
-
     schema, uri = shop
     queue = QueueAddress("a", schema)
     with QueueClient.connect(uri) as client:
         client.send(queue, [Message(f"m{n}") for n in range(40)])
     marker = tmp_path / "in-the-job"
-    driver = subprocess.Popen(  # its own process group: the JVM and Python workers die with it
-        [sys.executable, "-c", KILLED_DRIVER, uri, f'a@"{schema}"', str(marker)],
-        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    driver = spark_driver(KILLED_DRIVER, uri, f'a@"{schema}"', str(marker))
     try:
         deadline = time.monotonic() + 120
         while not marker.exists():
@@ -485,11 +489,6 @@ relay_batch(spark, lambda df: df.select(F.col("body")), {"url": url, "queue": so
 def test_a_relay_driver_killed_after_loading_the_target_sends_nothing_and_the_next_relay_sends_all_once(
     local_spark, shop, tmp_path
 ) -> None:
-    import os
-    import signal
-    import subprocess
-    import sys
-
     from airflow_provider_sqlqueue.spark import Relayed, relay_batch
 
     schema, uri = shop
@@ -497,13 +496,7 @@ def test_a_relay_driver_killed_after_loading_the_target_sends_nothing_and_the_ne
     with QueueClient.connect(uri) as client:
         client.send(a, [Message(f"m{n}") for n in range(40)])
     marker = tmp_path / "loaded"
-    driver = subprocess.Popen(  # its own process group: the JVM and Python workers die with it
-        [sys.executable, "-c", KILLED_RELAY, uri, f'a@"{schema}"', f'b@"{schema}"', str(marker)],
-        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    driver = spark_driver(KILLED_RELAY, uri, f'a@"{schema}"', f'b@"{schema}"', str(marker))
     try:
         deadline = time.monotonic() + 180
         while not marker.exists() or not marker.read_text():
