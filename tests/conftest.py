@@ -151,9 +151,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         parallel.worker_done()
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own, which would make a plain loadfile scheduler
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> parallel.StacksTogether | None:
-    return parallel.StacksTogether(config, log) if config.getvalue("dist") == "loadfile" else None
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # before xdist's own; optional: a run may have no xdist
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    from tests.scheduler import StacksTogether  # xdist asks, so it is there
+
+    return StacksTogether(config, log) if config.getvalue("dist") == "loadfile" else None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -5,7 +5,7 @@ session-kill storms) make a server of their own. What is *not* free is a module'
 fixtures (Airflow's services, a Spark cluster, a browser): a module's tests therefore stay together
 on one worker (``loadfile``), so each such fixture starts once per run. The modules that run
 Airflow's services with Spark jobs (:data:`STACKS`) are one unit of work, run one after the other
-by the first worker from the start (:class:`StacksTogether`), and the heaviest other modules
+by the first worker from the start (:class:`tests.scheduler.StacksTogether`), and the heaviest other modules
 (:data:`HEAVY`) are handed out first to the others, so that the workers finish at about the same
 time instead of one starting the longest module when the others are done.
 
@@ -32,7 +32,6 @@ from pathlib import Path
 from types import FrameType
 
 import pytest
-from xdist.scheduler import LoadFileScheduling
 
 from demo import reaper
 
@@ -41,7 +40,7 @@ from demo import reaper
 RUN_DIR = "SQLQUEUE_TEST_RUN_DIR"
 #: Modules that run Airflow's services with Spark jobs (the example chains): each keeps a 2-core
 #: machine busy by itself, and two at once starve each other's schedulers past their tests'
-#: deadlines. They are one unit of work (:class:`StacksTogether`): one worker runs them in turn.
+#: deadlines. They are one unit of work (:class:`tests.scheduler.StacksTogether`): one worker runs them in turn.
 STACKS: tuple[str, ...] = ("test_airflow_services.py", "test_distributed.py", "test_spark_cluster_dags.py")
 
 #: Modules that take minutes (building wheels, a browser, a Spark cluster, crash and chaos runs), the
@@ -72,16 +71,6 @@ def schedule(items: list[pytest.Item]) -> None:
     """The stacks first (their unit is the first worker's), then the heaviest modules; the others keep their order."""
     rank = {name: n for n, name in enumerate(STACKS)} | {name: len(STACKS) + n for n, name in enumerate(HEAVY)}
     items.sort(key=lambda item: rank.get(item.path.name, len(STACKS) + len(HEAVY)))
-
-
-class StacksTogether(LoadFileScheduling):
-    """``--dist loadfile`` with every :data:`STACKS` module in one unit of work: the worker that takes
-    it runs the stacks one after the other, and the others run the rest beside it. (A lock between
-    workers would leave a worker waiting for it with nothing to do.)"""
-
-    def _split_scope(self, nodeid: str) -> str:
-        module = nodeid.split("::", 1)[0]
-        return "stacks" if Path(module).name in STACKS else module
 
 
 def live_processes() -> Iterator[tuple[int, list[str]]]:

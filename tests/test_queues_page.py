@@ -457,10 +457,12 @@ def test_a_journey_shows_each_stage_a_trace_passed_as_text(api_server, browser, 
 
     services, schema = api_server
     trace = uuid.uuid4().hex
-    orders, billing, audit = (QueueAddress(name, schema) for name in ("orders", "billing", "audit"))
+    # Queues of this test's own: the module's other tests leave messages in its schema's orders,
+    # and a claim of one of theirs would be forwarded instead of this test's message.
+    orders, billing, audit = (QueueAddress(name, schema) for name in ("trip_orders", "trip_billing", "trip_audit"))
     with QueueClient.connect(pg_uri, error_queue=QueueAddress("error", schema), audit_queue=audit) as client:
-        client.create_queue(audit)
-        client.create_queue(billing)
+        for queue in (orders, billing, audit):
+            client.create_queue(queue)
         client.send(orders, Message("order", {"traceparent": f"00-{trace}-00f067aa0ba902b7-01"}))
         [claim] = client.claim(orders, 1)
         result = Message("invoice", {"traceparent": f"00-{trace}-b7ad6b7169203331-01"})
