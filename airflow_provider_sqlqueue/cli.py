@@ -12,7 +12,8 @@ argparse or to Airflow's CLI, so the two never differ. Errors of the library end
 with its message and exit status 1; no credentials are printed. A command interrupted (Ctrl-C) says
 so in one line and exits with status 130, as shells report a command ended by SIGINT; a command
 that connects waits at most ``--lock-timeout`` seconds for a lock another session holds (a
-migration, ``VACUUM FULL``), then names the locked table and exits with status 1.
+migration, ``VACUUM FULL``), then names the locked table and exits with status 1 (``journey``
+leaves the table out, names it and goes on).
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ LOCK_TIMEOUT: ArgSpec = (
         "default": defaults.COMMAND_LOCK_TIMEOUT,
         "metavar": "SECONDS",
         "help": f"wait at most this long for a lock another session holds, then name the locked table and "
-        f"exit 1 (default {defaults.COMMAND_LOCK_TIMEOUT.total_seconds():g})",
+        f"exit 1 -- journey leaves it out and names it (default {defaults.COMMAND_LOCK_TIMEOUT.total_seconds():g})",
     },
 )
 

@@ -405,9 +405,30 @@ def test_a_relay_whose_job_raises_sends_nothing_and_gives_the_batch_back(local_s
 
         return df.select(F.udf(boom)(F.col("body").cast("string")).alias("body"))
 
+    insert_poison(uri, schema, "a")
     with pytest.raises(Exception, match="the job failed"):
         relay_batch(local_spark, failing, {"url": uri, "queue": f'a@"{schema}"'}, {"queue": f'b@"{schema}"'})
     assert depth(uri, schema, "a") == 20 and depth(uri, schema, "b") == 0
+    assert depth(uri, schema, "error") == 1  # the poison, which no job can read, moved as claimed_from_queue moves it
+
+
+def test_relay_batch_refuses_bad_target_headers_before_reading_and_nan_rows_in_its_own_words(local_spark, shop):
+    from pyspark.sql import functions as F
+
+    from airflow_provider_sqlqueue.spark import relay_batch
+    from airflow_provider_sqlqueue.transport import InvalidArgumentError, InvalidHeadersError
+
+    schema, uri = shop
+    source = {"url": uri, "queue": f'a@"{schema}"'}
+    with pytest.raises(InvalidHeadersError, match="lone surrogate"):  # refused though the source is empty
+        relay_batch(local_spark, shouted, source, {"queue": f'b@"{schema}"', "messageType": "x\udcff"})
+    with QueueClient.connect(uri) as client:
+        client.send(QueueAddress("a", schema), Message("waiting"))
+    with pytest.raises(InvalidArgumentError, match="NaN or an infinite number in x"):
+        relay_batch(
+            local_spark, lambda df: df.select(F.lit(float("nan")).alias("x")), source, {"queue": f'b@"{schema}"'}
+        )
+    assert depth(uri, schema, "a") == 1 and depth(uri, schema, "b") == 0
 
 
 B = 'b@"{schema}"'

@@ -14,16 +14,16 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, NamedTuple
 
-from ..transport import QueueClient
+from ..transport import Message, QueueClient
 from ..transport.addressing import checked_text
 from ..transport.arguments import same_table
 from ..transport.drivers import dialect_for
-from ..transport.errors import ArgumentTypeError, SqlQueueError
+from ..transport.errors import ArgumentTypeError, InvalidArgumentError, SqlQueueError
 from ..transport.operations import LockedBatch
-from .jvm import csv_chunks, jvm_reason, message_rows, write_in_jvm
+from .jvm import csv_chunks, jvm_reason, library_refusal, message_rows, write_in_jvm
 from .options import NAME, NOT_WITH_A_LOCK, OPTION_NAMES, InvalidOptionError, Lock, Options
 from .source import register
-from .write import RowLayout, forget_write, log
+from .write import RowLayout, _option_headers, forget_write, log
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -171,8 +171,9 @@ def relay_batch(
     ``transform`` (their DataFrame to the rows to send, as :func:`save_to_queue` takes them), and its
     rows are sent to the target **in that transaction**, which then acknowledges the source's
     messages and commits. So either both happen or neither: a job that raises, a driver killed or cut
-    off at any point, leaves the source's messages where they were and sends nothing; a task Spark
-    runs again reads the same locked rows. No write ledger and no claim store: NServiceBus's
+    off at any point, leaves the source's messages where they were and sends nothing (a batch's
+    poison, which no job can read, goes to the error queue when the job raises, as with
+    :func:`claimed_from_queue`); a task Spark runs again reads the same locked rows. No write ledger and no claim store: NServiceBus's
     transactional receive, whose outgoing messages commit with the receive.
 
     ::
@@ -198,6 +199,7 @@ def relay_batch(
             )
     url = Options.parse(given).url
     sink = Options.parse({**sent_to, "url": url})
+    Message(b"", _option_headers(sink))  # the target's headers refused now, before anything is locked
     with _held(spark, given, "relay_batch", sink) as (client, _, batch, df):
         if batch.count == 0:
             return Relayed(0, 0)
@@ -208,7 +210,13 @@ def relay_batch(
         reason = jvm_reason(sink, layout)
         if reason is not None:
             raise InvalidOptionError(f"relay_batch builds its messages in Spark, which it cannot here: {reason}")
-        table = message_rows(rows, layout, sink).toArrow()
+        try:
+            table = message_rows(rows, layout, sink).toArrow()
+        except Exception as exc:
+            refused = library_refusal(exc)  # NaN in a JSON row: the library's refusal, out of Spark's error
+            if refused is not None:
+                raise InvalidArgumentError(refused) from None
+            raise
         sent = client.send_csv(sink.queue, csv_chunks(table.to_batches()))
         log.info("Relay of %d message(s) of %s: %d sent to %s", batch.count, batch.queue, sent, sink.queue)
     return Relayed(batch.count, sent)

@@ -249,7 +249,7 @@ def write_in_jvm(df: DataFrame, options: Options, layout: RowLayout) -> int:
     try:
         results = rows.mapInArrow(_loader(options, key), "part int, sent long").collect()
     except Exception as exc:
-        refused = _refusal(exc)
+        refused = library_refusal(exc)
         if refused is not None:
             raise InvalidArgumentError(refused) from None
         raise
@@ -298,7 +298,7 @@ def csv_chunks(batches: Iterable[pa.RecordBatch]) -> Iterator[bytes]:
         yield sink.getvalue().to_pybytes()
 
 
-def _refusal(exc: BaseException) -> str | None:
+def library_refusal(exc: BaseException) -> str | None:
     """The library's own refusal of a row (NaN in a JSON row), when Spark's error carries it."""
     text = str(exc)
     start = text.find(NOT_JSON)
