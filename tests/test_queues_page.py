@@ -485,7 +485,7 @@ def test_a_journey_shows_each_stage_a_trace_passed_as_text(api_server, browser, 
         try:
             wait_for(
                 lambda: stations() == [("processed", str(claim.id)), ("failed", str(result.id))],
-                timeout=300,
+                timeout=120,
                 what="the trace's rows",
             )
         except AssertionError as exc:  # what the page said instead (a refusal, an error, other rows)
