@@ -289,12 +289,8 @@ def processing(
         log.debug("Not tracing a handler: %s: %s", type(exc).__name__, exc)
         yield
         return
-    with otel.trace.use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False):
-        try:
-            yield
-        except BaseException as exc:
-            _failed(otel, span, exc)
-            raise
+    with _current(otel, span):
+        yield
 
 
 def current_context() -> dict[str, str] | None:
@@ -350,12 +346,8 @@ def continuing(destination: Callable[[], str], carriers: Sequence[Mapping[str, s
         finally:
             otel.context.detach(token)
     else:
-        with otel.trace.use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False):
-            try:
-                yield
-            except BaseException as exc:
-                _failed(otel, span, exc)
-                raise
+        with _current(otel, span):
+            yield
 
 
 def _contexts(otel: _Otel, carriers: Sequence[Mapping[str, str | None] | None]) -> list[Context]:
@@ -409,6 +401,17 @@ def _remote(otel: _Otel, message: Received) -> Context | None:
         log.debug("Message %s: its traceparent header is not W3C Trace Context; ignored", message.id)
         return None
     return context
+
+
+@contextmanager
+def _current(otel: _Otel, span: Span) -> Iterator[None]:
+    """``span`` current for the block and ended after it; an exception leaving the block marks it failed."""
+    with otel.trace.use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False):
+        try:
+            yield
+        except BaseException as exc:
+            _failed(otel, span, exc)
+            raise
 
 
 def _failed(otel: _Otel, span: Span, exc: BaseException) -> None:
