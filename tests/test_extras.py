@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_packaging import uv
+from tests.test_packaging import uv, wheel_fixture  # noqa: F401 - the fixture wheel, shared
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,14 +64,6 @@ CHECKS = {
         assert pyspark.__version__ == "4.2.0", pyspark.__version__
     """,
 }
-
-
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("dist")
-    uv("build", "--wheel", "--out-dir", str(out))
-    [built] = out.glob("airflow_provider_sqlqueue-*.whl")
-    return built
 
 
 @pytest.mark.timeout(900)  # an install on a loaded machine

@@ -64,8 +64,9 @@ def uv(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     return done
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture(scope="module", name="wheel")  # a name of its own: tests/test_extras.py imports it
+def wheel_fixture(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel, built once per module from this checkout."""
     out = tmp_path_factory.mktemp("dist")
     uv("build", "--wheel", "--out-dir", str(out))
     [built] = out.glob("airflow_provider_sqlqueue-*.whl")
