@@ -471,7 +471,7 @@ def test_relay_batch_refuses_wrong_types_and_sql_server_before_connecting(local_
         client.send(QueueAddress("a", schema), Message("waiting"))
     for args, refusal in (
         ((local_spark, "not a function", source, target), "transform is a function"),
-        ((local_spark, shouted, [("url", uri)], target), "source options are a mapping"),
+        ((local_spark, shouted, [("url", uri)], target), "source options must be a mapping"),
         ((local_spark, shouted, source, {"queue": 1}), "target options are text"),
         ((uri, shouted, source, target), "reads through a SparkSession"),
         ((local_spark, lambda df: df.collect(), source, target), "must return a DataFrame"),

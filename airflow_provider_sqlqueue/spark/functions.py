@@ -72,13 +72,7 @@ def batch_writer(options: Mapping[str, str], checkpoint: str) -> Callable[[DataF
     batch n only after committing n - 1, which can then never be replayed: its ledger rows are
     forgotten.
     """
-    if not isinstance(options, Mapping):
-        raise ArgumentTypeError(
-            f"batch_writer's options must be a mapping of option names to text, got {type(options).__name__}"
-        )
-    for name, value in options.items():
-        if not isinstance(name, str) or not isinstance(value, str):
-            raise ArgumentTypeError(f"batch_writer's options are text: option {name!r} is {type(value).__name__}")
+    _text_options("batch_writer's options", options)
     if any(name.lower() == "writeid" for name in options):
         raise InvalidOptionError(
             "batch_writer names each batch's write itself (<query id>:<batch>): drop option 'writeId'"
@@ -189,8 +183,8 @@ def relay_batch(
     """
     if not callable(transform):
         raise ArgumentTypeError(f"relay_batch's transform is a function of a DataFrame, got {type(transform).__name__}")
-    given = _text_options("relay_batch", "source", source)
-    sent_to = _text_options("relay_batch", "target", target)
+    given = _text_options("relay_batch's source options", source)
+    sent_to = _text_options("relay_batch's target options", target)
     for name in sent_to:
         if name.lower() not in _RELAY_TARGET:
             raise InvalidOptionError(
@@ -226,12 +220,13 @@ def relay_batch(
 _RELAY_TARGET = {"queue", "messagetype", "contenttype"}
 
 
-def _text_options(caller: str, which: str, options: Mapping[str, str]) -> dict[str, str]:
+def _text_options(what: str, options: Mapping[str, str]) -> dict[str, str]:
+    """``options`` checked to be a mapping of text to text (``what``: whose, for the refusal)."""
     if not isinstance(options, Mapping):
-        raise ArgumentTypeError(f"{caller}'s {which} options are a mapping of option names to text")
+        raise ArgumentTypeError(f"{what} must be a mapping of option names to text, got {type(options).__name__}")
     for name, value in options.items():
         if not isinstance(name, str) or not isinstance(value, str):
-            raise ArgumentTypeError(f"{caller}'s {which} options are text: option {name!r} is {type(value).__name__}")
+            raise ArgumentTypeError(f"{what} are text: option {name!r} is {type(value).__name__}")
     return dict(options)
 
 
