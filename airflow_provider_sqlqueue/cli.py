@@ -36,7 +36,7 @@ from .transport.dialects import Dialect, get_dialect
 from .transport.drivers import dialect_for, finish
 from .transport.errors import InvalidArgumentError, SqlQueueError, one_line, printable
 from .transport.install import Installation
-from .transport.message import check_positive, shown_time
+from .transport.message import check_positive, shown_time, whole_ms
 
 if TYPE_CHECKING:
     from .hooks.sqlqueue import SqlQueueHook
@@ -238,7 +238,7 @@ def _client(args: argparse.Namespace) -> QueueClient:
 def _bound_lock_waits(client: QueueClient, lock_wait: timedelta) -> None:
     """Make every later statement of the client's session wait at most ``lock_wait`` for a lock (the
     dialect's statement; where it has none, waits stay unbounded)."""
-    statement = client.dialect.session_lock_timeout_sql(max(1, round(lock_wait / timedelta(milliseconds=1))))
+    statement = client.dialect.session_lock_timeout_sql(whole_ms(lock_wait))
     if statement is not None:
         finish(client.session.run(_alone(ops.Step(statement, {}, ops.Fetch.NONE, "the session"))))
 

@@ -19,7 +19,7 @@ from . import defaults
 from .addressing import QueueAddress, checked_text
 from .dialects import Dialect
 from .errors import ArgumentTypeError, InvalidArgumentError
-from .message import Message, ReceivedMessage, duration, uuid_value
+from .message import Message, ReceivedMessage, duration, uuid_value, whole_ms
 from .operations.locked import LockedBatch
 
 #: A claim token as the caller has it: the UUID, or its text from XCom or an event payload.
@@ -28,7 +28,7 @@ Token = uuid.UUID | str
 
 def lease_ms(lease: timedelta | float) -> int:
     """A lease in whole milliseconds, checked (positive, finite, at most ``defaults.MAX_LEASE``)."""
-    return max(1, round(duration("lease", lease, maximum=defaults.MAX_LEASE) / timedelta(milliseconds=1)))
+    return whole_ms(duration("lease", lease, maximum=defaults.MAX_LEASE))
 
 
 def lock_wait_span(lock_wait: timedelta | float) -> timedelta:

@@ -70,6 +70,7 @@ from .message import (
     subscription_text,
     topic_names,
     uuid_value,
+    whole_ms,
 )
 from .meter import Event, Meter, Reporter
 from .tracing import processing
@@ -478,8 +479,7 @@ class AsyncQueueClient(Addressing):
         if wait is None:
             sent = await self._run(ops.send(self.dialect, address, batch, notify))
         else:
-            wait_ms = max(1, round(wait / timedelta(milliseconds=1)))
-            sent = await self._run(ops.send_delayed(self.dialect, address, address.delayed(), batch, wait_ms))
+            sent = await self._run(ops.send_delayed(self.dialect, address, address.delayed(), batch, whole_ms(wait)))
         self._counted("sent", address, sent)
         return sent
 

@@ -346,6 +346,12 @@ def duration(
     return span
 
 
+def whole_ms(span: timedelta) -> int:
+    """A positive span in the whole milliseconds the databases take (a lease, a delay, a lock wait, a
+    TTBR), at least one: both read 0 as "none" or "for ever"."""
+    return max(1, round(span / timedelta(milliseconds=1)))
+
+
 def coerce_ttbr(ttbr: timedelta | float | int | None) -> timedelta | None:
     """Normalise a time-to-be-received; zero or negative would make a message born expired, so refuse it."""
     if ttbr is None:
@@ -480,7 +486,7 @@ class Message:
         """TTBR in whole milliseconds for the database to add to its clock (None: never expires)."""
         if self.time_to_be_received is None:
             return None
-        return max(1, round(self.time_to_be_received / timedelta(milliseconds=1)))
+        return whole_ms(self.time_to_be_received)
 
 
 @dataclass(frozen=True)

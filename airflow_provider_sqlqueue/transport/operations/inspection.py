@@ -20,7 +20,15 @@ from ..dialects import BrowsedRow, ClaimRow, DelayedFiguresRow, Dialect, Horizon
 from ..errors import InvalidArgumentError, InvalidHeadersError, SqlQueueError
 from ..heads import EVERYTHING_MS
 from ..logs import logger
-from ..message import TIME_SENT, Headers, ReceivedMessage, decode_headers, parse_wire_timestamp, readable_headers
+from ..message import (
+    TIME_SENT,
+    Headers,
+    ReceivedMessage,
+    decode_headers,
+    parse_wire_timestamp,
+    readable_headers,
+    whole_ms,
+)
 from .steps import Fetch, Operation, Step, after_head, as_uuid, autocommitted
 from .tables import table_key, table_shape
 
@@ -351,7 +359,7 @@ def lock_bounded(d: Dialect, lock_wait: timedelta, operation: Operation[T]) -> O
     # The caller's own bound comes back at the end: inside the caller's transaction (transaction())
     # the bound would otherwise last, and cut short the waits of the caller's later statements.
     [previous] = yield Step(current, {}, Fetch.ONE, "the session")
-    yield Step(bound, {"ms": str(max(1, round(lock_wait / timedelta(milliseconds=1))))}, Fetch.ONE, "the session")
+    yield Step(bound, {"ms": str(whole_ms(lock_wait))}, Fetch.ONE, "the session")
     result = yield from operation
     yield Step(bound, {"ms": str(previous)}, Fetch.ONE, "the session")
     return result
