@@ -14,6 +14,8 @@ if [ "${SQLQUEUE_SETUP:-test}" != demo ]; then
     [ -e /usr/lib/x86_64-linux-gnu/odbc/libtdsodbc.so ] || [ -e /usr/lib/aarch64-linux-gnu/odbc/libtdsodbc.so ] || need_apt+=(tdsodbc)
     command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
     command -v chromedriver >/dev/null 2>&1 || need_apt+=(chromium-driver)
+    # Spark's JDBC reader reads locked batches with PostgreSQL's JDBC driver (tests/conftest.py).
+    [ -e /usr/share/java/postgresql.jar ] || need_apt+=(libpostgresql-jdbc-java)
     # The database-fault tests make PostgreSQL 15 clusters of their own (tests/pg_clusters.py).
     [ -x /usr/lib/postgresql/15/bin/initdb ] || need_apt+=(postgresql-15)
 fi

@@ -64,9 +64,8 @@ from airflow_provider_sqlqueue.spark import (
 )
 from airflow_provider_sqlqueue.transport import Message, QueueClient
 from bench.throughput import database
-from demo.spark_cluster import SparkCluster
+from demo.spark_cluster import JDBC_JAR, SparkCluster
 
-JDBC_JAR = Path("/usr/share/java/postgresql.jar")
 ROWS = 200_000
 RUNS = 3
 

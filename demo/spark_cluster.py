@@ -24,6 +24,9 @@ from .services import free_port
 
 #: The application name of a Spark Connect server started here, as the cluster's master lists it.
 CONNECT_APP = "Spark Connect server"
+#: PostgreSQL's JDBC driver as Debian packages it (libpostgresql-jdbc-java): given to the Spark
+#: Connect server where it is installed, so that locked batches are read by Spark's JDBC reader.
+JDBC_JAR = Path("/usr/share/java/postgresql.jar")
 
 
 def spark_home() -> Path:
@@ -174,6 +177,7 @@ class SparkCluster:
             CONNECT_APP,
             "--master",
             master,
+            *(("--jars", str(JDBC_JAR)) if JDBC_JAR.exists() else ()),
             *options,
             "spark-internal",
         )

@@ -40,6 +40,12 @@ EXAMPLE_DAGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 # modules (example_dags/spark_jobs.py) by name; DAG files parsed in-process here need the same.
 if EXAMPLE_DAGS not in sys.path:
     sys.path.append(EXAMPLE_DAGS)
+# PostgreSQL's JDBC driver (Debian's libpostgresql-jdbc-java, which .ci/setup.sh installs) on every
+# Spark the suite starts, its own and those of the Airflow tasks it runs: locked batches are then
+# read by Spark's JDBC reader, as in production. A test of the read without it starts a driver of its own.
+from demo.spark_cluster import JDBC_JAR
+
+os.environ.setdefault("PYSPARK_SUBMIT_ARGS", f"--jars {JDBC_JAR} pyspark-shell")
 os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", TEST_DAGS)
 os.environ.setdefault(
     "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST",

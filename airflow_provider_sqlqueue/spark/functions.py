@@ -3,8 +3,10 @@ where it can), :func:`batch_writer`, the exactly-once sink of a ``foreachBatch``
 :func:`claimed_from_queue`, a batch read whose messages are held by the driver's transaction, and
 :func:`relay_batch`, such a batch sent on to another queue in that transaction.
 
-:func:`save_to_queue` takes the data source's options and runs through Spark's JDBC writer
-(:mod:`.jdbc`) where it can, else through ``format("sqlqueue")``, saying which once in the log.
+:func:`save_to_queue` takes the data source's options and builds its messages in Spark's SQL engine
+(:mod:`.jvm`) where it can, else writes through ``format("sqlqueue")``, saying which once in the
+log; :func:`claimed_from_queue` and :func:`relay_batch` read their batch with Spark's JDBC reader
+(:mod:`.jdbc`) where it can, else through the data source's reader, the same way.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ..transport.arguments import same_table
 from ..transport.drivers import dialect_for
 from ..transport.errors import ArgumentTypeError, InvalidArgumentError, SqlQueueError
 from ..transport.operations import LockedBatch
+from .jdbc import jdbc_target, locked_rows
 from .jvm import csv_chunks, jvm_reason, library_refusal, message_rows, write_in_jvm
 from .options import NAME, NOT_WITH_A_LOCK, OPTION_NAMES, InvalidOptionError, Lock, Options
 from .source import register
@@ -31,8 +34,9 @@ if TYPE_CHECKING:
 #: Options claimed_from_queue decides itself (``lock``) or that its read cannot use: it is no claim
 #: (no mode, holder, lease or delivery count).
 _NOT_CLAIMED_FROM_QUEUE = ("mode", "holder", "lease", "maxDeliveries", "lock")
-#: Options of the driver's lock, not of the executors' read: the batch's size and its error queue.
-_THE_LOCKS = {name.lower() for name in NOT_WITH_A_LOCK}
+#: Options of the driver's lock, not of the executors' read (the batch's size and its error queue),
+#: and the choice of reader.
+_THE_LOCKS = {name.lower() for name in NOT_WITH_A_LOCK} | {"engine"}
 
 
 def save_to_queue(df: DataFrame, **options: str) -> None:
@@ -137,10 +141,14 @@ def claimed_from_queue(spark: SparkSession, **options: str) -> Iterator[DataFram
       dead row anywhere in the database until the block ends. Keep jobs short beside busy queues, and
       keep the role's ``idle_in_transaction_session_timeout`` longer than a job.
 
+    - **Read in the JVM** by Spark's JDBC reader where PostgreSQL's JDBC driver is on Spark's class
+      path (:mod:`.jdbc`), else by the data source's reader, saying why once in the log; ``engine``
+      chooses (``auto``, ``jvm``: refused where it cannot, ``python``). Either returns the same rows.
+
     Options: the data source's read options ``url``, ``password``, ``queue``, ``numPartitions``,
-    ``fetchSize``, ``maxMessagesPerBatch`` (the batch's size) and ``errorQueue``; ``mode``, ``holder``,
-    ``lease``, ``maxDeliveries`` and ``lock`` are refused. PostgreSQL only: SQL Server is refused,
-    saying why.
+    ``fetchSize``, ``maxMessagesPerBatch`` (the batch's size) and ``errorQueue``, and ``engine``;
+    ``mode``, ``holder``, ``lease``, ``maxDeliveries`` and ``lock`` are refused. PostgreSQL only: SQL
+    Server is refused, saying why.
     """
     with _held(spark, options, "claimed_from_queue") as (_, _, _, df):
         yield df
@@ -246,8 +254,12 @@ def _held(
                 "transaction, no claim (use mode 'claim' for claims), and it names the lock itself"
             )
     parsed = Options.parse(options)
-    parsed.check_use("read")
+    parsed.check_use("read", engine=True)
     dialect_for(parsed.url).check_locked_batches()  # SQL Server says why not, before anything connects
+    if parsed.engine == "jvm":  # a url the JDBC driver cannot take is refused before anything is locked
+        target = jdbc_target(parsed.url)
+        if isinstance(target, str):
+            raise InvalidOptionError(f"option 'engine' 'jvm': {target}")
     reading = {key: value for key, value in options.items() if key.lower() not in _THE_LOCKS}
     with parsed.connect() as client:
         parsed.check(client, claims=True)  # the queue, and an error queue that is not the queue itself
@@ -268,7 +280,7 @@ def _held(
                     "Locked %d message(s) of %s for a Spark read (transaction %s)", batch.count, parsed.queue, batch.xid
                 )
                 try:
-                    yield client, parsed, batch, spark.read.format(NAME).options(**reading, lock=lock).load()
+                    yield client, parsed, batch, _locked_frame(spark, client, parsed, batch, reading, lock)
                 except BaseException as exc:  # noqa: BLE001  # given back, poison moved: the block commits only that
                     failed = exc
                     client.nack_locked(parsed.queue, batch, error_queue=parsed.error_queue)
@@ -283,3 +295,19 @@ def _held(
             log.warning("The batch of %s came back uncommitted, its poison with it: %s", parsed.queue, exc)
         if failed is not None:
             raise failed
+
+
+def _locked_frame(
+    spark: SparkSession, client: QueueClient, parsed: Options, batch: LockedBatch, reading: Mapping[str, str], lock: str
+) -> DataFrame:
+    """The locked batch's DataFrame: read by Spark's JDBC reader where it can (option ``engine``),
+    else by the data source's reader, saying why once."""
+    if parsed.engine != "python":
+        frame = locked_rows(spark, parsed, client.dialect, client.address(parsed.queue), batch)
+        if not isinstance(frame, str):
+            log.info("The locked batch of %s is read by Spark's JDBC reader", parsed.queue)
+            return frame
+        if parsed.engine == "jvm":
+            raise InvalidOptionError(f"option 'engine' 'jvm': {frame}")
+        log.info("The locked batch of %s takes the Python path: %s", parsed.queue, frame)
+    return spark.read.format(NAME).options(**reading, lock=lock).load()

@@ -291,12 +291,14 @@ class Options:
             given=frozenset(options),
         )
 
-    def check_use(self, use: Literal["read", "write"]) -> None:
+    def check_use(self, use: Literal["read", "write"], *, engine: bool = False) -> None:
         """Refuse an option that ``use`` ignores, before the database is touched: the data source
         parses its options before Spark says whether it reads or writes, and an option given to the
-        direction that does not read it would be dropped without a word."""
+        direction that does not read it would be dropped without a word. ``engine``: the read takes
+        option ``engine`` (a locked batch's, which Spark's JDBC reader can read)."""
         if use == "read":
-            ignored, applies_to = WRITE_OPTIONS, "writes (df.write)"
+            ignored = WRITE_OPTIONS - {"engine"} if engine else WRITE_OPTIONS
+            applies_to = "writes (df.write)"
         else:
             ignored, applies_to = READ_OPTIONS, "reads (spark.read, spark.readStream)"
         for name in OPTION_NAMES:  # in the documented order, so the option named is the same every time

@@ -1025,6 +1025,12 @@ class SqlServerDialect(Dialect):
     def transaction_open_sql(self) -> str:
         raise TransportMisconfiguredError(NO_LOCKED_BATCHES)
 
+    def locked_rows_table(self, address: QueueAddress, locked_by: int) -> str:
+        raise TransportMisconfiguredError(NO_LOCKED_BATCHES)
+
+    def seq_window(self, after: int, last: int) -> str:
+        raise TransportMisconfiguredError(NO_LOCKED_BATCHES)
+
     def locked_to_error_sql(self, address: QueueAddress, error_address: QueueAddress, shape: TableShape) -> str:
         raise TransportMisconfiguredError(NO_LOCKED_BATCHES)
 
