@@ -25,6 +25,7 @@ from ..transport.operations import LockedBatch
 from .jdbc import jdbc_target, locked_rows
 from .jvm import csv_chunks, jvm_reason, library_refusal, message_rows, write_in_jvm
 from .options import NAME, NOT_WITH_A_LOCK, OPTION_NAMES, InvalidOptionError, Lock, Options
+from .read import MESSAGE_SCHEMA
 from .source import register
 from .write import RowLayout, _option_headers, forget_write, log
 
@@ -301,7 +302,10 @@ def _locked_frame(
     spark: SparkSession, client: QueueClient, parsed: Options, batch: LockedBatch, reading: Mapping[str, str], lock: str
 ) -> DataFrame:
     """The locked batch's DataFrame: read by Spark's JDBC reader where it can (option ``engine``),
-    else by the data source's reader, saying why once."""
+    else by the data source's reader, saying why once. A batch with nothing to read (none locked,
+    or only poison) is an empty DataFrame, which neither reader is asked for."""
+    if batch.count == len(batch.poison):
+        return spark.createDataFrame([], MESSAGE_SCHEMA)
     if parsed.engine != "python":
         frame = locked_rows(spark, parsed, client.dialect, client.address(parsed.queue), batch)
         if not isinstance(frame, str):
