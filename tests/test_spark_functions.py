@@ -257,6 +257,8 @@ def test_a_job_that_outlived_its_drivers_connection_raises_its_own_error_and_its
         ({"ledger": "sqlqueue_writes"}, "applies only to writes"),
         ({"maxMessagesPerBatch": "0"}, "must be positive"),
         ({"errorQueue": "a"}, "its own error queue"),
+        ({"engine": "jdbc"}, "option 'engine' must be one of auto, jvm, python"),
+        ({"ENGINE": "JVM\x00"}, "option 'engine' must be one of auto, jvm, python"),
     ],
 )
 def test_claimed_from_queue_refuses_what_its_read_cannot_use_before_anything_changes(
