@@ -154,6 +154,8 @@ REFUSED: dict[str, Statement] = {
     "current_transaction": lambda d, a, e: d.current_transaction_sql(),
     "browse_locked": lambda d, a, e: d.browse_locked_sql(a),
     "transaction_open": lambda d, a, e: d.transaction_open_sql(),
+    "locked_rows_table": lambda d, a, e: d.locked_rows_table(a, 1),
+    "seq_window": lambda d, a, e: d.seq_window(0, 1),
     "locked_to_error": lambda d, a, e: d.locked_to_error_sql(a, e, SHAPE),
     "ack_locked": lambda d, a, e: d.ack_locked_sql(a),
     "ack_locked_copy": lambda d, a, e: d.ack_locked_copy_sql(a),
