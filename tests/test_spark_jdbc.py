@@ -9,9 +9,11 @@ import logging
 import os
 import subprocess
 import sys
+import uuid
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from airflow_provider_sqlqueue.spark import InvalidOptionError, claimed_from_queue
@@ -53,6 +55,8 @@ pytestmark = pytest.mark.postgres_only
         ("host=/var/run/postgresql dbname=x", "by a Unix socket"),
         ("host=a,b,c port=1,2 dbname=x", "neither one nor one per host"),
         ("host=h dbname=x service=shop", "the url's 'service'"),
+        ("service=shop", "the url's 'service'"),
+        ("hostaddr=127.0.0.1 dbname=x user=u", "the url's 'hostaddr'"),
         ("host=h dbname=x sslkey=/k.pem", "the url's 'sslkey'"),
         ("host=h dbname=x target_session_attrs=read-only", "target_session_attrs='read-only'"),
         ("mssql://sa:pw@h/x", "PostgreSQL's"),
@@ -200,3 +204,31 @@ def test_without_a_jdbc_driver_the_batch_is_read_by_the_data_source_and_engine_j
     assert "refused: option 'engine' 'jvm': no PostgreSQL JDBC driver" in said
     assert SECRET not in said + done.stderr
     assert depth(uri, schema, "a") == 6  # the refused read's batch given back
+
+
+def test_a_url_that_leaves_a_parameter_to_libpqs_environment_keeps_the_python_path(monkeypatch) -> None:
+    """libpq would take the database from PGDATABASE, the JDBC driver not: its reader would read
+    another database, find no batch there, and the block would acknowledge what it never returned."""
+    monkeypatch.setenv("PGDATABASE", "elsewhere")
+    assert "leaves dbname to libpq's environment (PGDATABASE)" in str(jdbc_target("postgresql://u@h:5432"))
+    assert isinstance(jdbc_target("postgresql://u@h:5432/shop"), JdbcTarget)  # the url's own dbname wins
+    monkeypatch.setenv("PGUSER", "other")
+    assert "leaves user to libpq's environment (PGUSER)" in str(jdbc_target("postgresql://h:5432/shop"))
+
+
+def test_a_queue_whose_names_hold_percent_signs_is_read_by_sparks_jdbc_reader(local_spark, pg_uri) -> None:
+    schema = f"jdbc_50%off_{uuid.uuid4().hex[:6]}"
+    queue = QueueAddress("or%ders", schema)
+    with psycopg.connect(pg_uri, autocommit=True) as raw:
+        raw.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+        try:
+            with QueueClient.connect(pg_uri) as client:
+                client.create_queue(queue)
+                client.create_queue(QueueAddress("error", schema))
+                client.send(queue, [Message(f"m{n}") for n in range(3)])
+            with claimed_from_queue(local_spark, url=pg_uri, queue=f'"{schema}"."or%ders"', engine="jvm") as df:
+                assert sorted(bytes(r["body"]) for r in df.collect()) == [b"m0", b"m1", b"m2"]
+            with QueueClient.connect(pg_uri) as client:
+                assert client.depth(queue) == 0
+        finally:
+            raw.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))

@@ -4,7 +4,7 @@ The data source's reader is Python: every row it returns is fetched by psycopg a
 in a Python worker, at a third of the rate Spark's JDBC reader reads the same table in the JVM.
 :func:`~.functions.claimed_from_queue` and :func:`~.functions.relay_batch` read their batch here
 instead, where PostgreSQL's JDBC driver is on Spark's class path: each partition one query of the
-locked rows in its Seq range (the dialect's :meth:`locked_rows_table`), the headers parsed in the
+locked rows in its Seq range (the dialect's :meth:`locked_rows_table_sql`), the headers parsed in the
 JVM. Where it is not (or the url cannot be spelled as a JDBC one), they read through the data
 source's reader and say once, in the log, why; option ``engine`` chooses: ``auto``, ``jvm`` (refused
 where it cannot) or ``python``.
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import getpass
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -54,6 +55,25 @@ _SAME_MEANING = {
     "application_name": "ApplicationName",
     "connect_timeout": "connectTimeout",
     "options": "options",
+}
+#: The environment variables libpq takes a connection parameter from when the url does not give it.
+_LIBPQ_ENVIRONMENT = {
+    "PGHOST": "host",
+    "PGHOSTADDR": "hostaddr",
+    "PGPORT": "port",
+    "PGDATABASE": "dbname",
+    "PGUSER": "user",
+    "PGPASSWORD": "password",
+    "PGSERVICE": "service",
+    "PGOPTIONS": "options",
+    "PGAPPNAME": "application_name",
+    "PGSSLMODE": "sslmode",
+    "PGSSLROOTCERT": "sslrootcert",
+    "PGSSLCERT": "sslcert",
+    "PGSSLKEY": "sslkey",
+    "PGTARGETSESSIONATTRS": "target_session_attrs",
+    "PGCONNECT_TIMEOUT": "connect_timeout",
+    "PGGSSENCMODE": "gssencmode",
 }
 #: libpq's target_session_attrs as the JDBC driver's targetServerType.
 _TARGET_SERVER = {
@@ -88,6 +108,14 @@ def jdbc_target(url: str) -> JdbcTarget | str:
     from psycopg.conninfo import conninfo_to_dict
 
     params = {key: str(value) for key, value in conninfo_to_dict(url).items()}
+    for name in ("service", "hostaddr"):  # libpq reads a service file or skips the name lookup; JDBC cannot
+        if name in params:
+            return f"the url's {name!r}, which the JDBC driver does not take as libpq does"
+    # libpq fills what the url leaves out from its environment (PGDATABASE, PGHOST...), which the JDBC
+    # driver never reads: its reader could reach another database, and find no batch there.
+    for variable, name in _LIBPQ_ENVIRONMENT.items():
+        if os.environ.get(variable) and name not in params:
+            return f"the url leaves {name} to libpq's environment ({variable}), which the JDBC driver does not read"
     hosts = params.pop("host", "").split(",") if params.get("host") else []
     if not hosts or any(host.startswith(("/", "@")) or not host for host in hosts):
         return "the url reaches PostgreSQL by a Unix socket, which the JDBC driver cannot (give host=)"
@@ -134,13 +162,13 @@ def locked_rows(
     if isinstance(target, str):
         return target
     windows = [
-        dialect.seq_window(part.after, part.last)
+        dialect.seq_window_sql(part.after, part.last)
         for part in seq_ranges(batch.after + 1, batch.last, options.partitions)
     ]
     try:
         rows = spark.read.jdbc(
             target.url,
-            dialect.locked_rows_table(address, batch.xid),
+            dialect.locked_rows_table_sql(address, batch.xid),
             predicates=windows,
             properties={**target.properties, "fetchsize": str(options.fetch_size)},
         )

@@ -813,14 +813,14 @@ class Dialect(FindsJourneys, ABC):
         """Params locked_by -> one row: whether that transaction is still open."""
 
     @abstractmethod
-    def locked_rows_table(self, address: QueueAddress, locked_by: int) -> str:
+    def locked_rows_table_sql(self, address: QueueAddress, locked_by: int) -> str:
         """No params (a derived table for a bulk reader in another process, Spark's JDBC reader, which
         binds none): the rows (seq, id, headers, body) of :meth:`browse_locked_sql` while the
         transaction ``locked_by`` is open, and one row of NULLs once it has ended."""
 
     @abstractmethod
-    def seq_window(self, after: int, last: int) -> str:
-        """A condition on :meth:`locked_rows_table`'s rows: those with after < seq <= last, and its row
+    def seq_window_sql(self, after: int, last: int) -> str:
+        """A condition on :meth:`locked_rows_table_sql`'s rows: those with after < seq <= last, and its row
         of NULLs."""
 
     @abstractmethod

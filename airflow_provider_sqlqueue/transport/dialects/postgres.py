@@ -1045,13 +1045,13 @@ class PostgresDialect(Dialect):
     def transaction_open_sql(self) -> str:
         return "SELECT pg_xact_status(%(locked_by)s::text::xid8) IS NOT DISTINCT FROM 'in progress'"
 
-    def locked_rows_table(self, address: QueueAddress, locked_by: int) -> str:
+    def locked_rows_table_sql(self, address: QueueAddress, locked_by: int) -> str:
         # browse_locked_sql with the transaction's id written in (a whole number: nothing else is),
         # and the ended transaction's row, which the reader turns into an error: rows it had locked
         # are back in the queue (or gone) with its id still in xmax. The second branch reads the
         # status after the first: it can only have ended meanwhile, so a read that returned the
         # batch's rows from an ended transaction gets the row of NULLs too.
-        q = self.qualified_name(address)
+        q = self.qualified_name(address).replace("%%", "%")  # sent as it is, with no parameters to escape % from
         xid = int(locked_by)
         is_open = f"(SELECT pg_xact_status('{xid}'::xid8) IS NOT DISTINCT FROM 'in progress')"
         return (
@@ -1060,7 +1060,7 @@ class PostgresDialect(Dialect):
             f"UNION ALL SELECT NULL, NULL, NULL, NULL WHERE NOT {is_open}) AS locked"
         )
 
-    def seq_window(self, after: int, last: int) -> str:
+    def seq_window_sql(self, after: int, last: int) -> str:
         return f"(seq > {int(after)} AND seq <= {int(last)}) OR seq IS NULL"
 
     def locked_to_error_sql(self, address: QueueAddress, error_address: QueueAddress, shape: TableShape) -> str:

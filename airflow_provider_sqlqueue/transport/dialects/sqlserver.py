@@ -1025,10 +1025,10 @@ class SqlServerDialect(Dialect):
     def transaction_open_sql(self) -> str:
         raise TransportMisconfiguredError(NO_LOCKED_BATCHES)
 
-    def locked_rows_table(self, address: QueueAddress, locked_by: int) -> str:
+    def locked_rows_table_sql(self, address: QueueAddress, locked_by: int) -> str:
         raise TransportMisconfiguredError(NO_LOCKED_BATCHES)
 
-    def seq_window(self, after: int, last: int) -> str:
+    def seq_window_sql(self, after: int, last: int) -> str:
         raise TransportMisconfiguredError(NO_LOCKED_BATCHES)
 
     def locked_to_error_sql(self, address: QueueAddress, error_address: QueueAddress, shape: TableShape) -> str:
