@@ -18,7 +18,7 @@ from psycopg.conninfo import make_conninfo
 
 from airflow_provider_sqlqueue.spark import InvalidOptionError, claimed_from_queue
 from airflow_provider_sqlqueue.spark.jdbc import JDBC_DRIVER, JdbcTarget, jdbc_target
-from airflow_provider_sqlqueue.transport import Message, QueueAddress, QueueClient
+from airflow_provider_sqlqueue.transport import Message, QueueAddress, QueueClient, TransportMisconfiguredError
 from tests.test_contract import SECRET
 from tests.test_spark_functions import depth
 from tests.test_spark_jvm import local_spark_fixture, shop_fixture  # noqa: F401 - the fixtures local_spark and shop
@@ -232,3 +232,17 @@ def test_a_queue_whose_names_hold_percent_signs_is_read_by_sparks_jdbc_reader(lo
                 assert client.depth(queue) == 0
         finally:
             raw.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"postgresql://app:{SECRET}%zz@127.0.0.1/test",
+        f"postgresql://app:{SECRET}@[::1:5432/test",
+        f"postgresql://app@127.0.0.1/test?password={SECRET}%zz",
+    ],
+)
+def test_a_url_libpq_cannot_read_is_refused_in_the_librarys_words_without_its_password(url: str) -> None:
+    with pytest.raises(TransportMisconfiguredError, match="the connection string cannot be used") as refused:
+        jdbc_target(url)
+    assert SECRET not in str(refused.value)

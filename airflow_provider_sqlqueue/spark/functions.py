@@ -22,7 +22,7 @@ from ..transport.arguments import same_table
 from ..transport.drivers import dialect_for
 from ..transport.errors import ArgumentTypeError, InvalidArgumentError, SqlQueueError
 from ..transport.operations import LockedBatch
-from .jdbc import jdbc_target, locked_rows
+from .jdbc import JdbcTarget, jdbc_target, locked_rows
 from .jvm import csv_chunks, jvm_reason, library_refusal, message_rows, write_in_jvm
 from .options import NAME, NOT_WITH_A_LOCK, OPTION_NAMES, InvalidOptionError, Lock, Options
 from .read import MESSAGE_SCHEMA
@@ -257,10 +257,9 @@ def _held(
     parsed = Options.parse(options)
     parsed.check_use("read", engine=True)
     dialect_for(parsed.url).check_locked_batches()  # SQL Server says why not, before anything connects
-    if parsed.engine == "jvm":  # a url the JDBC driver cannot take is refused before anything is locked
-        target = jdbc_target(parsed.url)
-        if isinstance(target, str):
-            raise InvalidOptionError(f"option 'engine' 'jvm': {target}")
+    target = None if parsed.engine == "python" else jdbc_target(parsed.url)
+    if parsed.engine == "jvm" and isinstance(target, str):  # refused before anything is locked
+        raise InvalidOptionError(f"option 'engine' 'jvm': {target}")
     reading = {key: value for key, value in options.items() if key.lower() not in _THE_LOCKS}
     with parsed.connect() as client:
         parsed.check(client, claims=True)  # the queue, and an error queue that is not the queue itself
@@ -281,7 +280,7 @@ def _held(
                     "Locked %d message(s) of %s for a Spark read (transaction %s)", batch.count, parsed.queue, batch.xid
                 )
                 try:
-                    yield client, parsed, batch, _locked_frame(spark, client, parsed, batch, reading, lock)
+                    yield client, parsed, batch, _locked_frame(spark, client, parsed, target, batch, reading, lock)
                 except BaseException as exc:  # noqa: BLE001  # given back, poison moved: the block commits only that
                     failed = exc
                     client.nack_locked(parsed.queue, batch, error_queue=parsed.error_queue)
@@ -299,15 +298,26 @@ def _held(
 
 
 def _locked_frame(
-    spark: SparkSession, client: QueueClient, parsed: Options, batch: LockedBatch, reading: Mapping[str, str], lock: str
+    spark: SparkSession,
+    client: QueueClient,
+    parsed: Options,
+    target: JdbcTarget | str | None,
+    batch: LockedBatch,
+    reading: Mapping[str, str],
+    lock: str,
 ) -> DataFrame:
-    """The locked batch's DataFrame: read by Spark's JDBC reader where it can (option ``engine``),
-    else by the data source's reader, saying why once. A batch with nothing to read (none locked,
-    or only poison) is an empty DataFrame, which neither reader is asked for."""
+    """The locked batch's DataFrame: read by Spark's JDBC reader from ``target`` where it can (None:
+    option ``engine`` is ``python``; text: why the url has none), else by the data source's reader,
+    saying why once. A batch with nothing to read (none locked, or only poison) is an empty
+    DataFrame, which neither reader is asked for."""
     if batch.count == len(batch.poison):
         return spark.createDataFrame([], MESSAGE_SCHEMA)
-    if parsed.engine != "python":
-        frame = locked_rows(spark, parsed, client.dialect, client.address(parsed.queue), batch)
+    if target is not None:
+        frame = (
+            target
+            if isinstance(target, str)
+            else locked_rows(spark, target, parsed, client.dialect, client.address(parsed.queue), batch)
+        )
         if not isinstance(frame, str):
             log.info("The locked batch of %s is read by Spark's JDBC reader", parsed.queue)
             return frame

@@ -31,8 +31,11 @@ import pyarrow as pa
 
 from ..transport import defaults
 from ..transport.drivers import dialect_for
+from ..transport.drivers.postgres import CONNECT_ERRORS, connect_error
+from ..transport.errors import SqlQueueError
 from ..transport.message import readable_headers
 from ..transport.operations import LockedBatch
+from ..transport.operations.inspection import batch_ended
 from .options import Options
 from .read import seq_ranges
 
@@ -107,7 +110,16 @@ def jdbc_target(url: str) -> JdbcTarget | str:
         return "a locked batch is PostgreSQL's"
     from psycopg.conninfo import conninfo_to_dict
 
-    params = {key: str(value) for key, value in conninfo_to_dict(url).items()}
+    error: SqlQueueError | None
+    try:
+        parsed = conninfo_to_dict(url)
+    except CONNECT_ERRORS as exc:
+        error = connect_error(exc, url)  # in the library's words, the password masked
+    else:
+        error = None
+    if error is not None:  # raised outside the except block: psycopg's error quotes the whole url
+        raise error
+    params = {key: str(value) for key, value in parsed.items()}
     for name in ("service", "hostaddr"):  # libpq reads a service file or skips the name lookup; JDBC cannot
         if name in params:
             return f"the url's {name!r}, which the JDBC driver does not take as libpq does"
@@ -151,16 +163,19 @@ def _path_text(name: str) -> str:
 
 
 def locked_rows(
-    spark: SparkSession, options: Options, dialect: Dialect, address: QueueAddress, batch: LockedBatch
+    spark: SparkSession,
+    target: JdbcTarget,
+    options: Options,
+    dialect: Dialect,
+    address: QueueAddress,
+    batch: LockedBatch,
 ) -> DataFrame | str:
     """The rows ``batch`` holds (its poison left out) as :data:`~.read.MESSAGE_SCHEMA`'s columns, read
-    by Spark's JDBC reader; or why that reader cannot (no JDBC driver on Spark's class path, a url
-    it cannot reach), for the caller to take the Python path or refuse."""
+    by Spark's JDBC reader from ``target`` (:func:`jdbc_target` of the url); or why that reader
+    cannot (no JDBC driver on Spark's class path, a database it cannot reach), for the caller to take
+    the Python path or refuse."""
     from pyspark.sql import functions as sf
 
-    target = jdbc_target(options.url)
-    if isinstance(target, str):
-        return target
     windows = [
         dialect.seq_window_sql(part.after, part.last)
         for part in seq_ranges(batch.after + 1, batch.last, options.partitions)
@@ -175,11 +190,7 @@ def locked_rows(
         rows.schema  # noqa: B018  # resolved now (the driver class, the connection): a reason, not a failed job
     except Exception as exc:  # noqa: BLE001  # Py4J's or Spark Connect's error, worded below
         return _reason(exc, target)
-    ended = (
-        f"the transaction {batch.xid} that locked this batch of {dialect.qualified_name(address)} has ended (its block committed or "
-        "rolled back, or its connection closed): its messages are acknowledged or back in the queue; read a "
-        "locked batch while its block is open"
-    )
+    ended = batch_ended(batch.xid, dialect.qualified_name(address))
     rows = rows.where(sf.when(sf.col("seq").isNull(), sf.raise_error(sf.lit(ended))).otherwise(sf.lit(True)))
     if batch.poison:  # locked, never read: the settle moves them
         poison = spark.createDataFrame([(seq,) for seq in batch.poison], "seq long")

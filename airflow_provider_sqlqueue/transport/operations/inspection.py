@@ -192,11 +192,7 @@ def browse_columns(
             held = {"locked_by": locked_by}
             (still_open,) = yield Step(d.transaction_open_sql(), held, Fetch.ONE, d.qualified_name(address))
             if not still_open:
-                raise InvalidArgumentError(
-                    f"the transaction {locked_by} that locked this batch of {d.qualified_name(address)} has ended "
-                    "(its block committed or rolled back, or its connection closed): its messages are acknowledged "
-                    "or back in the queue; read a locked batch while its block is open"
-                )
+                raise InvalidArgumentError(batch_ended(locked_by, d.qualified_name(address)))
         return BrowseColumns([], [], [], None)
     seqs, ids, texts, bodies = (list(column) for column in zip(*rows, strict=True))
     more = int(seqs[-1]) if len(rows) == limit else None
@@ -211,6 +207,16 @@ def browse_columns(
         ids, bodies = [ids[n] for n, _ in kept], [bodies[n] for n, _ in kept]
         headers = [h for _, h in kept]
     return BrowseColumns(id_texts(ids), headers, body_bytes(bodies), more)
+
+
+def batch_ended(locked_by: int, queue: str) -> str:
+    """Why a locked batch of ``queue`` (its qualified name) can no longer be read, by any reader:
+    its rows are acknowledged, or back in the queue with the ended transaction's id still on them."""
+    return (
+        f"the transaction {locked_by} that locked this batch of {queue} has ended (its block committed or rolled "
+        "back, or its connection closed): its messages are acknowledged or back in the queue; read a locked batch "
+        "while its block is open"
+    )
 
 
 def id_texts(ids: list[Any]) -> list[str]:
